@@ -1,0 +1,44 @@
+"""The ``gpufleet`` command line: thin over the SDK, the server and the worker."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from gpufleet import __version__
+from gpufleet.cli import fleet, jobs
+from gpufleet.errors import GpufleetError
+
+app = typer.Typer(
+    name="gpufleet",
+    help="Run ML training and inference jobs across a mixed fleet of machines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+jobs.register(app)
+fleet.register(app)
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+) -> None:
+    if version:
+        print(__version__)
+        raise typer.Exit()
+
+
+def main() -> None:
+    """Console entry point: errors become one clear line and a non-zero exit."""
+    try:
+        app()
+    except GpufleetError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        sys.exit(2 if exc.code in ("config_error", "manifest_error") else 1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+__all__ = ["app", "main"]

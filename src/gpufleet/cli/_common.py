@@ -1,0 +1,100 @@
+"""What every command shares: settings-backed options, the client, printing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+
+from gpufleet import config
+from gpufleet.client import Client
+from gpufleet.errors import ConfigError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def setting_help(name: str, extra: str = "") -> str:
+    s = config.SETTINGS[name]
+    default = s.default_value() if not callable(s.default) else None
+    shown = f" (default: {default})" if default not in (None, "") else ""
+    return f"{s.help[0].upper()}{s.help[1:]}{extra}{shown} (env: {s.env})."
+
+
+def setting_option(name: str, *flags: str, extra: str = "") -> Any:
+    """A CLI option backed by a setting: None unless given, help shows its env variable."""
+    flag = flags or ("--" + name.replace("_", "-"),)
+    return typer.Option(*flag, help=setting_help(name, extra), show_default=False)
+
+
+def resolve(**cli: Any) -> config.Resolved:
+    return config.resolve(cli, only=list(cli) + (["token"] if "server" in cli else []))
+
+
+def client(server: str | None) -> Client:
+    settings = resolve(server=server)
+    url = settings["server"]
+    return Client(url, config.token_for(url, settings))
+
+
+def print_json(data: Any) -> None:
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    elif isinstance(data, list):
+        data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def parse_pairs(items: Iterable[str], what: str) -> dict[str, str]:
+    """``k=v`` items (or one comma-separated string) into a dict, with a clear error."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            key, sep, value = part.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{what}: {part!r} must look like key=value")
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def when(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone().strftime("%H:%M:%S")
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None:
+        return "-"
+    seconds = ((end or datetime.now(UTC)) - start).total_seconds()
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+STATUS_STYLE = {
+    "pending": "yellow",
+    "claimed": "cyan",
+    "running": "blue",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "idle": "green",
+    "busy": "blue",
+    "draining": "yellow",
+    "offline": "red",
+}
+
+
+def styled(status: str) -> str:
+    style = STATUS_STYLE.get(status)
+    return f"[{style}]{status}[/{style}]" if style else status

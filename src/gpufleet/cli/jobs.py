@@ -1,0 +1,277 @@
+"""Commands about jobs: submit, apply, jobs, show, logs, cancel, requeue, why."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from gpufleet.cli._common import (
+    client,
+    duration,
+    err,
+    out,
+    parse_pairs,
+    print_json,
+    setting_option,
+    styled,
+    when,
+)
+from gpufleet.domain.manifest import parse_manifest
+from gpufleet.errors import ManifestError
+from gpufleet.wire import HostModel, JobOut, JobSpecModel, ManifestApply, RequirementsModel
+
+ServerOpt = Annotated[str | None, setting_option("server")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JobArg = Annotated[str, typer.Argument(help="Job id (or a name that only one job has).")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": False})(submit)
+    for cmd in (apply, jobs, show, logs, cancel, requeue, why):
+        app.command()(cmd)
+
+
+def submit(
+    command: Annotated[
+        list[str],
+        typer.Argument(help="The command, after `--`: gpufleet submit -- python train.py"),
+    ],
+    server: ServerOpt = None,
+    name: Annotated[
+        str | None, typer.Option(help="Job name (default: the command's first words).")
+    ] = None,
+    require_cuda: Annotated[
+        bool, typer.Option("--require-cuda", help="Run only on a worker with a GPU.")
+    ] = False,
+    prefer_cuda: Annotated[
+        bool,
+        typer.Option(
+            "--prefer-cuda", help="Prefer a GPU; a CPU worker may take it after the grace window."
+        ),
+    ] = False,
+    min_vram_gib: Annotated[float, typer.Option(min=0, help="Minimum VRAM per GPU, GiB.")] = 0.0,
+    min_ram_gib: Annotated[float, typer.Option(min=0, help="Minimum host RAM, GiB.")] = 0.0,
+    gpus: Annotated[int, typer.Option(min=0, help="Number of GPUs (implies --require-cuda).")] = 0,
+    gpu_name: Annotated[str | None, typer.Option(help="GPU name glob, e.g. 'a100*'.")] = None,
+    label: Annotated[
+        list[str] | None, typer.Option(help="Worker label glob k=v (repeatable).")
+    ] = None,
+    host: Annotated[
+        list[str] | None, typer.Option(help="Allowed host name glob (repeatable).")
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="Environment variable K=V for the job (repeatable).")
+    ] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    max_attempts: Annotated[int, typer.Option(min=1, help="Attempts before the job fails.")] = 3,
+    timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="Seconds before the job is killed.")
+    ] = None,
+    worker: Annotated[
+        str | None, typer.Option(help="Run only on this worker (id or name).")
+    ] = None,
+    shell: Annotated[
+        bool, typer.Option("--shell", help="Run the command through /bin/sh -c.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue one job. Prints the job id alone on the last line."""
+    spec = JobSpecModel(
+        name=name or " ".join(command)[:80],
+        command=[" ".join(command)] if shell else command,
+        env=parse_pairs(env or [], "--env"),
+        requirements=RequirementsModel(
+            require_cuda=require_cuda or gpus > 0,
+            prefer_cuda=prefer_cuda,
+            gpu_count=gpus,
+            min_vram_gib=min_vram_gib,
+            min_ram_gib=min_ram_gib,
+            gpu_name=gpu_name,
+            labels=parse_pairs(label or [], "--label"),
+            allowed_hosts=host or [],
+            worker=worker,
+        ),
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        shell=shell,
+    )
+    with client(server) as c:
+        result = c.submit(spec)
+    if result.warning:
+        err.print(f"[yellow]warning:[/yellow] {result.warning}")
+    if as_json:
+        print_json(result)
+        return
+    print(result.job.id)
+
+
+def load_plan(file: Path) -> ManifestApply:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError(f"{file}: cannot read the manifest: {exc.strerror or exc}") from exc
+    plan = parse_manifest(text, str(file), base_dir=str(file.resolve().parent))
+    return ManifestApply(
+        name=plan.name,
+        hosts=[HostModel.from_domain(h) for h in plan.hosts],
+        jobs=[JobSpecModel.from_domain(j) for j in plan.jobs],
+    )
+
+
+def apply(
+    file: Annotated[Path, typer.Argument(help="The manifest (TOML).")],
+    server: ServerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply a manifest: new jobs are queued, existing ones keep their status."""
+    plan = load_plan(file)
+    with client(server) as c:
+        result = c.apply(plan)
+    if as_json:
+        print_json(result)
+        return
+    out.print(
+        f"manifest {result.manifest}: {len(result.created)} new job(s), "
+        f"{len(result.unchanged)} unchanged, {len(result.hosts)} host(s)"
+    )
+    for job_id, reason in result.unrunnable.items():
+        err.print(f"[yellow]warning:[/yellow] {job_id}: {reason}")
+
+
+def job_table(rows: list[JobOut]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for col in (
+        "ID",
+        "NAME",
+        "STATUS",
+        "ATT",
+        "WORKER",
+        "GPUS",
+        "STARTED",
+        "TOOK",
+        "EXIT",
+        "ERROR",
+    ):
+        table.add_column(col, overflow="fold" if col == "ERROR" else "ellipsis")
+    for j in rows:
+        table.add_row(
+            j.id,
+            j.name,
+            styled(j.status),
+            f"{j.attempts}/{j.max_attempts}",
+            j.worker or "-",
+            ",".join(map(str, j.gpus)) or "-",
+            when(j.started_at),
+            duration(j.started_at, j.finished_at),
+            "-" if j.exit_code is None else str(j.exit_code),
+            (j.error or "")[:80],
+        )
+    return table
+
+
+def jobs(
+    server: ServerOpt = None,
+    status: Annotated[
+        str | None, typer.Option(help="Only these statuses, comma-separated.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many jobs.")] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """List jobs, oldest first."""
+    with client(server) as c:
+        rows = c.jobs(status, limit)
+    if as_json:
+        print_json(rows)
+    else:
+        out.print(job_table(rows))
+
+
+def show(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+    """Show one job: spec, state, and every attempt."""
+    with client(server) as c:
+        d = c.job(job)
+    if as_json:
+        print_json(d)
+        return
+    out.print(
+        f"[bold]{d.id}[/bold] {d.name}: {styled(d.status)}  attempts {d.attempts}/{d.max_attempts}"
+        f"  priority {d.priority}"
+    )
+    out.print(f"  command: {' '.join(d.spec.command)}")
+    if d.spec.hyper:
+        out.print("  hyper: " + ", ".join(f"{k}={v}" for k, v in d.spec.hyper.items()))
+    if d.unrunnable:
+        out.print(f"  [yellow]{d.unrunnable}[/yellow]")
+    if d.error:
+        out.print(f"  error: {d.error}")
+    for a in d.history:
+        out.print(
+            f"  attempt {a.attempt}: {a.worker or '-'} gpus={a.gpus or '-'} "
+            f"{a.outcome or 'in progress'} exit={a.exit_code if a.exit_code is not None else '-'}"
+            f"{' error=' + a.error if a.error else ''}"
+        )
+
+
+def logs(
+    job: JobArg,
+    server: ServerOpt = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a job's output (stdout and stderr)."""
+    after = 0
+    with client(server) as c:
+        while True:
+            page = c.logs(job, after)
+            for ln in page.lines:
+                if as_json:
+                    sys.stdout.write(ln.model_dump_json() + "\n")
+                else:
+                    (sys.stdout if ln.stream == "stdout" else sys.stderr).write(ln.line + "\n")
+            sys.stdout.flush()
+            after = page.next
+            if page.lines and len(page.lines) >= 10_000:
+                continue
+            if not follow or page.status in ("succeeded", "failed", "cancelled"):
+                if not follow or not page.lines:
+                    return
+            time.sleep(0.5)
+
+
+def cancel(job: JobArg, server: ServerOpt = None) -> None:
+    """Cancel a job; a running one is killed with its whole process group."""
+    with client(server) as c:
+        j = c.cancel(job)
+    out.print(f"{j.id}: {styled(j.status)}")
+
+
+def requeue(job: JobArg, server: ServerOpt = None) -> None:
+    """Queue a failed or cancelled job again, with a fresh attempt budget."""
+    with client(server) as c:
+        j = c.requeue(job)
+    out.print(f"{j.id}: {styled(j.status)}")
+
+
+def why(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+    """Why a job waits: for every worker, the constraint that keeps it from taking it."""
+    with client(server) as c:
+        w = c.why(job)
+    if as_json:
+        print_json(w)
+        return
+    out.print(f"[bold]{w.job_id}[/bold] is {styled(w.status)}: {w.summary}")
+    table = Table(box=None, header_style="bold")
+    for col in ("WORKER", "STATUS", "VERDICT"):
+        table.add_column(col)
+    for r in w.workers:
+        table.add_row(r.name, styled(r.status), r.reason or "[green]may run it[/green]")
+    if w.workers:
+        out.print(table)

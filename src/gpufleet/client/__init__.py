@@ -1,0 +1,6 @@
+"""The gpufleet Python SDK."""
+
+from gpufleet.client._api import Call
+from gpufleet.client._client import AsyncClient, Client
+
+__all__ = ["AsyncClient", "Call", "Client"]

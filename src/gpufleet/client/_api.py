@@ -1,0 +1,72 @@
+"""One request/response layer shared by :class:`Client` and :class:`AsyncClient`.
+
+Each operation is described once as a :class:`Call` (method, path, body, how to parse the
+answer); the two clients differ only in how they send it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from gpufleet.errors import BY_CODE, GpufleetError, ServerUnavailable
+from gpufleet.wire import ErrorBody
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    body: BaseModel | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+
+    def json(self) -> Any:
+        return None if self.body is None else self.body.model_dump(mode="json")
+
+
+def model(tp: Any) -> Callable[[httpx.Response], Any]:
+    """A parser that validates the JSON answer as ``tp``; 204 gives None."""
+    adapter: TypeAdapter[Any] = TypeAdapter(tp)
+
+    def parse(resp: httpx.Response) -> Any:
+        return None if resp.status_code == 204 else adapter.validate_json(resp.content)
+
+    return parse
+
+
+def nothing(_: httpx.Response) -> None:
+    return None
+
+
+def raise_for(resp: httpx.Response) -> None:
+    """Turn an error answer into the matching :class:`GpufleetError`."""
+    if resp.status_code < 400:
+        return
+    try:
+        info = ErrorBody.model_validate_json(resp.content).error
+        code, message, detail = info.code, info.message, info.detail
+    except ValueError:
+        code, message, detail = "http_error", f"HTTP {resp.status_code}: {resp.text[:200]}", None
+    cls = BY_CODE.get(code, GpufleetError)
+    err = cls(message, detail=detail)
+    err.status = resp.status_code
+    raise err
+
+
+def unreachable(base_url: str, exc: Exception) -> ServerUnavailable:
+    return ServerUnavailable(
+        f"cannot reach the gpufleet server at {base_url} ({type(exc).__name__}: {exc}); "
+        "is `gpufleet server` running? Point clients at it with --server or GPUFLEET_SERVER"
+    )
+
+
+def headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}

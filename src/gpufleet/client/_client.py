@@ -1,0 +1,204 @@
+"""The Python SDK: :class:`Client` (sync, for scripts and the CLI) and
+:class:`AsyncClient` (for the worker), over the same calls in :mod:`_ops`."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from gpufleet.client import _ops as ops
+from gpufleet.client._api import Call, headers, raise_for, unreachable
+from gpufleet.wire import (
+    ApplyResult,
+    ClaimRequest,
+    FinishRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JobDetail,
+    JobOut,
+    JobSpecModel,
+    Lease,
+    LogAppend,
+    LogsOut,
+    ManifestApply,
+    ReleaseRequest,
+    StartRequest,
+    StatusOut,
+    SubmitResult,
+    TokenCreate,
+    TokenCreated,
+    TokenOut,
+    WhyOut,
+    WorkerOut,
+    WorkerRegister,
+)
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = 30.0
+
+
+class Client:
+    """A blocking client for the gpufleet API. Errors raise :class:`gpufleet.errors.GpufleetError`."""
+
+    def __init__(
+        self, server: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        self.server = server.rstrip("/")
+        self._http = httpx.Client(base_url=self.server, headers=headers(token), timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def call(self, call: Call[T]) -> T:
+        try:
+            resp = self._http.request(
+                call.method,
+                call.path,
+                json=call.json(),
+                params=call.params or None,
+                timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TransportError as exc:
+            raise unreachable(self.server, exc) from exc
+        raise_for(resp)
+        return call.parse(resp)
+
+    def health(self) -> dict[str, Any]:
+        return self.call(ops.health())
+
+    def submit(self, spec: JobSpecModel) -> SubmitResult:
+        return self.call(ops.submit(spec))
+
+    def jobs(self, status: str | None = None, limit: int = 1000) -> list[JobOut]:
+        return self.call(ops.jobs(status, limit))
+
+    def job(self, ref: str) -> JobDetail:
+        return self.call(ops.job(ref))
+
+    def cancel(self, ref: str) -> JobOut:
+        return self.call(ops.cancel(ref))
+
+    def requeue(self, ref: str) -> JobOut:
+        return self.call(ops.requeue(ref))
+
+    def why(self, ref: str) -> WhyOut:
+        return self.call(ops.why(ref))
+
+    def logs(self, ref: str, after: int = 0, limit: int = 10_000) -> LogsOut:
+        return self.call(ops.logs(ref, after, limit))
+
+    def apply(self, plan: ManifestApply) -> ApplyResult:
+        return self.call(ops.apply(plan))
+
+    def workers(self) -> list[WorkerOut]:
+        return self.call(ops.workers())
+
+    def drain(self, ref: str) -> WorkerOut:
+        return self.call(ops.drain(ref))
+
+    def status(self) -> StatusOut:
+        return self.call(ops.status())
+
+    def create_token(self, body: TokenCreate) -> TokenCreated:
+        return self.call(ops.create_token(body))
+
+    def tokens(self) -> list[TokenOut]:
+        return self.call(ops.tokens())
+
+    def revoke_token(self, token_id: str) -> None:
+        self.call(ops.revoke_token(token_id))
+
+    # The worker protocol, for tests and tools that act as a worker.
+    def register(self, body: WorkerRegister) -> WorkerOut:
+        return self.call(ops.register(body))
+
+    def claim(self, worker_id: str, body: ClaimRequest) -> Lease | None:
+        return self.call(ops.claim(worker_id, body))
+
+    def heartbeat(self, worker_id: str, body: HeartbeatRequest) -> HeartbeatResponse:
+        return self.call(ops.heartbeat(worker_id, body))
+
+    def start(self, job_id: str, body: StartRequest) -> None:
+        self.call(ops.start(job_id, body))
+
+    def output(self, job_id: str, body: LogAppend) -> None:
+        self.call(ops.output(job_id, body))
+
+    def finish(self, job_id: str, body: FinishRequest) -> JobOut:
+        return self.call(ops.finish(job_id, body))
+
+    def release(self, job_id: str, body: ReleaseRequest) -> JobOut:
+        return self.call(ops.release(job_id, body))
+
+
+class AsyncClient:
+    """The same API for asyncio code (the worker agent)."""
+
+    def __init__(
+        self, server: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        self.server = server.rstrip("/")
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+        self._http = httpx.AsyncClient(
+            base_url=self.server, headers=headers(token), timeout=timeout, limits=limits
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def call(self, call: Call[T]) -> T:
+        try:
+            resp = await self._http.request(
+                call.method,
+                call.path,
+                json=call.json(),
+                params=call.params or None,
+                timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TransportError as exc:
+            raise unreachable(self.server, exc) from exc
+        raise_for(resp)
+        return call.parse(resp)
+
+    async def register(self, body: WorkerRegister) -> WorkerOut:
+        return await self.call(ops.register(body))
+
+    async def claim(self, worker_id: str, body: ClaimRequest) -> Lease | None:
+        return await self.call(ops.claim(worker_id, body))
+
+    async def heartbeat(self, worker_id: str, body: HeartbeatRequest) -> HeartbeatResponse:
+        return await self.call(ops.heartbeat(worker_id, body))
+
+    async def start(self, job_id: str, body: StartRequest) -> None:
+        await self.call(ops.start(job_id, body))
+
+    async def output(self, job_id: str, body: LogAppend) -> None:
+        await self.call(ops.output(job_id, body))
+
+    async def finish(self, job_id: str, body: FinishRequest) -> JobOut:
+        return await self.call(ops.finish(job_id, body))
+
+    async def release(self, job_id: str, body: ReleaseRequest) -> JobOut:
+        return await self.call(ops.release(job_id, body))
+
+    async def submit(self, spec: JobSpecModel) -> SubmitResult:
+        return await self.call(ops.submit(spec))
+
+    async def job(self, ref: str) -> JobDetail:
+        return await self.call(ops.job(ref))

@@ -1,0 +1,137 @@
+"""Every API operation, described once as a :class:`Call`."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from gpufleet.client._api import Call, model, nothing
+from gpufleet.wire import (
+    ApplyResult,
+    ClaimRequest,
+    FinishRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JobDetail,
+    JobOut,
+    JobSpecModel,
+    Lease,
+    LogAppend,
+    LogsOut,
+    ManifestApply,
+    ReleaseRequest,
+    StartRequest,
+    StatusOut,
+    SubmitResult,
+    TokenCreate,
+    TokenCreated,
+    TokenOut,
+    WhyOut,
+    WorkerOut,
+    WorkerRegister,
+)
+
+
+def _q(ref: str) -> str:
+    return quote(ref, safe="")
+
+
+def health() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/health", model(dict[str, Any]))
+
+
+def submit(spec: JobSpecModel) -> Call[SubmitResult]:
+    return Call("POST", "/v1/jobs", model(SubmitResult), body=spec)
+
+
+def jobs(status: str | None, limit: int) -> Call[list[JobOut]]:
+    params: dict[str, Any] = {"limit": limit}
+    if status:
+        params["status"] = status
+    return Call("GET", "/v1/jobs", model(list[JobOut]), params=params)
+
+
+def job(ref: str) -> Call[JobDetail]:
+    return Call("GET", f"/v1/jobs/{_q(ref)}", model(JobDetail))
+
+
+def cancel(ref: str) -> Call[JobOut]:
+    return Call("POST", f"/v1/jobs/{_q(ref)}/cancel", model(JobOut))
+
+
+def requeue(ref: str) -> Call[JobOut]:
+    return Call("POST", f"/v1/jobs/{_q(ref)}/requeue", model(JobOut))
+
+
+def why(ref: str) -> Call[WhyOut]:
+    return Call("GET", f"/v1/jobs/{_q(ref)}/why", model(WhyOut))
+
+
+def logs(ref: str, after: int, limit: int) -> Call[LogsOut]:
+    params = {"after": after, "limit": limit}
+    return Call("GET", f"/v1/jobs/{_q(ref)}/logs", model(LogsOut), params=params)
+
+
+def apply(plan: ManifestApply) -> Call[ApplyResult]:
+    return Call("POST", "/v1/manifests", model(ApplyResult), body=plan)
+
+
+def workers() -> Call[list[WorkerOut]]:
+    return Call("GET", "/v1/workers", model(list[WorkerOut]))
+
+
+def drain(ref: str) -> Call[WorkerOut]:
+    return Call("POST", f"/v1/workers/{_q(ref)}/drain", model(WorkerOut))
+
+
+def status() -> Call[StatusOut]:
+    return Call("GET", "/v1/status", model(StatusOut))
+
+
+def create_token(body: TokenCreate) -> Call[TokenCreated]:
+    return Call("POST", "/v1/tokens", model(TokenCreated), body=body)
+
+
+def tokens() -> Call[list[TokenOut]]:
+    return Call("GET", "/v1/tokens", model(list[TokenOut]))
+
+
+def revoke_token(token_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/tokens/{_q(token_id)}", nothing)
+
+
+def register(body: WorkerRegister) -> Call[WorkerOut]:
+    return Call("POST", "/v1/workers", model(WorkerOut), body=body)
+
+
+def claim(worker_id: str, body: ClaimRequest) -> Call[Lease | None]:
+    # The server holds the poll up to body.wait seconds; give the answer time to arrive.
+    return Call(
+        "POST",
+        f"/v1/workers/{_q(worker_id)}/claim",
+        model(Lease),
+        body=body,
+        timeout=body.wait + 15.0,
+    )
+
+
+def heartbeat(worker_id: str, body: HeartbeatRequest) -> Call[HeartbeatResponse]:
+    return Call(
+        "POST", f"/v1/workers/{_q(worker_id)}/heartbeat", model(HeartbeatResponse), body=body
+    )
+
+
+def start(job_id: str, body: StartRequest) -> Call[None]:
+    return Call("POST", f"/v1/jobs/{_q(job_id)}/start", nothing, body=body)
+
+
+def output(job_id: str, body: LogAppend) -> Call[None]:
+    return Call("POST", f"/v1/jobs/{_q(job_id)}/output", nothing, body=body)
+
+
+def finish(job_id: str, body: FinishRequest) -> Call[JobOut]:
+    return Call("POST", f"/v1/jobs/{_q(job_id)}/finish", model(JobOut), body=body)
+
+
+def release(job_id: str, body: ReleaseRequest) -> Call[JobOut]:
+    return Call("POST", f"/v1/jobs/{_q(job_id)}/release", model(JobOut), body=body)

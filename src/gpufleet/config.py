@@ -1,0 +1,522 @@
+"""Layered configuration for the server, the worker and the client.
+
+Precedence, highest first::
+
+    CLI flag > environment (GPUFLEET_*) > ./gpufleet.toml > <user config dir>/gpufleet.toml
+             > default
+
+Both config files are read when present; the one in the current directory wins per key.
+In a file, top-level keys are settings and ``[environments.NAME]`` tables override that
+file's top level when ``GPUFLEET_ENV=NAME``. ``GPUFLEET_CONFIG_DIR`` replaces the user
+config dir, which also holds ``credentials.json`` (bearer tokens per server URL).
+
+Every bad value raises :class:`~gpufleet.errors.ConfigError` naming the setting and where
+the value came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import socket
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
+
+import platformdirs
+
+from gpufleet.errors import ConfigError
+
+Kind = Literal["str", "int", "float", "bool", "path", "url"]
+
+APP = "gpufleet"
+FILE_NAME = "gpufleet.toml"
+CREDENTIALS_NAME = "credentials.json"
+ENV_PREFIX = "GPUFLEET_"
+ENV_CONFIG_DIR = "GPUFLEET_CONFIG_DIR"
+ENV_ENVIRONMENT = "GPUFLEET_ENV"
+ENVIRONMENTS_KEY = "environments"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration setting: its name, env variable, default, kind and bounds."""
+
+    name: str
+    env: str
+    default: Any  # a value, or a zero-argument callable computed lazily
+    kind: Kind
+    help: str
+    secret: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def default_value(self) -> Any:
+        return self.default() if callable(self.default) else self.default
+
+
+def _hostname() -> str:
+    return socket.gethostname()
+
+
+def _data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP))
+
+
+def _work_dir() -> Path:
+    return Path(platformdirs.user_cache_dir(APP)) / "work"
+
+
+def _setting(
+    name: str,
+    default: Any,
+    kind: Kind,
+    help: str,
+    *,
+    secret: bool = False,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> Setting:
+    env = ENV_PREFIX + name.upper()
+    return Setting(name, env, default, kind, help, secret, minimum, maximum)
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        _setting("server", "http://127.0.0.1:8000", "url", "server clients and workers talk to"),
+        _setting("host", "127.0.0.1", "str", "address `gpufleet server` binds"),
+        _setting(
+            "port",
+            8000,
+            "int",
+            "port `gpufleet server` binds (0 = any free port)",
+            minimum=0,
+            maximum=65535,
+        ),
+        _setting("data_dir", _data_dir, "path", "where the server keeps its data"),
+        _setting("db", None, "str", "database URL (default: SQLite in data_dir)"),
+        _setting(
+            "lease_timeout",
+            120.0,
+            "float",
+            "seconds a worker's lease lives without a heartbeat",
+            minimum=0.1,
+        ),
+        _setting(
+            "prefer_cuda_grace",
+            300.0,
+            "float",
+            "seconds a job preferring CUDA waits for a GPU before taking any slot",
+            minimum=0,
+        ),
+        _setting(
+            "retry_backoff",
+            10.0,
+            "float",
+            "base seconds of the exponential backoff between attempts",
+            minimum=0,
+        ),
+        _setting("name", _hostname, "str", "worker name (default: hostname)"),
+        _setting("labels", "", "str", "worker labels, k=v,k=v"),
+        _setting("slots", None, "int", "worker CPU slots (default: 1)", minimum=0),
+        _setting("heartbeat", 30.0, "float", "seconds between worker heartbeats", minimum=0.05),
+        _setting("ephemeral", False, "bool", "worker exits after running one job"),
+        _setting("simulate_gpus", None, "str", "pretend this worker has these GPUs"),
+        _setting("work_dir", _work_dir, "path", "where jobs run"),
+        _setting(
+            "drain_grace",
+            60.0,
+            "float",
+            "seconds a draining worker lets running jobs finish",
+            minimum=0,
+        ),
+        _setting("pool", "default", "str", "worker pool"),
+        _setting("token", None, "str", "bearer token", secret=True),
+    )
+}
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _config_dir(env: Mapping[str, str]) -> Path:
+    override = env.get(ENV_CONFIG_DIR, "")
+    return Path(override).expanduser() if override else Path(platformdirs.user_config_dir(APP))
+
+
+def config_dir() -> Path:
+    """``$GPUFLEET_CONFIG_DIR`` if set, else the platform's user config dir for gpufleet."""
+    return _config_dir(os.environ)
+
+
+def config_files(cwd: Path | None = None, *, env: Mapping[str, str] | None = None) -> list[Path]:
+    """The config files that exist, lowest precedence first (user dir, then ``cwd``)."""
+    env = os.environ if env is None else env
+    candidates = [_config_dir(env) / FILE_NAME, (cwd or Path.cwd()) / FILE_NAME]
+    found: list[Path] = []
+    for path in candidates:
+        path = path.absolute()
+        if path.is_file() and not any(path.samefile(seen) for seen in found):
+            found.append(path)
+    return found
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
+
+
+def _unknown(where: str, key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(SETTINGS), n=1)
+    hint = f' (did you mean "{close[0]}"?)' if close else ""
+    return ConfigError(f'{where}: unknown setting "{key}"{hint}')
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class _Raw(NamedTuple):
+    label: str  # how the user wrote it: GPUFLEET_PORT, port, --port
+    value: Any
+
+
+class _Layer(NamedTuple):
+    source: str  # "default" | "file /p" | "file /p [environments.N]" | "env X" | "cli"
+    raw: dict[str, _Raw]
+    base: Path  # relative paths are resolved against this directory
+
+
+def _table_layer(source: str, where: str, table: Mapping[str, Any], base: Path) -> _Layer:
+    raw: dict[str, _Raw] = {}
+    for key, value in table.items():
+        if key not in SETTINGS:
+            raise _unknown(where, key)
+        raw[key] = _Raw(key, value)
+    return _Layer(source, raw, base)
+
+
+def _environments(path: Path, data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    envs = data.get(ENVIRONMENTS_KEY, {})
+    if not isinstance(envs, dict):
+        raise ConfigError(f"{path}: [{ENVIRONMENTS_KEY}] must be a table of tables")
+    for name, table in envs.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [{ENVIRONMENTS_KEY}.{name}] must be a table")
+    return envs
+
+
+def _file_layers(path: Path, environment: str) -> tuple[list[_Layer], bool]:
+    """The file's top level and, if it defines it, its ``[environments.<environment>]``."""
+    data = _read_toml(path)
+    envs = _environments(path, data)
+    top = {k: v for k, v in data.items() if k != ENVIRONMENTS_KEY}
+    layers = [_table_layer(f"file {path}", str(path), top, path.parent)]
+    for name, table in envs.items():  # validate every environment's keys, use one
+        where = f"{path} [{ENVIRONMENTS_KEY}.{name}]"
+        layer = _table_layer(f"file {where}", where, table, path.parent)
+        if name == environment:
+            layers.append(layer)
+    return layers, environment in envs
+
+
+def _files_layers(files: list[Path], environment: str) -> list[_Layer]:
+    layers: list[_Layer] = []
+    defined = False
+    for path in files:
+        file_layers, has_env = _file_layers(path, environment)
+        layers.extend(file_layers)
+        defined = defined or has_env
+    if environment and not defined:
+        read = ", ".join(str(p) for p in files) or "none found"
+        raise ConfigError(
+            f'{ENV_ENVIRONMENT}="{environment}": no config file defines '
+            f"[{ENVIRONMENTS_KEY}.{environment}] (files read: {read})"
+        )
+    return layers
+
+
+def _env_layers(env: Mapping[str, str], names: Iterable[str], cwd: Path) -> list[_Layer]:
+    """One layer per variable, so each value reports its own variable as source."""
+    layers = []
+    for name in names:
+        var = SETTINGS[name].env
+        value = env.get(var, "")
+        if value != "":  # an empty variable counts as unset
+            layers.append(_Layer(f"env {var}", {name: _Raw(var, value)}, cwd))
+    return layers
+
+
+def _cli_layer(cli: Mapping[str, Any], cwd: Path) -> _Layer:
+    raw: dict[str, _Raw] = {}
+    for name, value in cli.items():
+        if name not in SETTINGS:
+            raise _unknown("command line", name)
+        if value is not None:
+            raw[name] = _Raw("--" + name.replace("_", "-"), value)
+    return _Layer("cli", raw, cwd)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Invalid(ValueError):
+    """A value that does not fit its kind; the message ends 'must be ...'."""
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _parse_str(value: Any, base: Path) -> str:
+    if not isinstance(value, str):
+        raise _Invalid("must be a string")
+    return value
+
+
+def _parse_int(value: Any, base: Path) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _Invalid("must be an integer")
+
+
+def _parse_float(value: Any, base: Path) -> float:
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        raise _Invalid("must be a number")
+    return number
+
+
+def _parse_bool(value: Any, base: Path) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+    raise _Invalid("must be a boolean (1/0, true/false, yes/no, on/off)")
+
+
+def _parse_path(value: Any, base: Path) -> Path:
+    if not isinstance(value, str | os.PathLike) or str(value) == "":
+        raise _Invalid("must be a path")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def normalize_url(value: str) -> str:
+    """Strip surrounding whitespace and trailing slashes (the key of a server URL)."""
+    return value.strip().rstrip("/")
+
+
+def _parse_url(value: Any, base: Path) -> str:
+    if isinstance(value, str):
+        url = normalize_url(value)
+        if url.lower().startswith(("http://", "https://")) and urlsplit(url).netloc:
+            return url
+    raise _Invalid("must be a URL starting with http:// or https://")
+
+
+_PARSERS: dict[str, Callable[[Any, Path], Any]] = {
+    "str": _parse_str,
+    "int": _parse_int,
+    "float": _parse_float,
+    "bool": _parse_bool,
+    "path": _parse_path,
+    "url": _parse_url,
+}
+
+
+def _check_bounds(setting: Setting, value: float) -> None:
+    if setting.minimum is not None and value < setting.minimum:
+        raise _Invalid(f"must be at least {setting.minimum:g}")
+    if setting.maximum is not None and value > setting.maximum:
+        raise _Invalid(f"must be at most {setting.maximum:g}")
+
+
+def _shown(setting: Setting, value: Any) -> str:
+    if setting.secret:
+        return '"****"'
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _parse(setting: Setting, raw: _Raw, source: str, base: Path) -> Any:
+    try:
+        value = _PARSERS[setting.kind](raw.value, base)
+        if setting.kind in ("int", "float"):
+            _check_bounds(setting, value)
+    except _Invalid as exc:
+        shown = _shown(setting, raw.value)
+        raise ConfigError(
+            f"{raw.label}={shown} ({source}): {setting.name} {exc}",
+            detail={"setting": setting.name, "source": source},
+        ) from None
+    return value
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The resolved values of some settings, and where each one came from."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise KeyError(f"setting {name!r} was not resolved") from None
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """``(name, shown value, source)`` per setting, secrets masked, for ``config show``."""
+        return [
+            (name, _display(SETTINGS[name], v), self.sources[name])
+            for name, v in self.values.items()
+        ]
+
+
+def _display(setting: Setting, value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if setting.secret:
+        return "****"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value == "":
+        return '""'
+    return str(value)
+
+
+def _selected(only: Iterable[str] | None) -> list[str]:
+    if only is None:
+        return list(SETTINGS)
+    wanted = set(only)
+    for name in wanted:
+        if name not in SETTINGS:
+            raise _unknown("resolve(only=...)", name)
+    return [name for name in SETTINGS if name in wanted]
+
+
+def resolve(
+    cli: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    only: Iterable[str] | None = None,
+) -> Resolved:
+    """Resolve settings: cli (``None`` = not given) > env > cwd file > user file > default.
+
+    Every value given in any layer is parsed and checked, even if a higher layer wins.
+    Relative paths resolve against the config file's directory, or ``cwd`` for env and cli.
+    """
+    env = os.environ if env is None else env
+    cwd = (cwd or Path.cwd()).absolute()
+    names = _selected(only)
+    environment = env.get(ENV_ENVIRONMENT, "")
+    layers = _files_layers(config_files(cwd, env=env), environment)
+    layers += _env_layers(env, names, cwd)
+    layers.append(_cli_layer(cli or {}, cwd))
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in names:
+        values[name], sources[name] = SETTINGS[name].default_value(), "default"
+        for layer in layers:  # lowest precedence first: the last one given wins
+            if name in layer.raw:
+                values[name] = _parse(SETTINGS[name], layer.raw[name], layer.source, layer.base)
+                sources[name] = layer.source
+    return Resolved(values, sources)
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def credentials_path() -> Path:
+    return config_dir() / CREDENTIALS_NAME
+
+
+def _read_credentials(path: Path) -> dict[str, str]:
+    """The ``servers`` table; raises OSError or ValueError when missing or malformed."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    servers = data.get("servers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise ValueError("no servers table")
+    return {normalize_url(k): v for k, v in servers.items() if isinstance(v, str)}
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a 0600 temp file in the same dir, then replace."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.chmod(tmp, 0o600)
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_token(server: str, token: str) -> Path:
+    """Store ``token`` for ``server`` in ``credentials.json``, keeping other servers' tokens."""
+    try:
+        key = _parse_url(server, Path())
+    except _Invalid as exc:
+        raise ConfigError(f"save_token: server {json.dumps(server)} {exc}") from None
+    if not token:
+        raise ConfigError(f"save_token: empty token for {key}")
+    path = credentials_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    servers: dict[str, str] = {}
+    if path.exists():
+        try:
+            servers = _read_credentials(path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"{path}: cannot read credentials ({exc}); fix or delete it and log in again"
+            ) from exc
+    servers[key] = token
+    _write_private(path, json.dumps({"servers": servers}, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_token(server: str) -> str | None:
+    """The token saved for ``server`` (trailing slashes ignored), or ``None``."""
+    try:
+        servers = _read_credentials(credentials_path())
+    except (OSError, ValueError):
+        return None
+    return servers.get(normalize_url(server))
+
+
+def token_for(server: str, resolved: Resolved) -> str | None:
+    """The configured token (env or file) if set, else the one saved for ``server``."""
+    token = resolved.values.get("token")
+    return token if isinstance(token, str) and token else load_token(server)

@@ -1,0 +1,606 @@
+"""Manifests: a TOML plan of jobs and host policies, parsed into domain objects.
+
+A manifest looks like this::
+
+    schema_version = 1                 # required; this gpufleet reads version 1
+    name = "lab-plan"                  # required; becomes every job's ``manifest``
+
+    [defaults]                         # optional: any job field except ``name`` ...
+    command = "python train.py --model {model} --seed {seed}"
+    seed = 0                           # ... plus template variables (scalars or arrays)
+
+    [hosts.office-pc]                  # optional: one table per host
+    priority = 0                       # higher is preferred
+    allow_jobs = ["gbt", "mlp"]        # absent: the host may run everything
+    deny_jobs = []
+    cuda = false                       # declared capability: cuda, gpus, vram_gib, ram_gib
+
+    [[jobs]]                           # one table per job
+    name = "mlp-realistic"
+    model = "mlp"
+    hyper.epochs = 60
+
+Job fields override ``[defaults]``; the ``hyper``, ``env`` and ``labels`` tables are merged
+key by key (the job wins). A job may override a variable declared in ``[defaults]``.
+
+A string ``command`` is a template: ``{model}``, ``{mode}``, ``{name}``, every variable and
+``{manifest_dir}`` are substituted shell-quoted, then the line is split into argv. An array
+``command`` is argv as written (each element formatted, unquoted). With ``shell = true`` the
+formatted string is handed to a shell as it is.
+
+Unknown keys are errors (with a "did you mean"), types are strict, and every problem raises
+:class:`~gpufleet.errors.ManifestError` naming the file, the job or host, and the field.
+Pure: no file or network I/O and no clock; the caller reads the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import re
+import shlex
+import string
+import tomllib
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from gpufleet.domain.models import DeclaredCapability, HostPolicy, JobSpec, Requirements
+from gpufleet.errors import ManifestError
+
+SCHEMA_VERSION = 1
+MAX_NAME = 200
+MAX_ARG = 100_000
+MAX_PRIORITY = 1_000_000
+MAX_GIB = 1_000_000
+MAX_GPUS = 64
+MAX_ATTEMPTS = 100
+MAX_TIMEOUT = 10_000_000
+
+_TOP_KEYS = ("schema_version", "name", "defaults", "hosts", "jobs")
+_MERGED_TABLES = ("hyper", "env", "labels")
+_RESERVED_VARIABLES = ("manifest_dir",)
+_FORMATTER = string.Formatter()
+_WIDE_SPEC = re.compile(r"\d{5,}")
+_CONVERSIONS: dict[str, Callable[[object], str]] = {"r": repr, "s": str, "a": ascii}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parsed manifest: its name, the path it came from, host policies and jobs in order."""
+
+    name: str
+    path: str
+    hosts: tuple[HostPolicy, ...]
+    jobs: tuple[JobSpec, ...]
+
+
+# ---- where a value sits, and the error that names it -----------------------------------
+
+
+@dataclass(frozen=True)
+class _Where:
+    file: str
+    scope: str = ""
+    job: str | None = None
+    host: str | None = None
+
+    def fail(self, field: str | None, problem: str) -> NoReturn:
+        parts = [self.file, self.scope, "" if field is None else f'field "{field}"', problem]
+        detail: dict[str, Any] = {"file": self.file, "job": self.job, "field": field}
+        if self.host is not None:
+            detail["host"] = self.host
+        raise ManifestError(": ".join(p for p in parts if p), detail=detail)
+
+
+def _kind(value: object) -> str:
+    kinds: tuple[tuple[type, str], ...] = (
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a float"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "a table"),
+    )
+    return next((name for cls, name in kinds if isinstance(value, cls)), "a date/time")
+
+
+def _show(value: object) -> str:
+    """A short TOML-like rendering of a scalar, for messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value[:60]}..."' if len(value) > 60 else f'"{value}"'
+    if isinstance(value, int | float):
+        text = str(value)
+        return text[:40] + "..." if len(text) > 40 else text
+    return ""
+
+
+def _wrong_type(value: object, where: _Where, field: str | None, expected: str) -> NoReturn:
+    shown = _show(value)
+    where.fail(field, f"expected {expected}, got {_kind(value)}{' ' + shown if shown else ''}")
+
+
+def _unknown(where: _Where, key: str, candidates: Iterable[str], what: str, hint: str) -> NoReturn:
+    close = difflib.get_close_matches(key, list(candidates), n=1)
+    suggestion = f'did you mean "{close[0]}"?' if close else hint
+    where.fail(key, f"unknown {what} ({suggestion})")
+
+
+# ---- value checks: each returns the value converted for the domain ---------------------
+
+_Check = Callable[[Any, _Where, str], Any]
+
+
+def _str(value: Any, where: _Where, field: str) -> str:
+    if not isinstance(value, str):
+        _wrong_type(value, where, field, "a string")
+    return value
+
+
+def _name(value: Any, where: _Where, field: str) -> str:
+    text = _str(value, where, field)
+    if not text.strip():
+        where.fail(field, "must not be empty")
+    if len(text) > MAX_NAME:
+        where.fail(field, f"must be at most {MAX_NAME} characters, got {len(text)}")
+    return text
+
+
+def _bool(value: Any, where: _Where, field: str) -> bool:
+    if not isinstance(value, bool):
+        _wrong_type(value, where, field, "a boolean (true or false)")
+    return value
+
+
+def _in_range(
+    value: float, where: _Where, field: str, low: float, high: float, *, open_low: bool = False
+) -> None:
+    if open_low and value <= low:
+        where.fail(field, f"must be > {low}, got {_show(value)}")
+    if value < low:
+        where.fail(field, f"must be >= {low}, got {_show(value)}")
+    if value > high:
+        where.fail(field, f"must be <= {high}, got {_show(value)}")
+
+
+def _int_in(low: int, high: int) -> _Check:
+    def check(value: Any, where: _Where, field: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _wrong_type(value, where, field, "an integer")
+        _in_range(value, where, field, low, high)
+        return value
+
+    return check
+
+
+def _number_in(low: int, high: int, *, open_low: bool = False) -> _Check:
+    def check(value: Any, where: _Where, field: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            _wrong_type(value, where, field, "a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            where.fail(field, f"must be a finite number, got {value}")
+        _in_range(value, where, field, low, high, open_low=open_low)
+        return float(value)
+
+    return check
+
+
+def _str_list(value: Any, where: _Where, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        _wrong_type(value, where, field, "an array of strings")
+    return tuple(_str(item, where, f"{field}[{i}]") for i, item in enumerate(value))
+
+
+def _str_table(value: Any, where: _Where, field: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        _wrong_type(value, where, field, "a table of strings")
+    return {key: _str(item, where, f"{field}.{key}") for key, item in value.items()}
+
+
+def _env(value: Any, where: _Where, field: str) -> dict[str, str]:
+    table = _str_table(value, where, field)
+    for key in table:
+        if not key or "=" in key or "\0" in key:
+            where.fail(f"{field}.{key}", "an environment variable name must be non-empty, no '='")
+    return table
+
+
+def _plain_data(value: Any, where: _Where, field: str) -> None:
+    """Hyper values must survive JSON: TOML dates and times are refused."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _plain_data(item, where, f"{field}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _plain_data(item, where, f"{field}[{i}]")
+    elif not isinstance(value, str | int | float):
+        where.fail(field, "dates and times are not supported here; write them as strings")
+
+
+def _hyper(value: Any, where: _Where, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _wrong_type(value, where, field, "a table")
+    _plain_data(value, where, field)
+    return dict(value)
+
+
+def _command(value: Any, where: _Where, field: str) -> str | tuple[str, ...]:
+    if isinstance(value, list):
+        argv = _str_list(value, where, field)
+        if not argv:
+            where.fail(field, "must not be empty")
+        return argv
+    if not isinstance(value, str):
+        _wrong_type(value, where, field, "a string or an array of strings")
+    if not value.strip():
+        where.fail(field, "must not be empty")
+    return value
+
+
+def _variable(value: Any, where: _Where, field: str) -> Any:
+    """A template variable: a string, number or boolean, or an array of them."""
+    expected = "a string, number or boolean (or an array of them) for a template variable"
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if not isinstance(item, str | int | float):
+            _wrong_type(item, where, field, expected)
+    return list(value) if isinstance(value, list) else value
+
+
+_REQUIREMENT_FIELDS: dict[str, _Check] = {
+    "require_cuda": _bool,
+    "prefer_cuda": _bool,
+    "gpu_count": _int_in(0, MAX_GPUS),
+    "min_vram_gib": _number_in(0, MAX_GIB),
+    "min_ram_gib": _number_in(0, MAX_GIB),
+    "gpu_name": _str,
+    "labels": _str_table,
+    "allowed_hosts": _str_list,
+    "worker": _str,
+}
+_SPEC_FIELDS: dict[str, _Check] = {
+    "model": _str,
+    "mode": _str,
+    "command": _command,
+    "priority": _int_in(-MAX_PRIORITY, MAX_PRIORITY),
+    "hyper": _hyper,
+    "env": _env,
+    "max_attempts": _int_in(1, MAX_ATTEMPTS),
+    "timeout": _number_in(0, MAX_TIMEOUT, open_low=True),
+    "pool": _name,
+    "shell": _bool,
+}
+_JOB_FIELDS: dict[str, _Check] = {"name": _name, **_SPEC_FIELDS, **_REQUIREMENT_FIELDS}
+_ALIASES = {"gpus": "gpu_count"}
+_HOST_FIELDS: dict[str, _Check] = {
+    "description": _str,
+    "priority": _int_in(-MAX_PRIORITY, MAX_PRIORITY),
+    "allow_jobs": _str_list,
+    "deny_jobs": _str_list,
+    "cuda": _bool,
+    "gpus": _int_in(0, MAX_GPUS),
+    "vram_gib": _number_in(0, MAX_GIB),
+    "ram_gib": _number_in(0, MAX_GIB),
+}
+_DECLARED_FIELDS = ("cuda", "gpus", "vram_gib", "ram_gib")
+
+
+# ---- top level -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    fields: dict[str, Any]
+    variables: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Context:
+    file: str
+    manifest: str
+    defaults: _Defaults
+    base_dir: str | None
+
+
+def parse_manifest(text: str, path: str = "<manifest>", *, base_dir: str | None = None) -> Plan:
+    """Parse manifest ``text`` (read from ``path``; ``base_dir`` fills ``{manifest_dir}``).
+
+    Raises :class:`ManifestError` on any problem, naming the file, the job and the field.
+    """
+    data = _load(text, path)
+    top = _Where(path)
+    _check_top_level(data, top)
+    name = _name(data["name"], top, "name")
+    defaults = _parse_defaults(data.get("defaults", {}), top, _template_names(_raw_commands(data)))
+    hosts = _parse_hosts(data.get("hosts", {}), top)
+    jobs = _parse_jobs(data.get("jobs", []), _Context(path, name, defaults, base_dir))
+    return Plan(name=name, path=path, hosts=hosts, jobs=jobs)
+
+
+def _load(text: str, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except ValueError as exc:  # TOMLDecodeError, and int() refusing a huge literal
+        _Where(path).fail(None, f"invalid TOML: {exc}")
+    except RecursionError:
+        _Where(path).fail(None, "invalid TOML: nested too deeply")
+
+
+def _check_top_level(data: dict[str, Any], where: _Where) -> None:
+    if "schema_version" not in data:
+        where.fail("schema_version", f"missing (add schema_version = {SCHEMA_VERSION} at the top)")
+    version = data["schema_version"]
+    if isinstance(version, bool) or version != SCHEMA_VERSION or not isinstance(version, int):
+        shown = _show(version) or _kind(version)
+        where.fail(
+            "schema_version",
+            f"unsupported schema_version {shown} (this gpufleet reads {SCHEMA_VERSION})",
+        )
+    for key in data:
+        if key not in _TOP_KEYS:
+            hint = "expected one of " + ", ".join(_TOP_KEYS)
+            _unknown(where, key, _TOP_KEYS, "top-level key", hint)
+    if "name" not in data:
+        where.fail("name", 'missing (add name = "..." naming the plan)')
+
+
+def _table(value: Any, where: _Where, field: str | None, expected: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _wrong_type(value, where, field, expected)
+    return value
+
+
+# ---- defaults --------------------------------------------------------------------------
+
+
+def _raw_commands(data: dict[str, Any]) -> list[str]:
+    """Every command string in the file, before validation (to see which variables are used)."""
+    jobs = data.get("jobs")
+    tables = [data.get("defaults"), *(jobs if isinstance(jobs, list) else [])]
+    found: list[str] = []
+    for table in tables:
+        command = table.get("command") if isinstance(table, dict) else None
+        if isinstance(command, str):
+            found.append(command)
+        elif isinstance(command, list):
+            found.extend(item for item in command if isinstance(item, str))
+    return found
+
+
+def _template_names(commands: Iterable[str]) -> set[str]:
+    names: set[str] = set()
+    for command in commands:
+        try:
+            names.update(field for _, field, _, _ in _FORMATTER.parse(command) if field)
+        except ValueError:
+            continue  # reported later, for the job that uses it
+    return names
+
+
+def _parse_defaults(raw: Any, top: _Where, used: Collection[str]) -> _Defaults:
+    table = _table(raw, top, "defaults", "a table ([defaults])")
+    where = _Where(top.file, "[defaults]")
+    fields: dict[str, Any] = {}
+    variables: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "name":
+            where.fail(key, "a job name cannot have a default; set it in each [[jobs]]")
+        if _ALIASES.get(key, key) in _JOB_FIELDS:
+            _set_field(fields, key, value, where)
+        else:
+            _check_variable_name(key, where, used)
+            variables[key] = _variable(value, where, key)
+    return _Defaults(fields, variables)
+
+
+def _check_variable_name(key: str, where: _Where, used: Collection[str]) -> None:
+    """A variable is any extra key; one that looks like a misspelt field must be used."""
+    if key in _RESERVED_VARIABLES:
+        where.fail(key, f"{key} is a builtin template variable and cannot be set")
+    known = [*_JOB_FIELDS, *_ALIASES]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+    if close and key not in used:
+        where.fail(
+            key,
+            f'unknown field (did you mean "{close[0]}"?); a template variable this close '
+            "to a field name must be used in a command",
+        )
+
+
+def _set_field(fields: dict[str, Any], key: str, value: Any, where: _Where) -> None:
+    target = _ALIASES.get(key, key)
+    if target in fields:
+        where.fail(key, f'"{key}" and "{target}" are the same field; set only one')
+    fields[target] = _JOB_FIELDS[target](value, where, key)
+
+
+# ---- hosts -----------------------------------------------------------------------------
+
+
+def _parse_hosts(raw: Any, top: _Where) -> tuple[HostPolicy, ...]:
+    hosts = _table(raw, top, "hosts", "a table of host tables ([hosts.NAME])")
+    return tuple(_parse_host(name, table, top.file) for name, table in hosts.items())
+
+
+def _parse_host(name: str, raw: Any, file: str) -> HostPolicy:
+    where = _Where(file, f'host "{name}"', host=name)
+    if not name.strip() or len(name) > MAX_NAME:
+        where.fail(None, f"a host name must be 1 to {MAX_NAME} characters")
+    table = _table(raw, where, None, f'a table ([hosts."{name}"])')
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in _HOST_FIELDS:
+            _unknown(where, key, _HOST_FIELDS, "host key", "expected " + ", ".join(_HOST_FIELDS))
+        values[key] = _HOST_FIELDS[key](value, where, key)
+    declared = DeclaredCapability(**{k: values.pop(k) for k in _DECLARED_FIELDS if k in values})
+    return HostPolicy(name=name, declared=declared, **values)
+
+
+# ---- jobs ------------------------------------------------------------------------------
+
+
+def _parse_jobs(raw: Any, ctx: _Context) -> tuple[JobSpec, ...]:
+    if not isinstance(raw, list):
+        _wrong_type(raw, _Where(ctx.file), "jobs", "an array of tables ([[jobs]])")
+    jobs = tuple(_parse_job(index, item, ctx) for index, item in enumerate(raw))
+    seen: dict[str, int] = {}
+    for index, job in enumerate(jobs):
+        if job.name in seen:
+            where = _job_where(ctx.file, index, job.name)
+            where.fail("name", f'duplicate job name "{job.name}" (also jobs[{seen[job.name]}])')
+        seen[job.name] = index
+    return jobs
+
+
+def _job_where(file: str, index: int, name: Any) -> _Where:
+    if isinstance(name, str) and name.strip() and len(name) <= MAX_NAME:
+        return _Where(file, f'job "{name}" (jobs[{index}])', job=name)
+    return _Where(file, f"jobs[{index}]")
+
+
+def _parse_job(index: int, raw: Any, ctx: _Context) -> JobSpec:
+    where = _job_where(ctx.file, index, raw.get("name") if isinstance(raw, dict) else None)
+    table = _table(raw, where, None, "a table ([[jobs]])")
+    fields, overrides = _job_fields(table, where, ctx.defaults.variables)
+    if "name" not in fields:
+        where.fail("name", 'missing (every job needs name = "...")')
+    merged = _merge(ctx.defaults.fields, fields)
+    variables = {**ctx.defaults.variables, **overrides}
+    command = _build_command(merged, variables, where, ctx.base_dir)
+    requirements = Requirements(**{k: merged[k] for k in _REQUIREMENT_FIELDS if k in merged})
+    spec = {k: merged[k] for k in _SPEC_FIELDS if k in merged and k != "command"}
+    return JobSpec(
+        name=fields["name"],
+        command=command,
+        requirements=requirements,
+        manifest=ctx.manifest,
+        vars=copy.deepcopy(variables),
+        **spec,
+    )
+
+
+def _job_fields(
+    table: dict[str, Any], where: _Where, variables: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a job table into checked fields and variable overrides; refuse anything else."""
+    fields: dict[str, Any] = {}
+    overrides: dict[str, Any] = {}
+    for key, value in table.items():
+        if _ALIASES.get(key, key) in _JOB_FIELDS:
+            _set_field(fields, key, value, where)
+        elif key in variables:
+            overrides[key] = _variable(value, where, key)
+        else:
+            hint = "template variables must first be declared in [defaults]"
+            _unknown(where, key, [*_JOB_FIELDS, *_ALIASES, *variables], "field", hint)
+    return fields, overrides
+
+
+def _merge(defaults: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+    merged = {**defaults, **job}
+    for key in _MERGED_TABLES:
+        if key in defaults and key in job:
+            merged[key] = {**defaults[key], **job[key]}
+    return copy.deepcopy(merged)  # jobs must not share mutable tables
+
+
+# ---- commands --------------------------------------------------------------------------
+
+
+def _build_command(
+    merged: dict[str, Any], variables: dict[str, Any], where: _Where, base_dir: str | None
+) -> tuple[str, ...]:
+    template = merged.get("command")
+    if template is None:
+        where.fail("command", "missing (set command in the job or in [defaults])")
+    values = _template_values(merged, variables, base_dir)
+    if isinstance(template, tuple):
+        if merged.get("shell", False):
+            where.fail("command", "shell = true needs a command string, not an array")
+        argv = tuple(_render(item, values, where, quote=False) for item in template)
+    elif merged.get("shell", False):
+        argv = (_render(template, values, where, quote=False),)
+    else:
+        argv = _split(_render(template, values, where, quote=True), where)
+    for arg in argv:
+        if len(arg) > MAX_ARG:
+            where.fail("command", f"an argument is longer than {MAX_ARG} characters")
+    return argv
+
+
+def _template_values(
+    merged: dict[str, Any], variables: dict[str, Any], base_dir: str | None
+) -> dict[str, Any]:
+    values = dict(variables)
+    for key in ("model", "mode", "name"):
+        if merged.get(key) is not None:
+            values[key] = merged[key]
+    if base_dir is not None:
+        values["manifest_dir"] = base_dir
+    return values
+
+
+def _render(template: str, values: dict[str, Any], where: _Where, *, quote: bool) -> str:
+    try:
+        pieces = list(_FORMATTER.parse(template))
+    except ValueError as exc:
+        where.fail("command", f"bad template {_show(template)}: {exc}")
+    out: list[str] = []
+    for literal, field, spec, conversion in pieces:
+        out.append(literal)
+        if field is not None:
+            out.append(_substitute(field, spec or "", conversion, values, where, quote=quote))
+    return "".join(out)
+
+
+def _substitute(
+    field: str,
+    spec: str,
+    conversion: str | None,
+    values: dict[str, Any],
+    where: _Where,
+    *,
+    quote: bool,
+) -> str:
+    if field not in values:
+        _unknown_variable(field, values, where)
+    value = values[field]
+    items = value if isinstance(value, list) else [value]
+    texts = [_format_one(field, item, spec, conversion, where) for item in items]
+    return " ".join(shlex.quote(text) if quote else text for text in texts)
+
+
+def _unknown_variable(field: str, values: Mapping[str, Any], where: _Where) -> NoReturn:
+    if field == "manifest_dir":
+        where.fail("command", "{manifest_dir} needs the manifest's directory (pass base_dir)")
+    close = difflib.get_close_matches(field, list(values), n=1)
+    hint = f"did you mean {{{close[0]}}}?" if close else "known: " + ", ".join(sorted(values))
+    where.fail("command", f"unknown template variable {{{field}}} ({hint})")
+
+
+def _format_one(field: str, value: Any, spec: str, conversion: str | None, where: _Where) -> str:
+    if _WIDE_SPEC.search(spec):
+        where.fail("command", f"format spec {spec!r} of {{{field}}} is too wide")
+    if conversion is not None and conversion not in _CONVERSIONS:
+        where.fail("command", f"unknown conversion !{conversion} in {{{field}}}")
+    if conversion is None and isinstance(value, bool) and not spec:
+        return "true" if value else "false"  # as written in TOML
+    if conversion is not None:
+        value = _CONVERSIONS[conversion](value)
+    try:
+        return format(value, spec)
+    except (ValueError, TypeError, OverflowError) as exc:
+        where.fail("command", f"cannot format {{{field}}} with {spec!r}: {exc}")
+
+
+def _split(line: str, where: _Where) -> tuple[str, ...]:
+    try:
+        argv = tuple(shlex.split(line))
+    except ValueError as exc:
+        where.fail("command", f"cannot split {_show(line)} into arguments: {exc}")
+    if not argv:
+        where.fail("command", "is empty after templating")
+    return argv

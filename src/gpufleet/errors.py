@@ -1,0 +1,96 @@
+"""The one exception tree of gpufleet.
+
+::
+
+    GpufleetError
+    ├── ConfigError            bad configuration value, with its source
+    ├── ManifestError          a manifest is wrong: names the file, the job and the field
+    ├── InvalidTransition      a job state change the lifecycle table does not allow
+    ├── NotFound               an unknown job, worker or token          (HTTP 404)
+    ├── Conflict               a stale lease or a state that forbids the call (HTTP 409)
+    ├── Unauthorized           a missing or wrong token                 (HTTP 401)
+    ├── Forbidden              a token whose role may not make the call (HTTP 403)
+    ├── ValidationFailed       a request the server cannot accept       (HTTP 422)
+    └── ServerUnavailable      the server cannot be reached (client side only)
+
+Every error carries a short machine ``code`` and a message that says what was wrong,
+where, and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GpufleetError(Exception):
+    """Root of every error gpufleet raises on purpose."""
+
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str, *, detail: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class ConfigError(GpufleetError):
+    code = "config_error"
+
+
+class ManifestError(GpufleetError):
+    """A manifest is malformed; the message names the file, the job and the field."""
+
+    code = "manifest_error"
+    status = 422
+
+
+class InvalidTransition(GpufleetError):
+    code = "invalid_transition"
+    status = 409
+
+
+class NotFound(GpufleetError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(GpufleetError):
+    code = "conflict"
+    status = 409
+
+
+class Unauthorized(GpufleetError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(GpufleetError):
+    code = "forbidden"
+    status = 403
+
+
+class ValidationFailed(GpufleetError):
+    code = "validation_error"
+    status = 422
+
+
+class ServerUnavailable(GpufleetError):
+    code = "server_unavailable"
+    status = 503
+
+
+BY_CODE: dict[str, type[GpufleetError]] = {
+    cls.code: cls
+    for cls in (
+        ConfigError,
+        ManifestError,
+        InvalidTransition,
+        NotFound,
+        Conflict,
+        Unauthorized,
+        Forbidden,
+        ValidationFailed,
+        ServerUnavailable,
+    )
+}

@@ -1,0 +1,245 @@
+"""Matching a job's requirements against a worker's capability, and ranking workers.
+
+Hard constraints decide who *may* run a job; each check returns the reason it rejects, so
+the same code answers "can this worker take it?" and "why is this job still waiting?".
+Time comes in as an argument (``now``, seconds since the epoch): nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from gpufleet.domain.models import (
+    MIB_PER_GIB,
+    Capability,
+    GpuInfo,
+    HostPolicy,
+    JobSpec,
+    WorkerStatus,
+)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    id: str
+    name: str
+    status: WorkerStatus
+    capability: Capability
+    labels: dict[str, str] = field(default_factory=dict)
+    pool: str = "default"
+    policy: HostPolicy | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: str
+    spec: JobSpec
+    created_at: float
+
+
+@dataclass(frozen=True)
+class FreeGpu:
+    index: int
+    free_mib: int
+
+
+@dataclass(frozen=True)
+class FreeResources:
+    """What a worker has free right now: CPU slots and GPUs not given to a job."""
+
+    cpu_slots: int
+    gpus: tuple[FreeGpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a job would run on a worker: the GPU indices (empty: a CPU slot)."""
+
+    gpus: tuple[int, ...]
+    vram_mib: int = 0
+
+
+def _glob(value: str, pattern: str) -> bool:
+    v, p = value.lower(), pattern.lower()
+    return fnmatchcase(v, p) or fnmatchcase(v.removeprefix("nvidia "), p)
+
+
+def effective_gpus(worker: WorkerView) -> tuple[GpuInfo, ...]:
+    """Detected GPUs intersected with what the host's manifest entry declares."""
+    gpus = worker.capability.gpus
+    declared = worker.policy.declared if worker.policy else None
+    if declared is None:
+        return gpus
+    if declared.cuda is False:
+        return ()
+    if declared.gpus is not None:
+        gpus = gpus[: declared.gpus]
+    if declared.vram_gib is not None:
+        cap = int(declared.vram_gib * MIB_PER_GIB)
+        gpus = tuple(
+            GpuInfo(
+                g.index,
+                g.name,
+                min(g.total_mib, cap),
+                min(g.free_mib, cap),
+                g.uuid,
+                g.compute_capability,
+                g.simulated,
+            )
+            for g in gpus
+        )
+    return gpus
+
+
+def effective_ram_gib(worker: WorkerView) -> float:
+    ram = worker.capability.ram_mib / MIB_PER_GIB
+    declared = worker.policy.declared if worker.policy else None
+    if declared is not None and declared.ram_gib is not None:
+        ram = min(ram, declared.ram_gib)
+    return ram
+
+
+def _gpu_fits(job: JobSpec, gpu: GpuInfo) -> bool:
+    req = job.requirements
+    if req.gpu_name and not _glob(gpu.name, req.gpu_name):
+        return False
+    return gpu.total_mib >= req.min_vram_gib * MIB_PER_GIB
+
+
+def _gpu_job(job: JobSpec, worker: WorkerView) -> bool:
+    """Whether the job runs on this worker's GPUs (else in a CPU slot)."""
+    req = job.requirements
+    if req.gpus_wanted == 0:
+        return False
+    if req.needs_gpu:
+        return True
+    # prefer_cuda: a GPU job where a fitting GPU exists, a CPU job elsewhere.
+    fitting = [g for g in effective_gpus(worker) if _gpu_fits(job, g)]
+    return len(fitting) >= req.gpus_wanted
+
+
+def _policy_reason(job: JobSpec, worker: WorkerView) -> str | None:
+    policy = worker.policy
+    if policy is None:
+        return None
+    model = job.model or job.name
+    if any(_glob(model, p) for p in policy.deny_jobs):
+        return f"host {worker.name} denies model {model!r} (deny_jobs)"
+    if policy.allow_jobs is not None and not any(_glob(model, p) for p in policy.allow_jobs):
+        allowed = ", ".join(policy.allow_jobs) or "nothing"
+        return f"host {worker.name} allows only {allowed} (allow_jobs), not {model!r}"
+    return None
+
+
+def _placement_reason(job: JobSpec, worker: WorkerView) -> str | None:
+    req = job.requirements
+    if job.pool != worker.pool:
+        return f"job is in pool {job.pool!r}, worker in pool {worker.pool!r}"
+    if req.worker and req.worker not in (worker.id, worker.name):
+        return f"job targets worker {req.worker!r}"
+    if req.allowed_hosts and not any(_glob(worker.name, p) for p in req.allowed_hosts):
+        return f"host {worker.name} is not in allowed_hosts ({', '.join(req.allowed_hosts)})"
+    for key, pattern in req.labels.items():
+        have = worker.labels.get(key)
+        if have is None:
+            return f"worker has no label {key!r} (job wants {key}={pattern})"
+        if not _glob(have, pattern):
+            return f"label {key}={have!r} does not match {pattern!r}"
+    return _policy_reason(job, worker)
+
+
+def _gpu_reason(job: JobSpec, worker: WorkerView) -> str | None:
+    req = job.requirements
+    gpus = effective_gpus(worker)
+    if not gpus:
+        return "requires CUDA; worker has no GPU"
+    if len(gpus) < req.gpus_wanted:
+        return f"needs {req.gpus_wanted} GPUs; worker has {len(gpus)}"
+    if req.gpu_name and not any(_glob(g.name, req.gpu_name) for g in gpus):
+        names = ", ".join(sorted({g.name for g in gpus}))
+        return f"no GPU matches {req.gpu_name!r} (worker has {names})"
+    fitting = [g for g in gpus if _gpu_fits(job, g)]
+    if len(fitting) < req.gpus_wanted:
+        largest = max(g.total_gib for g in gpus)
+        return f"needs {req.min_vram_gib:g} GiB VRAM per GPU; largest GPU has {largest:.1f} GiB"
+    return None
+
+
+def ever_reason(job: JobSpec, worker: WorkerView) -> str | None:
+    """Why ``worker`` could never run ``job`` whatever its load, or None if it could."""
+    reason = _placement_reason(job, worker)
+    if reason:
+        return reason
+    req = job.requirements
+    ram = effective_ram_gib(worker)
+    if req.min_ram_gib > ram:
+        return f"needs {req.min_ram_gib:g} GiB RAM; worker has {ram:.1f} GiB"
+    if req.needs_gpu:
+        return _gpu_reason(job, worker)
+    return None
+
+
+def assign(job: JobSpec, worker: WorkerView, free: FreeResources) -> Assignment | str:
+    """Where the job would run on this worker now (best fit), or why it cannot."""
+    if not _gpu_job(job, worker):
+        if free.cpu_slots <= 0:
+            return "no free CPU slot"
+        return Assignment(gpus=())
+    usable = {g.index: g for g in effective_gpus(worker) if _gpu_fits(job, g)}
+    need_mib = int(job.requirements.min_vram_gib * MIB_PER_GIB)
+    candidates = sorted(
+        (f for f in free.gpus if f.index in usable and f.free_mib >= need_mib),
+        key=lambda f: (usable[f.index].total_mib, f.free_mib, f.index),
+    )
+    wanted = job.requirements.gpus_wanted
+    if len(candidates) < wanted:
+        if need_mib:
+            return f"needs {wanted} free GPU(s) with {job.requirements.min_vram_gib:g} GiB free"
+        return f"needs {wanted} free GPU(s); {len(candidates)} free"
+    chosen = candidates[:wanted]
+    return Assignment(
+        gpus=tuple(sorted(c.index for c in chosen)),
+        vram_mib=sum(usable[c.index].total_mib for c in chosen),
+    )
+
+
+def now_reason(
+    job: JobView, worker: WorkerView, free: FreeResources, now: float, prefer_cuda_grace: float
+) -> Assignment | str:
+    """Whether ``worker`` may take ``job`` right now: an assignment, or the reason it may not."""
+    if worker.status in (WorkerStatus.DRAINING, WorkerStatus.OFFLINE):
+        return f"worker is {worker.status.value}"
+    reason = ever_reason(job.spec, worker)
+    if reason:
+        return reason
+    req = job.spec.requirements
+    if req.prefer_cuda and not req.needs_gpu and not _gpu_job(job.spec, worker):
+        waited = now - job.created_at
+        if waited < prefer_cuda_grace:
+            left = prefer_cuda_grace - waited
+            return (
+                f"prefers CUDA; a CPU worker may take it after the grace window ({left:.0f}s left)"
+            )
+    return assign(job.spec, worker, free)
+
+
+def rank_key(job: JobSpec, worker: WorkerView, assignment: Assignment) -> tuple[int, int, int]:
+    """Lower ranks first: higher host priority, then the smallest GPU that is big enough,
+    then (for CPU jobs) the worker with fewer GPUs, so GPU boxes stay free for GPU work."""
+    priority = worker.policy.priority if worker.policy else 0
+    return (-priority, assignment.vram_mib, len(effective_gpus(worker)))
+
+
+def explain(
+    job: JobView,
+    workers: list[tuple[WorkerView, FreeResources]],
+    now: float,
+    prefer_cuda_grace: float,
+) -> list[tuple[WorkerView, str | None]]:
+    """For every worker, the reason it will not take the job now (None: it may)."""
+    out: list[tuple[WorkerView, str | None]] = []
+    for worker, free in workers:
+        verdict = now_reason(job, worker, free, now, prefer_cuda_grace)
+        out.append((worker, verdict if isinstance(verdict, str) else None))
+    return out

@@ -1,0 +1,7 @@
+"""The gpufleet server: queue, fleet state, and the HTTP API."""
+
+from gpufleet.server.app import create_app
+from gpufleet.server.queue import QueueService, QueueSettings
+from gpufleet.server.serve import ServerOptions, serve
+
+__all__ = ["QueueService", "QueueSettings", "ServerOptions", "create_app", "serve"]

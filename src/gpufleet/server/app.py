@@ -1,0 +1,109 @@
+"""The FastAPI application: error shape, lifespan (lease sweeper), routes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from gpufleet import __version__
+from gpufleet.errors import GpufleetError
+from gpufleet.server import routes_jobs, routes_workers
+from gpufleet.server.auth import Auth
+from gpufleet.server.deps import ServerState
+from gpufleet.server.notify import Notifier
+from gpufleet.server.queue import QueueService, QueueSettings
+from gpufleet.store import SqlStore
+from gpufleet.wire import ErrorBody, ErrorInfo
+
+log = logging.getLogger("gpufleet.server")
+
+
+def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
+    body = ErrorBody(error=ErrorInfo(code=code, message=message, detail=detail))
+    return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+async def _on_gpufleet_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GpufleetError)
+    return _error(exc.status, exc.code, exc.message, exc.detail)
+
+
+async def _on_validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = [{"field": _field(tuple(e["loc"])), "problem": e["msg"]} for e in exc.errors()]
+    first = problems[0] if problems else {"field": "body", "problem": "invalid"}
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    message = f"invalid request: {first['field']}: {first['problem']}{more}"
+    return _error(422, "validation_error", message, problems)
+
+
+async def _on_http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _error(exc.status_code, code, str(exc.detail))
+
+
+async def _on_crash(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("internal error", exc_info=exc)
+    return _error(500, "internal_error", "internal server error; see the server log")
+
+
+async def _sweeper(queue: QueueService, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            requeued, offline = await run_in_threadpool(queue.sweep)
+        except Exception:  # keep sweeping: one failed sweep must not stop expiry forever
+            log.exception("lease sweep failed")
+            continue
+        for job_id in requeued:
+            log.warning("lease expired for job %s", job_id)
+        for worker_id in offline:
+            log.warning("worker %s is offline (no heartbeat)", worker_id)
+
+
+def create_app(store: SqlStore, settings: QueueSettings) -> FastAPI:
+    """The server app over ``store`` (already migrated)."""
+    notifier = Notifier()
+    queue = QueueService(store, settings, on_change=notifier.notify)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        notifier.bind(asyncio.get_running_loop())
+        interval = max(0.05, min(settings.lease_timeout / 4, 5.0))
+        task = asyncio.create_task(_sweeper(queue, interval))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(
+        title="gpufleet",
+        version=__version__,
+        description="Queue, fleet state and job control for gpufleet workers and clients.",
+        lifespan=lifespan,
+    )
+    app.state.gpufleet = ServerState(queue=queue, auth=Auth(store), notifier=notifier)
+    app.add_exception_handler(GpufleetError, _on_gpufleet_error)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_crash)
+    app.include_router(routes_jobs.router)
+    app.include_router(routes_workers.router)
+    return app

@@ -1,0 +1,466 @@
+"""Queue policy: what submit, claim, heartbeat, finish and the sweep *mean*.
+
+The store only persists; the lifecycle table in :mod:`gpufleet.domain.lifecycle` decides
+every state change, and :mod:`gpufleet.scheduling` decides who may run what. Time comes
+from an injected clock so the policy is testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpufleet.domain.ids import manifest_job_id, new_job_id, new_worker_id
+from gpufleet.domain.lifecycle import Event, backoff_seconds, failure_event, sources, transition
+from gpufleet.domain.models import HostPolicy, JobSpec, JobStatus, WorkerStatus
+from gpufleet.errors import Conflict, NotFound, ValidationFailed
+from gpufleet.scheduling.matching import (
+    Assignment,
+    FreeGpu,
+    FreeResources,
+    JobView,
+    WorkerView,
+    effective_gpus,
+    ever_reason,
+    now_reason,
+    rank_key,
+)
+from gpufleet.store import JobRow, SqlStore, WorkerRow
+from gpufleet.wire import (
+    ApplyResult,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    HostModel,
+    JobSpecModel,
+    Lease,
+    ManifestApply,
+    WorkerRegister,
+)
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    lease_timeout: float = 120.0
+    prefer_cuda_grace: float = 300.0
+    retry_backoff: float = 10.0
+    candidates: int = 200
+
+
+class QueueService:
+    """The server's queue: one instance per server process, shared by every request."""
+
+    def __init__(
+        self,
+        store: SqlStore,
+        settings: QueueSettings,
+        clock: Clock = time.time,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.on_change = on_change
+        self._waiting: dict[str, tuple[WorkerView, FreeResources]] = {}
+        self._waiting_lock = threading.Lock()
+        self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
+
+    # ---- host policies ----------------------------------------------------------------
+
+    def policies(self) -> dict[str, HostPolicy]:
+        """Host policies from the last applied manifests (cached for a second)."""
+        loaded_at, cached = self._policies
+        if time.monotonic() - loaded_at < 1.0:
+            return cached
+        fresh = {
+            name: HostModel.model_validate_json(raw).to_domain()
+            for name, raw in self.store.host_policies().items()
+        }
+        self._policies = (time.monotonic(), fresh)
+        return fresh
+
+    def view(self, w: WorkerRow) -> WorkerView:
+        return WorkerView(
+            id=w.id,
+            name=w.name,
+            status=self.worker_status(w),
+            capability=w.capability,
+            labels=w.labels,
+            pool=w.pool,
+            policy=self.policies().get(w.name),
+        )
+
+    def worker_status(self, w: WorkerRow, active: int | None = None) -> WorkerStatus:
+        if w.status == WorkerStatus.OFFLINE:
+            return WorkerStatus.OFFLINE
+        if w.drain:
+            return WorkerStatus.DRAINING
+        if active is None:
+            return w.status
+        return WorkerStatus.BUSY if active else WorkerStatus.IDLE
+
+    # ---- submitting -------------------------------------------------------------------
+
+    def unrunnable_reason(self, spec: JobSpec) -> str | None:
+        """Why no registered worker could ever run ``spec`` (None: some worker could)."""
+        workers = self.store.list_workers()
+        if not workers:
+            return None
+        reasons = []
+        for w in workers:
+            reason = ever_reason(spec, self.view(w))
+            if reason is None:
+                return None
+            reasons.append(f"{w.name}: {reason}")
+        return "no registered worker could ever run this job (" + "; ".join(reasons) + ")"
+
+    def submit(self, spec: JobSpec) -> JobRow:
+        job_id = new_job_id()
+        self.store.insert_jobs([(job_id, spec, self.unrunnable_reason(spec))], self.clock())
+        self.on_change()
+        return self.job(job_id)
+
+    def apply(self, req: ManifestApply) -> ApplyResult:
+        specs = [j.to_domain() for j in req.jobs]
+        for spec in specs:
+            if spec.manifest != req.name:
+                raise ValidationFailed(
+                    f"job {spec.name!r}: manifest is {spec.manifest!r}, expected {req.name!r}",
+                    detail={"job": spec.name, "field": "manifest"},
+                )
+        ids = [manifest_job_id(s) for s in specs]
+        if len(set(ids)) != len(ids):
+            raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
+        policies = {h.name: h.model_dump_json() for h in req.hosts}
+        now = self.clock()
+        self.store.replace_hosts(req.name, policies, now)
+        self._policies = (0.0, {})
+        unrunnable = {i: self.unrunnable_reason(s) for i, s in zip(ids, specs, strict=True)}
+        created = self.store.insert_jobs(
+            [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)], now
+        )
+        if created:
+            self.on_change()
+        fresh = set(created)
+        return ApplyResult(
+            manifest=req.name,
+            created=created,
+            unchanged=[i for i in ids if i not in fresh],
+            hosts=sorted(policies),
+            unrunnable={i: r for i, r in unrunnable.items() if r and i in fresh},
+        )
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def job(self, ref: str) -> JobRow:
+        """A job by id, or by name when exactly one job has it."""
+        job = self.store.get_job(ref)
+        if job is not None:
+            return job
+        named = self.store.find_jobs_by_name(ref)
+        if len(named) == 1:
+            return named[0]
+        if named:
+            raise NotFound(f"several jobs are named {ref!r}; use the job id", detail={"job": ref})
+        raise NotFound(f"no job {ref!r}", detail={"job": ref})
+
+    def worker(self, ref: str) -> WorkerRow:
+        w = self.store.get_worker(ref)
+        if w is None:
+            raise NotFound(f"no worker {ref!r}", detail={"worker": ref})
+        return w
+
+    def free_resources(self, w: WorkerRow, active: list[JobRow]) -> FreeResources:
+        """A worker's free slots as the server sees them (for ``why``)."""
+        used_gpus = {g for j in active for g in j.gpus}
+        cpu_used = sum(1 for j in active if not j.gpus)
+        live = {g.index: g.free_mib for g in w.gpu_stats}
+        gpus = tuple(
+            FreeGpu(g.index, live.get(g.index, g.free_mib))
+            for g in effective_gpus(self.view(w))
+            if g.index not in used_gpus
+        )
+        return FreeResources(cpu_slots=max(0, w.cpu_slots - cpu_used), gpus=gpus)
+
+    def why(self, ref: str) -> tuple[JobRow, str, list[tuple[WorkerRow, str | None]]]:
+        job = self.job(ref)
+        now = self.clock()
+        workers = self.store.list_workers()
+        active = self.store.active_jobs()
+        verdicts: list[tuple[WorkerRow, str | None]] = []
+        for w in workers:
+            mine = [j for j in active if j.worker_id == w.id]
+            view = self.view(w)
+            v = now_reason(
+                JobView(job.id, job.spec, job.created_at),
+                view,
+                self.free_resources(w, mine),
+                now,
+                self.settings.prefer_cuda_grace,
+            )
+            verdicts.append((w, v if isinstance(v, str) else None))
+        return job, self._why_summary(job, verdicts, now), verdicts
+
+    def _why_summary(
+        self, job: JobRow, verdicts: list[tuple[WorkerRow, str | None]], now: float
+    ) -> str:
+        if job.status != JobStatus.PENDING:
+            where = f" on {job.worker_id}" if job.worker_id and job.status.active else ""
+            return f"job is {job.status.value}{where}, not waiting"
+        if job.not_before and job.not_before > now:
+            return f"retry backoff: claimable in {job.not_before - now:.0f}s"
+        if not verdicts:
+            return "no workers are registered"
+        ready = [w.name for w, r in verdicts if r is None]
+        if ready:
+            return "claimable now by " + ", ".join(ready) + " (at their next poll)"
+        if job.unrunnable or all(ever_reason(job.spec, self.view(w)) for w, _ in verdicts):
+            return "no registered worker could ever run this job"
+        return "waiting: every worker that could run it is busy, draining or offline"
+
+    # ---- operators --------------------------------------------------------------------
+
+    def cancel(self, ref: str) -> JobRow:
+        job = self.job(ref)
+        now = self.clock()
+        done = self.store.set_status(
+            job.id,
+            sources(Event.CANCEL),
+            JobStatus.CANCELLED,
+            finished_at=now,
+            lease_expires_at=None,
+            error="cancelled",
+        )
+        if not done:
+            raise Conflict(
+                f"job {job.id} is {job.status.value}; only a pending, claimed or running job can be cancelled",
+                detail={"job": job.id, "status": job.status.value},
+            )
+        if job.status.active:
+            self.store.end_attempt(
+                job.id, job.lease, finished_at=now, outcome="cancelled", error="cancelled"
+            )
+        return self.job(job.id)
+
+    def requeue(self, ref: str) -> JobRow:
+        job = self.job(ref)
+        done = self.store.set_status(
+            job.id,
+            sources(Event.REQUEUE),
+            JobStatus.PENDING,
+            attempts=0,
+            not_before=None,
+            worker_id=None,
+            gpus="[]",
+            finished_at=None,
+            started_at=None,
+            exit_code=None,
+            error=None,
+        )
+        if not done:
+            raise Conflict(
+                f"job {job.id} is {job.status.value}; only a failed or cancelled job can be requeued",
+                detail={"job": job.id, "status": job.status.value},
+            )
+        self.on_change()
+        return self.job(job.id)
+
+    def drain(self, ref: str) -> WorkerRow:
+        w = self.worker(ref)
+        self.store.update_worker(w.id, drain=True)
+        return self.worker(w.id)
+
+    # ---- the worker protocol ----------------------------------------------------------
+
+    def register(self, req: WorkerRegister) -> WorkerRow:
+        now = self.clock()
+        values = {
+            "name": req.name,
+            "pool": req.pool,
+            "labels": json.dumps(req.labels),
+            "capability": req.capability.model_dump_json(),
+            "cpu_slots": req.cpu_slots,
+            "ephemeral": req.ephemeral,
+            "status": WorkerStatus.IDLE.value,
+            "drain": False,
+            "gpu_stats": json.dumps([g.model_dump() for g in req.capability.gpus]),
+            "registered_at": now,
+            "last_heartbeat": now,
+        }
+        worker_id = self.store.upsert_worker(new_worker_id(), values)
+        if req.running:
+            self.store.extend_leases(
+                [(r.job_id, r.attempt) for r in req.running], now + self.settings.lease_timeout
+            )
+        self.on_change()
+        return self.worker(worker_id)
+
+    def _better_waiting(self, job: JobView, me: WorkerView, mine: Assignment, now: float) -> bool:
+        """Whether another polling worker ranks better for ``job`` (host priority, best fit)."""
+        my_rank = rank_key(job.spec, me, mine)
+        with self._waiting_lock:
+            others = [v for k, v in self._waiting.items() if k != me.id]
+        for view, free in others:
+            verdict = now_reason(job, view, free, now, self.settings.prefer_cuda_grace)
+            if isinstance(verdict, Assignment) and rank_key(job.spec, view, verdict) < my_rank:
+                return True
+        return False
+
+    def wait_begin(self, worker_id: str, free: FreeResources) -> None:
+        w = self.worker(worker_id)
+        with self._waiting_lock:
+            self._waiting[worker_id] = (self.view(w), free)
+
+    def wait_end(self, worker_id: str) -> None:
+        with self._waiting_lock:
+            self._waiting.pop(worker_id, None)
+
+    def try_claim(self, worker_id: str, free: FreeResources) -> Lease | None:
+        """Claim the best job this worker may run now, or None."""
+        w = self.worker(worker_id)
+        if w.drain or w.status == WorkerStatus.OFFLINE:
+            return None
+        me = self.view(w)
+        now = self.clock()
+        for job in self.store.candidates(w.pool, now, self.settings.candidates):
+            jv = JobView(job.id, job.spec, job.created_at)
+            verdict = now_reason(jv, me, free, now, self.settings.prefer_cuda_grace)
+            if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
+                continue
+            lease = self.store.claim(job, w, verdict.gpus, now, now + self.settings.lease_timeout)
+            if lease is not None:
+                return Lease(
+                    job_id=job.id,
+                    attempt=lease,
+                    spec=JobSpecModel.from_domain(job.spec),
+                    gpus=list(verdict.gpus),
+                    lease_timeout=self.settings.lease_timeout,
+                )
+        return None
+
+    def _held(self, job_id: str, attempt: int) -> JobRow:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}", detail={"job": job_id})
+        if job.lease != attempt or not job.status.active:
+            raise Conflict(
+                f"stale lease: job {job_id} attempt {attempt} is no longer yours "
+                f"(job is {job.status.value}, current attempt {job.lease}); stop it",
+                detail={"job": job_id, "attempt": attempt, "status": job.status.value},
+            )
+        return job
+
+    def start(self, job_id: str, attempt: int) -> None:
+        self._held(job_id, attempt)
+        now = self.clock()
+        if not self.store.start(job_id, attempt, now, now + self.settings.lease_timeout):
+            self._held(job_id, attempt)
+            raise Conflict(
+                f"job {job_id} attempt {attempt} was already started",
+                detail={"job": job_id, "attempt": attempt},
+            )
+
+    def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
+        w = self.worker(worker_id)
+        now = self.clock()
+        held = self.store.extend_leases(
+            [(r.job_id, r.attempt) for r in req.leases], now + self.settings.lease_timeout
+        )
+        status = (
+            WorkerStatus.DRAINING
+            if (w.drain or req.draining)
+            else (WorkerStatus.BUSY if req.leases else WorkerStatus.IDLE)
+        )
+        values: dict[str, object] = {"last_heartbeat": now, "status": status.value}
+        if req.gpus:
+            values["gpu_stats"] = json.dumps([g.model_dump() for g in req.gpus])
+        self.store.update_worker(w.id, **values)
+        orders = {r.job_id: ("continue" if r.job_id in held else "cancel") for r in req.leases}
+        return HeartbeatResponse(orders=orders, drain=w.drain)  # type: ignore[arg-type]
+
+    def append_logs(self, job_id: str, attempt: int, lines: list[tuple[str, str]]) -> None:
+        if not self.store.append_logs(job_id, attempt, lines, self.clock()):
+            self._held(job_id, attempt)
+
+    def finish(self, job_id: str, attempt: int, exit_code: int | None, error: str | None) -> JobRow:
+        """Record the end of an attempt: success, a retry after backoff, or failure."""
+        job = self._held(job_id, attempt)
+        now = self.clock()
+        used = job.attempts + 1
+        if exit_code == 0 and error is None:
+            event, outcome = Event.SUCCEED, "succeeded"
+        else:
+            event, outcome = failure_event(used, job.max_attempts), "failed"
+            error = error or f"exit code {exit_code}"
+        status = transition(job.status, event)
+        not_before = (
+            now + backoff_seconds(used, self.settings.retry_backoff)
+            if event == Event.RETRY
+            else None
+        )
+        ok = self.store.finish(
+            job,
+            attempt,
+            sources(event),
+            status,
+            now=now,
+            attempts=used,
+            outcome=outcome,
+            exit_code=exit_code,
+            error=error,
+            not_before=not_before,
+        )
+        if not ok:
+            self._held(job_id, attempt)
+            raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
+        if status == JobStatus.PENDING:
+            self.on_change()
+        return self.job(job_id)
+
+    def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
+        """A draining worker hands a job back; the attempt is not counted."""
+        job = self._held(job_id, attempt)
+        ok = self.store.finish(
+            job,
+            attempt,
+            sources(Event.RELEASE),
+            JobStatus.PENDING,
+            now=self.clock(),
+            attempts=job.attempts,
+            outcome="released",
+            error=job.error,
+        )
+        if not ok:
+            self._held(job_id, attempt)
+        self.on_change()
+        return self.job(job_id)
+
+    def sweep(self) -> tuple[list[str], list[str]]:
+        """Expire leases of silent workers and mark those workers offline."""
+        now = self.clock()
+        names = {w.id: w.name for w in self.store.list_workers()}
+        requeued: list[str] = []
+        for job in self.store.expired_leases(now):
+            used = job.attempts + 1
+            event = failure_event(used, job.max_attempts, lost=True)
+            who = names.get(job.worker_id or "", job.worker_id)
+            error = f"lease expired: worker {who} stopped heartbeating"
+            if self.store.finish(
+                job,
+                job.lease,
+                sources(event),
+                transition(job.status, event),
+                now=now,
+                attempts=used,
+                outcome="lost",
+                error=error,
+            ):
+                requeued.append(job.id)
+        offline = self.store.mark_offline(now - self.settings.lease_timeout)
+        if requeued:
+            self.on_change()
+        return requeued, offline

@@ -1,0 +1,142 @@
+"""The worker protocol: register, long-poll claim, heartbeat, and lease-carrying writes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from gpufleet.scheduling.matching import FreeGpu, FreeResources
+from gpufleet.server import deps, views
+from gpufleet.server.deps import state
+from gpufleet.store import TokenRow
+from gpufleet.wire import (
+    ClaimRequest,
+    FinishRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JobOut,
+    Lease,
+    LogAppend,
+    ReleaseRequest,
+    StartRequest,
+    WorkerOut,
+    WorkerRegister,
+)
+
+router = APIRouter(prefix="/v1")
+Worker = Annotated[TokenRow, Depends(deps.worker)]
+Reader = Annotated[TokenRow, Depends(deps.reader)]
+Operator = Annotated[TokenRow, Depends(deps.operator)]
+STALE = {409: {"description": "stale lease: the worker must stop the job"}}
+
+
+def _worker_out(request: Request, worker_id: str) -> WorkerOut:
+    q = state(request).queue
+    w = q.worker(worker_id)
+    running = q.store.active_jobs(w.id)
+    return views.worker_out(w, q.worker_status(w, len(running)).value, running)
+
+
+@router.get("/workers", response_model=list[WorkerOut], tags=["fleet"])
+def list_workers(request: Request, _: Reader) -> list[WorkerOut]:
+    q = state(request).queue
+    active = q.store.active_jobs()
+    out = []
+    for w in q.store.list_workers():
+        mine = [j for j in active if j.worker_id == w.id]
+        out.append(views.worker_out(w, q.worker_status(w, len(mine)).value, mine))
+    return out
+
+
+@router.get("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])
+def show_worker(ref: str, request: Request, _: Reader) -> WorkerOut:
+    return _worker_out(request, ref)
+
+
+@router.post("/workers/{ref}/drain", response_model=WorkerOut, tags=["fleet"])
+def drain_worker(ref: str, request: Request, _: Operator) -> WorkerOut:
+    """Stop giving the worker jobs; it finishes what it runs, then exits."""
+    w = state(request).queue.drain(ref)
+    return _worker_out(request, w.id)
+
+
+@router.post("/workers", response_model=WorkerOut, status_code=201, tags=["worker protocol"])
+def register_worker(body: WorkerRegister, request: Request, _: Worker) -> WorkerOut:
+    """Register (or re-register) a worker by name; jobs it still runs keep their leases."""
+    w = state(request).queue.register(body)
+    return _worker_out(request, w.id)
+
+
+@router.post(
+    "/workers/{worker_id}/claim",
+    response_model=Lease,
+    responses={204: {"description": "nothing to run within the wait"}},
+    tags=["worker protocol"],
+)
+async def claim(
+    worker_id: str, body: ClaimRequest, request: Request, _: Worker
+) -> Lease | Response:
+    """Long-poll for a job that fits the free slots; a lease, or 204 after ``wait`` seconds."""
+    st = state(request)
+    free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
+    if free.cpu_slots == 0 and not free.gpus:
+        return Response(status_code=204)
+    await run_in_threadpool(st.queue.wait_begin, worker_id, free)
+    deadline = time.monotonic() + body.wait
+    try:
+        while True:
+            wake = st.notifier.current()
+            lease = await run_in_threadpool(st.queue.try_claim, worker_id, free)
+            if lease is not None:
+                return lease
+            left = deadline - time.monotonic()
+            if left <= 0 or await request.is_disconnected():
+                return Response(status_code=204)
+            # Re-check at least every second: backoffs and grace windows end without a wake.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), min(left, 1.0))
+    finally:
+        st.queue.wait_end(worker_id)
+
+
+@router.post(
+    "/workers/{worker_id}/heartbeat", response_model=HeartbeatResponse, tags=["worker protocol"]
+)
+def heartbeat(
+    worker_id: str, body: HeartbeatRequest, request: Request, _: Worker
+) -> HeartbeatResponse:
+    """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
+    return state(request).queue.heartbeat(worker_id, body)
+
+
+@router.post("/jobs/{job_id}/start", status_code=204, responses=STALE, tags=["worker protocol"])
+def start_job(job_id: str, body: StartRequest, request: Request, _: Worker) -> None:
+    state(request).queue.start(job_id, body.attempt)
+
+
+@router.post("/jobs/{job_id}/output", status_code=204, responses=STALE, tags=["worker protocol"])
+def append_output(job_id: str, body: LogAppend, request: Request, _: Worker) -> None:
+    lines = [(ln.stream, ln.line) for ln in body.lines]
+    state(request).queue.append_logs(job_id, body.attempt, lines)
+
+
+@router.post(
+    "/jobs/{job_id}/finish", response_model=JobOut, responses=STALE, tags=["worker protocol"]
+)
+def finish_job(job_id: str, body: FinishRequest, request: Request, _: Worker) -> JobOut:
+    """End an attempt: exit code 0 succeeds; anything else retries or fails."""
+    job = state(request).queue.finish(job_id, body.attempt, body.exit_code, body.error)
+    return views.job_out(job, {})
+
+
+@router.post(
+    "/jobs/{job_id}/release", response_model=JobOut, responses=STALE, tags=["worker protocol"]
+)
+def release_job(job_id: str, body: ReleaseRequest, request: Request, _: Worker) -> JobOut:
+    """A draining worker hands the job back; the attempt is not counted."""
+    return views.job_out(state(request).queue.release(job_id, body.attempt, body.reason), {})

@@ -1,0 +1,76 @@
+"""Running the server process: open the store, make the first admin token, bind, serve."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from gpufleet.config import save_token
+from gpufleet.server.app import create_app
+from gpufleet.server.auth import Auth
+from gpufleet.server.queue import QueueSettings
+from gpufleet.store import SqlStore
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str
+    port: int
+    data_dir: Path
+    db: str | None
+    queue: QueueSettings
+
+
+def database_url(data_dir: Path, db: str | None) -> str:
+    """``db`` as given, else a SQLite file in the data dir."""
+    if db:
+        return db
+    return f"sqlite:///{(data_dir / 'gpufleet.db').resolve()}"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(opts: ServerOptions) -> None:
+    """Serve until SIGINT/SIGTERM. Prints the URL (and a fresh admin token, once)."""
+    opts.data_dir.mkdir(parents=True, exist_ok=True)
+    store = SqlStore(database_url(opts.data_dir, opts.db))
+    store.migrate()
+    sock = _bind(opts.host, opts.port)
+    port = sock.getsockname()[1]
+    shown = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
+    url = f"http://{shown}:{port}"
+    secret = Auth(store).ensure_admin()
+    if secret is not None:
+        where = save_token(url, secret)
+        print(
+            f"Admin token (shown once, saved to {where}):\n  {secret}", file=sys.stderr, flush=True
+        )
+    print(f"gpufleet server listening on {url} (database: {store.dialect})", flush=True)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = uvicorn.Config(
+        create_app(store, opts.queue),
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=3,
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        store.close()

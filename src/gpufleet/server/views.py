@@ -1,0 +1,105 @@
+"""Store rows to wire models; time as ISO 8601 UTC."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from gpufleet.domain.models import JobStatus
+from gpufleet.store import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.wire import (
+    AttemptOut,
+    CapabilityModel,
+    GpuModel,
+    JobDetail,
+    JobOut,
+    JobSpecModel,
+    LogEntry,
+    TokenOut,
+    WorkerOut,
+)
+
+
+def ts(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        status=job.status.value,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        priority=job.priority,
+        worker=names.get(job.worker_id or ""),
+        worker_id=job.worker_id,
+        gpus=list(job.gpus),
+        created_at=ts(job.created_at),  # type: ignore[arg-type]
+        started_at=ts(job.started_at),
+        finished_at=ts(job.finished_at),
+        exit_code=job.exit_code,
+        error=job.error,
+        model=job.model,
+        manifest=job.manifest,
+        not_before=ts(job.not_before) if job.status == JobStatus.PENDING else None,
+    )
+
+
+def attempt_out(a: AttemptRow) -> AttemptOut:
+    return AttemptOut(
+        attempt=a.attempt,
+        worker=a.worker_name,
+        worker_id=a.worker_id,
+        gpus=list(a.gpus),
+        claimed_at=ts(a.claimed_at),  # type: ignore[arg-type]
+        started_at=ts(a.started_at),
+        finished_at=ts(a.finished_at),
+        exit_code=a.exit_code,
+        outcome=a.outcome,
+        error=a.error,
+    )
+
+
+def job_detail(job: JobRow, names: dict[str, str], history: list[AttemptRow]) -> JobDetail:
+    base = job_out(job, names).model_dump()
+    return JobDetail(
+        **base,
+        spec=JobSpecModel.from_domain(job.spec),
+        history=[attempt_out(a) for a in history],
+        unrunnable=job.unrunnable,
+    )
+
+
+def worker_out(w: WorkerRow, status: str, running: list[JobRow]) -> WorkerOut:
+    live = {g.index: g for g in w.gpu_stats}
+    gpus = [GpuModel.from_domain(live.get(g.index, g)) for g in w.capability.gpus]
+    return WorkerOut(
+        id=w.id,
+        name=w.name,
+        status=status,  # type: ignore[arg-type]
+        pool=w.pool,
+        labels=w.labels,
+        gpus=gpus,
+        gpus_simulated=w.capability.gpus_simulated,
+        slots={"cpu": w.cpu_slots, "gpu": len(w.capability.gpus)},
+        running=[j.id for j in running],
+        ephemeral=w.ephemeral,
+        registered_at=ts(w.registered_at),  # type: ignore[arg-type]
+        last_heartbeat=ts(w.last_heartbeat),
+        capability=CapabilityModel.from_domain(w.capability),
+    )
+
+
+def log_entry(r: LogRow) -> LogEntry:
+    return LogEntry(seq=r.seq, attempt=r.attempt, stream=r.stream, line=r.line, ts=ts(r.ts))  # type: ignore[arg-type]
+
+
+def token_out(t: TokenRow) -> TokenOut:
+    return TokenOut(
+        id=t.id,
+        name=t.name,
+        role=t.role,
+        pool=t.pool,
+        created_at=ts(t.created_at),  # type: ignore[arg-type]
+        revoked_at=ts(t.revoked_at),
+    )

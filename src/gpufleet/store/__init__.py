@@ -1,0 +1,6 @@
+"""Persistence: queue operations over SQLite (default) or PostgreSQL, chosen by URL."""
+
+from gpufleet.store._sql import SqlStore, normalize_url
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
+
+__all__ = ["AttemptRow", "JobRow", "LogRow", "SqlStore", "TokenRow", "WorkerRow", "normalize_url"]

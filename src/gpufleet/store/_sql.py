@@ -1,0 +1,457 @@
+"""The SQL store: queue operations over SQLAlchemy Core, for SQLite and PostgreSQL.
+
+Every write for a running job is a conditional update on (job id, lease, status), so a
+stale lease changes nothing and the caller answers 409. SQLite has one writer: writes
+take a process lock so they queue here instead of spinning on ``SQLITE_BUSY``.
+PostgreSQL claims with ``FOR UPDATE SKIP LOCKED``, so concurrent claimers never wait on
+each other's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus, WorkerStatus
+from gpufleet.store import schema as t
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.wire import JobSpecModel
+
+_MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def normalize_url(url: str) -> str:
+    """``postgresql://`` means psycopg 3; a bare path means a SQLite file."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _spec_json(spec: JobSpec) -> str:
+    return JobSpecModel.from_domain(spec).model_dump_json()
+
+
+class SqlStore:
+    """Queue operations; policy (what a state change *is*) lives above, in the service."""
+
+    def __init__(self, url: str) -> None:
+        self.url = normalize_url(url)
+        self.engine: Engine
+        if self.url.startswith("sqlite"):
+            self.engine = create_engine(
+                self.url, connect_args={"check_same_thread": False, "timeout": 30}
+            )
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+            self._lock: threading.Lock | None = threading.Lock()
+        else:
+            self.engine = create_engine(self.url, pool_size=10, max_overflow=30, pool_pre_ping=True)
+            self._lock = None
+        self.dialect = self.engine.dialect.name
+
+    # ---- plumbing ---------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest version (idempotent)."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(_MIGRATIONS))
+        with self._write() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self._lock or nullcontext(), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _insert(self, table: Any) -> Any:
+        mod = postgresql if self.dialect == "postgresql" else sqlite
+        return mod.insert(table)
+
+    def ping(self) -> str:
+        with self._read() as conn:
+            conn.execute(select(1))
+        return self.dialect
+
+    # ---- jobs -------------------------------------------------------------------------
+
+    def _job_values(
+        self, job_id: str, spec: JobSpec, now: float, unrunnable: str | None
+    ) -> dict[str, Any]:
+        return {
+            "id": job_id,
+            "name": spec.name,
+            "status": JobStatus.PENDING.value,
+            "spec": _spec_json(spec),
+            "priority": spec.priority,
+            "pool": spec.pool,
+            "manifest": spec.manifest,
+            "model": spec.model,
+            "attempts": 0,
+            "max_attempts": spec.max_attempts,
+            "lease": 0,
+            "gpus": "[]",
+            "created_at": now,
+            "unrunnable": unrunnable,
+        }
+
+    def insert_jobs(self, jobs: Sequence[tuple[str, JobSpec, str | None]], now: float) -> list[str]:
+        """Insert the jobs whose id is new; existing ones are left alone. Returns new ids."""
+        if not jobs:
+            return []
+        ids = [j[0] for j in jobs]
+        with self._write() as conn:
+            have = set(conn.scalars(select(t.jobs.c.id).where(t.jobs.c.id.in_(ids))))
+            fresh = [self._job_values(i, s, now, u) for i, s, u in jobs if i not in have]
+            created: list[str] = []
+            for values in fresh:
+                stmt = self._insert(t.jobs).values(**values).on_conflict_do_nothing()
+                if conn.execute(stmt).rowcount:
+                    created.append(values["id"])
+            return created
+
+    def get_job(self, job_id: str) -> JobRow | None:
+        with self._read() as conn:
+            row = conn.execute(select(t.jobs).where(t.jobs.c.id == job_id)).first()
+        return JobRow.from_row(row) if row else None
+
+    def find_jobs_by_name(self, name: str, limit: int = 2) -> list[JobRow]:
+        with self._read() as conn:
+            rows = conn.execute(
+                select(t.jobs)
+                .where(t.jobs.c.name == name)
+                .order_by(t.jobs.c.created_at.desc())
+                .limit(limit)
+            ).all()
+        return [JobRow.from_row(r) for r in rows]
+
+    def list_jobs(self, statuses: Iterable[str] = (), limit: int = 1000) -> list[JobRow]:
+        q = select(t.jobs).order_by(t.jobs.c.created_at, t.jobs.c.id).limit(limit)
+        statuses = list(statuses)
+        if statuses:
+            q = q.where(t.jobs.c.status.in_(statuses))
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
+    def job_counts(self) -> dict[str, int]:
+        q = select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
+        with self._read() as conn:
+            return {s: int(n) for s, n in conn.execute(q).all()}
+
+    def candidates(self, pool: str, now: float, limit: int) -> list[JobRow]:
+        """Claimable jobs of a pool, best first: priority, then age."""
+        j = t.jobs.c
+        q = (
+            select(t.jobs)
+            .where(j.status == JobStatus.PENDING.value, j.pool == pool)
+            .where((j.not_before.is_(None)) | (j.not_before <= now))
+            .order_by(j.priority.desc(), j.created_at, j.id)
+            .limit(limit)
+        )
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
+    def _lease_where(self, job_id: str, lease: int, statuses: Iterable[JobStatus]) -> Any:
+        j = t.jobs.c
+        return (j.id == job_id) & (j.lease == lease) & j.status.in_([s.value for s in statuses])
+
+    def claim(
+        self, job: JobRow, worker: WorkerRow, gpus: Sequence[int], now: float, expires: float
+    ) -> int | None:
+        """Compare-and-set a pending job to claimed; the new lease number, or None if lost."""
+        where = self._lease_where(job.id, job.lease, [JobStatus.PENDING])
+        if self.dialect == "postgresql":
+            locked = select(t.jobs.c.id).where(where).with_for_update(skip_locked=True)
+            where = t.jobs.c.id.in_(locked.scalar_subquery())
+        lease = job.lease + 1
+        values = {
+            "status": JobStatus.CLAIMED.value,
+            "lease": lease,
+            "worker_id": worker.id,
+            "gpus": json.dumps(list(gpus)),
+            "claimed_at": now,
+            "started_at": None,
+            "finished_at": None,
+            "exit_code": None,
+            "lease_expires_at": expires,
+        }
+        with self._write() as conn:
+            if conn.execute(update(t.jobs).where(where).values(**values)).rowcount != 1:
+                return None
+            conn.execute(
+                t.attempts.insert().values(
+                    job_id=job.id,
+                    attempt=lease,
+                    worker_id=worker.id,
+                    worker_name=worker.name,
+                    gpus=json.dumps(list(gpus)),
+                    claimed_at=now,
+                )
+            )
+        return lease
+
+    def start(self, job_id: str, lease: int, now: float, expires: float) -> bool:
+        where = self._lease_where(job_id, lease, [JobStatus.CLAIMED])
+        with self._write() as conn:
+            values = {
+                "status": JobStatus.RUNNING.value,
+                "started_at": now,
+                "lease_expires_at": expires,
+            }
+            if conn.execute(update(t.jobs).where(where).values(**values)).rowcount != 1:
+                return False
+            self._update_attempt(conn, job_id, lease, started_at=now)
+        return True
+
+    def _update_attempt(self, conn: Connection, job_id: str, lease: int, **values: Any) -> None:
+        a = t.attempts.c
+        conn.execute(
+            update(t.attempts).where((a.job_id == job_id) & (a.attempt == lease)).values(**values)
+        )
+
+    def end_attempt(self, job_id: str, lease: int, **values: Any) -> None:
+        """Record how an attempt ended when the job row was changed another way (cancel)."""
+        with self._write() as conn:
+            self._update_attempt(conn, job_id, lease, **values)
+
+    def lease_valid(self, job_id: str, lease: int) -> bool:
+        j = t.jobs.c
+        q = select(j.id).where(self._lease_where(job_id, lease, ACTIVE))
+        with self._read() as conn:
+            return conn.execute(q).first() is not None
+
+    def extend_leases(self, leases: Iterable[tuple[str, int]], expires: float) -> set[str]:
+        """Push back the expiry of every valid lease; returns the job ids still held."""
+        held: set[str] = set()
+        with self._write() as conn:
+            for job_id, lease in leases:
+                stmt = update(t.jobs).where(self._lease_where(job_id, lease, ACTIVE))
+                if conn.execute(stmt.values(lease_expires_at=expires)).rowcount == 1:
+                    held.add(job_id)
+        return held
+
+    def finish(
+        self,
+        job: JobRow,
+        lease: int,
+        sources: Iterable[JobStatus],
+        status: JobStatus,
+        *,
+        now: float,
+        attempts: int,
+        outcome: str,
+        exit_code: int | None = None,
+        error: str | None = None,
+        not_before: float | None = None,
+    ) -> bool:
+        """End an attempt: move the job to ``status`` if ``lease`` still holds it."""
+        values: dict[str, Any] = {
+            "status": status.value,
+            "attempts": attempts,
+            "exit_code": exit_code,
+            "error": error,
+            "lease_expires_at": None,
+            "not_before": not_before,
+        }
+        if status.terminal:
+            values["finished_at"] = now
+        else:  # back to pending: no worker holds it
+            values.update(worker_id=None, gpus="[]", started_at=None)
+        with self._write() as conn:
+            stmt = update(t.jobs).where(self._lease_where(job.id, lease, sources))
+            if conn.execute(stmt.values(**values)).rowcount != 1:
+                return False
+            self._update_attempt(
+                conn,
+                job.id,
+                lease,
+                finished_at=now,
+                exit_code=exit_code,
+                outcome=outcome,
+                error=error,
+            )
+        return True
+
+    def expired_leases(self, now: float) -> list[JobRow]:
+        j = t.jobs.c
+        q = select(t.jobs).where(j.status.in_([s.value for s in ACTIVE]), j.lease_expires_at < now)
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
+    def set_status(
+        self, job_id: str, sources: Iterable[JobStatus], status: JobStatus, **values: Any
+    ) -> bool:
+        """An operator's change (cancel, requeue): conditional on the current status only."""
+        j = t.jobs.c
+        where = (j.id == job_id) & j.status.in_([s.value for s in sources])
+        with self._write() as conn:
+            res = conn.execute(update(t.jobs).where(where).values(status=status.value, **values))
+            return res.rowcount == 1
+
+    def attempts(self, job_id: str) -> list[AttemptRow]:
+        a = t.attempts.c
+        with self._read() as conn:
+            rows = conn.execute(
+                select(t.attempts).where(a.job_id == job_id).order_by(a.attempt)
+            ).all()
+        return [AttemptRow.from_row(r) for r in rows]
+
+    def active_jobs(self, worker_id: str | None = None) -> list[JobRow]:
+        j = t.jobs.c
+        q = select(t.jobs).where(j.status.in_([s.value for s in ACTIVE]))
+        if worker_id is not None:
+            q = q.where(j.worker_id == worker_id)
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
+    # ---- logs -------------------------------------------------------------------------
+
+    def append_logs(
+        self, job_id: str, lease: int, lines: Sequence[tuple[str, str]], now: float
+    ) -> bool:
+        """Append output lines if the lease still holds the job."""
+        j = t.jobs.c
+        with self._write() as conn:
+            held = conn.execute(
+                select(j.id).where(self._lease_where(job_id, lease, ACTIVE))
+            ).first()
+            if held is None:
+                return False
+            if lines:
+                conn.execute(
+                    t.job_logs.insert(),
+                    [
+                        {"job_id": job_id, "attempt": lease, "stream": s, "line": ln, "ts": now}
+                        for s, ln in lines
+                    ],
+                )
+        return True
+
+    def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
+        c = t.job_logs.c
+        q = select(t.job_logs).where(c.job_id == job_id, c.seq > after).order_by(c.seq).limit(limit)
+        with self._read() as conn:
+            return [LogRow.from_row(r) for r in conn.execute(q).all()]
+
+    # ---- workers ----------------------------------------------------------------------
+
+    def upsert_worker(self, worker_id: str, values: dict[str, Any]) -> str:
+        """Register a worker; a name seen before keeps its id. Returns the id."""
+        w = t.workers.c
+        with self._write() as conn:
+            existing = conn.execute(select(w.id).where(w.name == values["name"])).scalar()
+            if existing:
+                conn.execute(update(t.workers).where(w.id == existing).values(**values))
+                return str(existing)
+            conn.execute(t.workers.insert().values(id=worker_id, **values))
+            return worker_id
+
+    def get_worker(self, worker_id: str) -> WorkerRow | None:
+        w = t.workers.c
+        with self._read() as conn:
+            row = conn.execute(
+                select(t.workers).where((w.id == worker_id) | (w.name == worker_id))
+            ).first()
+        return WorkerRow.from_row(row) if row else None
+
+    def list_workers(self) -> list[WorkerRow]:
+        with self._read() as conn:
+            rows = conn.execute(select(t.workers).order_by(t.workers.c.name)).all()
+        return [WorkerRow.from_row(r) for r in rows]
+
+    def update_worker(self, worker_id: str, **values: Any) -> bool:
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.workers).where(t.workers.c.id == worker_id).values(**values)
+            )
+            return res.rowcount == 1
+
+    def mark_offline(self, before: float) -> list[str]:
+        w = t.workers.c
+        where = (w.status != WorkerStatus.OFFLINE.value) & (w.last_heartbeat < before)
+        with self._write() as conn:
+            ids = list(conn.scalars(select(w.id).where(where)))
+            if ids:
+                conn.execute(
+                    update(t.workers).where(w.id.in_(ids)).values(status=WorkerStatus.OFFLINE.value)
+                )
+            return ids
+
+    # ---- hosts ------------------------------------------------------------------------
+
+    def replace_hosts(self, manifest: str, policies: dict[str, str], now: float) -> None:
+        """The manifest's hosts replace what that manifest said before."""
+        h = t.hosts.c
+        with self._write() as conn:
+            conn.execute(t.hosts.delete().where(h.manifest == manifest))
+            for name, policy in policies.items():
+                conn.execute(t.hosts.delete().where(h.name == name))
+                conn.execute(
+                    t.hosts.insert().values(
+                        name=name, manifest=manifest, policy=policy, updated_at=now
+                    )
+                )
+
+    def host_policies(self) -> dict[str, str]:
+        with self._read() as conn:
+            return {n: p for n, p in conn.execute(select(t.hosts.c.name, t.hosts.c.policy)).all()}
+
+    # ---- tokens -----------------------------------------------------------------------
+
+    def insert_token(self, values: dict[str, Any]) -> None:
+        with self._write() as conn:
+            conn.execute(t.tokens.insert().values(**values))
+
+    def token_by_hash(self, digest: str) -> TokenRow | None:
+        with self._read() as conn:
+            row = conn.execute(select(t.tokens).where(t.tokens.c.hash == digest)).first()
+        return TokenRow.from_row(row) if row else None
+
+    def list_tokens(self) -> list[TokenRow]:
+        with self._read() as conn:
+            rows = conn.execute(select(t.tokens).order_by(t.tokens.c.created_at)).all()
+        return [TokenRow.from_row(r) for r in rows]
+
+    def revoke_token(self, token_id: str, now: float) -> bool:
+        c = t.tokens.c
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.tokens)
+                .where((c.id == token_id) & c.revoked_at.is_(None))
+                .values(revoked_at=now)
+            )
+            return res.rowcount == 1
+
+    def count_tokens(self, role: str) -> int:
+        c = t.tokens.c
+        q = select(func.count()).select_from(t.tokens).where(c.role == role, c.revoked_at.is_(None))
+        with self._read() as conn:
+            return int(conn.execute(q).scalar_one())

@@ -1,0 +1,150 @@
+"""Rows the store returns: plain dataclasses, parsed from the tables."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.domain.models import Capability, GpuInfo, JobSpec, JobStatus, WorkerStatus
+from gpufleet.wire import CapabilityModel, GpuModel, JobSpecModel
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    name: str
+    status: JobStatus
+    spec: JobSpec
+    priority: int
+    pool: str
+    manifest: str | None
+    model: str | None
+    attempts: int
+    max_attempts: int
+    lease: int
+    worker_id: str | None
+    gpus: tuple[int, ...]
+    lease_expires_at: float | None
+    created_at: float
+    claimed_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    not_before: float | None
+    exit_code: int | None
+    error: str | None
+    unrunnable: str | None
+
+    @classmethod
+    def from_row(cls, r: Any) -> JobRow:
+        m = r._mapping
+        return cls(
+            id=m["id"],
+            name=m["name"],
+            status=JobStatus(m["status"]),
+            spec=JobSpecModel.model_validate_json(m["spec"]).to_domain(),
+            priority=m["priority"],
+            pool=m["pool"],
+            manifest=m["manifest"],
+            model=m["model"],
+            attempts=m["attempts"],
+            max_attempts=m["max_attempts"],
+            lease=m["lease"],
+            worker_id=m["worker_id"],
+            gpus=tuple(json.loads(m["gpus"])),
+            lease_expires_at=m["lease_expires_at"],
+            created_at=m["created_at"],
+            claimed_at=m["claimed_at"],
+            started_at=m["started_at"],
+            finished_at=m["finished_at"],
+            not_before=m["not_before"],
+            exit_code=m["exit_code"],
+            error=m["error"],
+            unrunnable=m["unrunnable"],
+        )
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    job_id: str
+    attempt: int
+    worker_id: str | None
+    worker_name: str | None
+    gpus: tuple[int, ...]
+    claimed_at: float
+    started_at: float | None
+    finished_at: float | None
+    exit_code: int | None
+    outcome: str | None
+    error: str | None
+
+    @classmethod
+    def from_row(cls, r: Any) -> AttemptRow:
+        m = dict(r._mapping)
+        m["gpus"] = tuple(json.loads(m["gpus"]))
+        return cls(**m)
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    id: str
+    name: str
+    pool: str
+    labels: dict[str, str]
+    capability: Capability
+    cpu_slots: int
+    ephemeral: bool
+    status: WorkerStatus
+    drain: bool
+    gpu_stats: tuple[GpuInfo, ...]
+    registered_at: float
+    last_heartbeat: float | None
+
+    @classmethod
+    def from_row(cls, r: Any) -> WorkerRow:
+        m = r._mapping
+        return cls(
+            id=m["id"],
+            name=m["name"],
+            pool=m["pool"],
+            labels=json.loads(m["labels"]),
+            capability=CapabilityModel.model_validate_json(m["capability"]).to_domain(),
+            cpu_slots=m["cpu_slots"],
+            ephemeral=bool(m["ephemeral"]),
+            status=WorkerStatus(m["status"]),
+            drain=bool(m["drain"]),
+            gpu_stats=tuple(
+                GpuModel.model_validate(g).to_domain() for g in json.loads(m["gpu_stats"])
+            ),
+            registered_at=m["registered_at"],
+            last_heartbeat=m["last_heartbeat"],
+        )
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    id: str
+    name: str
+    role: str
+    pool: str | None
+    hash: str
+    created_at: float
+    revoked_at: float | None
+
+    @classmethod
+    def from_row(cls, r: Any) -> TokenRow:
+        return cls(**dict(r._mapping))
+
+
+@dataclass(frozen=True)
+class LogRow:
+    seq: int
+    job_id: str
+    attempt: int
+    stream: str
+    line: str
+    ts: float
+
+    @classmethod
+    def from_row(cls, r: Any) -> LogRow:
+        return cls(**dict(r._mapping))

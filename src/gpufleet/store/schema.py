@@ -1,0 +1,116 @@
+"""Table definitions (SQLAlchemy Core). Migrations in ``migrations/versions`` create them.
+
+Timestamps are seconds since the epoch (floats) taken from the server's clock only.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("pool", String(200), nullable=False),
+    Column("manifest", String(200)),
+    Column("model", String(200)),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("max_attempts", Integer, nullable=False),
+    Column("lease", Integer, nullable=False, default=0),
+    Column("worker_id", String(64)),
+    Column("gpus", Text, nullable=False, default="[]"),
+    Column("lease_expires_at", Float),
+    Column("created_at", Float, nullable=False),
+    Column("claimed_at", Float),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("not_before", Float),
+    Column("exit_code", Integer),
+    Column("error", Text),
+    Column("unrunnable", Text),
+)
+Index("ix_jobs_queue", jobs.c.status, jobs.c.pool, jobs.c.priority, jobs.c.created_at)
+Index("ix_jobs_worker", jobs.c.worker_id, jobs.c.status)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.id"), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("worker_id", String(64)),
+    Column("worker_name", String(200)),
+    Column("gpus", Text, nullable=False, default="[]"),
+    Column("claimed_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("exit_code", Integer),
+    Column("outcome", String(32)),
+    Column("error", Text),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("pool", String(200), nullable=False),
+    Column("labels", Text, nullable=False, default="{}"),
+    Column("capability", Text, nullable=False),
+    Column("cpu_slots", Integer, nullable=False),
+    Column("ephemeral", Boolean, nullable=False, default=False),
+    Column("status", String(16), nullable=False),
+    Column("drain", Boolean, nullable=False, default=False),
+    Column("gpu_stats", Text, nullable=False, default="[]"),
+    Column("registered_at", Float, nullable=False),
+    Column("last_heartbeat", Float),
+)
+
+hosts = Table(
+    "hosts",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("manifest", String(200), nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+job_logs = Table(
+    "job_logs",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(64), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("stream", String(8), nullable=False),
+    Column("line", Text, nullable=False),
+    Column("ts", Float, nullable=False),
+)
+Index("ix_job_logs_job", job_logs.c.job_id, job_logs.c.seq)
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("pool", String(200)),
+    Column("hash", String(64), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float),
+)

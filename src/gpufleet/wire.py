@@ -1,0 +1,449 @@
+"""The wire: pydantic models for every /v1 request and response, and the one error shape.
+
+Both the server and the client import this module; nothing else is pydantic.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.domain.models import (
+    Capability,
+    DeclaredCapability,
+    GpuInfo,
+    HostPolicy,
+    JobSpec,
+    JobStatus,
+    Requirements,
+    Role,
+    WorkerStatus,
+)
+
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+JobState = Literal["pending", "claimed", "running", "succeeded", "failed", "cancelled"]
+
+
+class Strict(BaseModel):
+    """Unknown fields are errors: a misspelt ``require_cuda`` must never pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    detail: Any = None
+
+
+class ErrorBody(BaseModel):
+    """Every error the server answers has this shape."""
+
+    error: ErrorInfo
+
+
+# ---- jobs -------------------------------------------------------------------------------
+
+
+class RequirementsModel(Strict):
+    require_cuda: bool = False
+    prefer_cuda: bool = False
+    gpu_count: int = Field(0, ge=0, le=64)
+    min_vram_gib: float = Field(0.0, ge=0, le=1_000_000)
+    min_ram_gib: float = Field(0.0, ge=0, le=1_000_000)
+    gpu_name: str | None = Field(None, max_length=200)
+    labels: dict[str, str] = Field(default_factory=dict)
+    allowed_hosts: list[str] = Field(default_factory=list)
+    worker: str | None = Field(None, max_length=200)
+
+    def to_domain(self) -> Requirements:
+        return Requirements(
+            require_cuda=self.require_cuda,
+            prefer_cuda=self.prefer_cuda,
+            gpu_count=self.gpu_count,
+            min_vram_gib=self.min_vram_gib,
+            min_ram_gib=self.min_ram_gib,
+            gpu_name=self.gpu_name,
+            labels=dict(self.labels),
+            allowed_hosts=tuple(self.allowed_hosts),
+            worker=self.worker,
+        )
+
+    @classmethod
+    def from_domain(cls, r: Requirements) -> RequirementsModel:
+        return cls(
+            require_cuda=r.require_cuda,
+            prefer_cuda=r.prefer_cuda,
+            gpu_count=r.gpu_count,
+            min_vram_gib=r.min_vram_gib,
+            min_ram_gib=r.min_ram_gib,
+            gpu_name=r.gpu_name,
+            labels=dict(r.labels),
+            allowed_hosts=list(r.allowed_hosts),
+            worker=r.worker,
+        )
+
+
+class JobSpecModel(Strict):
+    name: Name
+    command: list[Annotated[str, Field(max_length=100_000)]] = Field(min_length=1)
+    hyper: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    requirements: RequirementsModel = Field(default_factory=RequirementsModel)
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    max_attempts: int = Field(3, ge=1, le=100)
+    timeout: float | None = Field(None, gt=0, le=10_000_000)
+    pool: Name = "default"
+    shell: bool = False
+    manifest: str | None = None
+    model: str | None = None
+    mode: str | None = None
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+    def to_domain(self) -> JobSpec:
+        return JobSpec(
+            name=self.name,
+            command=tuple(self.command),
+            hyper=dict(self.hyper),
+            env=dict(self.env),
+            requirements=self.requirements.to_domain(),
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            timeout=self.timeout,
+            pool=self.pool,
+            shell=self.shell,
+            manifest=self.manifest,
+            model=self.model,
+            mode=self.mode,
+            vars=dict(self.vars),
+        )
+
+    @classmethod
+    def from_domain(cls, s: JobSpec) -> JobSpecModel:
+        return cls(
+            name=s.name,
+            command=list(s.command),
+            hyper=dict(s.hyper),
+            env=dict(s.env),
+            requirements=RequirementsModel.from_domain(s.requirements),
+            priority=s.priority,
+            max_attempts=s.max_attempts,
+            timeout=s.timeout,
+            pool=s.pool,
+            shell=s.shell,
+            manifest=s.manifest,
+            model=s.model,
+            mode=s.mode,
+            vars=dict(s.vars),
+        )
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    worker: str | None
+    worker_id: str | None
+    gpus: list[int]
+    claimed_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    outcome: str | None
+    error: str | None
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    status: JobState
+    attempts: int
+    max_attempts: int
+    priority: int
+    worker: str | None
+    worker_id: str | None
+    gpus: list[int]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    error: str | None
+    model: str | None = None
+    manifest: str | None = None
+    not_before: datetime | None = None
+
+
+class JobDetail(JobOut):
+    spec: JobSpecModel
+    history: list[AttemptOut]
+    unrunnable: str | None = None
+
+
+class SubmitResult(BaseModel):
+    job: JobOut
+    warning: str | None = None
+
+
+# ---- manifests --------------------------------------------------------------------------
+
+
+class DeclaredModel(Strict):
+    cuda: bool | None = None
+    gpus: int | None = Field(None, ge=0, le=64)
+    vram_gib: float | None = Field(None, ge=0)
+    ram_gib: float | None = Field(None, ge=0)
+
+
+class HostModel(Strict):
+    name: Name
+    priority: int = 0
+    allow_jobs: list[str] | None = None
+    deny_jobs: list[str] = Field(default_factory=list)
+    description: str = ""
+    declared: DeclaredModel = Field(default_factory=DeclaredModel)
+
+    def to_domain(self) -> HostPolicy:
+        d = self.declared
+        return HostPolicy(
+            name=self.name,
+            priority=self.priority,
+            allow_jobs=None if self.allow_jobs is None else tuple(self.allow_jobs),
+            deny_jobs=tuple(self.deny_jobs),
+            description=self.description,
+            declared=DeclaredCapability(d.cuda, d.gpus, d.vram_gib, d.ram_gib),
+        )
+
+    @classmethod
+    def from_domain(cls, h: HostPolicy) -> HostModel:
+        d = h.declared
+        return cls(
+            name=h.name,
+            priority=h.priority,
+            allow_jobs=None if h.allow_jobs is None else list(h.allow_jobs),
+            deny_jobs=list(h.deny_jobs),
+            description=h.description,
+            declared=DeclaredModel(
+                cuda=d.cuda, gpus=d.gpus, vram_gib=d.vram_gib, ram_gib=d.ram_gib
+            ),
+        )
+
+
+class ManifestApply(Strict):
+    name: Name
+    hosts: list[HostModel] = Field(default_factory=list)
+    jobs: list[JobSpecModel] = Field(default_factory=list)
+
+
+class ApplyResult(BaseModel):
+    manifest: str
+    created: list[str]
+    unchanged: list[str]
+    hosts: list[str]
+    unrunnable: dict[str, str] = Field(default_factory=dict)
+
+
+# ---- workers ----------------------------------------------------------------------------
+
+
+class GpuModel(Strict):
+    index: int = Field(ge=0)
+    name: str
+    total_mib: int = Field(ge=0)
+    free_mib: int = Field(ge=0)
+    uuid: str = ""
+    compute_capability: str = ""
+    simulated: bool = False
+
+    def to_domain(self) -> GpuInfo:
+        return GpuInfo(**self.model_dump())
+
+    @classmethod
+    def from_domain(cls, g: GpuInfo) -> GpuModel:
+        return cls(**g.__dict__)
+
+
+class CapabilityModel(Strict):
+    hostname: str
+    cores: int = Field(ge=0)
+    ram_mib: int = Field(ge=0)
+    disk_free_mib: int = Field(0, ge=0)
+    os: str = ""
+    python: str = ""
+    gpus: list[GpuModel] = Field(default_factory=list)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    torch_version: str | None = None
+    git_commit: str | None = None
+    gpus_simulated: bool = False
+
+    def to_domain(self) -> Capability:
+        data = self.model_dump(exclude={"gpus"})
+        return Capability(**data, gpus=tuple(g.to_domain() for g in self.gpus))
+
+    @classmethod
+    def from_domain(cls, c: Capability) -> CapabilityModel:
+        data = {k: v for k, v in c.__dict__.items() if k != "gpus"}
+        return cls(**data, gpus=[GpuModel.from_domain(g) for g in c.gpus])
+
+
+class WorkerRegister(Strict):
+    name: Name
+    labels: dict[str, str] = Field(default_factory=dict)
+    capability: CapabilityModel
+    cpu_slots: int = Field(1, ge=0, le=1024)
+    pool: Name = "default"
+    ephemeral: bool = False
+    running: list[LeaseRef] = Field(default_factory=list)
+
+
+class WorkerOut(BaseModel):
+    id: str
+    name: str
+    status: Literal["connecting", "idle", "busy", "draining", "offline"]
+    pool: str
+    labels: dict[str, str]
+    gpus: list[GpuModel]
+    gpus_simulated: bool
+    slots: dict[str, int]
+    running: list[str]
+    ephemeral: bool
+    registered_at: datetime
+    last_heartbeat: datetime | None
+    capability: CapabilityModel
+
+
+class LeaseRef(Strict):
+    job_id: str = Field(min_length=1, max_length=64)
+    attempt: int = Field(ge=1)
+
+
+class FreeGpuModel(Strict):
+    index: int = Field(ge=0)
+    free_mib: int = Field(ge=0)
+
+
+class ClaimRequest(Strict):
+    cpu_slots: int = Field(0, ge=0, le=1024)
+    gpus: list[FreeGpuModel] = Field(default_factory=list)
+    wait: float = Field(25.0, ge=0, le=60)
+
+
+class Lease(BaseModel):
+    """A claim's answer: run ``spec`` on ``gpus``; every later write carries (job_id, attempt)."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpecModel
+    gpus: list[int]
+    lease_timeout: float
+
+
+class HeartbeatRequest(Strict):
+    leases: list[LeaseRef] = Field(default_factory=list)
+    gpus: list[GpuModel] = Field(default_factory=list)
+    draining: bool = False
+
+
+class HeartbeatResponse(BaseModel):
+    orders: dict[str, Literal["continue", "cancel"]]
+    drain: bool = False
+
+
+class StartRequest(Strict):
+    attempt: int = Field(ge=1)
+    pid: int | None = None
+
+
+class LogLine(Strict):
+    stream: Literal["stdout", "stderr"] = "stdout"
+    line: str = Field(max_length=1_000_000)
+
+
+class LogAppend(Strict):
+    attempt: int = Field(ge=1)
+    lines: list[LogLine] = Field(max_length=100_000)
+
+
+class FinishRequest(Strict):
+    attempt: int = Field(ge=1)
+    exit_code: int | None = None
+    error: str | None = Field(None, max_length=100_000)
+
+
+class ReleaseRequest(Strict):
+    attempt: int = Field(ge=1)
+    reason: str = Field("worker drained", max_length=10_000)
+
+
+class LogEntry(BaseModel):
+    seq: int
+    attempt: int
+    stream: str
+    line: str
+    ts: datetime
+
+
+class LogsOut(BaseModel):
+    job_id: str
+    status: JobState
+    lines: list[LogEntry]
+    next: int
+
+
+class WhyWorker(BaseModel):
+    worker_id: str
+    name: str
+    status: str
+    reason: str | None
+
+
+class WhyOut(BaseModel):
+    job_id: str
+    status: JobState
+    summary: str
+    workers: list[WhyWorker]
+
+
+class StatusOut(BaseModel):
+    jobs: dict[str, int]
+    workers: dict[str, int]
+    gpus: int
+    gpus_free: int
+    cpu_slots: int
+
+
+# ---- tokens -----------------------------------------------------------------------------
+
+
+class TokenCreate(Strict):
+    name: Name
+    role: Literal["admin", "operator", "submitter", "worker"]
+    pool: str | None = None
+
+
+class TokenOut(BaseModel):
+    id: str
+    name: str
+    role: str
+    pool: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The secret. Shown once; only its hash is stored.")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    database: str
+
+
+WorkerRegister.model_rebuild()
+
+__all__ = [
+    "JobStatus",
+    "Role",
+    "WorkerStatus",
+]

@@ -1,0 +1,404 @@
+"""The worker agent: register, long-poll for jobs that fit, run them, heartbeat, drain.
+
+Everything runs on one asyncio loop; children's output is read by the loop, never by a
+blocking call. The worker only dials out to the server: it needs no inbound port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from gpufleet.client import AsyncClient
+from gpufleet.domain.models import Capability
+from gpufleet.errors import Conflict, GpufleetError, NotFound, ServerUnavailable
+from gpufleet.wire import (
+    CapabilityModel,
+    ClaimRequest,
+    FinishRequest,
+    GpuModel,
+    HeartbeatRequest,
+    Lease,
+    LeaseRef,
+    LogAppend,
+    LogLine,
+    ReleaseRequest,
+    StartRequest,
+    WorkerRegister,
+)
+from gpufleet.worker.capability import live_gpus
+from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env
+from gpufleet.worker.slots import Slots
+
+T = TypeVar("T")
+FLUSH_SECONDS = 1.0
+MAX_BATCH = 5000
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    server: str
+    token: str | None
+    name: str
+    labels: dict[str, str]
+    cpu_slots: int
+    ephemeral: bool
+    heartbeat: float
+    work_dir: Path
+    drain_grace: float
+    pool: str = "default"
+    claim_wait: float = 25.0
+
+
+@dataclass
+class Running:
+    lease: Lease
+    proc: JobProcess | None = None
+    lines: list[LogLine] = field(default_factory=list)
+    stop_reason: str | None = None  # set when we kill it: "cancel", "lost", "drain", "timeout"
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def say(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+class Agent:
+    def __init__(self, opts: WorkerOptions, capability: Capability) -> None:
+        self.opts = opts
+        self.capability = capability
+        self.client = AsyncClient(opts.server, opts.token)
+        self.slots = Slots(opts.cpu_slots, capability.gpus)
+        self.running: dict[str, Running] = {}
+        self.worker_id = ""
+        self.draining = False
+        self.drain_deadline: float | None = None
+        self.claimed_once = False
+        self.stopped = asyncio.Event()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.on_signal)
+        try:
+            await self.register()
+            tasks = [
+                asyncio.create_task(self.heartbeat_loop()),
+                asyncio.create_task(self.claim_loop()),
+            ]
+            await self.wait_drained()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.send_heartbeat()
+            say(f"worker {self.opts.name} drained; exiting")
+            return 0
+        finally:
+            await self.client.aclose()
+
+    def on_signal(self) -> None:
+        if self.draining:
+            say("second signal: handing running jobs back now")
+            self.drain_deadline = time.monotonic()
+        else:
+            self.begin_drain(self.opts.drain_grace, "signal")
+
+    def begin_drain(self, grace: float | None, why: str) -> None:
+        if not self.draining:
+            jobs = len(self.running)
+            say(f"draining ({why}): no new jobs; {jobs} running job(s) may finish")
+        self.draining = True
+        if grace is not None:
+            deadline = time.monotonic() + grace
+            self.drain_deadline = min(deadline, self.drain_deadline or deadline)
+        self.slots.changed.set()
+
+    async def wait_drained(self) -> None:
+        while not (self.draining and not self.running):
+            if self.draining and self.drain_deadline and time.monotonic() >= self.drain_deadline:
+                for run in list(self.running.values()):
+                    await self.stop_job(run, "drain")
+            await asyncio.sleep(0.1)
+
+    # ---- talking to the server ---------------------------------------------------------
+
+    async def retrying(
+        self, what: str, call: Callable[[], Awaitable[T]], give_up: float | None = None
+    ) -> T:
+        """Retry while the server is away (backoff with jitter, capped at 10 s)."""
+        delay, started, warned = 0.2, time.monotonic(), False
+        while True:
+            try:
+                result = await call()
+                if warned:
+                    say(f"server is back ({what})")
+                return result
+            except ServerUnavailable as exc:
+                if give_up is not None and time.monotonic() - started > give_up:
+                    raise
+                if not warned:
+                    say(f"server unreachable during {what}: {exc.message}; retrying")
+                    warned = True
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 10.0)
+
+    async def register(self) -> None:
+        body = WorkerRegister(
+            name=self.opts.name,
+            labels=self.opts.labels,
+            capability=CapabilityModel.from_domain(self.capability),
+            cpu_slots=self.opts.cpu_slots,
+            pool=self.opts.pool,
+            ephemeral=self.opts.ephemeral,
+            running=[
+                LeaseRef(job_id=r.lease.job_id, attempt=r.lease.attempt)
+                for r in self.running.values()
+            ],
+        )
+        out = await self.retrying("register", lambda: self.client.register(body))
+        self.worker_id = out.id
+        sim = " [simulated]" if self.capability.gpus_simulated else ""
+        gpus = ", ".join(
+            f"{g.index}:{g.name} {g.total_gib:.0f}GiB{sim}" for g in self.capability.gpus
+        )
+        say(
+            f"worker {out.name} ({out.id}) registered with {self.opts.server}; "
+            f"slots: {self.opts.cpu_slots} CPU, {len(self.capability.gpus)} GPU ({gpus or 'no GPU'})"
+        )
+
+    async def send_heartbeat(self) -> None:
+        body = HeartbeatRequest(
+            leases=[
+                LeaseRef(job_id=r.lease.job_id, attempt=r.lease.attempt)
+                for r in self.running.values()
+            ],
+            gpus=[GpuModel.from_domain(g) for g in live_gpus(self.capability)],
+            draining=self.draining,
+        )
+        try:
+            resp = await self.client.heartbeat(self.worker_id, body)
+        except NotFound:
+            say("the server does not know this worker any more; registering again")
+            await self.register()
+            return
+        for job_id, order in resp.orders.items():
+            run = self.running.get(job_id)
+            if order == "cancel" and run is not None and run.stop_reason is None:
+                say(f"job {job_id}: the server says stop (cancelled or lease lost)")
+                await self.stop_job(run, "cancel")
+        if resp.drain:
+            self.begin_drain(None, "operator")
+
+    async def heartbeat_loop(self) -> None:
+        warned = False
+        while True:
+            await asyncio.sleep(self.opts.heartbeat)
+            try:
+                await self.send_heartbeat()
+                if warned:
+                    say("server is back (heartbeat)")
+                warned = False
+            except ServerUnavailable as exc:
+                if not warned:
+                    say(f"heartbeat failed: {exc.message}; jobs keep running")
+                warned = True
+            except GpufleetError as exc:
+                say(f"heartbeat refused: {exc.message}")
+
+    # ---- claiming ----------------------------------------------------------------------
+
+    def claim_body(self) -> ClaimRequest:
+        live = live_gpus(self.capability)
+        return ClaimRequest(
+            cpu_slots=self.slots.cpu_free,
+            gpus=self.slots.free_gpus(live),
+            wait=self.opts.claim_wait,
+        )
+
+    async def claim_loop(self) -> None:
+        while not self.draining:
+            if not self.slots.any_free():
+                self.slots.changed.clear()
+                await self.slots.changed.wait()
+                continue
+            try:
+                lease = await self.retrying(
+                    "claim", lambda: self.client.claim(self.worker_id, self.claim_body())
+                )
+            except NotFound:
+                await self.register()
+                continue
+            except GpufleetError as exc:
+                say(f"claim refused: {exc.message}")
+                await asyncio.sleep(2.0)
+                continue
+            if lease is None:
+                continue
+            if self.draining:
+                await self.hand_back(lease, "worker is draining")
+                return
+            self.slots.take(lease.gpus)
+            self.running[lease.job_id] = Running(lease)
+            asyncio.create_task(self.run_job(self.running[lease.job_id]))
+            if self.opts.ephemeral:
+                self.begin_drain(None, "ephemeral worker took its one job")
+
+    async def hand_back(self, lease: Lease, reason: str) -> None:
+        with contextlib.suppress(GpufleetError):
+            await self.client.release(
+                lease.job_id, ReleaseRequest(attempt=lease.attempt, reason=reason)
+            )
+
+    # ---- running a job -----------------------------------------------------------------
+
+    def workdir(self, lease: Lease) -> Path:
+        path = self.opts.work_dir / f"{lease.job_id}-{lease.attempt}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    async def run_job(self, run: Running) -> None:
+        lease = run.lease
+        try:
+            exit_code, error = await self.execute(run)
+            await self.report(run, exit_code, error)
+        except Exception as exc:  # never lose a slot to a bug: report and free it
+            say(f"job {lease.job_id}: worker error {type(exc).__name__}: {exc}")
+            with contextlib.suppress(GpufleetError):
+                await self.client.finish(
+                    lease.job_id, FinishRequest(attempt=lease.attempt, error=f"worker error: {exc}")
+                )
+        finally:
+            self.running.pop(lease.job_id, None)
+            self.slots.give(lease.gpus)
+            run.done.set()
+
+    async def execute(self, run: Running) -> tuple[int | None, str | None]:
+        lease, spec = run.lease, run.lease.spec
+        argv = build_argv(spec.command, spec.hyper, spec.shell)
+        extra = {
+            "GPUFLEET_JOB_ID": lease.job_id,
+            "GPUFLEET_ATTEMPT": str(lease.attempt),
+            "GPUFLEET_JOB_NAME": spec.name,
+        }
+        env = job_env(os.environ, spec.env, lease.gpus, extra)
+        try:
+            run.proc = await JobProcess.start(
+                argv,
+                self.workdir(lease),
+                env,
+                lambda s, ln: run.lines.append(LogLine(stream=s, line=ln)),
+            )
+        except OSError as exc:
+            return None, f"could not start {argv[0]!r}: {exc.strerror or exc}"
+        where = f"GPUs {lease.gpus}" if lease.gpus else "a CPU slot"
+        say(
+            f"job {lease.job_id} ({spec.name}) attempt {lease.attempt} started on {where}, pid {run.proc.pid}"
+        )
+        try:
+            await self.retrying(
+                "start",
+                lambda: self.client.start(
+                    lease.job_id,
+                    StartRequest(attempt=lease.attempt, pid=run.proc.pid if run.proc else None),
+                ),
+            )
+        except Conflict:
+            await self.stop_job(run, "lost")
+        flusher = asyncio.create_task(self.flush_loop(run))
+        code = await run.proc.wait(spec.timeout)
+        if code is None:
+            say(f"job {lease.job_id}: timed out after {spec.timeout:g}s; killing its process group")
+            run.stop_reason = run.stop_reason or "timeout"
+            code = await run.proc.stop()
+        await run.proc.reap()
+        flusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flusher
+        if run.stop_reason == "timeout":
+            return code, f"timed out after {spec.timeout:g}s"
+        return code, describe_exit(code)
+
+    async def stop_job(self, run: Running, reason: str) -> None:
+        if run.stop_reason is None:
+            run.stop_reason = reason
+        if run.proc is not None and run.proc.proc.returncode is None:
+            run.proc.signal_group(signal.SIGTERM)
+            asyncio.create_task(self._kill_later(run.proc))
+
+    async def _kill_later(self, proc: JobProcess, grace: float = 3.0) -> None:
+        if await proc.wait(grace) is None:
+            proc.signal_group(signal.SIGKILL)
+
+    async def flush(self, run: Running) -> None:
+        while run.lines:
+            batch, run.lines = run.lines[:MAX_BATCH], run.lines[MAX_BATCH:]
+            body = LogAppend(attempt=run.lease.attempt, lines=batch)
+            await self.retrying(
+                "log upload", lambda: self.client.output(run.lease.job_id, body), give_up=60
+            )
+
+    async def flush_loop(self, run: Running) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            try:
+                await self.flush(run)
+            except Conflict:
+                say(f"job {run.lease.job_id}: lease is stale (409); killing it")
+                await self.stop_job(run, "lost")
+                return
+            except GpufleetError as exc:
+                say(f"job {run.lease.job_id}: log upload failed: {exc.message}")
+
+    async def report(self, run: Running, exit_code: int | None, error: str | None) -> None:
+        lease = run.lease
+        if run.stop_reason in ("cancel", "lost"):
+            say(f"job {lease.job_id}: stopped ({run.stop_reason}); not reporting a result")
+            return
+        try:
+            await self.flush(run)
+            if run.stop_reason == "drain":
+                await self.retrying(
+                    "release",
+                    lambda: self.client.release(
+                        lease.job_id,
+                        ReleaseRequest(
+                            attempt=lease.attempt, reason=f"worker {self.opts.name} drained"
+                        ),
+                    ),
+                )
+                say(f"job {lease.job_id}: handed back to the queue (attempt not counted)")
+                return
+            body = FinishRequest(attempt=lease.attempt, exit_code=exit_code, error=error)
+            out = await self.retrying("finish", lambda: self.client.finish(lease.job_id, body))
+            say(
+                f"job {lease.job_id} ({lease.spec.name}) finished: {error or 'exit code 0'} -> {out.status}"
+            )
+        except Conflict as exc:
+            say(f"job {lease.job_id}: result refused ({exc.message})")
+
+
+def run_worker(opts: WorkerOptions, capability: Capability) -> int:
+    """Run a worker until it is drained; the process exit code."""
+    opts.work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import uvloop
+
+        runner: Callable[..., int] = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        return runner(Agent(opts, capability).run())
+    except GpufleetError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1

@@ -1,0 +1,214 @@
+"""The boundary to NVIDIA's NVML library and its ``nvidia-smi`` fallback.
+
+This module is deliberately thin: it only calls ``nvml*`` functions (or runs
+``nvidia-smi``) and turns their answers into :class:`~gpufleet.domain.models.GpuInfo`.
+No GPU is present in CI, so everything that could go wrong - decoding, unit
+conversion, error handling, always shutting NVML down - lives in small functions
+that take the NVML module as an argument (``lib``) and are driven by a fake in the
+tests. The only code that needs real hardware is ``import pynvml`` and the
+``subprocess`` call to ``nvidia-smi``.
+
+Any failure at this boundary means "no GPU seen this way": the probes return
+``None`` instead of raising, and the caller decides what to fall back to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import logging
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gpufleet.domain.models import GpuInfo
+
+_log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+BYTES_PER_MIB = 1024 * 1024
+SMI_TIMEOUT_SECONDS = 10.0
+SMI_FIELDS = (
+    "index",
+    "name",
+    "memory.total",
+    "memory.free",
+    "uuid",
+    "compute_cap",
+    "driver_version",
+)
+SMI_COMMAND = (
+    "nvidia-smi",
+    "--query-gpu=" + ",".join(SMI_FIELDS),
+    "--format=csv,noheader,nounits",
+)
+_SMI_UNKNOWN = "[N/A]"
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """What one probe (NVML or nvidia-smi) saw: the GPUs and the driver stack."""
+
+    gpus: tuple[GpuInfo, ...]
+    driver_version: str | None
+    cuda_version: str | None
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+def probe_nvml(lib: Any | None = None) -> GpuProbe | None:
+    """Read every GPU and the driver/CUDA versions through NVML.
+
+    ``lib`` is the ``pynvml`` module (imported lazily when omitted) or a fake with the
+    same functions. Returns ``None`` when NVML is missing or any NVML call fails.
+    """
+    return _with_nvml(lib, _read_probe)
+
+
+def live_free_mib(lib: Any | None = None) -> dict[int, int] | None:
+    """Current free memory in MiB per GPU index, or ``None`` when NVML is unavailable."""
+    return _with_nvml(lib, _read_free_mib)
+
+
+def _load_nvml(lib: Any | None) -> Any | None:
+    if lib is not None:
+        return lib
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def _with_nvml(lib: Any | None, read: Callable[[Any], _T]) -> _T | None:
+    """Run ``read(nvml)`` between ``nvmlInit`` and ``nvmlShutdown``; any failure is None."""
+    nvml = _load_nvml(lib)
+    if nvml is None:
+        return None
+    # NVML raises its own NVMLError subclasses (LibraryNotFound, DriverNotLoaded, ...)
+    # and a fake raises whatever it likes: at this boundary every failure means the
+    # same thing, "no GPU via NVML", so the catch is deliberately broad.
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        _log.debug("NVML unavailable: %s", exc)
+        return None
+    try:
+        return read(nvml)
+    except Exception as exc:
+        _log.debug("NVML query failed: %s", exc)
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def _read_probe(nvml: Any) -> GpuProbe:
+    count = int(nvml.nvmlDeviceGetCount())
+    gpus = tuple(_read_gpu(nvml, index) for index in range(count))
+    return GpuProbe(
+        gpus=gpus,
+        driver_version=_text(nvml.nvmlSystemGetDriverVersion()),
+        cuda_version=cuda_version_text(int(nvml.nvmlSystemGetCudaDriverVersion())),
+    )
+
+
+def _read_gpu(nvml: Any, index: int) -> GpuInfo:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    return GpuInfo(
+        index=index,
+        name=_text(nvml.nvmlDeviceGetName(handle)),
+        total_mib=int(memory.total) // BYTES_PER_MIB,
+        free_mib=int(memory.free) // BYTES_PER_MIB,
+        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        compute_capability=f"{int(major)}.{int(minor)}",
+    )
+
+
+def _read_free_mib(nvml: Any) -> dict[int, int]:
+    free: dict[int, int] = {}
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        free[index] = int(nvml.nvmlDeviceGetMemoryInfo(handle).free) // BYTES_PER_MIB
+    return free
+
+
+def _text(value: object) -> str:
+    """NVML returns ``bytes`` in older bindings and ``str`` in newer ones."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def cuda_version_text(version: int) -> str:
+    """NVML's encoded CUDA driver version to text: ``12040`` -> ``"12.4"``."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+# --------------------------------------------------------------------- nvidia-smi
+
+
+def parse_nvidia_smi(csv_text: str) -> GpuProbe:
+    """Parse the output of :data:`SMI_COMMAND`; raises ``ValueError`` on a malformed row.
+
+    ``nvidia-smi --query-gpu`` cannot report the CUDA version, so it is ``None``.
+    """
+    reader = csv.reader(io.StringIO(csv_text), skipinitialspace=True)
+    rows = [[cell.strip() for cell in row] for row in reader if any(c.strip() for c in row)]
+    gpus = tuple(_smi_gpu(row) for row in rows)
+    driver = _smi_optional(rows[0][-1]) if rows else None
+    return GpuProbe(gpus=gpus, driver_version=driver, cuda_version=None)
+
+
+def _smi_gpu(row: list[str]) -> GpuInfo:
+    if len(row) != len(SMI_FIELDS):
+        raise ValueError(
+            f"nvidia-smi row has {len(row)} fields, expected {len(SMI_FIELDS)}: {row!r}"
+        )
+    index, name, total, free, uuid, compute_cap, _driver = row
+    return GpuInfo(
+        index=int(index),
+        name=name,
+        total_mib=int(float(total)),
+        free_mib=int(float(free)),
+        uuid=_smi_optional(uuid) or "",
+        compute_capability=_smi_optional(compute_cap) or "",
+    )
+
+
+def _smi_optional(cell: str) -> str | None:
+    return None if cell in ("", _SMI_UNKNOWN) else cell
+
+
+def probe_nvidia_smi(run: Callable[[list[str]], str] | None = None) -> GpuProbe | None:
+    """Probe GPUs with ``nvidia-smi``; ``None`` when it is absent, fails or is unparsable.
+
+    ``run`` takes the argv and returns stdout (raising on a non-zero exit); it is
+    injectable for tests. Without it the real ``nvidia-smi`` on ``PATH`` is used.
+    """
+    argv = list(SMI_COMMAND)
+    if run is None:
+        executable = shutil.which(SMI_COMMAND[0])
+        if executable is None:
+            return None
+        argv[0] = executable
+        run = _run_command
+    try:
+        return parse_nvidia_smi(run(argv))
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        _log.debug("nvidia-smi probe failed: %s", exc)
+        return None
+
+
+def _run_command(argv: list[str]) -> str:
+    done = subprocess.run(
+        argv, capture_output=True, text=True, check=True, timeout=SMI_TIMEOUT_SECONDS
+    )
+    return done.stdout

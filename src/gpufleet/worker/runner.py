@@ -1,0 +1,142 @@
+"""Running one job as a child process in its own process group.
+
+The child's stdout and stderr are read by the event loop (never blocking it); a kill
+always targets the whole group, so a training script's data-loader processes die with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+LINE_LIMIT = 1 << 20  # longer lines are split, not fatal
+OnLine = Callable[[str, str], None]
+
+
+def hyper_args(hyper: Mapping[str, Any]) -> list[str]:
+    """Hyperparameters as ``--key value`` pairs, in the order given."""
+    out: list[str] = []
+    for key, value in hyper.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            text = str(value)
+        else:
+            text = json.dumps(value)
+        out += [f"--{key}", text]
+    return out
+
+
+def build_argv(command: list[str], hyper: Mapping[str, Any], shell: bool) -> list[str]:
+    if shell:
+        line = " ".join([command[0], *(shlex.quote(a) for a in hyper_args(hyper))])
+        return ["/bin/sh", "-c", line]
+    return [*command, *hyper_args(hyper)]
+
+
+def job_env(
+    base: Mapping[str, str], spec_env: Mapping[str, str], gpus: list[int], extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The child's environment: ours, the job's, its GPUs pinned, and our Python first on PATH
+    so ``python`` in a job command is the interpreter gpufleet runs in."""
+    env = dict(base)
+    env.update(spec_env)
+    env.update(extra)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    env["PYTHONUNBUFFERED"] = "1"
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", os.defpath)
+    return env
+
+
+class JobProcess:
+    """A started child process group and the tasks pumping its output."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, pumps: list[asyncio.Task[None]]) -> None:
+        self.proc = proc
+        self.pumps = pumps
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    async def start(
+        cls, argv: list[str], cwd: Path, env: Mapping[str, str], on_line: OnLine
+    ) -> JobProcess:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=str(cwd),
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            limit=LINE_LIMIT,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [
+            asyncio.create_task(_pump(proc.stdout, "stdout", on_line)),
+            asyncio.create_task(_pump(proc.stderr, "stderr", on_line)),
+        ]
+        return cls(proc, pumps)
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    async def wait(self, timeout: float | None = None) -> int | None:
+        """The exit code (negative: killed by that signal), or None on timeout."""
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            return None
+
+    async def stop(self, grace: float = 5.0) -> int:
+        """SIGTERM the group, then SIGKILL it after ``grace`` seconds."""
+        self.signal_group(signal.SIGTERM)
+        code = await self.wait(grace)
+        if code is None:
+            self.signal_group(signal.SIGKILL)
+            code = await self.proc.wait()
+        return code
+
+    async def reap(self) -> None:
+        """After the main process ended: kill what it left in its group, drain the pipes."""
+        self.signal_group(signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*self.pumps), 5.0)
+        for task in self.pumps:
+            task.cancel()
+
+
+async def _pump(reader: asyncio.StreamReader, stream: str, on_line: OnLine) -> None:
+    while True:
+        try:
+            raw = await reader.readline()
+        except ValueError:  # a line longer than LINE_LIMIT: take what is buffered
+            raw = await reader.read(LINE_LIMIT)
+        if not raw:
+            return
+        on_line(stream, raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+
+
+def describe_exit(code: int) -> str | None:
+    """None for success, else why the process ended in words."""
+    if code == 0:
+        return None
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exit code {code}"

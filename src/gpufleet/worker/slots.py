@@ -1,0 +1,40 @@
+"""A worker's slots: one per GPU plus CPU slots; which are free right now."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpufleet.domain.models import GpuInfo
+from gpufleet.wire import FreeGpuModel
+
+
+class Slots:
+    def __init__(self, cpu_slots: int, gpus: tuple[GpuInfo, ...]) -> None:
+        self.cpu_total = cpu_slots
+        self.cpu_free = cpu_slots
+        self.gpus = {g.index: g for g in gpus}
+        self.gpus_free = set(self.gpus)
+        self.changed = asyncio.Event()
+
+    def any_free(self) -> bool:
+        return self.cpu_free > 0 or bool(self.gpus_free)
+
+    def free_gpus(self, live: tuple[GpuInfo, ...]) -> list[FreeGpuModel]:
+        free_mib = {g.index: g.free_mib for g in live}
+        return [
+            FreeGpuModel(index=i, free_mib=free_mib.get(i, self.gpus[i].free_mib))
+            for i in sorted(self.gpus_free)
+        ]
+
+    def take(self, gpus: list[int]) -> None:
+        if gpus:
+            self.gpus_free -= set(gpus)
+        else:
+            self.cpu_free -= 1
+
+    def give(self, gpus: list[int]) -> None:
+        if gpus:
+            self.gpus_free |= set(gpus) & set(self.gpus)
+        else:
+            self.cpu_free = min(self.cpu_total, self.cpu_free + 1)
+        self.changed.set()
