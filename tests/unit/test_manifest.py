@@ -57,7 +57,7 @@ def error(text: str, **kwargs: Any) -> ManifestError:
 
 
 def one_job(body: str, defaults: str = 'command = "run {name}"') -> str:
-    return f"{HEAD}[defaults]\n{defaults}\n[[jobs]]\nname = \"j\"\n{body}\n"
+    return f'{HEAD}[defaults]\n{defaults}\n[[jobs]]\nname = "j"\n{body}\n'
 
 
 # ---- the example ---------------------------------------------------------------------
@@ -264,7 +264,7 @@ def test_manifest_dir_without_base_dir_is_an_error() -> None:
 
 def test_values_with_spaces_and_quotes_stay_one_argument() -> None:
     text = one_job(
-        "data = \"my data/it's here; rm -rf /\"",
+        'data = "my data/it\'s here; rm -rf /"',
         defaults='command = "train --data {data} --name {name}"\ndata = ""',
     )
 
@@ -378,7 +378,7 @@ def render(data: dict[str, Any]) -> str:
     return "".join(f"{toml_str(key)} = {toml_value(value)}\n" for key, value in data.items())
 
 
-text_chars = st.characters(blacklist_categories=("Cs",))
+text_chars = st.characters(codec="utf-8")
 names = st.text(text_chars, min_size=1, max_size=30).filter(lambda s: bool(s.strip()))
 hyper_values = st.integers(-(2**63), 2**63 - 1) | st.text(text_chars, max_size=20)
 hypers = st.dictionaries(st.text(text_chars, max_size=10), hyper_values, max_size=5)
@@ -404,13 +404,26 @@ def test_rendered_manifest_roundtrips_names_hyper_and_argv(
     assert [job.command for job in plan.jobs] == [("run", "--name", name) for name, _ in jobs]
 
 
+def plan_or_manifest_error(text: str) -> None:
+    try:
+        plan = parse(text)
+    except ManifestError as exc:
+        assert exc.message.startswith("lab.toml: ")
+        assert exc.detail["file"] == "lab.toml"
+    else:
+        assert isinstance(plan, Plan)
+
+
 @quick
 @given(st.text(max_size=300))
 def test_arbitrary_text_gives_a_plan_or_a_manifest_error(text: str) -> None:
-    try:
-        parse(text)
-    except ManifestError:
-        pass
+    plan_or_manifest_error(text)
+
+
+@quick
+@given(st.text(max_size=40), st.integers(0, len(EXAMPLE)), st.integers(0, 20))
+def test_damaged_example_gives_a_plan_or_a_manifest_error(text: str, at: int, cut: int) -> None:
+    plan_or_manifest_error(EXAMPLE[:at] + text + EXAMPLE[at + cut :])
 
 
 KEYS = [

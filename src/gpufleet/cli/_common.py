@@ -16,7 +16,8 @@ from gpufleet import config
 from gpufleet.client import Client
 from gpufleet.errors import ConfigError
 
-out = Console(highlight=False, soft_wrap=True)
+# Off a terminal (pipes, CI logs) tables get room instead of the 80-column default.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 

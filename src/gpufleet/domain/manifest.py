@@ -333,7 +333,7 @@ def _check_top_level(data: dict[str, Any], where: _Where) -> None:
     if "schema_version" not in data:
         where.fail("schema_version", f"missing (add schema_version = {SCHEMA_VERSION} at the top)")
     version = data["schema_version"]
-    if isinstance(version, bool) or version != SCHEMA_VERSION or not isinstance(version, int):
+    if type(version) is not int or version != SCHEMA_VERSION:  # true == 1 is not a version
         shown = _show(version) or _kind(version)
         where.fail(
             "schema_version",

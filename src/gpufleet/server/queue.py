@@ -312,6 +312,11 @@ class QueueService:
 
     def wait_begin(self, worker_id: str, free: FreeResources) -> None:
         w = self.worker(worker_id)
+        if w.status == WorkerStatus.OFFLINE:  # a polling worker is alive, heartbeat or not
+            self.store.update_worker(
+                w.id, status=WorkerStatus.IDLE.value, last_heartbeat=self.clock()
+            )
+            w = self.worker(worker_id)
         with self._waiting_lock:
             self._waiting[worker_id] = (self.view(w), free)
 

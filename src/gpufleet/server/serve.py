@@ -55,8 +55,10 @@ def serve(opts: ServerOptions) -> None:
     secret = Auth(store).ensure_admin()
     if secret is not None:
         where = save_token(url, secret)
+        # Shown on a terminal only: a redirected stderr is a log, and secrets stay out of logs.
+        note = f":\n  {secret}" if sys.stderr.isatty() else " (not shown: stderr is not a terminal)"
         print(
-            f"Admin token (shown once, saved to {where}):\n  {secret}", file=sys.stderr, flush=True
+            f"Admin token created, saved to {where} (mode 0600){note}", file=sys.stderr, flush=True
         )
     print(f"gpufleet server listening on {url} (database: {store.dialect})", flush=True)
     logging.basicConfig(

@@ -19,6 +19,17 @@ from typing import Any
 
 LINE_LIMIT = 1 << 20  # longer lines are split, not fatal
 OnLine = Callable[[str, str], None]
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_worker() -> None:
+    """In the child, before exec: on Linux, get SIGKILL when the worker dies, so a
+    killed worker leaves no orphan holding a GPU (its lease is requeued elsewhere)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def hyper_args(hyper: Mapping[str, Any]) -> list[str]:
@@ -80,6 +91,7 @@ class JobProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=_die_with_worker,
             limit=LINE_LIMIT,
         )
         assert proc.stdout is not None and proc.stderr is not None

@@ -1,0 +1,5 @@
+"""``python -m gpufleet`` runs the CLI."""
+
+from gpufleet.cli import main
+
+main()

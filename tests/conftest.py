@@ -1,0 +1,69 @@
+"""Shared fixtures: markers by folder, a PostgreSQL schema per test, a free config dir."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+FOLDER_MARKS = {"unit", "contract", "integration", "e2e"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in FOLDER_MARKS:
+            item.add_marker(getattr(pytest.mark, folder))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """No test reads or writes the real user config (tokens, settings)."""
+    cfg = tmp_path_factory.mktemp("config")
+    monkeypatch.setenv("GPUFLEET_CONFIG_DIR", str(cfg))
+    for key in list(os.environ):
+        if key.startswith("GPUFLEET_") and key not in ("GPUFLEET_CONFIG_DIR", "GPUFLEET_TEST_PG"):
+            monkeypatch.delenv(key)
+    return cfg
+
+
+def _pg_available() -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(
+            PG_URL.replace("postgresql://", "postgresql://", 1), connect_timeout=3
+        ):
+            return None
+    except Exception as exc:  # any failure means: no usable server here
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """The PostgreSQL URL; CI requires the server, a dev machine without it skips."""
+    problem = _pg_available()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI requires PostgreSQL at {PG_URL}: {problem}")
+        pytest.skip(f"no PostgreSQL at {PG_URL} ({problem})")
+    return PG_URL
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A URL whose connections use a fresh schema, dropped after the test."""
+    import psycopg
+
+    schema = "t_" + secrets.token_hex(6)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    yield f"{pg_server}?options=-csearch_path%3D{schema}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")

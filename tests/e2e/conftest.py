@@ -1,0 +1,172 @@
+"""Real ``gpufleet server`` and ``gpufleet worker`` processes on loopback.
+
+Every process a test starts is stopped by the fixture (SIGTERM, then SIGKILL), and every
+wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.client import Client
+from gpufleet.config import load_token
+
+PYTHON = sys.executable
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Proc:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.file = log.open("wb")
+        self.popen = subprocess.Popen(argv, env=env, stdout=self.file, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            code = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            code = self.popen.wait(5)
+        self.file.close()
+        return code
+
+
+class Fleet:
+    """A server and its workers, all started as real processes in ``root``."""
+
+    def __init__(self, root: Path, config_dir: Path) -> None:
+        self.root = root
+        self.env = {**os.environ, "GPUFLEET_CONFIG_DIR": str(config_dir), "PYTHONUNBUFFERED": "1"}
+        self.procs: list[Proc] = []
+        self.url = ""
+        self.server: Proc | None = None
+
+    def start_server(self, *args: str, lease_timeout: float = 3.0, db: str | None = None) -> str:
+        argv = [
+            PYTHON,
+            "-m",
+            "gpufleet",
+            "server",
+            "--port",
+            "0",
+            "--data-dir",
+            str(self.root / "data"),
+            "--lease-timeout",
+            str(lease_timeout),
+            "--retry-backoff",
+            "0.2",
+            *args,
+        ]
+        if db:
+            argv += ["--db", db]
+        self.server = proc = Proc(argv, self.env, self.root / "server.log")
+        self.procs.append(proc)
+        line = wait_for(lambda: _listening(proc), 30, "the server to listen")
+        self.url = line.split("listening on ", 1)[1].split()[0]
+        self.env["GPUFLEET_SERVER"] = self.url
+        return self.url
+
+    def start_worker(self, name: str, *args: str, heartbeat: float = 0.5) -> Proc:
+        argv = [
+            PYTHON,
+            "-m",
+            "gpufleet",
+            "worker",
+            "--name",
+            name,
+            "--heartbeat",
+            str(heartbeat),
+            "--work-dir",
+            str(self.root / "work" / name),
+            *args,
+        ]
+        proc = Proc(argv, self.env, self.root / f"worker-{name}.log")
+        self.procs.append(proc)
+        wait_for(
+            lambda: "registered" in proc.text() or proc.popen.poll() is not None,
+            30,
+            f"worker {name} to register",
+        )
+        assert proc.popen.poll() is None, proc.text()
+        return proc
+
+    def cli(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [PYTHON, "-m", "gpufleet", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and res.returncode != 0:
+            raise AssertionError(
+                f"gpufleet {' '.join(args)} exited {res.returncode}:\n{res.stderr}"
+            )
+        return res
+
+    def client(self) -> Client:
+        token = load_token(self.url)
+        return Client(self.url, token)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return json.loads(self.cli("show", job_id, "--json").stdout)
+
+    def wait_status(self, job_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
+        with self.client() as c:
+            wait_for(
+                lambda: c.job(job_id).status in statuses, timeout, f"{job_id} to be {statuses}"
+            )
+        return self.job(job_id)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+def _listening(proc: Proc) -> str | None:
+    if proc.popen.poll() is not None:
+        raise AssertionError(f"server exited early:\n{proc.text()}")
+    for line in proc.text().splitlines():
+        if "listening on" in line:
+            return line
+    return None
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, _isolated_config: Path) -> Iterator[Fleet]:
+    f = Fleet(tmp_path, _isolated_config)
+    try:
+        yield f
+    finally:
+        f.stop_all()
