@@ -209,7 +209,7 @@ def tokens_create(
 ) -> None:
     """Create a token and print its secret once (the server keeps only its hash)."""
     with client(server) as c:
-        t = c.create_token(TokenCreate(name=name, role=role, pool=pool))  # type: ignore[arg-type]
+        t = c.create_token(TokenCreate(name=name, role=role, pool=pool))
     err.print(f"token {t.id} ({t.role}) created; the secret is shown once:")
     print(t.token)
 

@@ -240,9 +240,9 @@ def logs(
             after = page.next
             if page.lines and len(page.lines) >= 10_000:
                 continue
-            if not follow or page.status in ("succeeded", "failed", "cancelled"):
-                if not follow or not page.lines:
-                    return
+            ended = page.status in ("succeeded", "failed", "cancelled")
+            if not follow or (ended and not page.lines):
+                return
             time.sleep(0.5)
 
 

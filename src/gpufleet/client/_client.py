@@ -40,7 +40,9 @@ DEFAULT_TIMEOUT = 30.0
 
 
 class Client:
-    """A blocking client for the gpufleet API. Errors raise :class:`gpufleet.errors.GpufleetError`."""
+    """A blocking client for the gpufleet API.
+
+    Errors raise :class:`gpufleet.errors.GpufleetError` subclasses."""
 
     def __init__(
         self, server: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT

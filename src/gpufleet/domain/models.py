@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-
 MIB_PER_GIB = 1024
 
 

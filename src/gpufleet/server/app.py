@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from anyio import CapacityLimiter
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -99,7 +100,10 @@ def create_app(store: SqlStore, settings: QueueSettings) -> FastAPI:
         description="Queue, fleet state and job control for gpufleet workers and clients.",
         lifespan=lifespan,
     )
-    app.state.gpufleet = ServerState(queue=queue, auth=Auth(store), notifier=notifier)
+    limiter = CapacityLimiter(1 if store.dialect == "sqlite" else 8)
+    app.state.gpufleet = ServerState(
+        queue=queue, auth=Auth(store), notifier=notifier, claim_limiter=limiter
+    )
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpufleet.domain.ids import manifest_job_id, new_job_id, new_worker_id
@@ -68,6 +68,7 @@ class QueueService:
         self._waiting: dict[str, tuple[WorkerView, FreeResources]] = {}
         self._waiting_lock = threading.Lock()
         self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
+        self._claimers: dict[str, tuple[float, WorkerRow]] = {}
 
     # ---- host policies ----------------------------------------------------------------
 
@@ -105,17 +106,18 @@ class QueueService:
 
     # ---- submitting -------------------------------------------------------------------
 
-    def unrunnable_reason(self, spec: JobSpec) -> str | None:
+    def unrunnable_reason(self, spec: JobSpec, views: list[WorkerView] | None = None) -> str | None:
         """Why no registered worker could ever run ``spec`` (None: some worker could)."""
-        workers = self.store.list_workers()
-        if not workers:
+        if views is None:
+            views = [self.view(w) for w in self.store.list_workers()]
+        if not views:
             return None
         reasons = []
-        for w in workers:
-            reason = ever_reason(spec, self.view(w))
+        for view in views:
+            reason = ever_reason(spec, view)
             if reason is None:
                 return None
-            reasons.append(f"{w.name}: {reason}")
+            reasons.append(f"{view.name}: {reason}")
         return "no registered worker could ever run this job (" + "; ".join(reasons) + ")"
 
     def submit(self, spec: JobSpec) -> JobRow:
@@ -139,7 +141,8 @@ class QueueService:
         now = self.clock()
         self.store.replace_hosts(req.name, policies, now)
         self._policies = (0.0, {})
-        unrunnable = {i: self.unrunnable_reason(s) for i, s in zip(ids, specs, strict=True)}
+        views = [self.view(w) for w in self.store.list_workers()]
+        unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}
         created = self.store.insert_jobs(
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)], now
         )
@@ -167,6 +170,19 @@ class QueueService:
         if named:
             raise NotFound(f"several jobs are named {ref!r}; use the job id", detail={"job": ref})
         raise NotFound(f"no job {ref!r}", detail={"job": ref})
+
+    def claimer(self, worker_id: str) -> WorkerRow:
+        """A polling worker's row, cached for a second: claims are the hot path. Changes
+        made through this service (register, heartbeat, drain) drop the cached row."""
+        hit = self._claimers.get(worker_id)
+        if hit and time.monotonic() - hit[0] < 1.0:
+            return hit[1]
+        w = self.worker(worker_id)
+        self._claimers[worker_id] = (time.monotonic(), w)
+        return w
+
+    def forget(self, worker_id: str) -> None:
+        self._claimers.pop(worker_id, None)
 
     def worker(self, ref: str) -> WorkerRow:
         w = self.store.get_worker(ref)
@@ -237,7 +253,8 @@ class QueueService:
         )
         if not done:
             raise Conflict(
-                f"job {job.id} is {job.status.value}; only a pending, claimed or running job can be cancelled",
+                f"job {job.id} is {job.status.value}; "
+                "only a pending, claimed or running job can be cancelled",
                 detail={"job": job.id, "status": job.status.value},
             )
         if job.status.active:
@@ -263,7 +280,8 @@ class QueueService:
         )
         if not done:
             raise Conflict(
-                f"job {job.id} is {job.status.value}; only a failed or cancelled job can be requeued",
+                f"job {job.id} is {job.status.value}; "
+                "only a failed or cancelled job can be requeued",
                 detail={"job": job.id, "status": job.status.value},
             )
         self.on_change()
@@ -272,6 +290,7 @@ class QueueService:
     def drain(self, ref: str) -> WorkerRow:
         w = self.worker(ref)
         self.store.update_worker(w.id, drain=True)
+        self.forget(w.id)
         return self.worker(w.id)
 
     # ---- the worker protocol ----------------------------------------------------------
@@ -292,6 +311,7 @@ class QueueService:
             "last_heartbeat": now,
         }
         worker_id = self.store.upsert_worker(new_worker_id(), values)
+        self.forget(worker_id)
         if req.running:
             self.store.extend_leases(
                 [(r.job_id, r.attempt) for r in req.running], now + self.settings.lease_timeout
@@ -305,18 +325,29 @@ class QueueService:
         with self._waiting_lock:
             others = [v for k, v in self._waiting.items() if k != me.id]
         for view, free in others:
+            # The best rank this worker could have; most of the time it cannot beat ours and
+            # the full check is skipped.
+            priority = view.policy.priority if view.policy else 0
+            if not (-priority, 0, 0) < my_rank:
+                continue
             verdict = now_reason(job, view, free, now, self.settings.prefer_cuda_grace)
             if isinstance(verdict, Assignment) and rank_key(job.spec, view, verdict) < my_rank:
                 return True
         return False
 
+    def poll(self, worker_id: str, free: FreeResources) -> Lease | None:
+        """Start a long poll (the worker counts as waiting) and try once."""
+        self.wait_begin(worker_id, free)
+        return self.try_claim(worker_id, free)
+
     def wait_begin(self, worker_id: str, free: FreeResources) -> None:
-        w = self.worker(worker_id)
+        w = self.claimer(worker_id)
         if w.status == WorkerStatus.OFFLINE:  # a polling worker is alive, heartbeat or not
             self.store.update_worker(
                 w.id, status=WorkerStatus.IDLE.value, last_heartbeat=self.clock()
             )
-            w = self.worker(worker_id)
+            self.forget(worker_id)
+            w = self.claimer(worker_id)
         with self._waiting_lock:
             self._waiting[worker_id] = (self.view(w), free)
 
@@ -326,26 +357,31 @@ class QueueService:
 
     def try_claim(self, worker_id: str, free: FreeResources) -> Lease | None:
         """Claim the best job this worker may run now, or None."""
-        w = self.worker(worker_id)
-        if w.drain or w.status == WorkerStatus.OFFLINE:
+        w = self.claimer(worker_id)
+        if w.drain or w.status in (WorkerStatus.OFFLINE, WorkerStatus.DRAINING):
             return None
         me = self.view(w)
         now = self.clock()
-        for job in self.store.candidates(w.pool, now, self.settings.candidates):
+
+        def choose(job: JobRow) -> tuple[int, ...] | None:
             jv = JobView(job.id, job.spec, job.created_at)
             verdict = now_reason(jv, me, free, now, self.settings.prefer_cuda_grace)
             if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
-                continue
-            lease = self.store.claim(job, w, verdict.gpus, now, now + self.settings.lease_timeout)
-            if lease is not None:
-                return Lease(
-                    job_id=job.id,
-                    attempt=lease,
-                    spec=JobSpecModel.from_domain(job.spec),
-                    gpus=list(verdict.gpus),
-                    lease_timeout=self.settings.lease_timeout,
-                )
-        return None
+                return None
+            return verdict.gpus
+
+        expires = now + self.settings.lease_timeout
+        claimed = self.store.claim_next(w, now, expires, choose, self.settings.candidates)
+        if claimed is None:
+            return None
+        job, lease, gpus = claimed
+        return Lease(
+            job_id=job.id,
+            attempt=lease,
+            spec=JobSpecModel.from_domain(job.spec),
+            gpus=list(gpus),
+            lease_timeout=self.settings.lease_timeout,
+        )
 
     def _held(self, job_id: str, attempt: int) -> JobRow:
         job = self.store.get_job(job_id)
@@ -384,10 +420,11 @@ class QueueService:
         if req.gpus:
             values["gpu_stats"] = json.dumps([g.model_dump() for g in req.gpus])
         self.store.update_worker(w.id, **values)
+        self.forget(w.id)
         orders = {r.job_id: ("continue" if r.job_id in held else "cancel") for r in req.leases}
-        return HeartbeatResponse(orders=orders, drain=w.drain)  # type: ignore[arg-type]
+        return HeartbeatResponse(orders=orders, drain=w.drain)
 
-    def append_logs(self, job_id: str, attempt: int, lines: list[tuple[str, str]]) -> None:
+    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]]) -> None:
         if not self.store.append_logs(job_id, attempt, lines, self.clock()):
             self._held(job_id, attempt)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
+from anyio import to_thread
 from fastapi import APIRouter, Depends, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from gpufleet.scheduling.matching import FreeGpu, FreeResources
 from gpufleet.server import deps, views
@@ -32,7 +32,9 @@ router = APIRouter(prefix="/v1")
 Worker = Annotated[TokenRow, Depends(deps.worker)]
 Reader = Annotated[TokenRow, Depends(deps.reader)]
 Operator = Annotated[TokenRow, Depends(deps.operator)]
-STALE = {409: {"description": "stale lease: the worker must stop the job"}}
+STALE: dict[int | str, dict[str, Any]] = {
+    409: {"description": "stale lease: the worker must stop the job"}
+}
 
 
 def _worker_out(request: Request, worker_id: str) -> WorkerOut:
@@ -86,20 +88,24 @@ async def claim(
     free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
     if free.cpu_slots == 0 and not free.gpus:
         return Response(status_code=204)
-    await run_in_threadpool(st.queue.wait_begin, worker_id, free)
     deadline = time.monotonic() + body.wait
     try:
+        wake = st.notifier.current()
+        lease = await to_thread.run_sync(st.queue.poll, worker_id, free, limiter=st.claim_limiter)
         while True:
-            wake = st.notifier.current()
-            lease = await run_in_threadpool(st.queue.try_claim, worker_id, free)
             if lease is not None:
-                return lease
+                # Serialized here, once: the hot path skips FastAPI's second validation pass.
+                return Response(lease.model_dump_json(), media_type="application/json")
             left = deadline - time.monotonic()
             if left <= 0 or await request.is_disconnected():
                 return Response(status_code=204)
             # Re-check at least every second: backoffs and grace windows end without a wake.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), min(left, 1.0))
+            wake = st.notifier.current()
+            lease = await to_thread.run_sync(
+                st.queue.try_claim, worker_id, free, limiter=st.claim_limiter
+            )
     finally:
         st.queue.wait_end(worker_id)
 

@@ -34,7 +34,7 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         worker=names.get(job.worker_id or ""),
         worker_id=job.worker_id,
         gpus=list(job.gpus),
-        created_at=ts(job.created_at),  # type: ignore[arg-type]
+        created_at=ts(job.created_at),
         started_at=ts(job.started_at),
         finished_at=ts(job.finished_at),
         exit_code=job.exit_code,
@@ -51,7 +51,7 @@ def attempt_out(a: AttemptRow) -> AttemptOut:
         worker=a.worker_name,
         worker_id=a.worker_id,
         gpus=list(a.gpus),
-        claimed_at=ts(a.claimed_at),  # type: ignore[arg-type]
+        claimed_at=ts(a.claimed_at),
         started_at=ts(a.started_at),
         finished_at=ts(a.finished_at),
         exit_code=a.exit_code,
@@ -76,7 +76,7 @@ def worker_out(w: WorkerRow, status: str, running: list[JobRow]) -> WorkerOut:
     return WorkerOut(
         id=w.id,
         name=w.name,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         pool=w.pool,
         labels=w.labels,
         gpus=gpus,
@@ -84,14 +84,14 @@ def worker_out(w: WorkerRow, status: str, running: list[JobRow]) -> WorkerOut:
         slots={"cpu": w.cpu_slots, "gpu": len(w.capability.gpus)},
         running=[j.id for j in running],
         ephemeral=w.ephemeral,
-        registered_at=ts(w.registered_at),  # type: ignore[arg-type]
+        registered_at=ts(w.registered_at),
         last_heartbeat=ts(w.last_heartbeat),
         capability=CapabilityModel.from_domain(w.capability),
     )
 
 
 def log_entry(r: LogRow) -> LogEntry:
-    return LogEntry(seq=r.seq, attempt=r.attempt, stream=r.stream, line=r.line, ts=ts(r.ts))  # type: ignore[arg-type]
+    return LogEntry(seq=r.seq, attempt=r.attempt, stream=r.stream, line=r.line, ts=ts(r.ts))
 
 
 def token_out(t: TokenRow) -> TokenOut:
@@ -100,6 +100,6 @@ def token_out(t: TokenRow) -> TokenOut:
         name=t.name,
         role=t.role,
         pool=t.pool,
-        created_at=ts(t.created_at),  # type: ignore[arg-type]
+        created_at=ts(t.created_at),
         revoked_at=ts(t.revoked_at),
     )

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus, WorkerStatus
@@ -25,6 +34,36 @@ from gpufleet.store.rows import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
 from gpufleet.wire import JobSpecModel
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
+CLAIM_PAGE = 4
+_J = t.jobs.c
+# Hot-path statements are built once; SQLAlchemy then only binds parameters.
+_CLAIM_UPDATE = (
+    update(t.jobs)
+    .where(
+        (_J.id == bindparam("jid"))
+        & (_J.lease == bindparam("old"))
+        & (_J.status == JobStatus.PENDING.value)
+    )
+    .values(
+        status=JobStatus.CLAIMED.value,
+        lease=bindparam("new"),
+        worker_id=bindparam("wid"),
+        gpus=bindparam("gpus"),
+        claimed_at=bindparam("now"),
+        started_at=None,
+        finished_at=None,
+        exit_code=None,
+        lease_expires_at=bindparam("expires"),
+    )
+)
+_ATTEMPT_INSERT = t.attempts.insert().values(
+    job_id=bindparam("jid"),
+    attempt=bindparam("new"),
+    worker_id=bindparam("wid"),
+    worker_name=bindparam("wname"),
+    gpus=bindparam("gpus"),
+    claimed_at=bindparam("now"),
+)
 
 
 def normalize_url(url: str) -> str:
@@ -65,6 +104,7 @@ class SqlStore:
             self.engine = create_engine(self.url, pool_size=10, max_overflow=30, pool_pre_ping=True)
             self._lock = None
         self.dialect = self.engine.dialect.name
+        self._page_q = self._page_statement()
 
     # ---- plumbing ---------------------------------------------------------------------
 
@@ -129,14 +169,18 @@ class SqlStore:
             return []
         ids = [j[0] for j in jobs]
         with self._write() as conn:
-            have = set(conn.scalars(select(t.jobs.c.id).where(t.jobs.c.id.in_(ids))))
+            have: set[str] = set()
+            for chunk in range(0, len(ids), 500):
+                q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))
+                have.update(conn.scalars(q))
             fresh = [self._job_values(i, s, now, u) for i, s, u in jobs if i not in have]
-            created: list[str] = []
-            for values in fresh:
-                stmt = self._insert(t.jobs).values(**values).on_conflict_do_nothing()
-                if conn.execute(stmt).rowcount:
-                    created.append(values["id"])
-            return created
+            if not fresh:
+                return []
+            # A concurrent apply may have inserted some meanwhile: those are skipped, and
+            # RETURNING names only the rows this call created.
+            stmt = self._insert(t.jobs).on_conflict_do_nothing().returning(t.jobs.c.id)
+            inserted = set(conn.execute(stmt, fresh).scalars())
+            return [v["id"] for v in fresh if v["id"] in inserted]
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self._read() as conn:
@@ -166,57 +210,84 @@ class SqlStore:
         with self._read() as conn:
             return {s: int(n) for s, n in conn.execute(q).all()}
 
-    def candidates(self, pool: str, now: float, limit: int) -> list[JobRow]:
-        """Claimable jobs of a pool, best first: priority, then age."""
+    def _page_statement(self) -> Any:
+        """Built once: the next few claimable jobs of a pool after a keyset position, best
+        first (priority, then age). On PostgreSQL rows are locked ``FOR UPDATE SKIP LOCKED``,
+        so rows another claimer is looking at are skipped and claimers never wait."""
         j = t.jobs.c
+        p: Any = bindparam("p")
+        c: Any = bindparam("c")
+        i: Any = bindparam("i")
         q = (
             select(t.jobs)
-            .where(j.status == JobStatus.PENDING.value, j.pool == pool)
-            .where((j.not_before.is_(None)) | (j.not_before <= now))
+            .where(j.status == JobStatus.PENDING.value, j.pool == bindparam("pool"))
+            .where((j.not_before.is_(None)) | (j.not_before <= bindparam("now")))
+            .where(
+                (j.priority < p)
+                | ((j.priority == p) & (j.created_at > c))
+                | ((j.priority == p) & (j.created_at == c) & (j.id > i))
+            )
             .order_by(j.priority.desc(), j.created_at, j.id)
-            .limit(limit)
+            .limit(CLAIM_PAGE)
         )
-        with self._read() as conn:
-            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+        return q.with_for_update(skip_locked=True) if self.dialect == "postgresql" else q
+
+    def _page(self, conn: Connection, pool: str, now: float, after: JobRow | None) -> list[JobRow]:
+        key = (after.priority, after.created_at, after.id) if after else (2**62, -1.0, "")
+        params = {"pool": pool, "now": now, "p": key[0], "c": key[1], "i": key[2]}
+        return [JobRow.from_row(r) for r in conn.execute(self._page_q, params).all()]
+
+    def claim_next(
+        self,
+        worker: WorkerRow,
+        now: float,
+        expires: float,
+        choose: Callable[[JobRow], Sequence[int] | None],
+        limit: int = 200,
+    ) -> tuple[JobRow, int, tuple[int, ...]] | None:
+        """Claim the first claimable job ``choose`` accepts (it returns the GPUs to use, or
+        None to pass). Returns (job, new lease number, gpus), or None."""
+        seen, last = 0, None
+        with self._write() as conn:
+            while seen < limit:
+                page = self._page(conn, worker.pool, now, last)
+                for job in page:
+                    gpus = choose(job)
+                    if gpus is not None and self._claim_row(conn, job, worker, gpus, now, expires):
+                        return job, job.lease + 1, tuple(gpus)
+                if len(page) < CLAIM_PAGE:
+                    return None
+                seen, last = seen + len(page), page[-1]
+        return None
 
     def _lease_where(self, job_id: str, lease: int, statuses: Iterable[JobStatus]) -> Any:
         j = t.jobs.c
         return (j.id == job_id) & (j.lease == lease) & j.status.in_([s.value for s in statuses])
 
-    def claim(
-        self, job: JobRow, worker: WorkerRow, gpus: Sequence[int], now: float, expires: float
-    ) -> int | None:
-        """Compare-and-set a pending job to claimed; the new lease number, or None if lost."""
-        where = self._lease_where(job.id, job.lease, [JobStatus.PENDING])
-        if self.dialect == "postgresql":
-            locked = select(t.jobs.c.id).where(where).with_for_update(skip_locked=True)
-            where = t.jobs.c.id.in_(locked.scalar_subquery())
-        lease = job.lease + 1
-        values = {
-            "status": JobStatus.CLAIMED.value,
-            "lease": lease,
-            "worker_id": worker.id,
-            "gpus": json.dumps(list(gpus)),
-            "claimed_at": now,
-            "started_at": None,
-            "finished_at": None,
-            "exit_code": None,
-            "lease_expires_at": expires,
+    def _claim_row(
+        self,
+        conn: Connection,
+        job: JobRow,
+        worker: WorkerRow,
+        gpus: Sequence[int],
+        now: float,
+        expires: float,
+    ) -> bool:
+        """Compare-and-set one pending job to claimed and open its attempt record."""
+        gpus_json = json.dumps(list(gpus))
+        params = {
+            "jid": job.id,
+            "old": job.lease,
+            "new": job.lease + 1,
+            "wid": worker.id,
+            "gpus": gpus_json,
+            "now": now,
+            "expires": expires,
         }
-        with self._write() as conn:
-            if conn.execute(update(t.jobs).where(where).values(**values)).rowcount != 1:
-                return None
-            conn.execute(
-                t.attempts.insert().values(
-                    job_id=job.id,
-                    attempt=lease,
-                    worker_id=worker.id,
-                    worker_name=worker.name,
-                    gpus=json.dumps(list(gpus)),
-                    claimed_at=now,
-                )
-            )
-        return lease
+        if conn.execute(_CLAIM_UPDATE, params).rowcount != 1:
+            return False
+        conn.execute(_ATTEMPT_INSERT, {**params, "wname": worker.name})
+        return True
 
     def start(self, job_id: str, lease: int, now: float, expires: float) -> bool:
         where = self._lease_where(job_id, lease, [JobStatus.CLAIMED])

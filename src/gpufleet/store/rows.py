@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from gpufleet.domain.models import Capability, GpuInfo, JobSpec, JobStatus, WorkerStatus
@@ -15,7 +16,7 @@ class JobRow:
     id: str
     name: str
     status: JobStatus
-    spec: JobSpec
+    spec_json: str
     priority: int
     pool: str
     manifest: str | None
@@ -35,6 +36,11 @@ class JobRow:
     error: str | None
     unrunnable: str | None
 
+    @cached_property
+    def spec(self) -> JobSpec:
+        """Parsed on first use: a claim looks at many rows and reads few specs."""
+        return JobSpecModel.model_validate_json(self.spec_json).to_domain()
+
     @classmethod
     def from_row(cls, r: Any) -> JobRow:
         m = r._mapping
@@ -42,7 +48,7 @@ class JobRow:
             id=m["id"],
             name=m["name"],
             status=JobStatus(m["status"]),
-            spec=JobSpecModel.model_validate_json(m["spec"]).to_domain(),
+            spec_json=m["spec"],
             priority=m["priority"],
             pool=m["pool"],
             manifest=m["manifest"],

@@ -46,7 +46,15 @@ jobs = Table(
     Column("error", Text),
     Column("unrunnable", Text),
 )
-Index("ix_jobs_queue", jobs.c.status, jobs.c.pool, jobs.c.priority, jobs.c.created_at)
+# Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
+Index(
+    "ix_jobs_queue",
+    jobs.c.status,
+    jobs.c.pool,
+    jobs.c.priority.desc(),
+    jobs.c.created_at,
+    jobs.c.id,
+)
 Index("ix_jobs_worker", jobs.c.worker_id, jobs.c.status)
 
 attempts = Table(

@@ -13,10 +13,11 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpufleet.client import AsyncClient
 from gpufleet.domain.models import Capability
@@ -83,7 +84,13 @@ class Agent:
         self.draining = False
         self.drain_deadline: float | None = None
         self.claimed_once = False
-        self.stopped = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, keeping a reference until it ends."""
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -174,7 +181,8 @@ class Agent:
         )
         say(
             f"worker {out.name} ({out.id}) registered with {self.opts.server}; "
-            f"slots: {self.opts.cpu_slots} CPU, {len(self.capability.gpus)} GPU ({gpus or 'no GPU'})"
+            f"slots: {self.opts.cpu_slots} CPU, "
+            f"{len(self.capability.gpus)} GPU ({gpus or 'no GPU'})"
         )
 
     async def send_heartbeat(self) -> None:
@@ -250,7 +258,7 @@ class Agent:
                 return
             self.slots.take(lease.gpus)
             self.running[lease.job_id] = Running(lease)
-            asyncio.create_task(self.run_job(self.running[lease.job_id]))
+            self.spawn(self.run_job(self.running[lease.job_id]))
             if self.opts.ephemeral:
                 self.begin_drain(None, "ephemeral worker took its one job")
 
@@ -303,7 +311,8 @@ class Agent:
             return None, f"could not start {argv[0]!r}: {exc.strerror or exc}"
         where = f"GPUs {lease.gpus}" if lease.gpus else "a CPU slot"
         say(
-            f"job {lease.job_id} ({spec.name}) attempt {lease.attempt} started on {where}, pid {run.proc.pid}"
+            f"job {lease.job_id} ({spec.name}) attempt {lease.attempt} started on {where}, "
+            f"pid {run.proc.pid}"
         )
         try:
             await self.retrying(
@@ -334,7 +343,7 @@ class Agent:
             run.stop_reason = reason
         if run.proc is not None and run.proc.proc.returncode is None:
             run.proc.signal_group(signal.SIGTERM)
-            asyncio.create_task(self._kill_later(run.proc))
+            self.spawn(self._kill_later(run.proc))
 
     async def _kill_later(self, proc: JobProcess, grace: float = 3.0) -> None:
         if await proc.wait(grace) is None:
@@ -345,7 +354,7 @@ class Agent:
             batch, run.lines = run.lines[:MAX_BATCH], run.lines[MAX_BATCH:]
             body = LogAppend(attempt=run.lease.attempt, lines=batch)
             await self.retrying(
-                "log upload", lambda: self.client.output(run.lease.job_id, body), give_up=60
+                "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60
             )
 
     async def flush_loop(self, run: Running) -> None:
@@ -382,7 +391,8 @@ class Agent:
             body = FinishRequest(attempt=lease.attempt, exit_code=exit_code, error=error)
             out = await self.retrying("finish", lambda: self.client.finish(lease.job_id, body))
             say(
-                f"job {lease.job_id} ({lease.spec.name}) finished: {error or 'exit code 0'} -> {out.status}"
+                f"job {lease.job_id} ({lease.spec.name}) finished: "
+                f"{error or 'exit code 0'} -> {out.status}"
             )
         except Conflict as exc:
             say(f"job {lease.job_id}: result refused ({exc.message})")

@@ -39,7 +39,11 @@ def upgrade() -> None:
         sa.Column("error", sa.Text),
         sa.Column("unrunnable", sa.Text),
     )
-    op.create_index("ix_jobs_queue", "jobs", ["status", "pool", "priority", "created_at"])
+    op.create_index(
+        "ix_jobs_queue",
+        "jobs",
+        ["status", "pool", sa.text("priority DESC"), "created_at", "id"],
+    )
     op.create_index("ix_jobs_worker", "jobs", ["worker_id", "status"])
     op.create_table(
         "attempts",

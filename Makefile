@@ -1,0 +1,41 @@
+# The README's commands. Each creates .venv when it is missing and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEV := $(VENV)/.dev-installed
+DEMO := $(VENV)/.demo-installed
+
+.PHONY: demo test lint bench docs clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(DEMO): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[demo]'
+	touch $@
+
+$(DEV): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[dev,demo]'
+	touch $@ $(DEMO)
+
+## make demo: a local server on SQLite, two local workers, real training jobs (ARGS=--keep to stay up)
+demo: $(DEMO)
+	$(PY) examples/demo.py $(ARGS)
+
+## make test: lint, types, import layers, then every test suite
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(DEV)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+bench: $(DEV)
+	$(PY) bench/dispatch.py
+	$(PY) bench/claims.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

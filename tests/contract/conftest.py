@@ -1,0 +1,25 @@
+"""The store suite runs every test against SQLite and against a real PostgreSQL server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet.store import SqlStore
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
+    """A migrated store on a fresh database (PostgreSQL: a fresh schema; skips without one)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/s.db"
+    else:
+        url = request.getfixturevalue("pg_url")
+    s = SqlStore(url)
+    try:
+        s.migrate()
+        yield s
+    finally:
+        s.close()

@@ -1,0 +1,752 @@
+"""Queue operations through QueueService over the SQL store, on SQLite and PostgreSQL.
+
+Time comes from a fake clock the tests advance; nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from gpufleet.domain.models import JobSpec, JobStatus, Requirements, Role, WorkerStatus
+from gpufleet.errors import Conflict, NotFound, Unauthorized
+from gpufleet.scheduling.matching import FreeGpu, FreeResources
+from gpufleet.server.auth import Auth
+from gpufleet.server.queue import QueueService, QueueSettings
+from gpufleet.store import JobRow, SqlStore, WorkerRow
+from gpufleet.wire import (
+    CapabilityModel,
+    GpuModel,
+    HeartbeatRequest,
+    HostModel,
+    JobSpecModel,
+    Lease,
+    LeaseRef,
+    ManifestApply,
+    WorkerRegister,
+)
+
+T0 = 1_700_000_000.0
+LEASE = 30.0
+BACKOFF = 10.0
+SETTINGS = QueueSettings(lease_timeout=LEASE, prefer_cuda_grace=60.0, retry_backoff=BACKOFF)
+CPU = FreeResources(cpu_slots=1)
+GIB = 1024
+
+
+class FakeClock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def service(store: SqlStore, clock: FakeClock) -> QueueService:
+    return QueueService(store, SETTINGS, clock=lambda: clock.now)
+
+
+@pytest.fixture
+def queue(store: SqlStore, clock: FakeClock) -> QueueService:
+    return service(store, clock)
+
+
+def register(
+    q: QueueService, name: str, *, gpus: Sequence[tuple[str, int]] = (), cpu_slots: int = 1
+) -> WorkerRow:
+    """A worker with the given GPUs as (name, GiB) pairs."""
+    cap = CapabilityModel(
+        hostname=name,
+        cores=8,
+        ram_mib=64 * GIB,
+        gpus=[
+            GpuModel(index=i, name=gname, total_mib=gib * GIB, free_mib=gib * GIB)
+            for i, (gname, gib) in enumerate(gpus)
+        ],
+    )
+    return q.register(WorkerRegister(name=name, capability=cap, cpu_slots=cpu_slots))
+
+
+def spec(name: str = "train", **kw: Any) -> JobSpec:
+    req = kw.pop("requirements", Requirements())
+    return JobSpec(name=name, command=("python", "train.py"), requirements=req, **kw)
+
+
+def claim(q: QueueService, w: WorkerRow, free: FreeResources = CPU) -> Lease:
+    lease = q.try_claim(w.id, free)
+    assert lease is not None
+    return lease
+
+
+def job(store: SqlStore, job_id: str) -> JobRow:
+    row = store.get_job(job_id)
+    assert row is not None
+    return row
+
+
+# ---- plumbing ---------------------------------------------------------------------------
+
+
+def test_migrate_twice_is_harmless(store: SqlStore) -> None:
+    assert store.insert_jobs([("j-keep", spec(), None)], T0) == ["j-keep"]
+    store.migrate()
+    assert store.ping() == store.dialect
+    assert job(store, "j-keep").status is JobStatus.PENDING
+    assert store.insert_jobs([("j-new", spec("other"), None)], T0) == ["j-new"]
+
+
+def test_insert_jobs_skips_existing_ids(store: SqlStore) -> None:
+    assert store.insert_jobs([("j-a", spec("a"), None)], T0) == ["j-a"]
+    created = store.insert_jobs([("j-a", spec("changed"), None), ("j-b", spec("b"), None)], T0 + 5)
+    assert created == ["j-b"]
+    a = job(store, "j-a")
+    assert a.name == "a"
+    assert a.created_at == T0
+
+
+def test_job_spec_round_trips(store: SqlStore, queue: QueueService) -> None:
+    original = spec(
+        "rt",
+        hyper={"lr": 0.1, "layers": [1, 2]},
+        env={"SEED": "1"},
+        requirements=Requirements(
+            require_cuda=True,
+            min_vram_gib=12.5,
+            labels={"gpu_type": "a100*"},
+            allowed_hosts=("lab-*",),
+        ),
+        priority=7,
+        max_attempts=5,
+        timeout=90.0,
+        pool="vision",
+    )
+    row = queue.submit(original)
+    assert row.spec == original
+    assert (row.priority, row.pool, row.max_attempts) == (7, "vision", 5)
+
+
+# ---- claiming ---------------------------------------------------------------------------
+
+
+def test_claim_hands_out_a_lease_once(store: SqlStore, queue: QueueService) -> None:
+    w1, w2 = register(queue, "w1"), register(queue, "w2")
+    submitted = queue.submit(spec())
+    lease = claim(queue, w1)
+    assert lease.job_id == submitted.id
+    assert lease.attempt == 1
+    assert lease.gpus == []
+    assert lease.spec.name == "train"
+    assert lease.lease_timeout == LEASE
+    row = job(store, submitted.id)
+    assert row.status is JobStatus.CLAIMED
+    assert row.worker_id == w1.id
+    assert row.claimed_at == T0
+    assert row.lease_expires_at == T0 + LEASE
+    assert queue.try_claim(w2.id, CPU) is None
+    assert queue.try_claim(w1.id, CPU) is None
+
+
+def test_claim_records_the_best_fitting_gpu(store: SqlStore, queue: QueueService) -> None:
+    w = register(queue, "gpu-box", gpus=[("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA L4", 24)])
+    submitted = queue.submit(
+        spec("gpu", requirements=Requirements(require_cuda=True, min_vram_gib=16))
+    )
+    free = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 80 * GIB), FreeGpu(1, 24 * GIB)))
+    lease = claim(queue, w, free)
+    assert lease.gpus == [1]
+    assert job(store, submitted.id).gpus == (1,)
+    [attempt] = store.attempts(submitted.id)
+    assert attempt.gpus == (1,)
+    assert attempt.worker_name == "gpu-box"
+
+
+def test_concurrent_claims_hand_out_exactly_one_lease(store: SqlStore, queue: QueueService) -> None:
+    n = 32
+    workers = [register(queue, f"w{i:02d}") for i in range(n)]
+    submitted = queue.submit(spec())
+    barrier = threading.Barrier(n, timeout=30)
+    results: list[Lease | None] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run(w: WorkerRow) -> None:
+        try:
+            barrier.wait()
+            got = queue.try_claim(w.id, CPU)
+            with lock:
+                results.append(got)
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in workers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not any(th.is_alive() for th in threads), "a claimer hung"
+    assert errors == []
+    leases = [r for r in results if r is not None]
+    assert len(results) == n
+    assert len(leases) == 1
+    assert leases[0].attempt == 1
+    row = job(store, submitted.id)
+    assert row.status is JobStatus.CLAIMED
+    assert row.lease == 1
+    assert len(store.attempts(submitted.id)) == 1
+
+
+def test_claims_go_by_priority_then_age(queue: QueueService, clock: FakeClock) -> None:
+    w = register(queue, "w1")
+    old = queue.submit(spec("old", priority=0))
+    clock.advance(1)
+    young = queue.submit(spec("young", priority=0))
+    clock.advance(1)
+    urgent = queue.submit(spec("urgent", priority=5))
+    clock.advance(1)
+    low = queue.submit(spec("low", priority=-1))
+    order = [claim(queue, w).job_id for _ in range(4)]
+    assert order == [urgent.id, old.id, young.id, low.id]
+    assert queue.try_claim(w.id, CPU) is None
+
+
+# ---- the lease protocol -----------------------------------------------------------------
+
+
+def test_lease_protocol_happy_path(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec())
+    lease = claim(queue, w)
+    clock.advance(1)
+    queue.start(lease.job_id, lease.attempt)
+    row = job(store, submitted.id)
+    assert row.status is JobStatus.RUNNING
+    assert row.started_at == T0 + 1
+    with pytest.raises(Conflict, match="already started"):
+        queue.start(lease.job_id, lease.attempt)
+
+    clock.advance(20)
+    resp = queue.heartbeat(
+        w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
+    )
+    assert resp.orders == {lease.job_id: "continue"}
+    assert job(store, submitted.id).lease_expires_at == T0 + 21 + LEASE
+    assert queue.worker(w.id).status is WorkerStatus.BUSY
+
+    queue.append_logs(lease.job_id, lease.attempt, [("stdout", "epoch 1"), ("stderr", "warn")])
+    queue.append_logs(lease.job_id, lease.attempt, [("stdout", "epoch 2")])
+    logs = store.logs(submitted.id, after=0, limit=100)
+    assert [(x.stream, x.line, x.attempt) for x in logs] == [
+        ("stdout", "epoch 1", 1),
+        ("stderr", "warn", 1),
+        ("stdout", "epoch 2", 1),
+    ]
+    assert [x.seq for x in logs] == sorted(x.seq for x in logs)
+    assert [x.line for x in store.logs(submitted.id, after=logs[0].seq, limit=1)] == ["warn"]
+
+    clock.advance(5)
+    done = queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    assert done.status is JobStatus.SUCCEEDED
+    assert done.attempts == 1
+    assert done.exit_code == 0
+    assert done.error is None
+    assert done.finished_at == T0 + 26
+    assert done.lease_expires_at is None
+    [attempt] = store.attempts(submitted.id)
+    assert (attempt.outcome, attempt.exit_code, attempt.finished_at) == ("succeeded", 0, T0 + 26)
+    assert attempt.started_at == T0 + 1
+
+
+def _stale_setup(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> tuple[WorkerRow, Lease, Lease]:
+    """w1 holds attempt 1 and goes silent; the sweep hands the job to w2 as attempt 2."""
+    w1 = register(queue, "w1")
+    queue.submit(spec())
+    old = claim(queue, w1)
+    queue.start(old.job_id, old.attempt)
+    queue.append_logs(old.job_id, old.attempt, [("stdout", "from attempt 1")])
+    clock.advance(LEASE + 1)
+    assert queue.sweep()[0] == [old.job_id]
+    w2 = register(queue, "w2")
+    new = claim(queue, w2)
+    assert new.job_id == old.job_id
+    assert new.attempt == 2
+    queue.start(new.job_id, new.attempt)
+    queue.append_logs(new.job_id, new.attempt, [("stdout", "from attempt 2")])
+    return w1, old, new
+
+
+STALE_WRITES: dict[str, Callable[[QueueService, Lease], object]] = {
+    "start": lambda q, lease: q.start(lease.job_id, lease.attempt),
+    "append_logs": lambda q, lease: q.append_logs(lease.job_id, lease.attempt, [("stdout", "x")]),
+    "finish_ok": lambda q, lease: q.finish(lease.job_id, lease.attempt, 0, None),
+    "finish_fail": lambda q, lease: q.finish(lease.job_id, lease.attempt, 1, "boom"),
+    "release": lambda q, lease: q.release(lease.job_id, lease.attempt, "drained"),
+}
+
+
+@pytest.mark.parametrize("write", sorted(STALE_WRITES))
+def test_stale_lease_is_a_conflict_and_changes_nothing(
+    store: SqlStore, queue: QueueService, clock: FakeClock, write: str
+) -> None:
+    _w1, old, new = _stale_setup(store, queue, clock)
+    before = job(store, new.job_id)
+    logs_before = store.logs(new.job_id, after=0, limit=100)
+    attempts_before = store.attempts(new.job_id)
+    clock.advance(1)
+    with pytest.raises(Conflict, match="stale lease"):
+        STALE_WRITES[write](queue, old)
+    assert job(store, new.job_id) == before
+    assert before.status is JobStatus.RUNNING
+    assert before.lease == 2
+    assert store.logs(new.job_id, after=0, limit=100) == logs_before
+    assert store.attempts(new.job_id) == attempts_before
+
+
+@pytest.mark.parametrize("write", sorted(STALE_WRITES))
+def test_wrong_attempt_number_is_a_conflict(
+    store: SqlStore, queue: QueueService, write: str
+) -> None:
+    w = register(queue, "w1")
+    queue.submit(spec())
+    lease = claim(queue, w)
+    before = job(store, lease.job_id)
+    forged = lease.model_copy(update={"attempt": lease.attempt + 1})
+    with pytest.raises(Conflict):
+        STALE_WRITES[write](queue, forged)
+    assert job(store, lease.job_id) == before
+    assert store.logs(lease.job_id, after=0, limit=100) == []
+
+
+def test_stale_heartbeat_orders_cancel_and_extends_nothing(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w1, old, new = _stale_setup(store, queue, clock)
+    before = job(store, new.job_id)
+    clock.advance(5)
+    resp = queue.heartbeat(
+        w1.id, HeartbeatRequest(leases=[LeaseRef(job_id=old.job_id, attempt=old.attempt)])
+    )
+    assert resp.orders == {old.job_id: "cancel"}
+    assert job(store, new.job_id) == before
+
+
+def test_unknown_job_is_not_found(queue: QueueService) -> None:
+    with pytest.raises(NotFound):
+        queue.start("j-nope", 1)
+    with pytest.raises(NotFound):
+        queue.cancel("j-nope")
+
+
+# ---- retries and backoff ----------------------------------------------------------------
+
+
+def test_failures_retry_with_backoff_then_fail(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec(max_attempts=3))
+
+    first = claim(queue, w)
+    queue.start(first.job_id, first.attempt)
+    row = queue.finish(first.job_id, first.attempt, exit_code=1, error=None)
+    assert row.status is JobStatus.PENDING
+    assert row.attempts == 1
+    assert row.not_before == clock.now + BACKOFF
+    assert row.worker_id is None
+    assert row.error == "exit code 1"
+    assert row.finished_at is None
+
+    clock.advance(BACKOFF - 1)
+    assert queue.try_claim(w.id, CPU) is None  # still backing off
+    clock.advance(1)
+    second = claim(queue, w)
+    assert second.attempt == 2
+    row = queue.finish(second.job_id, second.attempt, exit_code=137, error="CUDA out of memory")
+    assert row.status is JobStatus.PENDING
+    assert row.attempts == 2
+    assert row.not_before == clock.now + 2 * BACKOFF
+
+    clock.advance(2 * BACKOFF - 1)
+    assert queue.try_claim(w.id, CPU) is None
+    clock.advance(1)
+    third = claim(queue, w)
+    queue.start(third.job_id, third.attempt)
+    row = queue.finish(third.job_id, third.attempt, exit_code=2, error="disk full")
+    assert row.status is JobStatus.FAILED
+    assert row.attempts == 3
+    assert row.finished_at == clock.now
+    assert row.not_before is None
+    assert row.error == "disk full"
+    assert queue.try_claim(w.id, CPU) is None
+
+    history = store.attempts(submitted.id)
+    assert [a.attempt for a in history] == [1, 2, 3]
+    assert [a.error for a in history] == ["exit code 1", "CUDA out of memory", "disk full"]
+    assert [a.exit_code for a in history] == [1, 137, 2]
+    assert {a.outcome for a in history} == {"failed"}
+
+
+def test_success_after_a_retry_counts_both_attempts(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w = register(queue, "w1")
+    queue.submit(spec())
+    first = claim(queue, w)
+    queue.finish(first.job_id, first.attempt, exit_code=1, error=None)
+    clock.advance(BACKOFF)
+    second = claim(queue, w)
+    row = queue.finish(second.job_id, second.attempt, exit_code=0, error=None)
+    assert row.status is JobStatus.SUCCEEDED
+    assert row.attempts == 2
+    assert row.error is None
+    assert [a.outcome for a in store.attempts(row.id)] == ["failed", "succeeded"]
+
+
+# ---- the sweep --------------------------------------------------------------------------
+
+
+def test_sweep_requeues_an_expired_lease(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w = register(queue, "silent-box")
+    submitted = queue.submit(spec())
+    lease = claim(queue, w)
+    queue.start(lease.job_id, lease.attempt)
+
+    clock.advance(LEASE - 1)
+    assert queue.sweep() == ([], [])
+    assert job(store, submitted.id).status is JobStatus.RUNNING
+
+    clock.advance(2)
+    requeued, offline = queue.sweep()
+    assert requeued == [submitted.id]
+    assert offline == [w.id]
+    row = job(store, submitted.id)
+    assert row.status is JobStatus.PENDING
+    assert row.attempts == 1
+    assert row.worker_id is None
+    assert row.error is not None
+    assert "lease expired" in row.error
+    assert "silent-box" in row.error
+    [attempt] = store.attempts(submitted.id)
+    assert attempt.outcome == "lost"
+    assert queue.worker(w.id).status is WorkerStatus.OFFLINE
+    assert queue.sweep() == ([], [])  # nothing left to expire
+    # a live worker picks the job up again as attempt 2
+    again = claim(queue, register(queue, "live-box"))
+    assert (again.job_id, again.attempt) == (submitted.id, 2)
+
+
+def test_sweep_fails_the_job_when_no_attempts_are_left(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec(max_attempts=1))
+    claim(queue, w)  # claimed, never started
+    clock.advance(LEASE + 1)
+    requeued, offline = queue.sweep()
+    assert requeued == [submitted.id]
+    assert offline == [w.id]
+    row = job(store, submitted.id)
+    assert row.status is JobStatus.FAILED
+    assert row.attempts == 1
+    assert row.finished_at == clock.now
+    assert row.error is not None
+    assert "lease expired" in row.error
+
+
+def test_heartbeats_keep_the_lease(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec())
+    lease = claim(queue, w)
+    queue.start(lease.job_id, lease.attempt)
+    for _ in range(4):
+        clock.advance(LEASE - 5)
+        resp = queue.heartbeat(
+            w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
+        )
+        assert resp.orders == {lease.job_id: "continue"}
+        assert queue.sweep() == ([], [])
+    assert job(store, submitted.id).status is JobStatus.RUNNING
+    assert queue.worker(w.id).status is WorkerStatus.BUSY
+
+
+def test_release_does_not_count_an_attempt(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w1, w2 = register(queue, "w1"), register(queue, "w2")
+    submitted = queue.submit(spec(max_attempts=1))
+    lease = claim(queue, w1)
+    queue.start(lease.job_id, lease.attempt)
+    row = queue.release(lease.job_id, lease.attempt, "worker drained")
+    assert row.status is JobStatus.PENDING
+    assert row.attempts == 0
+    assert row.worker_id is None
+    assert row.not_before is None
+    # claimable again at once, and the one allowed attempt is still there
+    again = claim(queue, w2)
+    assert again.job_id == submitted.id
+    done = queue.finish(again.job_id, again.attempt, exit_code=0, error=None)
+    assert done.status is JobStatus.SUCCEEDED
+    assert done.attempts == 1
+    assert [a.outcome for a in store.attempts(submitted.id)] == ["released", "succeeded"]
+
+
+# ---- operators --------------------------------------------------------------------------
+
+
+def test_cancel_a_pending_job(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec())
+    clock.advance(3)
+    row = queue.cancel(submitted.id)
+    assert row.status is JobStatus.CANCELLED
+    assert row.finished_at == clock.now
+    assert queue.try_claim(w.id, CPU) is None
+    assert store.attempts(submitted.id) == []
+
+
+def test_cancel_a_running_job(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec())
+    lease = claim(queue, w)
+    queue.start(lease.job_id, lease.attempt)
+    clock.advance(3)
+    row = queue.cancel(submitted.id)
+    assert row.status is JobStatus.CANCELLED
+    assert row.finished_at == clock.now
+    [attempt] = store.attempts(submitted.id)
+    assert attempt.outcome == "cancelled"
+    # the worker hears it on its next heartbeat, and its late result is refused
+    resp = queue.heartbeat(
+        w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
+    )
+    assert resp.orders == {lease.job_id: "cancel"}
+    with pytest.raises(Conflict):
+        queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    assert job(store, submitted.id).status is JobStatus.CANCELLED
+
+
+def test_cancel_a_succeeded_job_is_a_conflict(store: SqlStore, queue: QueueService) -> None:
+    w = register(queue, "w1")
+    queue.submit(spec())
+    lease = claim(queue, w)
+    done = queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    with pytest.raises(Conflict, match="succeeded"):
+        queue.cancel(done.id)
+    assert job(store, done.id) == done
+
+
+def test_requeue_a_failed_job(store: SqlStore, queue: QueueService) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec(max_attempts=1))
+    lease = claim(queue, w)
+    failed = queue.finish(lease.job_id, lease.attempt, exit_code=1, error=None)
+    assert failed.status is JobStatus.FAILED
+    row = queue.requeue(submitted.id)
+    assert row.status is JobStatus.PENDING
+    assert row.attempts == 0
+    assert row.error is None
+    assert row.exit_code is None
+    assert row.finished_at is None
+    assert row.worker_id is None
+    again = claim(queue, w)
+    assert again.job_id == submitted.id
+    assert again.attempt == 2  # the lease number keeps growing; history is kept
+    assert len(store.attempts(submitted.id)) == 2
+
+
+def test_requeue_a_cancelled_job(queue: QueueService) -> None:
+    submitted = queue.submit(spec())
+    queue.cancel(submitted.id)
+    assert queue.requeue(submitted.id).status is JobStatus.PENDING
+
+
+@pytest.mark.parametrize("state", ["pending", "running", "succeeded"])
+def test_requeue_of_a_live_or_succeeded_job_is_a_conflict(
+    store: SqlStore, queue: QueueService, state: str
+) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submit(spec())
+    if state != "pending":
+        lease = claim(queue, w)
+        queue.start(lease.job_id, lease.attempt)
+        if state == "succeeded":
+            queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    before = job(store, submitted.id)
+    assert before.status.value == state
+    with pytest.raises(Conflict, match=state):
+        queue.requeue(submitted.id)
+    assert job(store, submitted.id) == before
+
+
+def test_jobs_can_be_found_by_unique_name(queue: QueueService) -> None:
+    a = queue.submit(spec("only-one"))
+    assert queue.job("only-one").id == a.id
+    queue.submit(spec("twice"))
+    queue.submit(spec("twice"))
+    with pytest.raises(NotFound, match="several"):
+        queue.job("twice")
+
+
+# ---- manifests and host policies --------------------------------------------------------
+
+
+def manifest_job(name: str, model: str, **kw: Any) -> JobSpecModel:
+    return JobSpecModel(
+        name=name, command=["python", "train.py"], manifest="plan", model=model, **kw
+    )
+
+
+def test_apply_twice_is_idempotent(store: SqlStore, queue: QueueService) -> None:
+    w = register(queue, "w1")
+    req = ManifestApply(
+        name="plan",
+        hosts=[HostModel(name="w1", priority=1)],
+        jobs=[manifest_job("mlp", "mlp"), manifest_job("gbt", "gbt", hyper={"depth": 3})],
+    )
+    first = queue.apply(req)
+    assert len(first.created) == 2
+    assert first.unchanged == []
+    assert first.hosts == ["w1"]
+
+    lease = claim(queue, w)
+    queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    statuses = {j.id: j.status for j in store.list_jobs()}
+
+    second = service(store, FakeClock()).apply(req)
+    assert second.created == []
+    assert sorted(second.unchanged) == sorted(first.created)
+    assert {j.id: j.status for j in store.list_jobs()} == statuses
+    assert sorted(statuses.values()) == [JobStatus.PENDING, JobStatus.SUCCEEDED]
+
+    grown = ManifestApply(
+        name="plan", jobs=[*req.jobs, manifest_job("gru", "gru")], hosts=req.hosts
+    )
+    third = queue.apply(grown)
+    assert len(third.created) == 1
+    assert sorted(third.unchanged) == sorted(first.created)
+    assert len(store.list_jobs()) == 3
+
+
+def test_host_policies_from_apply_limit_claims(store: SqlStore, queue: QueueService) -> None:
+    queue.apply(
+        ManifestApply(
+            name="plan",
+            hosts=[
+                HostModel(name="bert-box", allow_jobs=["bert*"]),
+                HostModel(name="no-resnet", deny_jobs=["resnet*"]),
+            ],
+            jobs=[manifest_job("resnet-train", "resnet50")],
+        )
+    )
+    fresh = service(store, FakeClock())
+    bert_box = register(fresh, "bert-box")
+    no_resnet = register(fresh, "no-resnet")
+    anyone = register(fresh, "anyone")
+    assert fresh.try_claim(bert_box.id, CPU) is None
+    assert fresh.try_claim(no_resnet.id, CPU) is None
+    lease = fresh.try_claim(anyone.id, CPU)
+    assert lease is not None
+    assert lease.spec.model == "resnet50"
+
+
+def test_host_declared_capability_from_apply(store: SqlStore, queue: QueueService) -> None:
+    queue.apply(
+        ManifestApply(
+            name="plan",
+            hosts=[HostModel(name="shared-gpu", declared={"cuda": False})],
+            jobs=[
+                manifest_job("cuda-job", "gru", requirements={"require_cuda": True}),
+            ],
+        )
+    )
+    fresh = service(store, FakeClock())
+    w = register(fresh, "shared-gpu", gpus=[("NVIDIA A100-SXM4-80GB", 80)])
+    free = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 80 * GIB),))
+    assert fresh.try_claim(w.id, free) is None
+
+
+# ---- unrunnable warnings ----------------------------------------------------------------
+
+
+def test_unrunnable_job_is_flagged_at_submit(queue: QueueService) -> None:
+    register(queue, "laptop")
+    row = queue.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
+    assert row.unrunnable is not None
+    assert "requires CUDA" in row.unrunnable
+    assert "laptop" in row.unrunnable
+    assert queue.job(row.id).unrunnable == row.unrunnable
+    assert queue.submit(spec("cpu-ok")).unrunnable is None
+
+
+def test_no_unrunnable_warning_without_workers(queue: QueueService) -> None:
+    row = queue.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
+    assert row.unrunnable is None
+
+
+def test_runnable_on_some_worker_is_not_flagged(queue: QueueService) -> None:
+    register(queue, "laptop")
+    register(queue, "gpu-box", gpus=[("NVIDIA L4", 24)])
+    row = queue.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
+    assert row.unrunnable is None
+
+
+# ---- tokens -----------------------------------------------------------------------------
+
+
+def test_tokens_are_stored_as_hashes_and_revocable(store: SqlStore, clock: FakeClock) -> None:
+    auth = Auth(store, clock=lambda: clock.now)
+    row, secret = auth.create("ci-runner", Role.SUBMITTER, pool="vision")
+    assert secret.startswith("gf_")
+    assert row.hash == hashlib.sha256(secret.encode()).hexdigest()
+
+    stored = store.token_by_hash(row.hash)
+    assert stored == row
+    assert stored.role == "submitter"
+    assert stored.pool == "vision"
+    assert stored.revoked_at is None
+    for t in store.list_tokens():
+        assert secret not in repr(t)
+    assert store.token_by_hash(secret) is None
+
+    other, other_secret = auth.create("worker-1", Role.WORKER)
+    assert auth.check(f"Bearer {secret}").id == row.id
+    with pytest.raises(Unauthorized):
+        auth.check(f"Bearer {secret}x")
+    with pytest.raises(Unauthorized):
+        auth.check(None)
+
+    clock.advance(7)
+    auth.revoke(row.id)
+    revoked = store.token_by_hash(row.hash)
+    assert revoked is not None
+    assert revoked.revoked_at == clock.now
+    with pytest.raises(Unauthorized, match="revoked"):
+        auth.check(f"Bearer {secret}")
+    assert auth.check(f"Bearer {other_secret}").id == other.id
+    with pytest.raises(NotFound):
+        auth.revoke(row.id)
+    assert store.count_tokens("submitter") == 0
+    assert store.count_tokens("worker") == 1
+
+
+def test_ensure_admin_creates_one_admin_once(store: SqlStore) -> None:
+    auth = Auth(store)
+    secret = auth.ensure_admin()
+    assert secret is not None
+    assert secret.startswith("gf_")
+    assert auth.check(f"Bearer {secret}").role == "admin"
+    assert auth.ensure_admin() is None

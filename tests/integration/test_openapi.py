@@ -1,0 +1,134 @@
+"""The server's own /openapi.json: every route is documented, and so is the error shape."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from gpufleet.server import routes_jobs, routes_workers
+from tests.integration.helpers import TESTCLIENT_ON_HTTPX
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+pytestmark = TESTCLIENT_ON_HTTPX
+
+# What the CLI, SDK and worker rely on; a route that vanishes from here breaks them.
+EXPECTED = {
+    ("GET", "/v1/health"),
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs"),
+    ("GET", "/v1/jobs/{ref}"),
+    ("POST", "/v1/jobs/{ref}/cancel"),
+    ("POST", "/v1/jobs/{ref}/requeue"),
+    ("GET", "/v1/jobs/{ref}/why"),
+    ("GET", "/v1/jobs/{ref}/logs"),
+    ("POST", "/v1/manifests"),
+    ("GET", "/v1/status"),
+    ("POST", "/v1/tokens"),
+    ("GET", "/v1/tokens"),
+    ("DELETE", "/v1/tokens/{token_id}"),
+    ("GET", "/v1/workers"),
+    ("GET", "/v1/workers/{ref}"),
+    ("POST", "/v1/workers/{ref}/drain"),
+    ("POST", "/v1/workers"),
+    ("POST", "/v1/workers/{worker_id}/claim"),
+    ("POST", "/v1/workers/{worker_id}/heartbeat"),
+    ("POST", "/v1/jobs/{job_id}/start"),
+    ("POST", "/v1/jobs/{job_id}/output"),
+    ("POST", "/v1/jobs/{job_id}/finish"),
+    ("POST", "/v1/jobs/{job_id}/release"),
+}
+
+
+def _api_routes(routes: list[Any]) -> list[APIRoute]:
+    """The APIRoutes under ``routes``, looking inside included routers.
+
+    FastAPI 0.16x keeps an included router as one wrapper entry (``original_router``) in
+    ``app.routes`` instead of copying its routes; older versions copy them.
+    """
+    out: list[APIRoute] = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            out.append(route)
+        elif (inner := getattr(route, "original_router", None)) is not None:
+            out.extend(_api_routes(list(inner.routes)))
+    return out
+
+
+def _operations(routes: list[APIRoute]) -> set[tuple[str, str]]:
+    return {(m, r.path) for r in routes for m in r.methods if m != "HEAD"}
+
+
+def _spec(client: TestClient) -> dict[str, Any]:
+    r = client.get("/openapi.json")  # no token: the schema is public
+    assert r.status_code == 200, r.text
+    spec: dict[str, Any] = r.json()
+    return spec
+
+
+def _documented(spec: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
+
+
+def test_app_serves_both_routers(app: FastAPI) -> None:
+    served = _operations(_api_routes(list(app.routes)))
+    routers = _operations(list(routes_jobs.router.routes) + list(routes_workers.router.routes))
+    assert served == routers
+    assert served == EXPECTED
+
+
+def test_openapi_lists_every_route(client: TestClient, app: FastAPI) -> None:
+    spec = _spec(client)
+    assert spec["info"]["title"] == "gpufleet"
+    documented = _documented(spec)
+    served = _operations(_api_routes(list(app.routes)))
+    assert served - documented == set()
+    assert documented - served == set()
+    assert {p for p in spec["paths"]} == {p for _, p in EXPECTED}
+
+
+def test_openapi_documents_every_request_and_response_model(client: TestClient) -> None:
+    spec = _spec(client)
+    schemas = set(spec["components"]["schemas"])
+    for name in (
+        "JobSpecModel",
+        "SubmitResult",
+        "ManifestApply",
+        "ApplyResult",
+        "WorkerRegister",
+        "ClaimRequest",
+        "Lease",
+        "HeartbeatRequest",
+        "WhyOut",
+        "TokenCreated",
+    ):
+        assert name in schemas, name
+    submit = spec["paths"]["/v1/jobs"]["post"]
+    body = submit["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/JobSpecModel"}
+    stale = spec["paths"]["/v1/jobs/{job_id}/finish"]["post"]["responses"]
+    assert "409" in stale and "stale lease" in stale["409"]["description"]
+
+
+def test_openapi_documents_the_error_shape(client: TestClient) -> None:
+    """Every error is ``ErrorBody`` on the wire, so the schema should say so.
+
+    src bug today: ``ErrorBody`` is not in the schema at all, and every 422 is documented as
+    FastAPI's ``HTTPValidationError`` (``{"detail": [...]}``), a shape the server never sends;
+    a client generated from /openapi.json would mis-read every validation error.
+    """
+    spec = _spec(client)
+    assert "ErrorBody" in sorted(spec["components"]["schemas"])
+    wrong = []
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            for status, response in op["responses"].items():
+                if not status.startswith(("4", "5")):
+                    continue
+                schema = response.get("content", {}).get("application/json", {}).get("schema")
+                if schema != {"$ref": "#/components/schemas/ErrorBody"}:
+                    wrong.append(f"{method.upper()} {path} {status}: {schema}")
+    assert wrong == []
