@@ -156,12 +156,16 @@ def _gpu_reason(job: JobSpec, worker: WorkerView) -> str | None:
         return "requires CUDA; worker has no GPU"
     if len(gpus) < req.gpus_wanted:
         return f"needs {req.gpus_wanted} GPUs; worker has {len(gpus)}"
-    if req.gpu_name and not any(_glob(g.name, req.gpu_name) for g in gpus):
+    named = [g for g in gpus if not req.gpu_name or _glob(g.name, req.gpu_name)]
+    if len(named) < req.gpus_wanted:
         names = ", ".join(sorted({g.name for g in gpus}))
-        return f"no GPU matches {req.gpu_name!r} (worker has {names})"
-    fitting = [g for g in gpus if _gpu_fits(job, g)]
+        return (
+            f"needs {req.gpus_wanted} GPU(s) matching {req.gpu_name!r}; "
+            f"{len(named)} of the worker's GPUs match ({names})"
+        )
+    fitting = [g for g in named if _gpu_fits(job, g)]
     if len(fitting) < req.gpus_wanted:
-        largest = max(g.total_gib for g in gpus)
+        largest = max(g.total_gib for g in named)
         return f"needs {req.min_vram_gib:g} GiB VRAM per GPU; largest GPU has {largest:.1f} GiB"
     return None
 

@@ -503,6 +503,8 @@ class QueueService:
             ):
                 requeued.append(job.id)
         offline = self.store.mark_offline(now - self.settings.lease_timeout)
+        for worker_id in offline:
+            self.forget(worker_id)
         if requeued:
             self.on_change()
         return requeued, offline

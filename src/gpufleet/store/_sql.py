@@ -233,7 +233,7 @@ class SqlStore:
         return q.with_for_update(skip_locked=True) if self.dialect == "postgresql" else q
 
     def _page(self, conn: Connection, pool: str, now: float, after: JobRow | None) -> list[JobRow]:
-        key = (after.priority, after.created_at, after.id) if after else (2**62, -1.0, "")
+        key = (after.priority, after.created_at, after.id) if after else (2**31 - 1, -1.0, "")
         params = {"pool": pool, "now": now, "p": key[0], "c": key[1], "i": key[2]}
         return [JobRow.from_row(r) for r in conn.execute(self._page_q, params).all()]
 
