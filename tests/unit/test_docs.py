@@ -45,7 +45,7 @@ def test_every_setting_backed_flag_shows_its_environment_variable() -> None:
 def test_help_runs_for_every_command() -> None:
     runner = CliRunner()
     for path, _ in _commands(typer.main.get_command(app), "gpufleet"):
-        args = path.split()[1:] + ["--help"]
+        args = [*path.split()[1:], "--help"]
         result = runner.invoke(app, args)
         assert result.exit_code == 0, (path, result.output)
 

@@ -8,7 +8,6 @@ import typer
 
 from gpufleet import config
 
-
 # Typer ships its own copy of click, so commands are handled by shape, not by class.
 
 
