@@ -23,13 +23,16 @@ from gpufleet.domain.models import (
 )
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+# Integers that reach the database fit a 32-bit column on every backend.
+INT32 = 2**31 - 1
+Attempt = Annotated[int, Field(ge=1, le=INT32)]
 JobState = Literal["pending", "claimed", "running", "succeeded", "failed", "cancelled"]
 
 
 class Strict(BaseModel):
     """Unknown fields are errors: a misspelt ``require_cuda`` must never pass silently."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ErrorInfo(BaseModel):
@@ -42,6 +45,19 @@ class ErrorBody(BaseModel):
     """Every error the server answers has this shape."""
 
     error: ErrorInfo
+
+
+#: The error answers every route may give, for the OpenAPI description.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in (
+        (401, "missing, malformed, unknown or revoked token"),
+        (403, "the token's role may not make this call"),
+        (404, "unknown job, worker or token"),
+        (409, "a stale lease, or a state that forbids the call"),
+        (422, "a request the server cannot accept; detail lists each field"),
+    )
+}
 
 
 # ---- jobs -------------------------------------------------------------------------------
@@ -190,13 +206,13 @@ class SubmitResult(BaseModel):
 class DeclaredModel(Strict):
     cuda: bool | None = None
     gpus: int | None = Field(None, ge=0, le=64)
-    vram_gib: float | None = Field(None, ge=0)
-    ram_gib: float | None = Field(None, ge=0)
+    vram_gib: float | None = Field(None, ge=0, le=1_000_000)
+    ram_gib: float | None = Field(None, ge=0, le=1_000_000)
 
 
 class HostModel(Strict):
     name: Name
-    priority: int = 0
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     allow_jobs: list[str] | None = None
     deny_jobs: list[str] = Field(default_factory=list)
     description: str = ""
@@ -246,10 +262,10 @@ class ApplyResult(BaseModel):
 
 
 class GpuModel(Strict):
-    index: int = Field(ge=0)
-    name: str
-    total_mib: int = Field(ge=0)
-    free_mib: int = Field(ge=0)
+    index: int = Field(ge=0, le=1024)
+    name: str = Field(max_length=200)
+    total_mib: int = Field(ge=0, le=2**40)
+    free_mib: int = Field(ge=0, le=2**40)
     uuid: str = ""
     compute_capability: str = ""
     simulated: bool = False
@@ -263,10 +279,10 @@ class GpuModel(Strict):
 
 
 class CapabilityModel(Strict):
-    hostname: str
-    cores: int = Field(ge=0)
-    ram_mib: int = Field(ge=0)
-    disk_free_mib: int = Field(0, ge=0)
+    hostname: str = Field(max_length=255)
+    cores: int = Field(ge=0, le=1_000_000)
+    ram_mib: int = Field(ge=0, le=2**40)
+    disk_free_mib: int = Field(0, ge=0, le=2**50)
     os: str = ""
     python: str = ""
     gpus: list[GpuModel] = Field(default_factory=list)
@@ -314,12 +330,12 @@ class WorkerOut(BaseModel):
 
 class LeaseRef(Strict):
     job_id: str = Field(min_length=1, max_length=64)
-    attempt: int = Field(ge=1)
+    attempt: Attempt
 
 
 class FreeGpuModel(Strict):
-    index: int = Field(ge=0)
-    free_mib: int = Field(ge=0)
+    index: int = Field(ge=0, le=1024)
+    free_mib: int = Field(ge=0, le=2**40)
 
 
 class ClaimRequest(Strict):
@@ -350,8 +366,8 @@ class HeartbeatResponse(BaseModel):
 
 
 class StartRequest(Strict):
-    attempt: int = Field(ge=1)
-    pid: int | None = None
+    attempt: Attempt
+    pid: int | None = Field(None, ge=0, le=INT32)
 
 
 class LogLine(Strict):
@@ -360,18 +376,18 @@ class LogLine(Strict):
 
 
 class LogAppend(Strict):
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     lines: list[LogLine] = Field(max_length=100_000)
 
 
 class FinishRequest(Strict):
-    attempt: int = Field(ge=1)
-    exit_code: int | None = None
+    attempt: Attempt
+    exit_code: int | None = Field(None, ge=-INT32 - 1, le=INT32)
     error: str | None = Field(None, max_length=100_000)
 
 
 class ReleaseRequest(Strict):
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     reason: str = Field("worker drained", max_length=10_000)
 
 

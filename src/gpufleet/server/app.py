@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -52,10 +53,24 @@ async def _on_validation(_: Request, exc: Exception) -> JSONResponse:
     return _error(422, "validation_error", message, problems)
 
 
-async def _on_http(_: Request, exc: Exception) -> JSONResponse:
+def _allowed_methods(request: Request) -> str:
+    """Every method the API serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for template, ops in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\{[^}]+\}", "[^/]+", template)
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {m.upper() for m in ops}
+    return ", ".join(sorted(methods))
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return _error(exc.status_code, code, str(exc.detail))
+    response = _error(exc.status_code, code, str(exc.detail))
+    response.headers.update(exc.headers or {})
+    if exc.status_code == 405:
+        response.headers["Allow"] = _allowed_methods(request)
+    return response
 
 
 async def _on_crash(_: Request, exc: Exception) -> JSONResponse:

@@ -14,6 +14,7 @@ from gpufleet.server import deps, views
 from gpufleet.server.deps import state
 from gpufleet.store import TokenRow
 from gpufleet.wire import (
+    ERRORS,
     ApplyResult,
     Health,
     JobDetail,
@@ -30,7 +31,7 @@ from gpufleet.wire import (
     WhyWorker,
 )
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERRORS)
 Reader = Annotated[TokenRow, Depends(deps.reader)]
 Submitter = Annotated[TokenRow, Depends(deps.submitter)]
 Operator = Annotated[TokenRow, Depends(deps.operator)]
@@ -115,7 +116,7 @@ def job_logs(
     ref: str,
     request: Request,
     _: Reader,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> LogsOut:
     """Output lines (stdout and stderr) after sequence number ``after``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Request, Response
@@ -15,6 +15,7 @@ from gpufleet.server import deps, views
 from gpufleet.server.deps import state
 from gpufleet.store import TokenRow
 from gpufleet.wire import (
+    ERRORS,
     ClaimRequest,
     FinishRequest,
     HeartbeatRequest,
@@ -28,13 +29,10 @@ from gpufleet.wire import (
     WorkerRegister,
 )
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERRORS)
 Worker = Annotated[TokenRow, Depends(deps.worker)]
 Reader = Annotated[TokenRow, Depends(deps.reader)]
 Operator = Annotated[TokenRow, Depends(deps.operator)]
-STALE: dict[int | str, dict[str, Any]] = {
-    409: {"description": "stale lease: the worker must stop the job"}
-}
 
 
 def _worker_out(request: Request, worker_id: str) -> WorkerOut:
@@ -87,6 +85,7 @@ async def claim(
     st = state(request)
     free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
     if free.cpu_slots == 0 and not free.gpus:
+        await to_thread.run_sync(st.queue.claimer, worker_id)  # an unknown worker is a 404
         return Response(status_code=204)
     deadline = time.monotonic() + body.wait
     try:
@@ -120,29 +119,25 @@ def heartbeat(
     return state(request).queue.heartbeat(worker_id, body)
 
 
-@router.post("/jobs/{job_id}/start", status_code=204, responses=STALE, tags=["worker protocol"])
+@router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
 def start_job(job_id: str, body: StartRequest, request: Request, _: Worker) -> None:
     state(request).queue.start(job_id, body.attempt)
 
 
-@router.post("/jobs/{job_id}/output", status_code=204, responses=STALE, tags=["worker protocol"])
+@router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
 def append_output(job_id: str, body: LogAppend, request: Request, _: Worker) -> None:
     lines = [(ln.stream, ln.line) for ln in body.lines]
     state(request).queue.append_logs(job_id, body.attempt, lines)
 
 
-@router.post(
-    "/jobs/{job_id}/finish", response_model=JobOut, responses=STALE, tags=["worker protocol"]
-)
+@router.post("/jobs/{job_id}/finish", response_model=JobOut, tags=["worker protocol"])
 def finish_job(job_id: str, body: FinishRequest, request: Request, _: Worker) -> JobOut:
     """End an attempt: exit code 0 succeeds; anything else retries or fails."""
     job = state(request).queue.finish(job_id, body.attempt, body.exit_code, body.error)
     return views.job_out(job, {})
 
 
-@router.post(
-    "/jobs/{job_id}/release", response_model=JobOut, responses=STALE, tags=["worker protocol"]
-)
+@router.post("/jobs/{job_id}/release", response_model=JobOut, tags=["worker protocol"])
 def release_job(job_id: str, body: ReleaseRequest, request: Request, _: Worker) -> JobOut:
     """A draining worker hands the job back; the attempt is not counted."""
     return views.job_out(state(request).queue.release(job_id, body.attempt, body.reason), {})
