@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -95,16 +96,31 @@ async def _sweeper(queue: QueueService, interval: float) -> None:
 def create_app(store: SqlStore, settings: QueueSettings) -> FastAPI:
     """The server app over ``store`` (already migrated)."""
     notifier = Notifier()
-    queue = QueueService(store, settings, on_change=notifier.notify)
+
+    def on_change() -> None:
+        notifier.notify()
+        store.publish_claimable()
+
+    queue = QueueService(store, settings, on_change=on_change)
+    stop_listening = threading.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         notifier.bind(asyncio.get_running_loop())
         interval = max(0.05, min(settings.lease_timeout / 4, 5.0))
         task = asyncio.create_task(_sweeper(queue, interval))
+        listener = None
+        if store.dialect == "postgresql":  # wake polls held by this replica on others' changes
+            listener = threading.Thread(
+                target=store.listen_claimable, args=(notifier.notify, stop_listening), daemon=True
+            )
+            listener.start()
         try:
             yield
         finally:
+            stop_listening.set()
+            if listener is not None:
+                listener.join(5)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

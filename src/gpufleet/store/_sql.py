@@ -23,6 +23,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    make_url,
     select,
     update,
 )
@@ -35,6 +36,7 @@ from gpufleet.wire import JobSpecModel
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 CLAIM_PAGE = 4
+CHANNEL = "gpufleet_claimable"
 _J = t.jobs.c
 # Hot-path statements are built once; SQLAlchemy then only binds parameters.
 _CLAIM_UPDATE = (
@@ -140,6 +142,31 @@ class SqlStore:
         with self._read() as conn:
             conn.execute(select(1))
         return self.dialect
+
+    # ---- wake-ups across server replicas -----------------------------------------------
+
+    def publish_claimable(self) -> None:
+        """Tell other server replicas that a job may have become claimable (PostgreSQL
+        NOTIFY; a single SQLite server needs nothing beyond its in-process wake-up)."""
+        if self.dialect == "postgresql":
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+
+    def listen_claimable(self, on_notify: Callable[[], None], stop: threading.Event) -> None:
+        """Call ``on_notify`` for every NOTIFY from any replica until ``stop`` is set.
+        Blocks: run it in a thread. Reconnects after a lost connection."""
+        import psycopg
+
+        conninfo = make_url(self.url).set(drivername="postgresql").render_as_string(False)
+        while not stop.is_set():
+            try:
+                with psycopg.connect(conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=0.5):
+                            on_notify()
+            except psycopg.Error:
+                stop.wait(1.0)
 
     # ---- jobs -------------------------------------------------------------------------
 
