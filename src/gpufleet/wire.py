@@ -5,6 +5,7 @@ Both the server and the client import this module; nothing else is pydantic.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -75,31 +76,12 @@ class RequirementsModel(Strict):
     worker: str | None = Field(None, max_length=200)
 
     def to_domain(self) -> Requirements:
-        return Requirements(
-            require_cuda=self.require_cuda,
-            prefer_cuda=self.prefer_cuda,
-            gpu_count=self.gpu_count,
-            min_vram_gib=self.min_vram_gib,
-            min_ram_gib=self.min_ram_gib,
-            gpu_name=self.gpu_name,
-            labels=dict(self.labels),
-            allowed_hosts=tuple(self.allowed_hosts),
-            worker=self.worker,
-        )
+        data = self.model_dump()
+        return Requirements(**{**data, "allowed_hosts": tuple(self.allowed_hosts)})
 
     @classmethod
     def from_domain(cls, r: Requirements) -> RequirementsModel:
-        return cls(
-            require_cuda=r.require_cuda,
-            prefer_cuda=r.prefer_cuda,
-            gpu_count=r.gpu_count,
-            min_vram_gib=r.min_vram_gib,
-            min_ram_gib=r.min_ram_gib,
-            gpu_name=r.gpu_name,
-            labels=dict(r.labels),
-            allowed_hosts=list(r.allowed_hosts),
-            worker=r.worker,
-        )
+        return cls.model_validate(asdict(r))
 
 
 class JobSpecModel(Strict):
@@ -119,41 +101,15 @@ class JobSpecModel(Strict):
     vars: dict[str, Any] = Field(default_factory=dict)
 
     def to_domain(self) -> JobSpec:
+        data = self.model_dump(exclude={"requirements"})
         return JobSpec(
-            name=self.name,
-            command=tuple(self.command),
-            hyper=dict(self.hyper),
-            env=dict(self.env),
+            **{**data, "command": tuple(self.command)},
             requirements=self.requirements.to_domain(),
-            priority=self.priority,
-            max_attempts=self.max_attempts,
-            timeout=self.timeout,
-            pool=self.pool,
-            shell=self.shell,
-            manifest=self.manifest,
-            model=self.model,
-            mode=self.mode,
-            vars=dict(self.vars),
         )
 
     @classmethod
     def from_domain(cls, s: JobSpec) -> JobSpecModel:
-        return cls(
-            name=s.name,
-            command=list(s.command),
-            hyper=dict(s.hyper),
-            env=dict(s.env),
-            requirements=RequirementsModel.from_domain(s.requirements),
-            priority=s.priority,
-            max_attempts=s.max_attempts,
-            timeout=s.timeout,
-            pool=s.pool,
-            shell=s.shell,
-            manifest=s.manifest,
-            model=s.model,
-            mode=s.mode,
-            vars=dict(s.vars),
-        )
+        return cls.model_validate(asdict(s))
 
 
 class AttemptOut(BaseModel):

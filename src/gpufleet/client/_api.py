@@ -28,8 +28,15 @@ class Call(Generic[T]):
     params: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
 
-    def json(self) -> Any:
-        return None if self.body is None else self.body.model_dump(mode="json")
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        """The HTTP request for this call, built by either kind of httpx client."""
+        body = None if self.body is None else self.body.model_dump(mode="json")
+        extensions = (
+            {} if self.timeout is None else {"timeout": httpx.Timeout(self.timeout).as_dict()}
+        )
+        return http.build_request(
+            self.method, self.path, json=body, params=self.params or None, extensions=extensions
+        )
 
 
 def model(tp: Any) -> Callable[[httpx.Response], Any]:

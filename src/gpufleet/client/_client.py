@@ -61,13 +61,7 @@ class Client:
 
     def call(self, call: Call[T]) -> T:
         try:
-            resp = self._http.request(
-                call.method,
-                call.path,
-                json=call.json(),
-                params=call.params or None,
-                timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
+            resp = self._http.send(call.request(self._http))
         except httpx.TransportError as exc:
             raise unreachable(self.server, exc) from exc
         raise_for(resp)
@@ -166,13 +160,7 @@ class AsyncClient:
 
     async def call(self, call: Call[T]) -> T:
         try:
-            resp = await self._http.request(
-                call.method,
-                call.path,
-                json=call.json(),
-                params=call.params or None,
-                timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
+            resp = await self._http.send(call.request(self._http))
         except httpx.TransportError as exc:
             raise unreachable(self.server, exc) from exc
         raise_for(resp)

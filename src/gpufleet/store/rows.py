@@ -43,31 +43,11 @@ class JobRow:
 
     @classmethod
     def from_row(cls, r: Any) -> JobRow:
-        m = r._mapping
-        return cls(
-            id=m["id"],
-            name=m["name"],
-            status=JobStatus(m["status"]),
-            spec_json=m["spec"],
-            priority=m["priority"],
-            pool=m["pool"],
-            manifest=m["manifest"],
-            model=m["model"],
-            attempts=m["attempts"],
-            max_attempts=m["max_attempts"],
-            lease=m["lease"],
-            worker_id=m["worker_id"],
-            gpus=tuple(json.loads(m["gpus"])),
-            lease_expires_at=m["lease_expires_at"],
-            created_at=m["created_at"],
-            claimed_at=m["claimed_at"],
-            started_at=m["started_at"],
-            finished_at=m["finished_at"],
-            not_before=m["not_before"],
-            exit_code=m["exit_code"],
-            error=m["error"],
-            unrunnable=m["unrunnable"],
-        )
+        m = dict(r._mapping)
+        m["spec_json"] = m.pop("spec")
+        m["status"] = JobStatus(m["status"])
+        m["gpus"] = tuple(json.loads(m["gpus"]))
+        return cls(**m)
 
 
 @dataclass(frozen=True)
