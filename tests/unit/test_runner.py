@@ -1,0 +1,63 @@
+"""What a job's process is given: argv with hyperparameters, environment, exit wording."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gpufleet.domain.models import GpuInfo
+from gpufleet.worker.runner import build_argv, describe_exit, hyper_args, job_env
+from gpufleet.worker.slots import Slots
+
+
+def test_hyperparameters_become_key_value_pairs_in_order() -> None:
+    args = hyper_args({"epochs": 3, "lr": 0.1, "amp": True, "name": "a b", "layers": [1, 2]})
+    assert args == [
+        "--epochs",
+        "3",
+        "--lr",
+        "0.1",
+        "--amp",
+        "true",
+        "--name",
+        "a b",
+        "--layers",
+        "[1, 2]",
+    ]
+
+
+def test_argv_and_shell_commands() -> None:
+    assert build_argv(["python", "t.py"], {"e": 1}, shell=False) == ["python", "t.py", "--e", "1"]
+    shell = build_argv(["echo $HOME"], {"msg": "it's"}, shell=True)
+    assert shell[:2] == ["/bin/sh", "-c"]
+    assert shell[2] == "echo $HOME --msg 'it'\"'\"'s'"
+
+
+def test_job_env_pins_gpus_and_puts_our_python_first() -> None:
+    env = job_env(
+        {"PATH": "/usr/bin", "KEEP": "1"}, {"SEED": "4"}, [2, 5], {"GPUFLEET_JOB_ID": "j"}
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,5"
+    assert env["SEED"] == "4" and env["KEEP"] == "1" and env["GPUFLEET_JOB_ID"] == "j"
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    cpu = job_env({"CUDA_VISIBLE_DEVICES": "0"}, {}, [], {})
+    assert cpu["CUDA_VISIBLE_DEVICES"] == "", "a CPU slot must not see the host's GPUs"
+
+
+def test_exit_codes_in_words() -> None:
+    assert describe_exit(0) is None
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-9) == "killed by SIGKILL"
+
+
+def test_slots_hand_out_gpus_and_cpu_and_take_them_back() -> None:
+    gpus = (GpuInfo(0, "A", 1024, 1024), GpuInfo(1, "B", 2048, 2048))
+    slots = Slots(1, gpus)
+    slots.take([1])
+    slots.take([])
+    assert [g.index for g in slots.free_gpus(())] == [0] and slots.cpu_free == 0
+    slots.give([1])
+    slots.give([])
+    assert slots.any_free() and slots.cpu_free == 1 and slots.gpus_free == {0, 1}
+    live = (GpuInfo(0, "A", 1024, 100),)
+    assert slots.free_gpus(live)[0].free_mib == 100
