@@ -66,6 +66,7 @@ class Running:
     proc: JobProcess | None = None
     lines: list[LogLine] = field(default_factory=list)
     stop_reason: str | None = None  # set when we kill it: "cancel", "lost", "drain", "timeout"
+    killing: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -131,6 +132,11 @@ class Agent:
             self.drain_deadline = min(deadline, self.drain_deadline or deadline)
         self.slots.changed.set()
 
+    def shutdown_overdue(self) -> bool:
+        """Draining past its deadline (plus 10 s to report): stop waiting for the server."""
+        deadline = self.drain_deadline
+        return self.draining and deadline is not None and time.monotonic() > deadline + 10
+
     async def wait_drained(self) -> None:
         while not (self.draining and not self.running):
             if self.draining and self.drain_deadline and time.monotonic() >= self.drain_deadline:
@@ -153,6 +159,9 @@ class Agent:
                 return result
             except ServerUnavailable as exc:
                 if give_up is not None and time.monotonic() - started > give_up:
+                    raise
+                if self.shutdown_overdue():
+                    say(f"giving up {what}: the server is away and this worker is shutting down")
                     raise
                 if not warned:
                     say(f"server unreachable during {what}: {exc.message}; retrying")
@@ -280,6 +289,8 @@ class Agent:
         try:
             exit_code, error = await self.execute(run)
             await self.report(run, exit_code, error)
+        except ServerUnavailable:
+            say(f"job {lease.job_id}: result not recorded; its lease will expire and it re-runs")
         except Exception as exc:  # never lose a slot to a bug: report and free it
             say(f"job {lease.job_id}: worker error {type(exc).__name__}: {exc}")
             with contextlib.suppress(GpufleetError):
@@ -339,11 +350,14 @@ class Agent:
         return code, describe_exit(code)
 
     async def stop_job(self, run: Running, reason: str) -> None:
+        """SIGTERM the job's process group, SIGKILL it 3 s later; once per job."""
         if run.stop_reason is None:
             run.stop_reason = reason
-        if run.proc is not None and run.proc.proc.returncode is None:
-            run.proc.signal_group(signal.SIGTERM)
-            self.spawn(self._kill_later(run.proc))
+        if run.killing or run.proc is None or run.proc.proc.returncode is not None:
+            return
+        run.killing = True
+        run.proc.signal_group(signal.SIGTERM)
+        self.spawn(self._kill_later(run.proc))
 
     async def _kill_later(self, proc: JobProcess, grace: float = 3.0) -> None:
         if await proc.wait(grace) is None:
