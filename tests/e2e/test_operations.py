@@ -128,3 +128,14 @@ def test_bad_input_gives_a_clear_error_and_writes_nothing(fleet: Fleet, tmp_path
     assert res.returncode == 1 and "invalid or revoked token" in res.stderr
     del fleet.env["GPUFLEET_TOKEN"]
     assert json.loads(fleet.cli("jobs", "--json").stdout) == []
+
+
+def test_logs_follow_prints_lines_as_they_come_until_the_job_ends(fleet: Fleet) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1")
+    script = "for i in 1 2 3; do echo line-$i; sleep 0.7; done; echo oops >&2"
+    job_id = fleet.cli("submit", "--shell", "--", script).stdout.split()[-1]
+    res = fleet.cli("logs", "-f", job_id, timeout=60)
+    assert res.stdout.split() == ["line-1", "line-2", "line-3"]
+    assert res.stderr.strip() == "oops"
+    assert fleet.job(job_id)["status"] == "succeeded"
