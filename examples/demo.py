@@ -148,7 +148,9 @@ def main() -> int:
                 f"  export GPUFLEET_SERVER={url} GPUFLEET_CONFIG_DIR={root / 'config'}\n"
                 f"  .venv/bin/gpufleet jobs\nCtrl-C stops it."
             )
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            stop = {signal.SIGINT, signal.SIGTERM}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # so sigwait, not death, takes them
+            signal.sigwait(stop)
         return 0 if ok else 1
     finally:
         for p in reversed(procs):

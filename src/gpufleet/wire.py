@@ -9,7 +9,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpufleet.domain.models import (
     Capability,
@@ -23,7 +23,15 @@ from gpufleet.domain.models import (
     WorkerStatus,
 )
 
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
+Label = Annotated[str, Field(max_length=200), AfterValidator(_no_nul)]
 # Integers that reach the database fit a 32-bit column on every backend.
 INT32 = 2**31 - 1
 Attempt = Annotated[int, Field(ge=1, le=INT32)]
@@ -95,9 +103,9 @@ class JobSpecModel(Strict):
     timeout: float | None = Field(None, gt=0, le=10_000_000)
     pool: Name = "default"
     shell: bool = False
-    manifest: str | None = None
-    model: str | None = None
-    mode: str | None = None
+    manifest: Name | None = None
+    model: Label | None = None
+    mode: Label | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
 
     def to_domain(self) -> JobSpec:
@@ -282,10 +290,13 @@ class WorkerOut(BaseModel):
     registered_at: datetime
     last_heartbeat: datetime | None
     capability: CapabilityModel
+    lease_timeout: float | None = Field(
+        None, description="The server's lease timeout; a worker heartbeats well within it."
+    )
 
 
 class LeaseRef(Strict):
-    job_id: str = Field(min_length=1, max_length=64)
+    job_id: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
     attempt: Attempt
 
 
@@ -316,8 +327,16 @@ class HeartbeatRequest(Strict):
     draining: bool = False
 
 
+class LeaseOrder(BaseModel):
+    job_id: str
+    attempt: int
+    order: Literal["continue", "cancel"]
+
+
 class HeartbeatResponse(BaseModel):
-    orders: dict[str, Literal["continue", "cancel"]]
+    """Per reported lease: keep running it, or kill it (cancelled, or the lease is stale)."""
+
+    orders: list[LeaseOrder]
     drain: bool = False
 
 

@@ -22,6 +22,7 @@ from gpufleet.wire import (
     CapabilityModel,
     GpuModel,
     HeartbeatRequest,
+    HeartbeatResponse,
     HostModel,
     JobSpecModel,
     Lease,
@@ -232,14 +233,17 @@ def test_lease_protocol_happy_path(store: SqlStore, queue: QueueService, clock: 
     row = job(store, submitted.id)
     assert row.status is JobStatus.RUNNING
     assert row.started_at == T0 + 1
-    with pytest.raises(Conflict, match="already started"):
-        queue.start(lease.job_id, lease.attempt)
+    # A retried start (its answer was lost) is accepted and changes nothing.
+    clock.advance(1)
+    queue.start(lease.job_id, lease.attempt)
+    assert job(store, submitted.id).started_at == T0 + 1
+    clock.advance(-1)
 
     clock.advance(20)
     resp = queue.heartbeat(
         w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
     )
-    assert resp.orders == {lease.job_id: "continue"}
+    assert orders(resp) == {lease.job_id: "continue"}
     assert job(store, submitted.id).lease_expires_at == T0 + 21 + LEASE
     assert queue.worker(w.id).status is WorkerStatus.BUSY
 
@@ -338,7 +342,7 @@ def test_stale_heartbeat_orders_cancel_and_extends_nothing(
     resp = queue.heartbeat(
         w1.id, HeartbeatRequest(leases=[LeaseRef(job_id=old.job_id, attempt=old.attempt)])
     )
-    assert resp.orders == {old.job_id: "cancel"}
+    assert orders(resp) == {old.job_id: "cancel"}
     assert job(store, new.job_id) == before
 
 
@@ -477,7 +481,7 @@ def test_heartbeats_keep_the_lease(store: SqlStore, queue: QueueService, clock: 
         resp = queue.heartbeat(
             w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
         )
-        assert resp.orders == {lease.job_id: "continue"}
+        assert orders(resp) == {lease.job_id: "continue"}
         assert queue.sweep() == ([], [])
     assert job(store, submitted.id).status is JobStatus.RUNNING
     assert queue.worker(w.id).status is WorkerStatus.BUSY
@@ -533,7 +537,7 @@ def test_cancel_a_running_job(store: SqlStore, queue: QueueService, clock: FakeC
     resp = queue.heartbeat(
         w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
     )
-    assert resp.orders == {lease.job_id: "cancel"}
+    assert orders(resp) == {lease.job_id: "cancel"}
     with pytest.raises(Conflict):
         queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     assert job(store, submitted.id).status is JobStatus.CANCELLED
@@ -750,3 +754,8 @@ def test_ensure_admin_creates_one_admin_once(store: SqlStore) -> None:
     assert secret.startswith("gf_")
     assert auth.check(f"Bearer {secret}").role == "admin"
     assert auth.ensure_admin() is None
+
+
+def orders(resp: HeartbeatResponse) -> dict[str, str]:
+    """A heartbeat's orders by job id (these tests hold one lease per job)."""
+    return {o.job_id: o.order for o in resp.orders}

@@ -52,3 +52,48 @@ def test_unreachable_server_names_the_address(monkeypatch: pytest.MonkeyPatch) -
     result = runner.invoke(app, ["jobs", "--server", "http://127.0.0.1:9"])
     assert result.exit_code != 0
     assert "cannot reach the gpufleet server at http://127.0.0.1:9" in str(result.exception)
+
+
+def test_out_of_range_flag_is_one_clear_line_not_a_traceback() -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "submit", "--max-attempts", "500", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: invalid max_attempts:")
+    assert "Traceback" not in res.stderr
+
+
+def test_markup_in_a_job_name_is_printed_as_text() -> None:
+    from gpufleet.cli.jobs import job_table
+    from gpufleet.wire import JobOut
+
+    job = JobOut.model_validate(
+        {
+            "id": "j-1",
+            "name": "x[/y]",
+            "status": "pending",
+            "attempts": 0,
+            "max_attempts": 3,
+            "priority": 0,
+            "worker": None,
+            "worker_id": None,
+            "gpus": [],
+            "created_at": "2026-01-01T00:00:00Z",
+            "started_at": None,
+            "finished_at": None,
+            "exit_code": None,
+            "error": "[red]not markup[/red]",
+        }
+    )
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(job_table([job]))
+    text = console.export_text()
+    assert "x[/y]" in text and "[red]not markup[/red]" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from pydantic import ValidationError
 
 from gpufleet import __version__
 from gpufleet.cli import fleet, jobs
@@ -37,6 +38,11 @@ def main() -> None:
     except GpufleetError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         sys.exit(2 if exc.code in ("config_error", "manifest_error") else 1)
+    except ValidationError as exc:  # a flag value the API would refuse: say which, no traceback
+        for problem in exc.errors():
+            where = ".".join(str(p) for p in problem["loc"]) or "value"
+            print(f"error: invalid {where}: {problem['msg']}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
 

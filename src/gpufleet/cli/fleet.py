@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gpufleet import config
@@ -138,10 +139,10 @@ def workers(server: ServerOpt = None, as_json: JsonOpt = False) -> None:
         table.add_column(col)
     for w in rows:
         sim = " (simulated)" if w.gpus_simulated else ""
-        gpus = ", ".join(f"{g.name} {g.total_mib / 1024:.0f}GiB" for g in w.gpus) or "-"
+        gpus = escape(", ".join(f"{g.name} {g.total_mib / 1024:.0f}GiB" for g in w.gpus) or "-")
         table.add_row(
             w.id,
-            w.name,
+            escape(w.name),
             styled(w.status),
             f"{w.slots['cpu']} cpu + {w.slots['gpu']} gpu",
             gpus + sim,
@@ -158,7 +159,7 @@ def drain(
     """Stop giving a worker jobs; it finishes what it runs, then exits."""
     with client(server) as c:
         w = c.drain(worker_ref)
-    out.print(f"{w.name} ({w.id}): {styled(w.status)}")
+    out.print(f"{escape(w.name)} ({w.id}): {styled(w.status)}")
 
 
 def status(server: ServerOpt = None, as_json: JsonOpt = False) -> None:

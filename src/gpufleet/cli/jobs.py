@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.cli._common import (
@@ -141,7 +142,7 @@ def apply(
         f"{len(result.unchanged)} unchanged, {len(result.hosts)} host(s)"
     )
     for job_id, reason in result.unrunnable.items():
-        err.print(f"[yellow]warning:[/yellow] {job_id}: {reason}")
+        err.print(f"[yellow]warning:[/yellow] {job_id}: {escape(reason)}")
 
 
 def job_table(rows: list[JobOut]) -> Table:
@@ -162,15 +163,15 @@ def job_table(rows: list[JobOut]) -> Table:
     for j in rows:
         table.add_row(
             j.id,
-            j.name,
+            escape(j.name),
             styled(j.status),
             f"{j.attempts}/{j.max_attempts}",
-            j.worker or "-",
+            escape(j.worker or "-"),
             ",".join(map(str, j.gpus)) or "-",
             when(j.started_at),
             duration(j.started_at, j.finished_at),
             "-" if j.exit_code is None else str(j.exit_code),
-            (j.error or "")[:80],
+            escape((j.error or "")[:80]),
         )
     return table
 
@@ -200,21 +201,21 @@ def show(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> Non
         print_json(d)
         return
     out.print(
-        f"[bold]{d.id}[/bold] {d.name}: {styled(d.status)}  attempts {d.attempts}/{d.max_attempts}"
-        f"  priority {d.priority}"
+        f"[bold]{d.id}[/bold] {escape(d.name)}: {styled(d.status)}"
+        f"  attempts {d.attempts}/{d.max_attempts}  priority {d.priority}"
     )
-    out.print(f"  command: {' '.join(d.spec.command)}")
+    out.print(f"  command: {escape(' '.join(d.spec.command))}")
     if d.spec.hyper:
-        out.print("  hyper: " + ", ".join(f"{k}={v}" for k, v in d.spec.hyper.items()))
+        out.print("  hyper: " + escape(", ".join(f"{k}={v}" for k, v in d.spec.hyper.items())))
     if d.unrunnable:
         out.print(f"  [yellow]{d.unrunnable}[/yellow]")
     if d.error:
-        out.print(f"  error: {d.error}")
+        out.print(f"  error: {escape(d.error)}")
     for a in d.history:
         out.print(
-            f"  attempt {a.attempt}: {a.worker or '-'} gpus={a.gpus or '-'} "
+            f"  attempt {a.attempt}: {escape(a.worker or '-')} gpus={a.gpus or '-'} "
             f"{a.outcome or 'in progress'} exit={a.exit_code if a.exit_code is not None else '-'}"
-            f"{' error=' + a.error if a.error else ''}"
+            f"{' error=' + escape(a.error) if a.error else ''}"
         )
 
 
@@ -267,11 +268,15 @@ def why(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None
     if as_json:
         print_json(w)
         return
-    out.print(f"[bold]{w.job_id}[/bold] is {styled(w.status)}: {w.summary}")
+    out.print(f"[bold]{w.job_id}[/bold] is {styled(w.status)}: {escape(w.summary)}")
     table = Table(box=None, header_style="bold")
     for col in ("WORKER", "STATUS", "VERDICT"):
         table.add_column(col)
     for r in w.workers:
-        table.add_row(r.name, styled(r.status), r.reason or "[green]may run it[/green]")
+        table.add_row(
+            escape(r.name),
+            styled(r.status),
+            escape(r.reason) if r.reason else "[green]may run it[/green]",
+        )
     if w.workers:
         out.print(table)

@@ -36,11 +36,17 @@ from gpufleet.wire import (
     HostModel,
     JobSpecModel,
     Lease,
+    LeaseOrder,
     ManifestApply,
     WorkerRegister,
 )
 
 Clock = Callable[[], float]
+
+
+def printable(text: str) -> str:
+    """Job output is arbitrary bytes; a NUL cannot be stored in PostgreSQL text."""
+    return text.replace("\x00", "\ufffd")
 
 
 @dataclass(frozen=True)
@@ -399,7 +405,9 @@ class QueueService:
         self._held(job_id, attempt)
         now = self.clock()
         if not self.store.start(job_id, attempt, now, now + self.settings.lease_timeout):
-            self._held(job_id, attempt)
+            job = self._held(job_id, attempt)
+            if job.status == JobStatus.RUNNING:  # a retried start whose answer was lost
+                return
             raise Conflict(
                 f"job {job_id} attempt {attempt} was already started",
                 detail={"job": job_id, "attempt": attempt},
@@ -421,10 +429,18 @@ class QueueService:
             values["gpu_stats"] = json.dumps([g.model_dump() for g in req.gpus])
         self.store.update_worker(w.id, **values)
         self.forget(w.id)
-        orders = {r.job_id: ("continue" if r.job_id in held else "cancel") for r in req.leases}
+        orders = [
+            LeaseOrder(
+                job_id=r.job_id,
+                attempt=r.attempt,
+                order="continue" if (r.job_id, r.attempt) in held else "cancel",
+            )
+            for r in req.leases
+        ]
         return HeartbeatResponse(orders=orders, drain=w.drain)
 
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]]) -> None:
+        lines = [(stream, printable(line)) for stream, line in lines]
         if not self.store.append_logs(job_id, attempt, lines, self.clock()):
             self._held(job_id, attempt)
 
@@ -437,7 +453,7 @@ class QueueService:
             event, outcome = Event.SUCCEED, "succeeded"
         else:
             event, outcome = failure_event(used, job.max_attempts), "failed"
-            error = error or f"exit code {exit_code}"
+            error = printable(error) if error else f"exit code {exit_code}"
         status = transition(job.status, event)
         not_before = (
             now + backoff_seconds(used, self.settings.retry_backoff)
@@ -500,6 +516,7 @@ class QueueService:
                 attempts=used,
                 outcome="lost",
                 error=error,
+                expired_before=now,
             ):
                 requeued.append(job.id)
         offline = self.store.mark_offline(now - self.settings.lease_timeout)

@@ -68,8 +68,11 @@ def drain_worker(ref: str, request: Request, _: Operator) -> WorkerOut:
 @router.post("/workers", response_model=WorkerOut, status_code=201, tags=["worker protocol"])
 def register_worker(body: WorkerRegister, request: Request, _: Worker) -> WorkerOut:
     """Register (or re-register) a worker by name; jobs it still runs keep their leases."""
-    w = state(request).queue.register(body)
-    return _worker_out(request, w.id)
+    queue = state(request).queue
+    w = queue.register(body)
+    out = _worker_out(request, w.id)
+    out.lease_timeout = queue.settings.lease_timeout
+    return out
 
 
 @router.post(
@@ -93,6 +96,11 @@ async def claim(
         lease = await to_thread.run_sync(st.queue.poll, worker_id, free, limiter=st.claim_limiter)
         while True:
             if lease is not None:
+                if await request.is_disconnected():  # nobody will run it: hand it back
+                    await to_thread.run_sync(
+                        st.queue.release, lease.job_id, lease.attempt, "worker went away"
+                    )
+                    return Response(status_code=204)
                 # Serialized here, once: the hot path skips FastAPI's second validation pass.
                 return Response(lease.model_dump_json(), media_type="application/json")
             left = deadline - time.monotonic()

@@ -225,12 +225,13 @@ class SqlStore:
         return [JobRow.from_row(r) for r in rows]
 
     def list_jobs(self, statuses: Iterable[str] = (), limit: int = 1000) -> list[JobRow]:
-        q = select(t.jobs).order_by(t.jobs.c.created_at, t.jobs.c.id).limit(limit)
+        """The newest ``limit`` jobs, oldest first."""
+        q = select(t.jobs).order_by(t.jobs.c.created_at.desc(), t.jobs.c.id.desc()).limit(limit)
         statuses = list(statuses)
         if statuses:
             q = q.where(t.jobs.c.status.in_(statuses))
         with self._read() as conn:
-            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+            return [JobRow.from_row(r) for r in reversed(conn.execute(q).all())]
 
     def job_counts(self) -> dict[str, int]:
         q = select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
@@ -346,15 +347,27 @@ class SqlStore:
         with self._read() as conn:
             return conn.execute(q).first() is not None
 
-    def extend_leases(self, leases: Iterable[tuple[str, int]], expires: float) -> set[str]:
-        """Push back the expiry of every valid lease; returns the job ids still held."""
-        held: set[str] = set()
+    def extend_leases(
+        self, leases: Iterable[tuple[str, int]], expires: float
+    ) -> set[tuple[str, int]]:
+        """Push back the expiry of every valid lease; returns the leases still held."""
+        held: set[tuple[str, int]] = set()
         with self._write() as conn:
             for job_id, lease in leases:
                 stmt = update(t.jobs).where(self._lease_where(job_id, lease, ACTIVE))
                 if conn.execute(stmt.values(lease_expires_at=expires)).rowcount == 1:
-                    held.add(job_id)
+                    held.add((job_id, lease))
         return held
+
+    def extend_all_leases(self, expires: float) -> int:
+        """Give every active lease until ``expires`` (a server start: workers could not
+        heartbeat while it was down). Returns how many."""
+        j = t.jobs.c
+        where = j.status.in_([s.value for s in ACTIVE]) & (j.lease_expires_at < expires)
+        with self._write() as conn:
+            return conn.execute(
+                update(t.jobs).where(where).values(lease_expires_at=expires)
+            ).rowcount
 
     def finish(
         self,
@@ -369,8 +382,10 @@ class SqlStore:
         exit_code: int | None = None,
         error: str | None = None,
         not_before: float | None = None,
+        expired_before: float | None = None,
     ) -> bool:
-        """End an attempt: move the job to ``status`` if ``lease`` still holds it."""
+        """End an attempt: move the job to ``status`` if ``lease`` still holds it (and, for
+        the sweep, only if the lease is still expired: a heartbeat may have just landed)."""
         values: dict[str, Any] = {
             "status": status.value,
             "attempts": attempts,
@@ -384,8 +399,10 @@ class SqlStore:
         else:  # back to pending: no worker holds it
             values.update(worker_id=None, gpus="[]", started_at=None)
         with self._write() as conn:
-            stmt = update(t.jobs).where(self._lease_where(job.id, lease, sources))
-            if conn.execute(stmt.values(**values)).rowcount != 1:
+            where = self._lease_where(job.id, lease, sources)
+            if expired_before is not None:
+                where = where & (t.jobs.c.lease_expires_at < expired_before)
+            if conn.execute(update(t.jobs).where(where).values(**values)).rowcount != 1:
                 return False
             self._update_attempt(
                 conn,

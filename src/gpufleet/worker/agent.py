@@ -80,7 +80,10 @@ class Agent:
         self.capability = capability
         self.client = AsyncClient(opts.server, opts.token)
         self.slots = Slots(opts.cpu_slots, capability.gpus)
-        self.running: dict[str, Running] = {}
+        # Keyed by lease: a job cancelled and requeued may come back to this worker while
+        # its old attempt is still being killed.
+        self.running: dict[tuple[str, int], Running] = {}
+        self.lease_timeout: float | None = None
         self.worker_id = ""
         self.draining = False
         self.drain_deadline: float | None = None
@@ -184,6 +187,7 @@ class Agent:
         )
         out = await self.retrying("register", lambda: self.client.register(body))
         self.worker_id = out.id
+        self.lease_timeout = out.lease_timeout
         sim = " [simulated]" if self.capability.gpus_simulated else ""
         gpus = ", ".join(
             f"{g.index}:{g.name} {g.total_gib:.0f}GiB{sim}" for g in self.capability.gpus
@@ -209,10 +213,10 @@ class Agent:
             say("the server does not know this worker any more; registering again")
             await self.register()
             return
-        for job_id, order in resp.orders.items():
-            run = self.running.get(job_id)
-            if order == "cancel" and run is not None and run.stop_reason is None:
-                say(f"job {job_id}: the server says stop (cancelled or lease lost)")
+        for o in resp.orders:
+            run = self.running.get((o.job_id, o.attempt))
+            if o.order == "cancel" and run is not None and run.stop_reason is None:
+                say(f"job {o.job_id}: the server says stop (cancelled or lease lost)")
                 await self.stop_job(run, "cancel")
         if resp.drain:
             self.begin_drain(None, "operator")
@@ -220,7 +224,11 @@ class Agent:
     async def heartbeat_loop(self) -> None:
         warned = False
         while True:
-            await asyncio.sleep(self.opts.heartbeat)
+            # Never slower than a third of the server's lease, whatever --heartbeat says.
+            interval = self.opts.heartbeat
+            if self.lease_timeout is not None:
+                interval = min(interval, self.lease_timeout / 3)
+            await asyncio.sleep(interval)
             try:
                 await self.send_heartbeat()
                 if warned:
@@ -266,8 +274,9 @@ class Agent:
                 await self.hand_back(lease, "worker is draining")
                 return
             self.slots.take(lease.gpus)
-            self.running[lease.job_id] = Running(lease)
-            self.spawn(self.run_job(self.running[lease.job_id]))
+            self.lease_timeout = lease.lease_timeout
+            run = self.running[(lease.job_id, lease.attempt)] = Running(lease)
+            self.spawn(self.run_job(run))
             if self.opts.ephemeral:
                 self.begin_drain(None, "ephemeral worker took its one job")
 
@@ -291,14 +300,16 @@ class Agent:
             await self.report(run, exit_code, error)
         except ServerUnavailable:
             say(f"job {lease.job_id}: result not recorded; its lease will expire and it re-runs")
-        except Exception as exc:  # never lose a slot to a bug: report and free it
+        except Exception as exc:  # never lose a slot to a bug: stop the job, report, free it
             say(f"job {lease.job_id}: worker error {type(exc).__name__}: {exc}")
+            if run.proc is not None and run.proc.proc.returncode is None:
+                await run.proc.stop(grace=1.0)
             with contextlib.suppress(GpufleetError):
                 await self.client.finish(
                     lease.job_id, FinishRequest(attempt=lease.attempt, error=f"worker error: {exc}")
                 )
         finally:
-            self.running.pop(lease.job_id, None)
+            self.running.pop((lease.job_id, lease.attempt), None)
             self.slots.give(lease.gpus)
             run.done.set()
 
@@ -310,7 +321,9 @@ class Agent:
             "GPUFLEET_ATTEMPT": str(lease.attempt),
             "GPUFLEET_JOB_NAME": spec.name,
         }
-        env = job_env(os.environ, spec.env, lease.gpus, extra)
+        # The worker's own secrets never reach job code (or its logs).
+        base = {k: v for k, v in os.environ.items() if k != "GPUFLEET_TOKEN"}
+        env = job_env(base, spec.env, lease.gpus, extra)
         try:
             run.proc = await JobProcess.start(
                 argv,
@@ -350,10 +363,13 @@ class Agent:
         return code, describe_exit(code)
 
     async def stop_job(self, run: Running, reason: str) -> None:
-        """SIGTERM the job's process group, SIGKILL it 3 s later; once per job."""
+        """SIGTERM the job's process group, SIGKILL it 3 s later; once per job. A job whose
+        process already ended keeps its result."""
+        if run.proc is not None and run.proc.proc.returncode is not None:
+            return
         if run.stop_reason is None:
             run.stop_reason = reason
-        if run.killing or run.proc is None or run.proc.proc.returncode is not None:
+        if run.killing or run.proc is None:
             return
         run.killing = True
         run.proc.signal_group(signal.SIGTERM)
@@ -389,7 +405,11 @@ class Agent:
             say(f"job {lease.job_id}: stopped ({run.stop_reason}); not reporting a result")
             return
         try:
-            await self.flush(run)
+            try:
+                await self.flush(run)
+            except ServerUnavailable:  # the result matters more than the last lines
+                say(f"job {lease.job_id}: dropped {len(run.lines)} unsent log lines")
+                run.lines.clear()
             if run.stop_reason == "drain":
                 await self.retrying(
                     "release",

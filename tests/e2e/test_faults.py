@@ -1,0 +1,66 @@
+"""Faults a fleet meets: restarts, requeues onto the same worker, odd output, slow heartbeats."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.e2e.conftest import Fleet, wait_for
+from tests.e2e.test_core import _alive
+from tests.e2e.test_operations import _free_port
+
+
+def test_cancel_then_requeue_onto_the_same_worker_kills_the_old_attempt(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1", "--slots", "2")
+    pids = tmp_path / "pids"
+    job_id = fleet.cli("submit", "--shell", "--", f"echo $$ >> {pids}; sleep 300").stdout.split()[
+        -1
+    ]
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 1, 20, "attempt 1")
+    fleet.cli("cancel", job_id)
+    fleet.cli("requeue", job_id)
+    wait_for(lambda: len(pids.read_text().split()) == 2, 20, "attempt 2 on the same worker")
+    first, second = (int(p) for p in pids.read_text().split())
+    wait_for(lambda: not _alive(first), 10, "the cancelled attempt to die")
+    assert _alive(second)
+    fleet.cli("cancel", job_id)
+    wait_for(lambda: not _alive(second), 10, "the second attempt to die")
+
+
+def test_a_server_down_longer_than_the_lease_kills_no_healthy_job(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    port = _free_port()
+    fleet.start_server("--port", str(port), lease_timeout=2.0)
+    fleet.start_worker("w1")
+    started = tmp_path / "started"
+    job_id = fleet.cli("submit", "--", "sh", "-c", f"touch {started}; sleep 6").stdout.split()[-1]
+    wait_for(started.exists, 20, "the job to start")
+    assert fleet.server is not None
+    fleet.server.stop()
+    time.sleep(3.0)  # longer than the lease: no heartbeat could reach the server
+    fleet.start_server("--port", str(port), lease_timeout=2.0)
+    job = fleet.wait_status(job_id, "succeeded", "failed", timeout=40)
+    assert job["status"] == "succeeded" and job["attempts"] == 1
+
+
+def test_a_heartbeat_slower_than_the_lease_still_keeps_the_job(fleet: Fleet) -> None:
+    fleet.start_server(lease_timeout=1.5)
+    fleet.start_worker("w1", heartbeat=30)
+    job_id = fleet.cli("submit", "--", "sleep", "4").stdout.split()[-1]
+    job = fleet.wait_status(job_id, "succeeded", "failed", timeout=40)
+    assert job["status"] == "succeeded" and job["attempts"] == 1
+
+
+def test_postgresql_server_runs_a_job_whose_output_has_a_nul_byte(
+    fleet: Fleet, pg_url: str
+) -> None:
+    fleet.start_server(db=pg_url)
+    fleet.start_worker("w1")
+    job_id = fleet.cli("submit", "--", "printf", "a\\0b\\n").stdout.split()[-1]
+    job = fleet.wait_status(job_id, "succeeded", "failed", timeout=30)
+    assert job["status"] == "succeeded"
+    assert fleet.cli("logs", job_id).stdout == "a\ufffdb\n"
