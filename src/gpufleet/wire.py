@@ -217,8 +217,15 @@ class ManifestApply(Strict):
 class ApplyResult(BaseModel):
     manifest: str
     created: list[str]
+    updated: list[str] = Field(
+        default_factory=list,
+        description="pending jobs whose priority, requirements or limits the manifest changed",
+    )
     unchanged: list[str]
     hosts: list[str]
+    unknown_hosts: list[str] = Field(
+        default_factory=list, description="[hosts.NAME] entries no registered worker is named"
+    )
     unrunnable: dict[str, str] = Field(default_factory=dict)
 
 

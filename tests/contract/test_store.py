@@ -28,6 +28,7 @@ from gpufleet.wire import (
     Lease,
     LeaseRef,
     ManifestApply,
+    RequirementsModel,
     WorkerRegister,
 )
 
@@ -759,3 +760,33 @@ def test_ensure_admin_creates_one_admin_once(store: SqlStore) -> None:
 def orders(resp: HeartbeatResponse) -> dict[str, str]:
     """A heartbeat's orders by job id (these tests hold one lease per job)."""
     return {o.job_id: o.order for o in resp.orders}
+
+
+def test_reapplying_a_changed_manifest_updates_pending_jobs_only(
+    store: SqlStore, queue: QueueService
+) -> None:
+    def plan(priority: int, vram: float) -> ManifestApply:
+        jobs = [
+            JobSpecModel(
+                name=n,
+                command=["true"],
+                manifest="m",
+                priority=priority,
+                requirements=RequirementsModel(min_vram_gib=vram),
+            )
+            for n in ("a", "b")
+        ]
+        return ManifestApply(name="m", jobs=jobs, hosts=[HostModel(name="ghost")])
+
+    first = queue.apply(plan(0, 0))
+    assert first.unknown_hosts == ["ghost"]
+    w = register(queue, "cpu")
+    running = claim(queue, w)
+    second = queue.apply(plan(5, 8))
+    pending = next(i for i in first.created if i != running.job_id)
+    assert second.updated == [pending] and second.unchanged == [running.job_id]
+    assert job(store, pending).priority == 5
+    assert job(store, pending).spec.requirements.min_vram_gib == 8
+    assert job(store, running.job_id).spec.requirements.min_vram_gib == 0
+    third = queue.apply(plan(5, 8))
+    assert third.updated == [] and sorted(third.unchanged) == sorted(first.created)

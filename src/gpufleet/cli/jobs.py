@@ -139,8 +139,15 @@ def apply(
         return
     out.print(
         f"manifest {result.manifest}: {len(result.created)} new job(s), "
-        f"{len(result.unchanged)} unchanged, {len(result.hosts)} host(s)"
+        f"{len(result.updated)} updated, {len(result.unchanged)} unchanged, "
+        f"{len(result.hosts)} host(s)"
     )
+    for host in result.unknown_hosts:
+        err.print(
+            f"[yellow]warning:[/yellow] no registered worker is named {escape(host)!r}; "
+            "its hosts entry applies once one registers (workers are named by --name, "
+            "default: hostname)"
+        )
     for job_id, reason in result.unrunnable.items():
         err.print(f"[yellow]warning:[/yellow] {job_id}: {escape(reason)}")
 

@@ -152,14 +152,20 @@ class QueueService:
         created = self.store.insert_jobs(
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)], now
         )
-        if created:
-            self.on_change()
         fresh = set(created)
+        updated = self.store.update_pending(
+            [(i, s) for i, s in zip(ids, specs, strict=True) if i not in fresh]
+        )
+        if created or updated:
+            self.on_change()
+        names = {v.name for v in views}
         return ApplyResult(
             manifest=req.name,
             created=created,
-            unchanged=[i for i in ids if i not in fresh],
+            updated=updated,
+            unchanged=[i for i in ids if i not in fresh and i not in set(updated)],
             hosts=sorted(policies),
+            unknown_hosts=sorted(h for h in policies if h not in names),
             unrunnable={i: r for i, r in unrunnable.items() if r and i in fresh},
         )
 

@@ -209,6 +209,25 @@ class SqlStore:
             inserted = set(conn.execute(stmt, fresh).scalars())
             return [v["id"] for v in fresh if v["id"] in inserted]
 
+    def update_pending(self, jobs: Sequence[tuple[str, JobSpec]]) -> list[str]:
+        """Give pending jobs a new spec (same identity, new priority or requirements);
+        jobs already claimed or finished keep theirs. Returns the ids changed."""
+        j = t.jobs.c
+        changed: list[str] = []
+        with self._write() as conn:
+            for job_id, spec in jobs:
+                text = _spec_json(spec)
+                where = (j.id == job_id) & (j.status == JobStatus.PENDING.value) & (j.spec != text)
+                values = {
+                    "spec": text,
+                    "priority": spec.priority,
+                    "max_attempts": spec.max_attempts,
+                    "pool": spec.pool,
+                }
+                if conn.execute(update(t.jobs).where(where).values(**values)).rowcount:
+                    changed.append(job_id)
+        return changed
+
     def get_job(self, job_id: str) -> JobRow | None:
         with self._read() as conn:
             row = conn.execute(select(t.jobs).where(t.jobs.c.id == job_id)).first()
