@@ -97,3 +97,22 @@ def test_markup_in_a_job_name_is_printed_as_text() -> None:
     console.print(job_table([job]))
     text = console.export_text()
     assert "x[/y]" in text and "[red]not markup[/red]" in text
+
+
+def test_config_show_reports_the_token_a_local_server_saved() -> None:
+    from gpufleet.config import save_token
+
+    save_token("http://127.0.0.1:8000", "gf_saved_secret")
+    result = runner.invoke(app, ["config", "show", "--json"])
+    rows = {r["name"]: r for r in json.loads(result.output)}
+    assert rows["token"]["value"] == "****"
+    assert "credentials.json" in rows["token"]["source"]
+    assert "gf_saved_secret" not in result.output
+
+
+def test_default_job_names_hold_no_slash() -> None:
+    from gpufleet.cli.jobs import default_name
+
+    assert default_name(["python", "scripts/train.py", "--out", "/data/runs/"]) == (
+        "python train.py --out runs"
+    )

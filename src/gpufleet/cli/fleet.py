@@ -189,7 +189,11 @@ def capability(simulate_gpus: SimOpt = None) -> None:
 @config_app.command("show")
 def config_show(as_json: JsonOpt = False) -> None:
     """Every effective setting, its value and where it came from."""
-    rows = config.resolve().rows()
+    resolved = config.resolve()
+    rows = resolved.rows()
+    if resolved["token"] is None and config.load_token(resolved["server"]):
+        saved = f"file {config.credentials_path()} (for {resolved['server']})"
+        rows = [(n, "****", saved) if n == "token" else (n, v, s) for n, v, s in rows]
     if as_json:
         print_json([{"name": n, "value": v, "source": s} for n, v, s in rows])
         return

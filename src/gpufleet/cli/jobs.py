@@ -83,7 +83,7 @@ def submit(
 ) -> None:
     """Queue one job. Prints the job id alone on the last line."""
     spec = JobSpecModel(
-        name=name or " ".join(command)[:80],
+        name=name or default_name(command),
         command=[" ".join(command)] if shell else command,
         env=parse_pairs(env or [], "--env"),
         requirements=RequirementsModel(
@@ -110,6 +110,12 @@ def submit(
         print_json(result)
         return
     print(result.job.id)
+
+
+def default_name(command: list[str]) -> str:
+    """The command's words, paths shortened to their last part (a name holds no ``/``,
+    so ``gpufleet show NAME`` can address it)."""
+    return " ".join(word.rstrip("/").rsplit("/", 1)[-1] or word for word in command)[:80]
 
 
 def load_plan(file: Path) -> ManifestApply:

@@ -55,6 +55,8 @@ def serve(opts: ServerOptions) -> None:
     secret = Auth(store).ensure_admin()
     if secret is not None:
         where = save_token(url, secret)
+        if shown == "127.0.0.1":  # the same server, as the CLI may be told to call it
+            save_token(f"http://localhost:{port}", secret)
         # Shown on a terminal only: a redirected stderr is a log, and secrets stay out of logs.
         note = f":\n  {secret}" if sys.stderr.isatty() else " (not shown: stderr is not a terminal)"
         print(
