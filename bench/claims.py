@@ -28,8 +28,14 @@ from gpufleet.wire import (
 )
 
 
-async def claimer(session: aiohttp.ClientSession, worker_id: str, leases: list[str]) -> None:
-    body = ClaimRequest(cpu_slots=1, wait=0).model_dump()
+async def claimer(
+    session: aiohttp.ClientSession,
+    worker_id: str,
+    leases: list[str],
+    wait: float,
+    last: list[float],
+) -> None:
+    body = ClaimRequest(cpu_slots=1, wait=wait).model_dump()
     while True:
         async with session.post(f"/v1/workers/{worker_id}/claim", json=body) as resp:
             if resp.status == 204:
@@ -37,20 +43,25 @@ async def claimer(session: aiohttp.ClientSession, worker_id: str, leases: list[s
             if resp.status != 200:
                 raise SystemExit(f"claim failed: HTTP {resp.status} {await resp.text()}")
             leases.append(Lease.model_validate_json(await resp.read()).job_id)
+            last[0] = time.perf_counter()
 
 
-async def claim_all(url: str, token: str | None, worker_ids: list[str]) -> tuple[list[str], float]:
+async def claim_all(
+    url: str, token: str | None, worker_ids: list[str], wait: float
+) -> tuple[list[str], float]:
     # aiohttp, not the SDK's httpx, on the load side: httpx's async client spends about
     # 2 ms of CPU a request, which on a 2-core machine would measure the client.
     leases: list[str] = []
+    last = [0.0]  # when the latest lease arrived
     headers = {"Authorization": f"Bearer {token}"}
     async with aiohttp.ClientSession(url, headers=headers) as session:
         started = time.perf_counter()
-        await asyncio.gather(*(claimer(session, w, leases) for w in worker_ids))
-        return leases, time.perf_counter() - started
+        await asyncio.gather(*(claimer(session, w, leases, wait, last) for w in worker_ids))
+        # Up to the last lease: with --wait the final polls then idle on an empty queue.
+        return leases, last[0] - started
 
 
-def run(db: str | None, jobs: int, workers: int) -> tuple[list[str], float]:
+def run(db: str | None, jobs: int, workers: int, wait: float) -> tuple[list[str], float]:
     with fleet() as f:
         f.start_server(db)
         token = f.token()
@@ -64,7 +75,7 @@ def run(db: str | None, jobs: int, workers: int) -> tuple[list[str], float]:
                 JobSpecModel(name=f"c{i}", command=["true"], manifest="bench") for i in range(jobs)
             ]
             c.apply(ManifestApply(name="bench", jobs=specs))
-        return asyncio.run(claim_all(f.url, token, ids))
+        return asyncio.run(claim_all(f.url, token, ids, wait))
 
 
 def main() -> None:
@@ -72,11 +83,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--db", default="sqlite", help="sqlite, or a postgresql:// URL")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        help="long-poll seconds per claim; > 0 makes every claimer a waiting worker that "
+        "others are ranked against (the last poll waits this long on an empty queue)",
+    )
     args = parser.parse_args()
     pg = args.db.startswith("postgres")
     db = fresh_pg_schema(args.db) if pg else None
     try:
-        leases, seconds = run(db, args.jobs, args.workers)
+        leases, seconds = run(db, args.jobs, args.workers, args.wait)
     finally:
         if db:
             drop_pg_schema(db)

@@ -347,19 +347,25 @@ class QueueService:
                 return True
         return False
 
-    def poll(self, worker_id: str, free: FreeResources) -> Lease | None:
-        """Start a long poll (the worker counts as waiting) and try once."""
-        self.wait_begin(worker_id, free)
+    def poll(self, worker_id: str, free: FreeResources, wait: float) -> Lease | None:
+        """Start a poll and try once. A worker that will wait counts as waiting, so better
+        ranked jobs are left for it; one that will not wait is nobody to leave a job for."""
+        if wait > 0:
+            self.wait_begin(worker_id, free)
+        else:
+            self.revive(self.claimer(worker_id))
         return self.try_claim(worker_id, free)
 
+    def revive(self, w: WorkerRow) -> WorkerRow:
+        """A polling worker is alive, heartbeat or not."""
+        if w.status != WorkerStatus.OFFLINE:
+            return w
+        self.store.update_worker(w.id, status=WorkerStatus.IDLE.value, last_heartbeat=self.clock())
+        self.forget(w.id)
+        return self.claimer(w.id)
+
     def wait_begin(self, worker_id: str, free: FreeResources) -> None:
-        w = self.claimer(worker_id)
-        if w.status == WorkerStatus.OFFLINE:  # a polling worker is alive, heartbeat or not
-            self.store.update_worker(
-                w.id, status=WorkerStatus.IDLE.value, last_heartbeat=self.clock()
-            )
-            self.forget(worker_id)
-            w = self.claimer(worker_id)
+        w = self.revive(self.claimer(worker_id))
         with self._waiting_lock:
             self._waiting[worker_id] = (self.view(w), free)
 

@@ -93,7 +93,9 @@ async def claim(
     deadline = time.monotonic() + body.wait
     try:
         wake = st.notifier.current()
-        lease = await to_thread.run_sync(st.queue.poll, worker_id, free, limiter=st.claim_limiter)
+        lease = await to_thread.run_sync(
+            st.queue.poll, worker_id, free, body.wait, limiter=st.claim_limiter
+        )
         while True:
             if lease is not None:
                 if await request.is_disconnected():  # nobody will run it: hand it back
