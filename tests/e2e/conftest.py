@@ -109,7 +109,12 @@ class Fleet:
             str(self.root / "work" / name),
             *args,
         ]
-        proc = Proc(argv, self.env, self.root / f"worker-{name}.log")
+        log = self.root / f"worker-{name}.log"
+        n = 1
+        while log.exists():  # a restarted worker of the same name keeps the old log
+            n += 1
+            log = self.root / f"worker-{name}.{n}.log"
+        proc = Proc(argv, self.env, log)
         self.procs.append(proc)
         wait_for(
             lambda: "registered" in proc.text() or proc.popen.poll() is not None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -64,3 +65,21 @@ def test_postgresql_server_runs_a_job_whose_output_has_a_nul_byte(
     job = fleet.wait_status(job_id, "succeeded", "failed", timeout=30)
     assert job["status"] == "succeeded"
     assert fleet.cli("logs", job_id).stdout == "a\ufffdb\n"
+
+
+def test_a_restarted_worker_kills_what_its_killed_predecessor_left(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server(lease_timeout=2.0)
+    first = fleet.start_worker("w1")
+    pidfile = tmp_path / "grandchild"
+    script = f"sleep 300 & echo $! > {pidfile}; wait"
+    fleet.cli("submit", "--shell", "--", script)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "the grandchild")
+    grandchild = int(pidfile.read_text())
+    first.signal(signal.SIGKILL)
+    first.popen.wait(10)
+    time.sleep(0.5)
+    assert _alive(grandchild), "the shell dies with its worker; its child is orphaned"
+    fleet.start_worker("w1")
+    wait_for(lambda: not _alive(grandchild), 10, "the restarted worker to kill the orphan")

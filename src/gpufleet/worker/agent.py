@@ -37,7 +37,13 @@ from gpufleet.wire import (
     WorkerRegister,
 )
 from gpufleet.worker.capability import live_gpus
-from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env
+from gpufleet.worker.runner import (
+    JobProcess,
+    build_argv,
+    describe_exit,
+    job_env,
+    kill_leftovers,
+)
 from gpufleet.worker.slots import Slots
 
 T = TypeVar("T")
@@ -102,6 +108,9 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal)
+        left = kill_leftovers(self.opts.work_dir)
+        if left:
+            say(f"killed {left} process(es) a previous worker left running in {self.opts.work_dir}")
         try:
             await self.register()
             tasks = [
@@ -354,7 +363,7 @@ class Agent:
             say(f"job {lease.job_id}: timed out after {spec.timeout:g}s; killing its process group")
             run.stop_reason = run.stop_reason or "timeout"
             code = await run.proc.stop()
-        await run.proc.reap()
+        await run.proc.reap(self.workdir(lease))
         flusher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await flusher

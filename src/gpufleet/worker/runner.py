@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 LINE_LIMIT = 1 << 20  # longer lines are split, not fatal
+PGID_MARKER = ".gpufleet-pgid"
 OnLine = Callable[[str, str], None]
 _PR_SET_PDEATHSIG = 1
 
@@ -95,6 +96,8 @@ class JobProcess:
             limit=LINE_LIMIT,
         )
         assert proc.stdout is not None and proc.stderr is not None
+        # A marker a restarted worker uses to find what a killed one left behind.
+        (cwd / PGID_MARKER).write_text(str(proc.pid))
         pumps = [
             asyncio.create_task(_pump(proc.stdout, "stdout", on_line)),
             asyncio.create_task(_pump(proc.stderr, "stderr", on_line)),
@@ -121,9 +124,10 @@ class JobProcess:
             code = await self.proc.wait()
         return code
 
-    async def reap(self) -> None:
+    async def reap(self, cwd: Path) -> None:
         """After the main process ended: kill what it left in its group, drain the pipes."""
         self.signal_group(signal.SIGKILL)
+        (cwd / PGID_MARKER).unlink(missing_ok=True)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*self.pumps), 5.0)
         for task in self.pumps:
@@ -152,3 +156,38 @@ def describe_exit(code: int) -> str | None:
             name = f"signal {-code}"
         return f"killed by {name}"
     return f"exit code {code}"
+
+
+def kill_leftovers(work_dir: Path) -> int:
+    """Kill job processes a previous worker on this work dir left running (it was killed
+    before it could). Only groups whose leader is gone are touched (a live worker's job
+    keeps its leader), and only processes in the recorded group that carry that job's
+    GPUFLEET_JOB_ID, so a reused pid is never hit. Returns how many were killed."""
+    import psutil
+
+    killed = 0
+    for marker in work_dir.glob(f"*/{PGID_MARKER}"):
+        job_id = marker.parent.name.rsplit("-", 1)[0]
+        try:
+            pgid = int(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        if _leader_alive(pgid):  # its worker still runs it (the leader dies with the worker)
+            continue
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+                if os.getpgid(proc.pid) == pgid and proc.environ().get("GPUFLEET_JOB_ID") == job_id:
+                    proc.kill()
+                    killed += 1
+        marker.unlink(missing_ok=True)
+    return killed
+
+
+def _leader_alive(pgid: int) -> bool:
+    import psutil
+
+    try:
+        leader = psutil.Process(pgid)
+        return os.getpgid(pgid) == pgid and leader.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ProcessLookupError):
+        return False
