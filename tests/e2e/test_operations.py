@@ -127,6 +127,11 @@ def test_bad_input_gives_a_clear_error_and_writes_nothing(fleet: Fleet, tmp_path
     res = fleet.cli("jobs", check=False)
     assert res.returncode == 1 and "invalid or revoked token" in res.stderr
     del fleet.env["GPUFLEET_TOKEN"]
+    saved_config = fleet.env["GPUFLEET_CONFIG_DIR"]
+    fleet.env["GPUFLEET_CONFIG_DIR"] = str(tmp_path / "no-token-here")
+    res = fleet.cli("submit", "--", "true", check=False)
+    assert res.returncode == 1 and "missing token" in res.stderr
+    fleet.env["GPUFLEET_CONFIG_DIR"] = saved_config
     assert json.loads(fleet.cli("jobs", "--json").stdout) == []
 
 
