@@ -489,3 +489,17 @@ def test_structured_noise_gives_a_wire_valid_plan_or_a_manifest_error(
         JobSpecModel.from_domain(job)
     for host in plan.hosts:
         HostModel.from_domain(host)
+
+
+def test_a_default_that_reads_like_a_gpu_requirement_must_be_a_real_field() -> None:
+    text = (
+        'schema_version = 1\nname = "p"\n[defaults]\ncommand = "python t.py"\nrequire_gpu = true\n'
+    )
+    with pytest.raises(ManifestError) as err:
+        parse_manifest(text, "plan.toml")
+    assert '"require_gpu"' in err.value.message and '"require_cuda"' in err.value.message
+    used = (
+        'schema_version = 1\nname = "p"\n[defaults]\n'
+        'command = "python t.py --gpus {gpu_list}"\ngpu_list = "0,1"\n[[jobs]]\nname = "a"\n'
+    )
+    assert parse_manifest(used, "plan.toml").jobs[0].command[-1] == "0,1"

@@ -396,12 +396,24 @@ def _parse_defaults(raw: Any, top: _Where, used: Collection[str]) -> _Defaults:
     return _Defaults(fields, variables)
 
 
+_GPU_WORDS = ("cuda", "gpu", "vram")
+_GPU_FIELDS = ("require_cuda", "prefer_cuda", "gpu_count", "min_vram_gib", "gpu_name")
+
+
 def _check_variable_name(key: str, where: _Where, used: Collection[str]) -> None:
     """A variable is any extra key; one that looks like a misspelt field must be used."""
     if key in _RESERVED_VARIABLES:
         where.fail(key, f"{key} is a builtin template variable and cannot be set")
     known = [*_JOB_FIELDS, *_ALIASES]
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+    if key not in used and any(word in key.lower() for word in _GPU_WORDS):
+        # A GPU requirement under a wrong name would quietly send GPU jobs to CPUs.
+        where.fail(
+            key,
+            "unknown field that reads like a GPU requirement; GPU fields are "
+            + ", ".join(f'"{f}"' for f in _GPU_FIELDS)
+            + " (a template variable must be used in a command)",
+        )
     if close and key not in used:
         where.fail(
             key,
