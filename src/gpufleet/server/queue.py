@@ -269,11 +269,13 @@ class QueueService:
                 "only a pending, claimed or running job can be cancelled",
                 detail={"job": job.id, "status": job.status.value},
             )
-        if job.status.active:
-            self.store.end_attempt(
-                job.id, job.lease, finished_at=now, outcome="cancelled", error="cancelled"
-            )
-        return self.job(job.id)
+        # The job's current attempt, read after the change: a claim may have slipped in
+        # between our read and the cancel.
+        cancelled = self.job(job.id)
+        self.store.end_open_attempt(
+            job.id, cancelled.lease, finished_at=now, outcome="cancelled", error="cancelled"
+        )
+        return cancelled
 
     def requeue(self, ref: str) -> JobRow:
         job = self.job(ref)

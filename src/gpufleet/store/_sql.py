@@ -355,10 +355,13 @@ class SqlStore:
             update(t.attempts).where((a.job_id == job_id) & (a.attempt == lease)).values(**values)
         )
 
-    def end_attempt(self, job_id: str, lease: int, **values: Any) -> None:
-        """Record how an attempt ended when the job row was changed another way (cancel)."""
+    def end_open_attempt(self, job_id: str, lease: int, **values: Any) -> None:
+        """Record how an attempt ended when the job row was changed another way (cancel);
+        an attempt already ended keeps its record."""
+        a = t.attempts.c
+        where = (a.job_id == job_id) & (a.attempt == lease) & a.finished_at.is_(None)
         with self._write() as conn:
-            self._update_attempt(conn, job_id, lease, **values)
+            conn.execute(update(t.attempts).where(where).values(**values))
 
     def lease_valid(self, job_id: str, lease: int) -> bool:
         j = t.jobs.c
