@@ -94,9 +94,11 @@ class RequirementsModel(Strict):
 
 class JobSpecModel(Strict):
     name: Name
-    command: list[Annotated[str, Field(max_length=100_000)]] = Field(min_length=1)
+    command: list[Annotated[str, Field(max_length=100_000), AfterValidator(_no_nul)]] = Field(
+        min_length=1
+    )
     hyper: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[Label, Annotated[str, AfterValidator(_no_nul)]] = Field(default_factory=dict)
     requirements: RequirementsModel = Field(default_factory=RequirementsModel)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     max_attempts: int = Field(3, ge=1, le=100)

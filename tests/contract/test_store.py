@@ -790,3 +790,16 @@ def test_reapplying_a_changed_manifest_updates_pending_jobs_only(
     assert job(store, running.job_id).spec.requirements.min_vram_gib == 0
     third = queue.apply(plan(5, 8))
     assert third.updated == [] and sorted(third.unchanged) == sorted(first.created)
+
+
+def test_a_server_start_extends_leases_only_after_an_outage(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w = register(queue, "w")
+    queue.submit(spec())
+    lease = claim(queue, w)
+    assert queue.after_outage() == 0, "a worker heartbeated just now: no outage"
+    clock.advance(LEASE)  # nobody heartbeated for a whole lease: the service was down
+    assert queue.after_outage() == 1
+    assert job(store, lease.job_id).lease_expires_at == clock.now + LEASE
+    assert queue.sweep() == ([], [])

@@ -83,3 +83,16 @@ def test_a_restarted_worker_kills_what_its_killed_predecessor_left(
     assert _alive(grandchild), "the shell dies with its worker; its child is orphaned"
     fleet.start_worker("w1")
     wait_for(lambda: not _alive(grandchild), 10, "the restarted worker to kill the orphan")
+
+
+def test_a_line_longer_than_the_server_takes_is_split_and_the_job_finishes(fleet: Fleet) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1")
+    script = "print('x' * 1_500_000); print('done')"
+    job_id = fleet.cli("submit", "--timeout", "60", "--", "python", "-c", script).stdout.split()[-1]
+    job = fleet.wait_status(job_id, "succeeded", "failed", timeout=60)
+    assert job["status"] == "succeeded"
+    lines = fleet.cli("logs", job_id).stdout.splitlines()
+    assert lines[-1] == "done"
+    assert all(len(line) <= 1_000_000 for line in lines)
+    assert "".join(lines[:-1]) == "x" * 1_500_000, "no output is lost"

@@ -231,7 +231,14 @@ def tokens_list(server: ServerOpt = None, as_json: JsonOpt = False) -> None:
     for col in ("ID", "NAME", "ROLE", "POOL", "CREATED", "REVOKED"):
         table.add_column(col)
     for t in rows:
-        table.add_row(t.id, t.name, t.role, t.pool or "-", when(t.created_at), when(t.revoked_at))
+        table.add_row(
+            t.id,
+            escape(t.name),
+            t.role,
+            escape(t.pool or "-"),
+            when(t.created_at),
+            when(t.revoked_at),
+        )
     out.print(table)
 
 

@@ -105,7 +105,7 @@ def submit(
     with client(server) as c:
         result = c.submit(spec)
     if result.warning:
-        err.print(f"[yellow]warning:[/yellow] {result.warning}")
+        err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
     if as_json:
         print_json(result)
         return
@@ -115,7 +115,8 @@ def submit(
 def default_name(command: list[str]) -> str:
     """The command's words, paths shortened to their last part (a name holds no ``/``,
     so ``gpufleet show NAME`` can address it)."""
-    return " ".join(word.rstrip("/").rsplit("/", 1)[-1] or word for word in command)[:80]
+    short = " ".join(word.rstrip("/").rsplit("/", 1)[-1] or word for word in command)
+    return short.replace("/", "_")[:80]
 
 
 def load_plan(file: Path) -> ManifestApply:
@@ -150,7 +151,7 @@ def apply(
     )
     for host in result.unknown_hosts:
         err.print(
-            f"[yellow]warning:[/yellow] no registered worker is named {escape(host)!r}; "
+            f"[yellow]warning:[/yellow] no registered worker is named {escape(repr(host))}; "
             "its hosts entry applies once one registers (workers are named by --name, "
             "default: hostname)"
         )
@@ -221,7 +222,7 @@ def show(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> Non
     if d.spec.hyper:
         out.print("  hyper: " + escape(", ".join(f"{k}={v}" for k, v in d.spec.hyper.items())))
     if d.unrunnable:
-        out.print(f"  [yellow]{d.unrunnable}[/yellow]")
+        out.print(f"  [yellow]{escape(d.unrunnable)}[/yellow]")
     if d.error:
         out.print(f"  error: {escape(d.error)}")
     for a in d.history:

@@ -149,6 +149,16 @@ def _name(value: Any, where: _Where, field: str) -> str:
     return text
 
 
+def _label(value: Any, where: _Where, field: str) -> str:
+    """A short text the server stores as is (model, mode): at most MAX_NAME, no NUL."""
+    text = _str(value, where, field)
+    if len(text) > MAX_NAME:
+        where.fail(field, f"must be at most {MAX_NAME} characters, got {len(text)}")
+    if "\x00" in text:
+        where.fail(field, "must not contain a NUL character")
+    return text
+
+
 def _bool(value: Any, where: _Where, field: str) -> bool:
     if not isinstance(value, bool):
         _wrong_type(value, where, field, "a boolean (true or false)")
@@ -262,8 +272,8 @@ _REQUIREMENT_FIELDS: dict[str, _Check] = {
     "worker": _str,
 }
 _SPEC_FIELDS: dict[str, _Check] = {
-    "model": _str,
-    "mode": _str,
+    "model": _label,
+    "mode": _label,
     "command": _command,
     "priority": _int_in(-MAX_PRIORITY, MAX_PRIORITY),
     "hyper": _hyper,

@@ -107,9 +107,10 @@ def create_app(store: SqlStore, settings: QueueSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         notifier.bind(asyncio.get_running_loop())
-        # Workers could not heartbeat while the server was down: give their leases one full
-        # lease_timeout from now before the first sweep, so a restart kills no healthy job.
-        await run_in_threadpool(store.extend_all_leases, queue.clock() + settings.lease_timeout)
+        # If no worker could heartbeat lately, the service was down (not just this replica):
+        # give leases one lease_timeout from now before the first sweep, so an outage kills
+        # no healthy job. With other replicas up, heartbeats are recent and nothing changes.
+        await run_in_threadpool(queue.after_outage)
         interval = max(0.05, min(settings.lease_timeout / 4, 5.0))
         task = asyncio.create_task(_sweeper(queue, interval))
         listener = None

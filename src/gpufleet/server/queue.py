@@ -154,19 +154,20 @@ class QueueService:
         )
         fresh = set(created)
         updated = self.store.update_pending(
-            [(i, s) for i, s in zip(ids, specs, strict=True) if i not in fresh]
+            [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True) if i not in fresh]
         )
         if created or updated:
             self.on_change()
         names = {v.name for v in views}
+        changed = fresh | set(updated)
         return ApplyResult(
             manifest=req.name,
             created=created,
             updated=updated,
-            unchanged=[i for i in ids if i not in fresh and i not in set(updated)],
+            unchanged=[i for i in ids if i not in changed],
             hosts=sorted(policies),
             unknown_hosts=sorted(h for h in policies if h not in names),
-            unrunnable={i: r for i, r in unrunnable.items() if r and i in fresh},
+            unrunnable={i: r for i, r in unrunnable.items() if r and i in changed},
         )
 
     # ---- reading ----------------------------------------------------------------------
@@ -510,6 +511,15 @@ class QueueService:
             self._held(job_id, attempt)
         self.on_change()
         return self.job(job_id)
+
+    def after_outage(self) -> int:
+        """At server start: if no worker heartbeated within a third of the lease, extend
+        every active lease by one lease timeout. Returns how many were extended."""
+        now = self.clock()
+        beats = [w.last_heartbeat for w in self.store.list_workers() if w.last_heartbeat]
+        if beats and now - max(beats) < self.settings.lease_timeout / 3:
+            return 0
+        return self.store.extend_all_leases(now + self.settings.lease_timeout)
 
     def sweep(self) -> tuple[list[str], list[str]]:
         """Expire leases of silent workers and mark those workers offline."""

@@ -58,6 +58,22 @@ _CLAIM_UPDATE = (
         lease_expires_at=bindparam("expires"),
     )
 )
+# Only a job still pending with the spec we compared against is changed.
+_PENDING_UPDATE = (
+    update(t.jobs)
+    .where(
+        (_J.id == bindparam("jid"))
+        & (_J.status == JobStatus.PENDING.value)
+        & (_J.spec == bindparam("old"))
+    )
+    .values(
+        spec=bindparam("spec"),
+        priority=bindparam("priority"),
+        max_attempts=bindparam("max_attempts"),
+        pool=bindparam("pool"),
+        unrunnable=bindparam("unrunnable"),
+    )
+)
 _ATTEMPT_INSERT = t.attempts.insert().values(
     job_id=bindparam("jid"),
     attempt=bindparam("new"),
@@ -209,24 +225,37 @@ class SqlStore:
             inserted = set(conn.execute(stmt, fresh).scalars())
             return [v["id"] for v in fresh if v["id"] in inserted]
 
-    def update_pending(self, jobs: Sequence[tuple[str, JobSpec]]) -> list[str]:
-        """Give pending jobs a new spec (same identity, new priority or requirements);
-        jobs already claimed or finished keep theirs. Returns the ids changed."""
+    def update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]:
+        """Give pending jobs a new spec (same identity, new priority, requirements or
+        limits) and its unrunnable verdict; jobs already claimed or finished keep theirs.
+        Compared outside the writer lock, written in one batch. Returns the ids changed."""
         j = t.jobs.c
-        changed: list[str] = []
-        with self._write() as conn:
-            for job_id, spec in jobs:
-                text = _spec_json(spec)
-                where = (j.id == job_id) & (j.status == JobStatus.PENDING.value) & (j.spec != text)
-                values = {
-                    "spec": text,
-                    "priority": spec.priority,
-                    "max_attempts": spec.max_attempts,
-                    "pool": spec.pool,
-                }
-                if conn.execute(update(t.jobs).where(where).values(**values)).rowcount:
-                    changed.append(job_id)
-        return changed
+        wanted = {job_id: (_spec_json(spec), spec, why) for job_id, spec, why in jobs}
+        ids = list(wanted)
+        current: dict[str, str] = {}
+        with self._read() as conn:
+            for at in range(0, len(ids), 500):
+                q = select(j.id, j.spec).where(
+                    j.id.in_(ids[at : at + 500]), j.status == JobStatus.PENDING.value
+                )
+                current.update({i: sp for i, sp in conn.execute(q).all()})
+        rows = [
+            {
+                "jid": i,
+                "old": old,
+                "spec": wanted[i][0],
+                "priority": wanted[i][1].priority,
+                "max_attempts": wanted[i][1].max_attempts,
+                "pool": wanted[i][1].pool,
+                "unrunnable": wanted[i][2],
+            }
+            for i, old in current.items()
+            if old != wanted[i][0]
+        ]
+        if rows:
+            with self._write() as conn:
+                conn.execute(_PENDING_UPDATE, rows)
+        return [str(r["jid"]) for r in rows]
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self._read() as conn:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-LINE_LIMIT = 1 << 20  # longer lines are split, not fatal
+LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
+MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
 PGID_MARKER = ".gpufleet-pgid"
 OnLine = Callable[[str, str], None]
 _PR_SET_PDEATHSIG = 1
@@ -97,7 +98,8 @@ class JobProcess:
         )
         assert proc.stdout is not None and proc.stderr is not None
         # A marker a restarted worker uses to find what a killed one left behind.
-        (cwd / PGID_MARKER).write_text(str(proc.pid))
+        with contextlib.suppress(OSError):  # best effort: only a later cleanup needs it
+            (cwd / PGID_MARKER).write_text(str(proc.pid))
         pumps = [
             asyncio.create_task(_pump(proc.stdout, "stdout", on_line)),
             asyncio.create_task(_pump(proc.stderr, "stderr", on_line)),
@@ -135,14 +137,24 @@ class JobProcess:
 
 
 async def _pump(reader: asyncio.StreamReader, stream: str, on_line: OnLine) -> None:
+    """Lines to ``on_line``. A pump must never stop early, or the child blocks on write:
+    a line longer than the buffer is passed on in pieces, none of it dropped."""
     while True:
         try:
-            raw = await reader.readline()
-        except ValueError:  # a line longer than LINE_LIMIT: take what is buffered
-            raw = await reader.read(LINE_LIMIT)
-        if not raw:
+            raw = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as eof:  # the end; a last line without newline
+            if eof.partial:
+                _emit(eof.partial, stream, on_line)
             return
-        on_line(stream, raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        except asyncio.LimitOverrunError as long:
+            raw = await reader.readexactly(long.consumed)
+        _emit(raw, stream, on_line)
+
+
+def _emit(raw: bytes, stream: str, on_line: OnLine) -> None:
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    for start in range(0, max(len(text), 1), MAX_LINE):  # pieces the server accepts
+        on_line(stream, text[start : start + MAX_LINE])
 
 
 def describe_exit(code: int) -> str | None:
