@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,12 +89,23 @@ class Fleet:
         ]
         if db:
             argv += ["--db", db]
+        self._server_argv = argv
         self.server = proc = Proc(argv, self.env, self.root / "server.log")
         self.procs.append(proc)
         line = wait_for(lambda: _listening(proc), 30, "the server to listen")
         self.url = line.split("listening on ", 1)[1].split()[0]
         self.env["GPUFLEET_SERVER"] = self.url
         return self.url
+
+    def restart_server(self, down_for: float = 0.0) -> None:
+        """Stop the server, stay down ``down_for`` seconds, start it again as it was (give
+        it a fixed --port, so workers find it again)."""
+        assert self.server is not None
+        self.server.stop()
+        time.sleep(down_for)
+        proc = self.server = Proc(self._server_argv, self.env, self.root / "server.restarted.log")
+        self.procs.append(proc)
+        wait_for(lambda: _listening(proc), 30, "the restarted server to listen")
 
     def start_worker(self, name: str, *args: str, heartbeat: float = 0.5) -> Proc:
         argv = [
@@ -157,6 +169,22 @@ class Fleet:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, which this sandbox's init may not reap, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def _listening(proc: Proc) -> str | None:

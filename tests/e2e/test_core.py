@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 from pathlib import Path
@@ -18,17 +17,7 @@ from gpufleet.wire import (
     StartRequest,
     WorkerRegister,
 )
-from tests.e2e.conftest import Fleet, wait_for
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); its state in /proc says it is gone.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+from tests.e2e.conftest import Fleet, alive, wait_for
 
 
 def test_job_runs_succeeds_and_its_output_is_kept(fleet: Fleet) -> None:
@@ -148,9 +137,9 @@ def test_cancel_kills_the_whole_process_group(fleet: Fleet, tmp_path: Path) -> N
     job_id = fleet.cli("submit", "--shell", "--", script).stdout.split()[-1]
     wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, 20, "both processes")
     procs = [int(p) for p in pids.read_text().split()]
-    assert all(_alive(p) for p in procs)
+    assert all(alive(p) for p in procs)
     fleet.cli("cancel", job_id)
-    wait_for(lambda: not any(_alive(p) for p in procs), 10, "the process group to die")
+    wait_for(lambda: not any(alive(p) for p in procs), 10, "the process group to die")
     job = fleet.job(job_id)
     assert job["status"] == "cancelled"
     assert job["history"][0]["outcome"] == "cancelled"

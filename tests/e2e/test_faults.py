@@ -6,9 +6,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import Fleet, wait_for
-from tests.e2e.test_core import _alive
-from tests.e2e.test_operations import _free_port
+from tests.e2e.conftest import Fleet, alive, free_port, wait_for
 
 
 def test_cancel_then_requeue_onto_the_same_worker_kills_the_old_attempt(
@@ -25,25 +23,21 @@ def test_cancel_then_requeue_onto_the_same_worker_kills_the_old_attempt(
     fleet.cli("requeue", job_id)
     wait_for(lambda: len(pids.read_text().split()) == 2, 20, "attempt 2 on the same worker")
     first, second = (int(p) for p in pids.read_text().split())
-    wait_for(lambda: not _alive(first), 10, "the cancelled attempt to die")
-    assert _alive(second)
+    wait_for(lambda: not alive(first), 10, "the cancelled attempt to die")
+    assert alive(second)
     fleet.cli("cancel", job_id)
-    wait_for(lambda: not _alive(second), 10, "the second attempt to die")
+    wait_for(lambda: not alive(second), 10, "the second attempt to die")
 
 
 def test_a_server_down_longer_than_the_lease_kills_no_healthy_job(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    port = _free_port()
-    fleet.start_server("--port", str(port), lease_timeout=2.0)
+    fleet.start_server("--port", str(free_port()), lease_timeout=2.0)
     fleet.start_worker("w1")
     started = tmp_path / "started"
     job_id = fleet.cli("submit", "--", "sh", "-c", f"touch {started}; sleep 6").stdout.split()[-1]
     wait_for(started.exists, 20, "the job to start")
-    assert fleet.server is not None
-    fleet.server.stop()
-    time.sleep(3.0)  # longer than the lease: no heartbeat could reach the server
-    fleet.start_server("--port", str(port), lease_timeout=2.0)
+    fleet.restart_server(down_for=3.0)  # longer than the lease: no heartbeat gets through
     job = fleet.wait_status(job_id, "succeeded", "failed", timeout=40)
     assert job["status"] == "succeeded" and job["attempts"] == 1
 
@@ -80,9 +74,9 @@ def test_a_restarted_worker_kills_what_its_killed_predecessor_left(
     first.signal(signal.SIGKILL)
     first.popen.wait(10)
     time.sleep(0.5)
-    assert _alive(grandchild), "the shell dies with its worker; its child is orphaned"
+    assert alive(grandchild), "the shell dies with its worker; its child is orphaned"
     fleet.start_worker("w1")
-    wait_for(lambda: not _alive(grandchild), 10, "the restarted worker to kill the orphan")
+    wait_for(lambda: not alive(grandchild), 10, "the restarted worker to kill the orphan")
 
 
 def test_a_line_longer_than_the_server_takes_is_split_and_the_job_finishes(fleet: Fleet) -> None:

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 from pathlib import Path
 
-from tests.e2e.conftest import Fleet, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.e2e.conftest import Fleet, free_port, wait_for
 
 
 def test_job_timeout_kills_it_and_records_why(fleet: Fleet) -> None:
@@ -66,16 +59,13 @@ def test_ephemeral_worker_runs_one_job_and_exits(fleet: Fleet) -> None:
 def test_worker_survives_a_server_restart_and_reports_its_running_job(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    port = _free_port()
-    fleet.start_server("--port", str(port), lease_timeout=30)
+    fleet.start_server("--port", str(free_port()), lease_timeout=30)
     fleet.start_worker("w1")
     started = tmp_path / "started"
     script = f"touch {started}; sleep 4; echo survived"
     job_id = fleet.cli("submit", "--", "sh", "-c", script).stdout.split()[-1]
     wait_for(started.exists, 20, "the job to start")
-    assert fleet.server is not None
-    fleet.server.stop()
-    fleet.start_server("--port", str(port), lease_timeout=30)
+    fleet.restart_server()
     job = fleet.wait_status(job_id, "succeeded", timeout=40)
     assert job["attempts"] == 1
     assert "survived" in fleet.cli("logs", job_id).stdout

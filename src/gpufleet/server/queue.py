@@ -25,6 +25,7 @@ from gpufleet.scheduling.matching import (
     WorkerView,
     effective_gpus,
     ever_reason,
+    explain,
     now_reason,
     rank_key,
 )
@@ -215,27 +216,21 @@ class QueueService:
         )
         return FreeResources(cpu_slots=max(0, w.cpu_slots - cpu_used), gpus=gpus)
 
-    def why(self, ref: str) -> tuple[JobRow, str, list[tuple[WorkerRow, str | None]]]:
+    def why(self, ref: str) -> tuple[JobRow, str, list[tuple[WorkerView, str | None]]]:
+        """The job, a one-line summary, and every worker's reason not to take it now."""
         job = self.job(ref)
         now = self.clock()
-        workers = self.store.list_workers()
         active = self.store.active_jobs()
-        verdicts: list[tuple[WorkerRow, str | None]] = []
-        for w in workers:
-            mine = [j for j in active if j.worker_id == w.id]
-            view = self.view(w)
-            v = now_reason(
-                JobView(job.id, job.spec, job.created_at),
-                view,
-                self.free_resources(w, mine),
-                now,
-                self.settings.prefer_cuda_grace,
-            )
-            verdicts.append((w, v if isinstance(v, str) else None))
+        fleet = [
+            (self.view(w), self.free_resources(w, [j for j in active if j.worker_id == w.id]))
+            for w in self.store.list_workers()
+        ]
+        jv = JobView(job.id, job.spec, job.created_at)
+        verdicts = explain(jv, fleet, now, self.settings.prefer_cuda_grace)
         return job, self._why_summary(job, verdicts, now), verdicts
 
     def _why_summary(
-        self, job: JobRow, verdicts: list[tuple[WorkerRow, str | None]], now: float
+        self, job: JobRow, verdicts: list[tuple[WorkerView, str | None]], now: float
     ) -> str:
         if job.status != JobStatus.PENDING:
             where = f" on {job.worker_id}" if job.worker_id and job.status.active else ""
@@ -244,10 +239,10 @@ class QueueService:
             return f"retry backoff: claimable in {job.not_before - now:.0f}s"
         if not verdicts:
             return "no workers are registered"
-        ready = [w.name for w, r in verdicts if r is None]
+        ready = [v.name for v, r in verdicts if r is None]
         if ready:
             return "claimable now by " + ", ".join(ready) + " (at their next poll)"
-        if job.unrunnable or all(ever_reason(job.spec, self.view(w)) for w, _ in verdicts):
+        if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
             return "no registered worker could ever run this job"
         return "waiting: every worker that could run it is busy, draining or offline"
 

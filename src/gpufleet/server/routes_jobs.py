@@ -99,14 +99,13 @@ def requeue_job(ref: str, request: Request, _: Operator) -> JobOut:
 def why_job(ref: str, request: Request, _: Reader) -> WhyOut:
     """For every worker, the constraint that keeps it from taking this job."""
     job, summary, verdicts = state(request).queue.why(ref)
-    q = state(request).queue
     return WhyOut(
         job_id=job.id,
         status=job.status.value,
         summary=summary,
         workers=[
-            WhyWorker(worker_id=w.id, name=w.name, status=q.worker_status(w).value, reason=r)
-            for w, r in verdicts
+            WhyWorker(worker_id=v.id, name=v.name, status=v.status.value, reason=r)
+            for v, r in verdicts
         ],
     )
 

@@ -392,12 +392,6 @@ class SqlStore:
         with self._write() as conn:
             conn.execute(update(t.attempts).where(where).values(**values))
 
-    def lease_valid(self, job_id: str, lease: int) -> bool:
-        j = t.jobs.c
-        q = select(j.id).where(self._lease_where(job_id, lease, ACTIVE))
-        with self._read() as conn:
-            return conn.execute(q).first() is not None
-
     def extend_leases(
         self, leases: Iterable[tuple[str, int]], expires: float
     ) -> set[tuple[str, int]]:

@@ -73,7 +73,6 @@ class Running:
     lines: list[LogLine] = field(default_factory=list)
     stop_reason: str | None = None  # set when we kill it: "cancel", "lost", "drain", "timeout"
     killing: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def say(msg: str) -> None:
@@ -320,7 +319,6 @@ class Agent:
         finally:
             self.running.pop((lease.job_id, lease.attempt), None)
             self.slots.give(lease.gpus)
-            run.done.set()
 
     async def execute(self, run: Running) -> tuple[int | None, str | None]:
         lease, spec = run.lease, run.lease.spec
