@@ -11,6 +11,10 @@
     ├── Unauthorized           a missing or wrong token                 (HTTP 401)
     ├── Forbidden              a token whose role may not make the call (HTTP 403)
     ├── ValidationFailed       a request the server cannot accept       (HTTP 422)
+    │   ├── HashMismatch       uploaded bytes do not hash to the blob id
+    │   └── UnsafeArchive      an archive entry that would escape, a device, a bomb
+    ├── TooLarge               a body or blob over the server's size limit (HTTP 413)
+    ├── InsufficientStorage    the disk filled up; nothing was kept       (HTTP 507)
     └── ServerUnavailable      the server cannot be reached (client side only)
 
 Every error carries a short machine ``code`` and a message that says what was wrong,
@@ -75,6 +79,27 @@ class ValidationFailed(GpufleetError):
     status = 422
 
 
+class HashMismatch(ValidationFailed):
+    code = "hash_mismatch"
+
+
+class UnsafeArchive(ValidationFailed):
+    """An archive that would write outside its target, create a device, or expand past a
+    limit. Nothing is left behind when this is raised."""
+
+    code = "unsafe_archive"
+
+
+class TooLarge(GpufleetError):
+    code = "too_large"
+    status = 413
+
+
+class InsufficientStorage(GpufleetError):
+    code = "insufficient_storage"
+    status = 507
+
+
 class ServerUnavailable(GpufleetError):
     code = "server_unavailable"
     status = 503
@@ -91,6 +116,10 @@ BY_CODE: dict[str, type[GpufleetError]] = {
         Unauthorized,
         Forbidden,
         ValidationFailed,
+        HashMismatch,
+        UnsafeArchive,
+        TooLarge,
+        InsufficientStorage,
         ServerUnavailable,
     )
 }
