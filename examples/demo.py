@@ -2,8 +2,10 @@
 
 Starts `gpufleet server` (SQLite in a temporary data dir) and two `gpufleet worker`
 processes (a "gpu-box" that simulates two GPUs, and a CPU-only "laptop"), applies
-examples/lab-plan.toml, waits for every job, and prints where each ran, how long it took
-and its result. `--keep` leaves the fleet running until Ctrl-C.
+examples/lab-plan.toml (its code travels as a package), waits for every job, prints where
+each ran, how long it took and its result, and downloads every job's artifact (trained
+models, and the predictions of an inference job that used one) into a local folder whose
+path it prints. `--keep` leaves the fleet running until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -90,6 +92,19 @@ def show(client: Client) -> bool:
     return ok
 
 
+def download_all(client: Client, env: dict[str, str], where: Path) -> Path:
+    """Every finished job's artifact, unpacked under ``where/JOB_NAME`` by the real CLI."""
+    for j in client.jobs():
+        if j.status == "succeeded":
+            subprocess.run(
+                [sys.executable, "-m", "gpufleet", "download", j.id, "-o", str(where / j.name)],
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+    return where
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", action="store_true", help="leave the fleet running until Ctrl-C")
@@ -142,6 +157,8 @@ def main() -> int:
                     break
                 time.sleep(0.5)
             ok = show(client)
+            results = download_all(client, env, root / "results")
+        console.print(f"\nresults (models, metrics, predictions): {results}")
         if args.keep:
             console.print(
                 f"\nThe fleet keeps running. In another shell:\n"

@@ -1,7 +1,8 @@
 """A real, small training job: fit a scikit-learn model on the digits data set.
 
 The data ships inside scikit-learn, so nothing is downloaded. gpufleet passes the job's
-hyperparameters as ``--key value``; the last line is a JSON result the demo reads.
+hyperparameters as ``--key value``; the last line is a JSON result the demo reads. The
+fitted model and its metrics go to ``outputs/``, which gpufleet keeps as the job's artifact.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import time
+from pathlib import Path
 
 from sklearn.datasets import load_digits
 from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
@@ -69,16 +72,15 @@ def main() -> None:
     clf = build(args.model, hp, args.seed)
     clf.fit(xtr, ytr)  # type: ignore[attr-defined]
     accuracy = float(clf.score(xte, yte))  # type: ignore[attr-defined]
-    print(
-        json.dumps(
-            {
-                "result": {
-                    "accuracy": round(accuracy, 4),
-                    "fit_seconds": round(time.perf_counter() - started, 2),
-                }
-            }
-        )
-    )
+    result = {
+        "accuracy": round(accuracy, 4),
+        "fit_seconds": round(time.perf_counter() - started, 2),
+    }
+    outputs = Path("outputs")
+    outputs.mkdir(exist_ok=True)
+    (outputs / "model.pkl").write_bytes(pickle.dumps(clf))
+    (outputs / "metrics.json").write_text(json.dumps({"model": args.model, **result}))
+    print(json.dumps({"result": result}))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _isolated_config(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
-    """No test reads or writes the real user config (tokens, settings)."""
+    """No test reads or writes the real user config (tokens, settings) or cache."""
     cfg = tmp_path_factory.mktemp("config")
     monkeypatch.setenv("GPUFLEET_CONFIG_DIR", str(cfg))
+    # ... nor the user's cache (remembered package hashes)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
     for key in list(os.environ):
         if key.startswith("GPUFLEET_") and key not in ("GPUFLEET_CONFIG_DIR", "GPUFLEET_TEST_PG"):
             monkeypatch.delenv(key)

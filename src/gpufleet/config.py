@@ -33,7 +33,7 @@ import platformdirs
 
 from gpufleet.errors import ConfigError
 
-Kind = Literal["str", "int", "float", "bool", "path", "url"]
+Kind = Literal["str", "int", "float", "bool", "path", "url", "size"]
 
 APP = "gpufleet"
 FILE_NAME = "gpufleet.toml"
@@ -73,6 +73,10 @@ def _work_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP)) / "work"
 
 
+def _cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir(APP)) / "blobs"
+
+
 def _setting(
     name: str,
     default: Any,
@@ -102,6 +106,13 @@ SETTINGS: dict[str, Setting] = {
         ),
         _setting("data_dir", _data_dir, "path", "where the server keeps its data"),
         _setting("db", None, "str", "database URL (default: SQLite in data_dir)"),
+        _setting(
+            "max_blob_size",
+            64 << 30,
+            "size",
+            "largest blob (package or artifact) the server accepts, e.g. 64G",
+            minimum=1,
+        ),
         _setting(
             "lease_timeout",
             120.0,
@@ -138,6 +149,21 @@ SETTINGS: dict[str, Setting] = {
             minimum=0,
         ),
         _setting("pool", "default", "str", "worker pool"),
+        _setting("cache_dir", _cache_dir, "path", "where a worker caches packages by hash"),
+        _setting(
+            "cache_size",
+            50 << 30,
+            "size",
+            "most bytes the worker's package cache keeps, e.g. 50G",
+            minimum=0,
+        ),
+        _setting(
+            "mount",
+            "",
+            "str",
+            "shared paths this worker can read, comma-separated; inputs under them are "
+            "passed by reference",
+        ),
         _setting("token", None, "str", "bearer token", secret=True),
     )
 }
@@ -340,6 +366,30 @@ def _parse_url(value: Any, base: Path) -> str:
     raise _Invalid("must be a URL starting with http:// or https://")
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from ``1024``, ``512M``, ``20G``, ``1.5TiB`` (binary units)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in _UNITS else ""
+        number = text[: len(text) - len(unit)].strip()
+        try:
+            size = float(number) * _UNITS[unit]
+        except ValueError:
+            size = math.nan
+        if math.isfinite(size) and size >= 0:
+            return int(size)
+    raise _Invalid("must be a size such as 1024, 512M, 20G or 1T")
+
+
+def _parse_size(value: Any, base: Path) -> int:
+    return parse_size(value)
+
+
 _PARSERS: dict[str, Callable[[Any, Path], Any]] = {
     "str": _parse_str,
     "int": _parse_int,
@@ -347,6 +397,7 @@ _PARSERS: dict[str, Callable[[Any, Path], Any]] = {
     "bool": _parse_bool,
     "path": _parse_path,
     "url": _parse_url,
+    "size": _parse_size,
 }
 
 
@@ -366,7 +417,7 @@ def _shown(setting: Setting, value: Any) -> str:
 def _parse(setting: Setting, raw: _Raw, source: str, base: Path) -> Any:
     try:
         value = _PARSERS[setting.kind](raw.value, base)
-        if setting.kind in ("int", "float"):
+        if setting.kind in ("int", "float", "size"):
             _check_bounds(setting, value)
     except _Invalid as exc:
         shown = _shown(setting, raw.value)

@@ -9,13 +9,15 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.domain.models import (
     Capability,
     DeclaredCapability,
     GpuInfo,
     HostPolicy,
+    InputKind,
+    JobInput,
     JobSpec,
     JobStatus,
     Requirements,
@@ -30,7 +32,24 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _relative(value: str) -> str:
+    """A path inside the job directory: relative, no "..", no backslashes."""
+    parts = value.replace("\\", "/").split("/")
+    if value.startswith(("/", "\\")) or (len(value) > 1 and value[1] == ":"):
+        raise ValueError("must be a path relative to the job directory")
+    if ".." in parts or "\\" in value:
+        raise ValueError('must stay inside the job directory (no ".." or backslashes)')
+    return value
+
+
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
+#: A blob id: the SHA-256 of its bytes, 64 lowercase hex digits.
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256, 64 hex digits")]
+RelPath = Annotated[
+    str, Field(min_length=1, max_length=1000), AfterValidator(_no_nul), AfterValidator(_relative)
+]
+#: Sizes: up to 1 PiB.
+Size = Annotated[int, Field(ge=0, le=2**50)]
 Label = Annotated[str, Field(max_length=200), AfterValidator(_no_nul)]
 # Integers that reach the database fit a 32-bit column on every backend.
 INT32 = 2**31 - 1
@@ -92,6 +111,35 @@ class RequirementsModel(Strict):
         return cls.model_validate(asdict(r))
 
 
+class InputModel(Strict):
+    """A job input: a package blob, another job's artifact, or a path on a shared mount."""
+
+    kind: Literal["blob", "job", "path"]
+    ref: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_no_nul)]
+    dest: RelPath = "."
+    sha256: Sha256 | None = None
+    size: Size | None = None
+    label: Label = ""
+
+    @model_validator(mode="after")
+    def _check_ref(self) -> InputModel:
+        if self.kind == "blob" and not _is_sha256(self.ref):
+            raise ValueError("a blob input's ref must be its SHA-256 (64 hex digits)")
+        if self.kind == "path" and not (self.ref.startswith("/") and self.sha256):
+            raise ValueError("a path input needs an absolute path and its sha256")
+        if self.kind == "job" and len(self.ref) > 200:
+            raise ValueError("a job input's ref is a job name or id (at most 200 characters)")
+        return self
+
+    def to_domain(self) -> JobInput:
+        kind = InputKind(self.kind)
+        return JobInput(kind, self.ref, self.dest, self.sha256, self.size, self.label)
+
+
+def _is_sha256(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 class JobSpecModel(Strict):
     name: Name
     command: list[Annotated[str, Field(max_length=100_000), AfterValidator(_no_nul)]] = Field(
@@ -109,17 +157,54 @@ class JobSpecModel(Strict):
     model: Label | None = None
     mode: Label | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[InputModel] = Field(default_factory=list, max_length=100)
+    outputs: list[RelPath] = Field(
+        default_factory=lambda: ["outputs"],
+        max_length=100,
+        description="globs relative to the job directory, archived as the job's artifact",
+    )
 
     def to_domain(self) -> JobSpec:
-        data = self.model_dump(exclude={"requirements"})
+        data = self.model_dump(exclude={"requirements", "inputs", "outputs"})
         return JobSpec(
             **{**data, "command": tuple(self.command)},
             requirements=self.requirements.to_domain(),
+            inputs=tuple(i.to_domain() for i in self.inputs),
+            outputs=tuple(self.outputs),
         )
 
     @classmethod
     def from_domain(cls, s: JobSpec) -> JobSpecModel:
         return cls.model_validate(asdict(s))
+
+
+class ArtifactFile(BaseModel):
+    path: str
+    size: int
+
+
+class ArtifactOut(BaseModel):
+    """A job attempt's outputs, archived: a blob and what it holds."""
+
+    job_id: str
+    attempt: int
+    sha256: str
+    size: int = Field(description="archive bytes")
+    files: list[ArtifactFile] = Field(description="the first files in the archive (at most 1000)")
+    file_count: int
+    bytes: int = Field(description="unpacked bytes")
+    created_at: datetime
+
+
+class ArtifactAttach(Strict):
+    attempt: Attempt
+    sha256: Sha256
+
+
+class DependencyOut(BaseModel):
+    job_id: str
+    name: str
+    status: JobState
 
 
 class AttemptOut(BaseModel):
@@ -153,12 +238,15 @@ class JobOut(BaseModel):
     model: str | None = None
     manifest: str | None = None
     not_before: datetime | None = None
+    waiting: int = Field(0, description="dependencies (job:NAME inputs) not yet succeeded")
 
 
 class JobDetail(JobOut):
     spec: JobSpecModel
     history: list[AttemptOut]
     unrunnable: str | None = None
+    artifact: ArtifactOut | None = None
+    depends_on: list[DependencyOut] = Field(default_factory=list)
 
 
 class SubmitResult(BaseModel):
@@ -264,10 +352,15 @@ class CapabilityModel(Strict):
     torch_version: str | None = None
     git_commit: str | None = None
     gpus_simulated: bool = False
+    mounts: list[Annotated[str, Field(max_length=4096), AfterValidator(_no_nul)]] = Field(
+        default_factory=list, max_length=100, description="shared paths this worker can read"
+    )
 
     def to_domain(self) -> Capability:
-        data = self.model_dump(exclude={"gpus"})
-        return Capability(**data, gpus=tuple(g.to_domain() for g in self.gpus))
+        data = self.model_dump(exclude={"gpus", "mounts"})
+        return Capability(
+            **data, gpus=tuple(g.to_domain() for g in self.gpus), mounts=tuple(self.mounts)
+        )
 
     @classmethod
     def from_domain(cls, c: Capability) -> CapabilityModel:
@@ -320,6 +413,19 @@ class ClaimRequest(Strict):
     wait: float = Field(25.0, ge=0, le=60)
 
 
+class StagedInput(BaseModel):
+    """An input as the worker fetches it: a blob to unpack (a package, or a dependency's
+    artifact) or a shared path to check and link. ``sha256`` None: a dependency that
+    produced no artifact."""
+
+    kind: Literal["blob", "job", "path"]
+    dest: str
+    sha256: str | None
+    size: int | None = None
+    path: str | None = None
+    label: str = ""
+
+
 class Lease(BaseModel):
     """A claim's answer: run ``spec`` on ``gpus``; every later write carries (job_id, attempt)."""
 
@@ -328,6 +434,7 @@ class Lease(BaseModel):
     spec: JobSpecModel
     gpus: list[int]
     lease_timeout: float
+    inputs: list[StagedInput] = Field(default_factory=list)
 
 
 class HeartbeatRequest(Strict):
@@ -410,6 +517,30 @@ class StatusOut(BaseModel):
     gpus: int
     gpus_free: int
     cpu_slots: int
+
+
+# ---- blobs ------------------------------------------------------------------------------
+
+
+class BlobOut(BaseModel):
+    sha256: str
+    size: int
+    created_at: datetime
+
+
+class UploadCreate(Strict):
+    sha256: Sha256
+    size: Size
+
+
+class UploadOut(BaseModel):
+    """A resumable upload: send the bytes from ``offset`` on with PATCH."""
+
+    id: str | None = Field(description="None when the server already had the blob")
+    sha256: str
+    size: int
+    offset: int
+    complete: bool
 
 
 # ---- tokens -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +17,10 @@ from gpufleet.domain.models import JobSpec, JobStatus, Requirements, Role, Worke
 from gpufleet.errors import Conflict, NotFound, Unauthorized
 from gpufleet.scheduling.matching import FreeGpu, FreeResources
 from gpufleet.server.auth import Auth
+from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.queue import QueueService, QueueSettings
 from gpufleet.store import JobRow, SqlStore, WorkerRow
+from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.wire import (
     CapabilityModel,
     GpuModel,
@@ -54,13 +57,20 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def service(store: SqlStore, clock: FakeClock) -> QueueService:
-    return QueueService(store, SETTINGS, clock=lambda: clock.now)
+def service(store: SqlStore, clock: FakeClock, blobs: BlobService) -> QueueService:
+    return QueueService(store, SETTINGS, blobs, clock=lambda: clock.now)
 
 
 @pytest.fixture
-def queue(store: SqlStore, clock: FakeClock) -> QueueService:
-    return service(store, clock)
+def blobs(store: SqlStore, tmp_path: Path) -> BlobService:
+    service = BlobService(store, BlobFiles(tmp_path / "blobs"), BlobSettings())
+    service.startup()
+    return service
+
+
+@pytest.fixture
+def queue(store: SqlStore, clock: FakeClock, blobs: BlobService) -> QueueService:
+    return service(store, clock, blobs)
 
 
 def register(
@@ -631,7 +641,7 @@ def test_apply_twice_is_idempotent(store: SqlStore, queue: QueueService) -> None
     queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     statuses = {j.id: j.status for j in store.list_jobs()}
 
-    second = service(store, FakeClock()).apply(req)
+    second = service(store, FakeClock(), queue.blobs).apply(req)
     assert second.created == []
     assert sorted(second.unchanged) == sorted(first.created)
     assert {j.id: j.status for j in store.list_jobs()} == statuses
@@ -657,7 +667,7 @@ def test_host_policies_from_apply_limit_claims(store: SqlStore, queue: QueueServ
             jobs=[manifest_job("resnet-train", "resnet50")],
         )
     )
-    fresh = service(store, FakeClock())
+    fresh = service(store, FakeClock(), queue.blobs)
     bert_box = register(fresh, "bert-box")
     no_resnet = register(fresh, "no-resnet")
     anyone = register(fresh, "anyone")
@@ -678,7 +688,7 @@ def test_host_declared_capability_from_apply(store: SqlStore, queue: QueueServic
             ],
         )
     )
-    fresh = service(store, FakeClock())
+    fresh = service(store, FakeClock(), queue.blobs)
     w = register(fresh, "shared-gpu", gpus=[("NVIDIA A100-SXM4-80GB", 80)])
     free = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 80 * GIB),))
     assert fresh.try_claim(w.id, free) is None

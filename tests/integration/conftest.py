@@ -17,7 +17,9 @@ from fastapi import FastAPI
 from gpufleet.domain.models import Role
 from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
+from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.store import SqlStore
+from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import bearer
 
 if TYPE_CHECKING:
@@ -38,8 +40,16 @@ def settings() -> QueueSettings:
 
 
 @pytest.fixture
-def app(store: SqlStore, settings: QueueSettings) -> FastAPI:
-    return create_app(store, settings)
+def blob_settings() -> BlobSettings:
+    return BlobSettings()
+
+
+@pytest.fixture
+def app(
+    store: SqlStore, settings: QueueSettings, blob_settings: BlobSettings, tmp_path: Path
+) -> FastAPI:
+    blobs = BlobService(store, BlobFiles(tmp_path / "blobs"), blob_settings)
+    return create_app(store, settings, blobs)
 
 
 @pytest.fixture

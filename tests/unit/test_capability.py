@@ -465,4 +465,5 @@ def test_capability_json_round_trips_through_json() -> None:
     assert data["gpus"][1]["compute_capability"] == "8.6"
     assert data["cuda_version"] == "12.4"
     assert data["gpus_simulated"] is False
-    assert Capability(**{**data, "gpus": tuple(GpuInfo(**g) for g in data["gpus"])}) == cap
+    gpus = tuple(GpuInfo(**g) for g in data["gpus"])
+    assert Capability(**{**data, "gpus": gpus, "mounts": tuple(data["mounts"])}) == cap

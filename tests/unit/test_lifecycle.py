@@ -42,6 +42,7 @@ ALLOWED = {
     (R, Event.CANCEL): X,
     (F, Event.REQUEUE): P,
     (X, Event.REQUEUE): P,
+    (P, Event.DEPENDENCY_FAILED): F,
 }
 ALL_PAIRS = [(s, e) for s in JobStatus for e in Event]
 
@@ -99,6 +100,7 @@ def test_cancel_sources_are_exactly_the_non_terminal_statuses() -> None:
         (Event.LOSE_FINAL, ACTIVE),
         (Event.RELEASE, ACTIVE),
         (Event.REQUEUE, {F, X}),
+        (Event.DEPENDENCY_FAILED, {P}),
     ],
 )
 def test_sources(event: Event, expected: set[JobStatus]) -> None:
@@ -110,6 +112,7 @@ def test_release_is_the_only_way_back_that_does_not_count_an_attempt() -> None:
     assert {Event.RETRY, Event.FAIL, Event.LOSE, Event.LOSE_FINAL, Event.SUCCEED} <= COUNTED
     assert Event.CANCEL not in COUNTED
     assert Event.REQUEUE not in COUNTED
+    assert Event.DEPENDENCY_FAILED not in COUNTED  # the job never ran
 
 
 @pytest.mark.parametrize(

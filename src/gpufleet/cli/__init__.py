@@ -8,7 +8,7 @@ import typer
 from pydantic import ValidationError
 
 from gpufleet import __version__
-from gpufleet.cli import fleet, jobs
+from gpufleet.cli import data, fleet, jobs
 from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 jobs.register(app)
+data.register(app)
 fleet.register(app)
 
 

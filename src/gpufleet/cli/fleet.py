@@ -24,6 +24,7 @@ from gpufleet.cli._common import (
     styled,
     when,
 )
+from gpufleet.errors import GpufleetError
 from gpufleet.wire import TokenCreate
 
 ServerOpt = Annotated[str | None, setting_option("server")]
@@ -51,6 +52,7 @@ def server(
     lease_timeout: Annotated[float | None, setting_option("lease_timeout")] = None,
     prefer_cuda_grace: Annotated[float | None, setting_option("prefer_cuda_grace")] = None,
     retry_backoff: Annotated[float | None, setting_option("retry_backoff")] = None,
+    max_blob_size: Annotated[str | None, setting_option("max_blob_size")] = None,
 ) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
     from gpufleet.server import QueueSettings, ServerOptions, serve
@@ -63,6 +65,7 @@ def server(
         lease_timeout=lease_timeout,
         prefer_cuda_grace=prefer_cuda_grace,
         retry_backoff=retry_backoff,
+        max_blob_size=max_blob_size,
     )
     queue = QueueSettings(
         lease_timeout=s["lease_timeout"],
@@ -71,7 +74,12 @@ def server(
     )
     serve(
         ServerOptions(
-            host=s["host"], port=s["port"], data_dir=s["data_dir"], db=s["db"], queue=queue
+            host=s["host"],
+            port=s["port"],
+            data_dir=s["data_dir"],
+            db=s["db"],
+            queue=queue,
+            max_blob_size=s["max_blob_size"],
         )
     )
 
@@ -94,6 +102,9 @@ def worker(
     work_dir: Annotated[Path | None, setting_option("work_dir")] = None,
     drain_grace: Annotated[float | None, setting_option("drain_grace")] = None,
     pool: Annotated[str | None, setting_option("pool")] = None,
+    cache_dir: Annotated[Path | None, setting_option("cache_dir")] = None,
+    cache_size: Annotated[str | None, setting_option("cache_size")] = None,
+    mount: Annotated[list[str] | None, setting_option("mount", extra="; repeatable")] = None,
 ) -> None:
     """Run a worker: detect this machine, claim jobs that fit, run them, report back."""
     from gpufleet.worker.agent import WorkerOptions, run_worker
@@ -110,8 +121,15 @@ def worker(
         work_dir=work_dir,
         drain_grace=drain_grace,
         pool=pool,
+        cache_dir=cache_dir,
+        cache_size=cache_size,
+        mount=",".join(mount) if mount else None,
     )
     cap = detect(simulate=s["simulate_gpus"])
+    mounts = tuple(str(Path(m).expanduser().resolve()) for m in s["mount"].split(",") if m.strip())
+    for m in mounts:
+        if not Path(m).is_dir():
+            raise GpufleetError(f"--mount {m}: no such folder on this machine")
     opts = WorkerOptions(
         server=s["server"],
         token=config.token_for(s["server"], s),
@@ -123,6 +141,9 @@ def worker(
         work_dir=s["work_dir"],
         drain_grace=s["drain_grace"],
         pool=s["pool"],
+        cache_dir=s["cache_dir"],
+        cache_size=s["cache_size"],
+        mounts=mounts,
     )
     raise typer.Exit(run_worker(opts, cap))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -22,9 +23,19 @@ from gpufleet.cli._common import (
     styled,
     when,
 )
+from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
+from gpufleet.client import Client
 from gpufleet.domain.manifest import parse_manifest
-from gpufleet.errors import ManifestError
-from gpufleet.wire import HostModel, JobOut, JobSpecModel, ManifestApply, RequirementsModel
+from gpufleet.domain.models import InputKind
+from gpufleet.errors import ManifestError, NotFound
+from gpufleet.wire import (
+    HostModel,
+    InputModel,
+    JobOut,
+    JobSpecModel,
+    ManifestApply,
+    RequirementsModel,
+)
 
 ServerOpt = Annotated[str | None, setting_option("server")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -79,37 +90,97 @@ def submit(
     shell: Annotated[
         bool, typer.Option("--shell", help="Run the command through /bin/sh -c.")
     ] = False,
+    package: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="[DEST=]PATH: a folder, zip or file unpacked into the job directory "
+            "(uploaded only if the server lacks it; repeatable)."
+        ),
+    ] = None,
+    input: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="[DEST=]job:NAME_OR_ID: wait for that job to succeed and get its artifact "
+            "(default DEST: inputs/NAME; repeatable)."
+        ),
+    ] = None,
+    output: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Glob of files (relative to the job directory) kept as the artifact "
+            "(default: outputs; repeatable)."
+        ),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Follow the job to its end, then download its results."),
+    ] = False,
+    results: Annotated[
+        Path | None,
+        typer.Option(help="With --wait: where to unpack the results (default: ./JOB_ID)."),
+    ] = None,
+    pool: Annotated[str, typer.Option(help="Pool the job runs in.")] = "default",
     as_json: JsonOpt = False,
 ) -> None:
-    """Queue one job. Prints the job id alone on the last line."""
-    spec = JobSpecModel(
-        name=name or default_name(command),
-        command=[" ".join(command)] if shell else command,
-        env=parse_pairs(env or [], "--env"),
-        requirements=RequirementsModel(
-            require_cuda=require_cuda or gpus > 0,
-            prefer_cuda=prefer_cuda,
-            gpu_count=gpus,
-            min_vram_gib=min_vram_gib,
-            min_ram_gib=min_ram_gib,
-            gpu_name=gpu_name,
-            labels=parse_pairs(label or [], "--label"),
-            allowed_hosts=host or [],
-            worker=worker,
-        ),
-        priority=priority,
-        max_attempts=max_attempts,
-        timeout=timeout,
-        shell=shell,
+    """Queue one job. Prints the job id alone on the last line (with --wait: follows it,
+    downloads its results, and exits non-zero unless it succeeded)."""
+    requirements = RequirementsModel(
+        require_cuda=require_cuda or gpus > 0,
+        prefer_cuda=prefer_cuda,
+        gpu_count=gpus,
+        min_vram_gib=min_vram_gib,
+        min_ram_gib=min_ram_gib,
+        gpu_name=gpu_name,
+        labels=parse_pairs(label or [], "--label"),
+        allowed_hosts=host or [],
+        worker=worker,
     )
     with client(server) as c:
+        inputs = job_inputs(input or [])  # checked before anything is uploaded
+        inputs = package_inputs(c, package or [], pool, as_json) + inputs
+        spec = JobSpecModel(
+            name=name or default_name(command),
+            command=[" ".join(command)] if shell else command,
+            env=parse_pairs(env or [], "--env"),
+            requirements=requirements,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            shell=shell,
+            pool=pool,
+            inputs=inputs,
+            outputs=output or ["outputs"],
+        )
         result = c.submit(spec)
-    if result.warning:
-        err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
-    if as_json:
-        print_json(result)
-        return
-    print(result.job.id)
+        if result.warning:
+            err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
+        if as_json and not wait:
+            print_json(result)
+            return
+        if not wait:
+            print(result.job.id)
+            return
+        err.print(f"job {result.job.id} queued; following it (Ctrl-C stops following only)")
+        status = follow(c, result.job.id, as_json)
+        _finish_wait(c, result.job.id, status, results, as_json)
+
+
+def _finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet: bool) -> None:
+    where = None
+    try:
+        where = fetch_results(c, job_id, results, quiet)
+    except NotFound:
+        err.print("the job left no artifact (its outputs matched no files)")
+    if quiet:
+        print_json({"job_id": job_id, "status": status, "results": str(where) if where else None})
+    else:
+        err.print(
+            f"job {job_id} {styled(status)}"
+            + (f"; results in {escape(str(where))}" if where else "")
+        )
+        print(job_id)
+    if status != "succeeded":
+        raise typer.Exit(1)
 
 
 def default_name(command: list[str]) -> str:
@@ -119,16 +190,29 @@ def default_name(command: list[str]) -> str:
     return short.replace("/", "_")[:80]
 
 
-def load_plan(file: Path) -> ManifestApply:
+def load_plan(file: Path, c: Client, quiet: bool) -> ManifestApply:
+    """Parse a manifest and upload the packages its jobs name (each once)."""
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestError(f"{file}: cannot read the manifest: {exc.strerror or exc}") from exc
-    plan = parse_manifest(text, str(file), base_dir=str(file.resolve().parent))
+    base = file.resolve().parent
+    plan = parse_manifest(text, str(file), base_dir=str(base))
+    uploaded: dict[tuple[str, str], InputModel] = {}
+    jobs = []
+    for spec in plan.jobs:
+        local = [i for i in spec.inputs if i.kind == InputKind.LOCAL]
+        for inp in local:
+            key = (inp.ref, spec.pool)
+            if key not in uploaded:
+                item = inp.ref if inp.dest == "." else f"{inp.dest}={inp.ref}"
+                uploaded[key] = package_inputs(c, [item], spec.pool, quiet, base)[0]
+        rest = tuple(i for i in spec.inputs if i.kind != InputKind.LOCAL)
+        model = JobSpecModel.from_domain(replace(spec, inputs=rest))
+        staged = [uploaded[(i.ref, spec.pool)].model_copy(update={"dest": i.dest}) for i in local]
+        jobs.append(model.model_copy(update={"inputs": staged + model.inputs}))
     return ManifestApply(
-        name=plan.name,
-        hosts=[HostModel.from_domain(h) for h in plan.hosts],
-        jobs=[JobSpecModel.from_domain(j) for j in plan.jobs],
+        name=plan.name, hosts=[HostModel.from_domain(h) for h in plan.hosts], jobs=jobs
     )
 
 
@@ -138,8 +222,8 @@ def apply(
     as_json: JsonOpt = False,
 ) -> None:
     """Apply a manifest: new jobs are queued, existing ones keep their status."""
-    plan = load_plan(file)
     with client(server) as c:
+        plan = load_plan(file, c, as_json)
         result = c.apply(plan)
     if as_json:
         print_json(result)
@@ -236,29 +320,34 @@ def show(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> Non
 def logs(
     job: JobArg,
     server: ServerOpt = None,
-    follow: Annotated[
+    follow_: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Print a job's output (stdout and stderr)."""
-    after = 0
     with client(server) as c:
-        while True:
-            page = c.logs(job, after)
-            for ln in page.lines:
-                if as_json:
-                    sys.stdout.write(ln.model_dump_json() + "\n")
-                else:
-                    (sys.stdout if ln.stream == "stdout" else sys.stderr).write(ln.line + "\n")
-            sys.stdout.flush()
-            after = page.next
-            if page.lines and len(page.lines) >= 10_000:
-                continue
-            ended = page.status in ("succeeded", "failed", "cancelled")
-            if not follow or (ended and not page.lines):
-                return
-            time.sleep(0.5)
+        follow(c, job, as_json, keep_going=follow_)
+
+
+def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
+    """Print a job's output until it ends (or once, without ``keep_going``); its status."""
+    after = 0
+    while True:
+        page = c.logs(job, after)
+        for ln in page.lines:
+            if as_json:
+                sys.stdout.write(ln.model_dump_json() + "\n")
+            else:
+                (sys.stdout if ln.stream == "stdout" else sys.stderr).write(ln.line + "\n")
+        sys.stdout.flush()
+        after = page.next
+        if page.lines and len(page.lines) >= 10_000:
+            continue
+        ended = page.status in ("succeeded", "failed", "cancelled")
+        if not keep_going or (ended and not page.lines):
+            return page.status
+        time.sleep(0.5)
 
 
 def cancel(job: JobArg, server: ServerOpt = None) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -10,8 +11,12 @@ import httpx
 
 from gpufleet.client import _ops as ops
 from gpufleet.client._api import Call, headers, raise_for, unreachable
+from gpufleet.client._transfer import Progress, Sent, Transfers
 from gpufleet.wire import (
     ApplyResult,
+    ArtifactAttach,
+    ArtifactOut,
+    BlobOut,
     ClaimRequest,
     FinishRequest,
     HeartbeatRequest,
@@ -36,6 +41,12 @@ from gpufleet.wire import (
 )
 
 T = TypeVar("T")
+
+
+def _quiet(_: int) -> None:
+    return None
+
+
 DEFAULT_TIMEOUT = 30.0
 
 
@@ -49,6 +60,7 @@ class Client:
     ) -> None:
         self.server = server.rstrip("/")
         self._http = httpx.Client(base_url=self.server, headers=headers(token), timeout=timeout)
+        self._transfers = Transfers(self._http, self.server)
 
     def __enter__(self) -> Client:
         return self
@@ -111,6 +123,32 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         self.call(ops.revoke_token(token_id))
+
+    # ---- blobs and artifacts -----------------------------------------------------------
+
+    def has_blob(self, sha256: str) -> int | None:
+        """The blob's size if the server has it, else None."""
+        return self._transfers.has(sha256)
+
+    def put_blob(
+        self, path: Path, sha256: str | None = None, progress: Progress | None = None
+    ) -> Sent:
+        """Upload a file as a blob unless the server has it (then no body is sent).
+        Large files go through a resumable session."""
+        return self._transfers.put(path, sha256, progress or _quiet)
+
+    def get_blob(self, sha256: str, dest: Path, progress: Progress | None = None) -> int:
+        """Download a blob to ``dest``, verified; resumes a ``dest.partial``."""
+        return self._transfers.get(sha256, dest, progress or _quiet)
+
+    def blobs(self, limit: int = 1000) -> list[BlobOut]:
+        return self.call(ops.blobs(limit))
+
+    def artifact(self, ref: str) -> ArtifactOut:
+        return self.call(ops.artifact(ref))
+
+    def attach_artifact(self, job_id: str, body: ArtifactAttach) -> None:
+        self.call(ops.attach_artifact(job_id, body))
 
     # The worker protocol, for tests and tools that act as a worker.
     def register(self, body: WorkerRegister) -> WorkerOut:
@@ -186,6 +224,9 @@ class AsyncClient:
 
     async def release(self, job_id: str, body: ReleaseRequest) -> JobOut:
         return await self.call(ops.release(job_id, body))
+
+    async def attach_artifact(self, job_id: str, body: ArtifactAttach) -> None:
+        await self.call(ops.attach_artifact(job_id, body))
 
     async def submit(self, spec: JobSpecModel) -> SubmitResult:
         return await self.call(ops.submit(spec))

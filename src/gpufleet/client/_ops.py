@@ -8,6 +8,9 @@ from urllib.parse import quote
 from gpufleet.client._api import Call, model, nothing
 from gpufleet.wire import (
     ApplyResult,
+    ArtifactAttach,
+    ArtifactOut,
+    BlobOut,
     ClaimRequest,
     FinishRequest,
     HeartbeatRequest,
@@ -135,3 +138,15 @@ def finish(job_id: str, body: FinishRequest) -> Call[JobOut]:
 
 def release(job_id: str, body: ReleaseRequest) -> Call[JobOut]:
     return Call("POST", f"/v1/jobs/{_q(job_id)}/release", model(JobOut), body=body)
+
+
+def blobs(limit: int = 1000) -> Call[list[BlobOut]]:
+    return Call("GET", "/v1/blobs", model(list[BlobOut]), params={"limit": limit})
+
+
+def artifact(ref: str) -> Call[ArtifactOut]:
+    return Call("GET", f"/v1/jobs/{_q(ref)}/artifact", model(ArtifactOut))
+
+
+def attach_artifact(job_id: str, body: ArtifactAttach) -> Call[None]:
+    return Call("POST", f"/v1/jobs/{_q(job_id)}/artifact", nothing, body=body)

@@ -8,6 +8,7 @@
        |                  +-- lose (lease expired) / release (drained) --> pending
        +-- requeue (operator) <-- failed | cancelled
     any non-terminal --cancel--> cancelled
+    pending --dependency failed (a job:NAME input failed or was cancelled)--> failed
 
 A lost lease counts as an attempt (and may fail the job when none are left); a release
 by a draining worker does not.
@@ -35,6 +36,7 @@ class Event(StrEnum):
     RELEASE = "release"  # a draining worker hands the job back; attempt not counted
     CANCEL = "cancel"
     REQUEUE = "requeue"
+    DEPENDENCY_FAILED = "dependency_failed"  # a job whose result it needs failed or was cancelled
 
 
 TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
@@ -57,6 +59,7 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
     (R, Event.CANCEL): X,
     (F, Event.REQUEUE): P,
     (X, Event.REQUEUE): P,
+    (P, Event.DEPENDENCY_FAILED): F,
 }
 
 #: Events that count one attempt against ``max_attempts``.

@@ -46,7 +46,14 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from gpufleet.domain.models import DeclaredCapability, HostPolicy, JobSpec, Requirements
+from gpufleet.domain.models import (
+    DeclaredCapability,
+    HostPolicy,
+    InputKind,
+    JobInput,
+    JobSpec,
+    Requirements,
+)
 from gpufleet.errors import ManifestError
 
 SCHEMA_VERSION = 1
@@ -260,6 +267,58 @@ def _variable(value: Any, where: _Where, field: str) -> Any:
     return list(value) if isinstance(value, list) else value
 
 
+def split_dest(text: str) -> tuple[str | None, str]:
+    """``DEST=THING`` into (DEST, THING); a plain ``THING`` gives (None, THING)."""
+    dest, sep, rest = text.partition("=")
+    if sep and dest.strip() and rest.strip():
+        return dest.strip(), rest.strip()
+    return None, text.strip()
+
+
+def default_job_dest(ref: str) -> str:
+    """Where a dependency's artifact lands unless told: ``inputs/NAME``."""
+    return "inputs/" + ref.replace("/", "_")
+
+
+def _rel_path(value: str, where: _Where, field: str) -> str:
+    parts = value.replace("\\", "/").split("/")
+    if not value or value.startswith(("/", "\\")) or ".." in parts or value[1:2] == ":":
+        where.fail(field, f"{value!r} must be a path inside the job directory (relative, no ..)")
+    return value
+
+
+def _packages(value: Any, where: _Where, field: str) -> tuple[JobInput, ...]:
+    found = []
+    for item in _str_list(value, where, field):
+        dest, path = split_dest(item)
+        if not path:
+            where.fail(field, f"{item!r}: expected PATH or DEST=PATH")
+        found.append(
+            JobInput(
+                InputKind.LOCAL, path, _rel_path(dest, where, field) if dest else ".", label=path
+            )
+        )
+    return tuple(found)
+
+
+def _inputs(value: Any, where: _Where, field: str) -> tuple[JobInput, ...]:
+    found = []
+    for item in _str_list(value, where, field):
+        dest, ref = split_dest(item)
+        if not ref.startswith("job:") or len(ref) == 4:
+            where.fail(
+                field, f"{item!r}: expected job:NAME or DEST=job:NAME (use packages for files)"
+            )
+        name = ref[4:]
+        target = _rel_path(dest, where, field) if dest else default_job_dest(name)
+        found.append(JobInput(InputKind.JOB, name, target, label=ref))
+    return tuple(found)
+
+
+def _outputs(value: Any, where: _Where, field: str) -> tuple[str, ...]:
+    return tuple(_rel_path(v, where, field) for v in _str_list(value, where, field))
+
+
 _REQUIREMENT_FIELDS: dict[str, _Check] = {
     "require_cuda": _bool,
     "prefer_cuda": _bool,
@@ -282,6 +341,9 @@ _SPEC_FIELDS: dict[str, _Check] = {
     "timeout": _number_in(0, MAX_TIMEOUT, open_low=True),
     "pool": _name,
     "shell": _bool,
+    "packages": _packages,
+    "inputs": _inputs,
+    "outputs": _outputs,
 }
 _JOB_FIELDS: dict[str, _Check] = {"name": _name, **_SPEC_FIELDS, **_REQUIREMENT_FIELDS}
 _ALIASES = {"gpus": "gpu_count"}
@@ -494,6 +556,7 @@ def _parse_job(index: int, raw: Any, ctx: _Context) -> JobSpec:
     command = _build_command(merged, variables, where, ctx.base_dir)
     requirements = Requirements(**{k: merged[k] for k in _REQUIREMENT_FIELDS if k in merged})
     spec = {k: merged[k] for k in _SPEC_FIELDS if k in merged and k != "command"}
+    spec["inputs"] = spec.pop("packages", ()) + spec.pop("inputs", ())
     return JobSpec(
         name=fields["name"],
         command=command,

@@ -77,6 +77,32 @@ class Requirements:
         return self.require_cuda or self.gpu_count > 0
 
 
+class InputKind(StrEnum):
+    BLOB = "blob"  # a package uploaded to the server: unpacked into the job directory
+    JOB = "job"  # another job's artifact: the job waits until that job has succeeded
+    PATH = "path"  # a path on a shared mount the worker declared: linked, checked by hash
+    LOCAL = "local"  # client side only: a local folder or zip still to be packaged
+
+
+@dataclass(frozen=True)
+class JobInput:
+    """Something a job needs in its working directory before its command starts.
+
+    ``ref`` is a blob's SHA-256, a job name or id, or an absolute path; ``dest`` is where it
+    lands, relative to the job directory ("." is the directory itself). ``sha256`` is the
+    content hash a path input is checked against."""
+
+    kind: InputKind
+    ref: str
+    dest: str = "."
+    sha256: str | None = None
+    size: int | None = None
+    label: str = ""
+
+
+DEFAULT_OUTPUTS = ("outputs",)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What to run and where it may run. ``command`` is an argv list unless ``shell``."""
@@ -95,6 +121,13 @@ class JobSpec:
     model: str | None = None
     mode: str | None = None
     vars: dict[str, Any] = field(default_factory=dict)
+    inputs: tuple[JobInput, ...] = ()
+    outputs: tuple[str, ...] = DEFAULT_OUTPUTS
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        """The jobs (names or ids) whose artifacts this job needs."""
+        return tuple(i.ref for i in self.inputs if i.kind == InputKind.JOB)
 
 
 @dataclass(frozen=True)
@@ -132,6 +165,7 @@ class Capability:
     torch_version: str | None = None
     git_commit: str | None = None
     gpus_simulated: bool = False
+    mounts: tuple[str, ...] = ()  # shared paths this worker can read (--mount)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ from starlette.exceptions import HTTPException
 
 from gpufleet import __version__
 from gpufleet.errors import GpufleetError
-from gpufleet.server import routes_jobs, routes_workers
+from gpufleet.server import routes_blobs, routes_jobs, routes_workers
 from gpufleet.server.auth import Auth
+from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import ServerState
 from gpufleet.server.notify import Notifier
 from gpufleet.server.queue import QueueService, QueueSettings
@@ -93,20 +94,23 @@ async def _sweeper(queue: QueueService, interval: float) -> None:
             log.warning("worker %s is offline (no heartbeat)", worker_id)
 
 
-def create_app(store: SqlStore, settings: QueueSettings) -> FastAPI:
-    """The server app over ``store`` (already migrated)."""
+def create_app(store: SqlStore, settings: QueueSettings, blobs: BlobService) -> FastAPI:
+    """The server app over ``store`` (already migrated) and ``blobs``."""
     notifier = Notifier()
 
     def on_change() -> None:
         notifier.notify()
         store.publish_claimable()
 
-    queue = QueueService(store, settings, on_change=on_change)
+    queue = QueueService(store, settings, blobs, on_change=on_change)
     stop_listening = threading.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         notifier.bind(asyncio.get_running_loop())
+        cleaned = await run_in_threadpool(blobs.startup)
+        if cleaned:
+            log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
         # If no worker could heartbeat lately, the service was down (not just this replica):
         # give leases one lease_timeout from now before the first sweep, so an outage kills
         # no healthy job. With other replicas up, heartbeats are recent and nothing changes.
@@ -145,4 +149,5 @@ def create_app(store: SqlStore, settings: QueueSettings) -> FastAPI:
     app.add_exception_handler(Exception, _on_crash)
     app.include_router(routes_jobs.router)
     app.include_router(routes_workers.router)
+    app.include_router(routes_blobs.router)
     return app

@@ -56,3 +56,8 @@ async def admin(request: Request) -> TokenRow:
 
 async def worker(request: Request) -> TokenRow:
     return require(_caller(request), Role.WORKER)
+
+
+async def blob_user(request: Request) -> TokenRow:
+    """Blobs are read and written by clients (packages) and workers (artifacts)."""
+    return require(_caller(request), Role.OPERATOR, Role.SUBMITTER, Role.WORKER)

@@ -29,6 +29,8 @@ from gpufleet.scheduling.matching import (
     now_reason,
     rank_key,
 )
+from gpufleet.server.blobs import BlobService
+from gpufleet.server.dataflow import DataFlow
 from gpufleet.store import JobRow, SqlStore, WorkerRow
 from gpufleet.wire import (
     ApplyResult,
@@ -65,6 +67,7 @@ class QueueService:
         self,
         store: SqlStore,
         settings: QueueSettings,
+        blobs: BlobService,
         clock: Clock = time.time,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
@@ -72,10 +75,15 @@ class QueueService:
         self.settings = settings
         self.clock = clock
         self.on_change = on_change
+        self.blobs = blobs
+        self.flow = DataFlow(store, blobs, clock, self._changed)
         self._waiting: dict[str, tuple[WorkerView, FreeResources]] = {}
         self._waiting_lock = threading.Lock()
         self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
         self._claimers: dict[str, tuple[float, WorkerRow]] = {}
+
+    def _changed(self) -> None:
+        self.on_change()
 
     # ---- host policies ----------------------------------------------------------------
 
@@ -129,7 +137,12 @@ class QueueService:
 
     def submit(self, spec: JobSpec) -> JobRow:
         job_id = new_job_id()
-        self.store.insert_jobs([(job_id, spec, self.unrunnable_reason(spec))], self.clock())
+        spec = self.flow.resolve(spec)
+        deps = {job_id: spec.dependencies}
+        self.store.insert_jobs(
+            [(job_id, spec, self.unrunnable_reason(spec))], self.clock(), deps=deps
+        )
+        self.flow.after_insert([job_id])
         self.on_change()
         return self.job(job_id)
 
@@ -144,6 +157,7 @@ class QueueService:
         ids = [manifest_job_id(s) for s in specs]
         if len(set(ids)) != len(ids):
             raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
+        specs = self._resolve_batch(specs, ids)
         policies = {h.name: h.model_dump_json() for h in req.hosts}
         now = self.clock()
         self.store.replace_hosts(req.name, policies, now)
@@ -151,8 +165,11 @@ class QueueService:
         views = [self.view(w) for w in self.store.list_workers()]
         unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}
         created = self.store.insert_jobs(
-            [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)], now
+            [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)],
+            now,
+            deps={i: s.dependencies for i, s in zip(ids, specs, strict=True)},
         )
+        self.flow.after_insert(created)
         fresh = set(created)
         updated = self.store.update_pending(
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True) if i not in fresh]
@@ -170,6 +187,27 @@ class QueueService:
             unknown_hosts=sorted(h for h in policies if h not in names),
             unrunnable={i: r for i, r in unrunnable.items() if r and i in changed},
         )
+
+    def _resolve_batch(self, specs: list[JobSpec], ids: list[str]) -> list[JobSpec]:
+        """Point ``job:NAME`` inputs at ids (names of this manifest first) and refuse
+        jobs that would wait for each other."""
+        by_name: dict[str, list[str]] = {}
+        for job_id, spec in zip(ids, specs, strict=True):
+            by_name.setdefault(spec.name, []).append(job_id)
+        for spec in specs:
+            for ref in spec.dependencies:
+                if len(by_name.get(ref, [])) > 1:
+                    raise ValidationFailed(
+                        f"job {spec.name!r}: input job:{ref}: several jobs of this manifest "
+                        f"are named {ref!r}; give them distinct names",
+                        detail={"job": spec.name, "field": "inputs"},
+                    )
+        batch = {name: found[0] for name, found in by_name.items()}
+        resolved = [self.flow.resolve(s, batch) for s in specs]
+        names = {i: s.name for i, s in zip(ids, specs, strict=True)}
+        deps = {i: s.dependencies for i, s in zip(ids, resolved, strict=True)}
+        self.flow.check_cycles(deps, names)
+        return resolved
 
     # ---- reading ----------------------------------------------------------------------
 
@@ -271,10 +309,12 @@ class QueueService:
         self.store.end_open_attempt(
             job.id, cancelled.lease, finished_at=now, outcome="cancelled", error="cancelled"
         )
+        self.flow.ended(cancelled, JobStatus.CANCELLED)
         return cancelled
 
     def requeue(self, ref: str) -> JobRow:
         job = self.job(ref)
+        self.flow.check_requeue(job)
         done = self.store.set_status(
             job.id,
             sources(Event.REQUEUE),
@@ -294,6 +334,7 @@ class QueueService:
                 "only a failed or cancelled job can be requeued",
                 detail={"job": job.id, "status": job.status.value},
             )
+        self.flow.after_requeue(job.id)
         self.on_change()
         return self.job(job.id)
 
@@ -397,6 +438,7 @@ class QueueService:
             spec=JobSpecModel.from_domain(job.spec),
             gpus=list(gpus),
             lease_timeout=self.settings.lease_timeout,
+            inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
         )
 
     def _held(self, job_id: str, attempt: int) -> JobRow:
@@ -487,7 +529,13 @@ class QueueService:
             raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
         if status == JobStatus.PENDING:
             self.on_change()
-        return self.job(job_id)
+        finished = self.job(job_id)
+        if status.terminal:
+            self.flow.ended(finished, status)
+        return finished
+
+    def attach_artifact(self, job_id: str, attempt: int, sha256: str) -> None:
+        self.flow.attach(self._held(job_id, attempt), attempt, sha256)
 
     def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
         """A draining worker hands a job back; the attempt is not counted."""
@@ -538,6 +586,10 @@ class QueueService:
                 expired_before=now,
             ):
                 requeued.append(job.id)
+                if event == Event.LOSE_FINAL:
+                    self.flow.ended(job, JobStatus.FAILED)
+        if self.store.refresh_waiting():  # dependencies met by another replica
+            self.on_change()
         offline = self.store.mark_offline(now - self.settings.lease_timeout)
         for worker_id in offline:
             self.forget(worker_id)

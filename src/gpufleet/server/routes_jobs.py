@@ -8,14 +8,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet import __version__
-from gpufleet.domain.models import Role
-from gpufleet.errors import ValidationFailed
+from gpufleet.domain.models import JobStatus, Role
+from gpufleet.errors import NotFound, ValidationFailed
 from gpufleet.server import deps, views
 from gpufleet.server.deps import state
 from gpufleet.store import TokenRow
 from gpufleet.wire import (
     ERRORS,
     ApplyResult,
+    ArtifactOut,
     Health,
     JobDetail,
     JobOut,
@@ -80,7 +81,25 @@ def list_jobs(
 def show_job(ref: str, request: Request, _: Reader) -> JobDetail:
     q = state(request).queue
     job = q.job(ref)
-    return views.job_detail(job, _names(request), q.store.attempts(job.id))
+    artifact = q.store.artifact(job.id)
+    deps = q.store.dependencies(job.id) if job.spec.dependencies else []
+    return views.job_detail(job, _names(request), q.store.attempts(job.id), artifact, deps)
+
+
+@router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])
+def job_artifact(ref: str, request: Request, _: Reader) -> ArtifactOut:
+    """The job's artifact (its outputs, archived): of the attempt that succeeded, else of
+    the latest attempt that left one. Download its bytes from ``/v1/blobs/{sha256}``."""
+    q = state(request).queue
+    job = q.job(ref)
+    found = q.store.artifact(job.id, job.lease if job.status == JobStatus.SUCCEEDED else None)
+    if found is None:
+        raise NotFound(
+            f"job {job.id} has no artifact (status {job.status.value}; outputs "
+            f"{', '.join(job.spec.outputs) or 'none'} matched no files, or it has not ended)",
+            detail={"job": job.id},
+        )
+    return views.artifact_out(found)
 
 
 @router.post("/jobs/{ref}/cancel", response_model=JobOut, tags=["jobs"])

@@ -16,6 +16,7 @@ from gpufleet.server.deps import state
 from gpufleet.store import TokenRow
 from gpufleet.wire import (
     ERRORS,
+    ArtifactAttach,
     ClaimRequest,
     FinishRequest,
     HeartbeatRequest,
@@ -151,3 +152,10 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, _: Worker) ->
 def release_job(job_id: str, body: ReleaseRequest, request: Request, _: Worker) -> JobOut:
     """A draining worker hands the job back; the attempt is not counted."""
     return views.job_out(state(request).queue.release(job_id, body.attempt, body.reason), {})
+
+
+@router.post("/jobs/{job_id}/artifact", status_code=204, tags=["workers"])
+def attach_artifact(job_id: str, body: ArtifactAttach, request: Request, _: Worker) -> None:
+    """Attach an uploaded blob as the artifact of the attempt this lease holds. The server
+    checks the archive (every unpacking rule) before accepting it."""
+    state(request).queue.attach_artifact(job_id, body.attempt, body.sha256)

@@ -13,8 +13,10 @@ import uvicorn
 from gpufleet.config import save_token
 from gpufleet.server.app import create_app
 from gpufleet.server.auth import Auth
+from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.queue import QueueSettings
 from gpufleet.store import SqlStore
+from gpufleet.store.blobfiles import BlobFiles
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class ServerOptions:
     data_dir: Path
     db: str | None
     queue: QueueSettings
+    max_blob_size: int = 64 << 30
 
 
 def database_url(data_dir: Path, db: str | None) -> str:
@@ -66,8 +69,11 @@ def serve(opts: ServerOptions) -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    blobs = BlobService(
+        store, BlobFiles(opts.data_dir / "blobs"), BlobSettings(max_size=opts.max_blob_size)
+    )
     config = uvicorn.Config(
-        create_app(store, opts.queue),
+        create_app(store, opts.queue, blobs),
         log_level="warning",
         access_log=False,
         loop="uvloop",

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.store import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.store.rows import ArtifactRow, BlobRow
 from gpufleet.wire import (
+    ArtifactFile,
+    ArtifactOut,
     AttemptOut,
+    BlobOut,
     CapabilityModel,
+    DependencyOut,
     GpuModel,
     JobDetail,
     JobOut,
@@ -42,6 +48,7 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         model=job.model,
         manifest=job.manifest,
         not_before=ts(job.not_before) if job.status == JobStatus.PENDING else None,
+        waiting=job.waiting if job.status == JobStatus.PENDING else 0,
     )
 
 
@@ -60,14 +67,41 @@ def attempt_out(a: AttemptRow) -> AttemptOut:
     )
 
 
-def job_detail(job: JobRow, names: dict[str, str], history: list[AttemptRow]) -> JobDetail:
+def job_detail(
+    job: JobRow,
+    names: dict[str, str],
+    history: list[AttemptRow],
+    artifact: ArtifactRow | None = None,
+    deps: list[JobRow] | None = None,
+) -> JobDetail:
     base = job_out(job, names).model_dump()
     return JobDetail(
         **base,
         spec=JobSpecModel.from_domain(job.spec),
         history=[attempt_out(a) for a in history],
         unrunnable=job.unrunnable,
+        artifact=artifact_out(artifact) if artifact else None,
+        depends_on=[
+            DependencyOut(job_id=d.id, name=d.name, status=d.status.value) for d in deps or []
+        ],
     )
+
+
+def artifact_out(a: ArtifactRow) -> ArtifactOut:
+    return ArtifactOut(
+        job_id=a.job_id,
+        attempt=a.attempt,
+        sha256=a.sha256,
+        size=a.size,
+        files=[ArtifactFile(**f) for f in json.loads(a.files)],
+        file_count=a.file_count,
+        bytes=a.bytes,
+        created_at=ts(a.created_at),
+    )
+
+
+def blob_out(b: BlobRow) -> BlobOut:
+    return BlobOut(sha256=b.sha256, size=b.size, created_at=ts(b.created_at))
 
 
 def worker_out(w: WorkerRow, status: str, running: list[JobRow]) -> WorkerOut:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus, WorkerStatus
 from gpufleet.store import schema as t
+from gpufleet.store._data import DataOps
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
 from gpufleet.wire import JobSpecModel
 
@@ -106,7 +107,7 @@ def _spec_json(spec: JobSpec) -> str:
     return JobSpecModel.from_domain(spec).model_dump_json()
 
 
-class SqlStore:
+class SqlStore(DataOps):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
     def __init__(self, url: str) -> None:
@@ -206,8 +207,15 @@ class SqlStore:
             "unrunnable": unrunnable,
         }
 
-    def insert_jobs(self, jobs: Sequence[tuple[str, JobSpec, str | None]], now: float) -> list[str]:
-        """Insert the jobs whose id is new; existing ones are left alone. Returns new ids."""
+    def insert_jobs(
+        self,
+        jobs: Sequence[tuple[str, JobSpec, str | None]],
+        now: float,
+        deps: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[str]:
+        """Insert the jobs whose id is new; existing ones are left alone. Returns new ids.
+        ``deps`` names the jobs each new job waits for; it is counted in the same
+        transaction, so a new job is never claimable before its dependencies are met."""
         if not jobs:
             return []
         ids = [j[0] for j in jobs]
@@ -223,6 +231,10 @@ class SqlStore:
             # RETURNING names only the rows this call created.
             stmt = self._insert(t.jobs).on_conflict_do_nothing().returning(t.jobs.c.id)
             inserted = set(conn.execute(stmt, fresh).scalars())
+            mine = {i: d for i, d in (deps or {}).items() if i in inserted and d}
+            if mine:
+                self.insert_deps(conn, mine)
+                self.recount_waiting(conn, list(mine))
             return [v["id"] for v in fresh if v["id"] in inserted]
 
     def update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]:
@@ -297,6 +309,7 @@ class SqlStore:
         q = (
             select(t.jobs)
             .where(j.status == JobStatus.PENDING.value, j.pool == bindparam("pool"))
+            .where(j.waiting == 0)
             .where((j.not_before.is_(None)) | (j.not_before <= bindparam("now")))
             .where(
                 (j.priority < p)

@@ -35,6 +35,7 @@ class JobRow:
     exit_code: int | None
     error: str | None
     unrunnable: str | None
+    waiting: int = 0
 
     @cached_property
     def spec(self) -> JobSpec:
@@ -133,4 +134,32 @@ class LogRow:
 
     @classmethod
     def from_row(cls, r: Any) -> LogRow:
+        return cls(**dict(r._mapping))
+
+
+@dataclass(frozen=True)
+class BlobRow:
+    sha256: str
+    size: int
+    created_at: float
+    archive: str | None
+
+    @classmethod
+    def from_row(cls, r: Any) -> BlobRow:
+        return cls(**dict(r._mapping))
+
+
+@dataclass(frozen=True)
+class ArtifactRow:
+    job_id: str
+    attempt: int
+    sha256: str
+    size: int
+    files: str
+    file_count: int
+    bytes: int
+    created_at: float
+
+    @classmethod
+    def from_row(cls, r: Any) -> ArtifactRow:
         return cls(**dict(r._mapping))

@@ -6,6 +6,7 @@ Timestamps are seconds since the epoch (floats) taken from the server's clock on
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -45,6 +46,8 @@ jobs = Table(
     Column("exit_code", Integer),
     Column("error", Text),
     Column("unrunnable", Text),
+    # Dependencies (job:NAME inputs) not yet succeeded; only a job at 0 is claimable.
+    Column("waiting", Integer, nullable=False, default=0),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -122,3 +125,46 @@ tokens = Table(
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float),
 )
+
+# ---- the data plane ---------------------------------------------------------------------
+
+# A row exists only once the blob's file is complete, verified, fsynced and renamed.
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("size", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+    # What a scan of the blob as an archive found: {"files", "bytes"} or {"error"}.
+    Column("archive", Text),
+)
+
+uploads = Table(
+    "uploads",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.id"), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("files", Text, nullable=False),
+    Column("file_count", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+job_deps = Table(
+    "job_deps",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.id"), primary_key=True),
+    Column("dep_id", String(64), primary_key=True),
+)
+Index("ix_job_deps_dep", job_deps.c.dep_id)

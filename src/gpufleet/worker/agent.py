@@ -14,15 +14,17 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpufleet.client import AsyncClient
+from gpufleet import archive
+from gpufleet.client import AsyncClient, Client
 from gpufleet.domain.models import Capability
 from gpufleet.errors import Conflict, GpufleetError, NotFound, ServerUnavailable
 from gpufleet.wire import (
+    ArtifactAttach,
     CapabilityModel,
     ClaimRequest,
     FinishRequest,
@@ -36,6 +38,7 @@ from gpufleet.wire import (
     StartRequest,
     WorkerRegister,
 )
+from gpufleet.worker.cache import BlobCache
 from gpufleet.worker.capability import live_gpus
 from gpufleet.worker.runner import (
     JobProcess,
@@ -45,6 +48,7 @@ from gpufleet.worker.runner import (
     kill_leftovers,
 )
 from gpufleet.worker.slots import Slots
+from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
 
 T = TypeVar("T")
 FLUSH_SECONDS = 1.0
@@ -64,6 +68,9 @@ class WorkerOptions:
     drain_grace: float
     pool: str = "default"
     claim_wait: float = 25.0
+    cache_dir: Path | None = None  # default: WORK_DIR/cache
+    cache_size: int = 50 << 30
+    mounts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -82,8 +89,15 @@ def say(msg: str) -> None:
 class Agent:
     def __init__(self, opts: WorkerOptions, capability: Capability) -> None:
         self.opts = opts
-        self.capability = capability
+        self.capability = replace(capability, mounts=opts.mounts)
         self.client = AsyncClient(opts.server, opts.token)
+        # Bulk transfers run the blocking client in threads: one code path for the SDK,
+        # the CLI and the worker.
+        self.data = Client(opts.server, opts.token, timeout=120.0)
+        cache = BlobCache(
+            opts.cache_dir or opts.work_dir / "cache", opts.cache_size, self.data.get_blob
+        )
+        self.stager = Stager(cache, opts.mounts, archive.Limits())
         self.slots = Slots(opts.cpu_slots, capability.gpus)
         # Keyed by lease: a job cancelled and requeued may come back to this worker while
         # its old attempt is still being killed.
@@ -125,6 +139,7 @@ class Agent:
             return 0
         finally:
             await self.client.aclose()
+            self.data.close()
 
     def on_signal(self) -> None:
         if self.draining:
@@ -331,10 +346,18 @@ class Agent:
         # The worker's own secrets never reach job code (or its logs).
         base = {k: v for k, v in os.environ.items() if k != "GPUFLEET_TOKEN"}
         env = job_env(base, spec.env, lease.gpus, extra)
+        workdir = self.workdir(lease)
+        try:
+            await self.stager.stage(lease.inputs, workdir, partial(self.note, run))
+        except InputError as exc:
+            say(f"job {lease.job_id}: {exc.message}")
+            return None, exc.message
+        if run.stop_reason is not None:  # cancelled while its inputs were fetched
+            return None, f"stopped ({run.stop_reason}) before starting"
         try:
             run.proc = await JobProcess.start(
                 argv,
-                self.workdir(lease),
+                workdir,
                 env,
                 lambda s, ln: run.lines.append(LogLine(stream=s, line=ln)),
             )
@@ -365,9 +388,51 @@ class Agent:
         flusher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await flusher
-        if run.stop_reason == "timeout":
-            return code, f"timed out after {spec.timeout:g}s"
-        return code, describe_exit(code)
+        error = f"timed out after {spec.timeout:g}s" if run.stop_reason == "timeout" else None
+        error = error or describe_exit(code)
+        if run.stop_reason in (None, "timeout"):
+            failed = await self.collect(run, workdir)
+            if failed:
+                error = f"{error}; {failed}" if error else failed
+        return code, error
+
+    def note(self, run: Running, message: str) -> None:
+        """A line from the worker itself in the job's output."""
+        run.lines.append(LogLine(stream="stderr", line=f"[gpufleet] {message}"))
+
+    async def collect(self, run: Running, workdir: Path) -> str | None:
+        """Archive the job's outputs, upload them and attach them to the attempt. Returns
+        why that failed, or None (also when no output matched: nothing to keep)."""
+        lease = run.lease
+        out = self.opts.work_dir / f".artifact-{lease.job_id}-{lease.attempt}.tar.zst"
+        try:
+            packed = await asyncio.to_thread(pack_outputs, workdir, lease.spec.outputs, out)
+            for skipped in packed.skipped:
+                self.note(run, f"output skipped: {skipped}")
+            if not packed.entries:
+                self.note(run, f"outputs {', '.join(lease.spec.outputs)} matched no files")
+                return None
+            sent = await self.retrying(
+                "artifact upload", partial(asyncio.to_thread, self.data.put_blob, out), give_up=600
+            )
+            body = ArtifactAttach(attempt=lease.attempt, sha256=sent.sha256)
+            await self.retrying(
+                "artifact", partial(self.client.attach_artifact, lease.job_id, body), give_up=600
+            )
+            self.note(
+                run,
+                f"artifact: {packed.files} file(s), {human(packed.bytes)} "
+                f"({human(sent.size)} packed, {sent.sha256[:12]})",
+            )
+            return None
+        except GpufleetError as exc:
+            self.note(run, f"artifact not kept: {exc.message}")
+            return f"artifact not kept: {exc.message}"
+        except OSError as exc:
+            self.note(run, f"artifact not kept: {exc.strerror or exc}")
+            return f"artifact not kept: {exc.strerror or exc}"
+        finally:
+            out.unlink(missing_ok=True)
 
     async def stop_job(self, run: Running, reason: str) -> None:
         """SIGTERM the job's process group, SIGKILL it 3 s later; once per job. A job whose

@@ -1,0 +1,236 @@
+"""Commands that move bytes: blobs put/get/ls, download, and the package and results
+helpers behind ``submit --package`` / ``--wait``. Progress bars go to stderr and only on
+a terminal (never with ``--json``)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from gpufleet import archive
+from gpufleet.cli._common import client, err, out, print_json, setting_option, when
+from gpufleet.client import Client
+from gpufleet.client._packages import covering_mount, mounted, package
+from gpufleet.client._transfer import Progress as Advance
+from gpufleet.domain.manifest import default_job_dest, split_dest
+from gpufleet.errors import GpufleetError, InsufficientStorage
+from gpufleet.wire import InputModel, WorkerOut
+
+ServerOpt = Annotated[str | None, setting_option("server")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON, no progress bars.")]
+blobs_app = typer.Typer(help="Content-addressed blobs on the server (power users, scripts).")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(blobs_app, name="blobs", no_args_is_help=True)
+    app.command()(download)
+
+
+@contextlib.contextmanager
+def bars(quiet: bool) -> Iterator[Progress | None]:
+    """A Rich progress display on stderr, or None when quiet or not on a terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as progress:
+        yield progress
+
+
+def bar(progress: Progress | None, what: str, total: int | None) -> Advance:
+    if progress is None:
+        return lambda _n: None
+    task = progress.add_task(escape(what), total=total)
+    return lambda n: progress.advance(task, n)
+
+
+def os_error(exc: OSError, what: str) -> GpufleetError:
+    if exc.errno == 28:  # ENOSPC
+        return InsufficientStorage(f"no space left on device while {what}; nothing was kept")
+    return GpufleetError(f"{what}: {exc.strerror or exc}")
+
+
+# ---- blobs ----------------------------------------------------------------------------
+
+
+@blobs_app.command("put")
+def blobs_put(
+    file: Annotated[Path, typer.Argument(help="The file to upload.")],
+    server: ServerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Upload a file as a blob (skipped when the server has it); prints its SHA-256."""
+    if not file.is_file():
+        raise GpufleetError(f"{file}: no such file")
+    size = file.stat().st_size
+    with client(server) as c, bars(as_json) as progress:
+        sha = archive.file_sha256(file)
+        sent = c.put_blob(file, sha, progress=bar(progress, f"upload {file.name}", size))
+    if as_json:
+        print_json({"sha256": sent.sha256, "size": sent.size, "sent": sent.sent})
+        return
+    if not sent.sent and size:
+        err.print("the server already had it: nothing sent")
+    print(sent.sha256)
+
+
+@blobs_app.command("get")
+def blobs_get(
+    sha256: Annotated[str, typer.Argument(help="The blob's SHA-256.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write it.")],
+    server: ServerOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Download a blob, verified by its hash; an interrupted download resumes."""
+    with client(server) as c, bars(quiet) as progress:
+        size = c.has_blob(sha256)
+        if size is None:
+            raise GpufleetError(f"the server has no blob {sha256}")
+        try:
+            c.get_blob(sha256, output, progress=bar(progress, f"download {sha256[:12]}", size))
+        except OSError as exc:
+            raise os_error(exc, f"writing {output}") from exc
+    err.print(f"{output}: {size} bytes, verified")
+
+
+@blobs_app.command("ls")
+def blobs_ls(
+    server: ServerOpt = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many blobs.")] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """List blobs, newest first."""
+    with client(server) as c:
+        rows = c.blobs(limit)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("SHA256", "SIZE", "CREATED"):
+        table.add_column(col)
+    for b in rows:
+        table.add_row(b.sha256, str(b.size), when(b.created_at))
+    out.print(table)
+
+
+# ---- results --------------------------------------------------------------------------
+
+
+def fetch_results(c: Client, job: str, dest: Path | None, quiet: bool) -> Path | None:
+    """Download and unpack a job's artifact into ``dest`` (default ``./JOB_ID``);
+    None when the job left none. Existing files are never overwritten."""
+    art = c.artifact(job)
+    dest = (dest or Path(art.job_id)).resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gpufleet-dl-", dir=dest.parent) as tmp:
+        blob = Path(tmp) / "artifact.tar.zst"
+        try:
+            with bars(quiet) as progress:
+                c.get_blob(art.sha256, blob, bar(progress, f"download {job}", art.size))
+            unpacked = Path(tmp) / "unpacked"
+            with open(blob, "rb") as f:
+                archive.extract(f, unpacked, compressed_size=art.size)
+            archive.merge_into(unpacked, dest)
+        except OSError as exc:
+            raise os_error(exc, f"downloading the results of {job} into {dest}") from exc
+    return dest
+
+
+def download(
+    job: Annotated[str, typer.Argument(help="Job id (or a name that only one job has).")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Folder to unpack into (default: ./JOB_ID)."),
+    ] = None,
+    server: ServerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Download a job's artifact (its outputs) and unpack it."""
+    with client(server) as c:
+        dest = fetch_results(c, job, output, as_json)
+        art = c.artifact(job)
+    if as_json:
+        print_json(
+            {"job_id": art.job_id, "path": str(dest), "artifact": art.model_dump(mode="json")}
+        )
+        return
+    out.print(f"{art.file_count} file(s) from {escape(art.job_id)} in {escape(str(dest))}")
+
+
+# ---- inputs for submit ----------------------------------------------------------------
+
+
+def package_inputs(
+    c: Client, packages: list[str], pool: str, quiet: bool, base: Path | None = None
+) -> list[InputModel]:
+    """``[DEST=]PATH`` items as inputs: paths on a mount some worker of ``pool`` declared
+    are passed by reference; everything else is packaged and uploaded if new."""
+    workers: list[WorkerOut] | None = None
+    found = []
+    for item in packages:
+        dest, path = _package_arg(item, base)
+        if workers is None:
+            workers = c.workers()
+        sharing = covering_mount(path, workers, pool)
+        if sharing:
+            err.print(
+                f"{escape(str(path))}: on a shared mount ({', '.join(sharing)}); "
+                "passed by reference"
+            )
+            found.append(mounted(path, dest))
+            continue
+        with bars(quiet) as progress:
+            result = package(
+                c, path, dest or ".", lambda _w, label, size: bar(progress, f"upload {label}", size)
+            )
+        if not quiet:
+            how = "unchanged, " if result.reused else ""
+            err.print(
+                f"package {escape(path.name)}: {how}{result.sent} bytes sent "
+                f"({result.input.ref[:12]})"
+            )
+        found.append(result.input)
+    return found
+
+
+def _package_arg(item: str, base: Path | None) -> tuple[str | None, Path]:
+    whole = (base or Path.cwd()) / item
+    if whole.exists():
+        return None, whole
+    dest, path = split_dest(item)
+    return dest, (base or Path.cwd()) / path
+
+
+def job_inputs(items: list[str]) -> list[InputModel]:
+    """``job:NAME`` / ``DEST=job:NAME`` items as inputs."""
+    found = []
+    for item in items:
+        dest, ref = split_dest(item)
+        if not ref.startswith("job:") or len(ref) == 4:
+            raise GpufleetError(f"--input {item!r}: expected job:NAME or DEST=job:NAME")
+        found.append(
+            InputModel(kind="job", ref=ref[4:], dest=dest or default_job_dest(ref[4:]), label=ref)
+        )
+    return found

@@ -1,0 +1,227 @@
+"""How data moves between jobs: inputs checked at submit, dependencies (``job:NAME``
+inputs) that hold a job back until they succeed, and artifacts attached to attempts.
+
+A job that needs another job's artifact stays pending with a count of unmet dependencies
+(the claim query skips it until the count is 0). When a dependency fails or is cancelled,
+every job waiting on it fails too, with the reason, and so on down the chain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from gpufleet.domain.lifecycle import Event, sources
+from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
+from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
+from gpufleet.server.blobs import BlobService
+from gpufleet.store import JobRow, SqlStore
+from gpufleet.store.rows import ArtifactRow
+from gpufleet.wire import StagedInput
+
+FAILED_DEP = (JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def _field(index: int) -> str:
+    return f"inputs[{index}]"
+
+
+class DataFlow:
+    """Inputs, dependencies and artifacts; one per server, used by the queue."""
+
+    def __init__(
+        self,
+        store: SqlStore,
+        blobs: BlobService,
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.clock = clock
+        self.on_change = on_change
+
+    # ---- submit time ------------------------------------------------------------------
+
+    def resolve(self, spec: JobSpec, batch: dict[str, str] | None = None) -> JobSpec:
+        """``spec`` with every ``job:`` input pointing at a job id, after checking that
+        every package blob is on the server and is a safe archive. ``batch`` maps the
+        names of jobs submitted together (a manifest) to their ids; they win over older
+        jobs. Raises ValidationFailed naming the input."""
+        inputs = []
+        for index, inp in enumerate(spec.inputs):
+            if inp.kind == InputKind.BLOB:
+                self._check_blob(spec.name, index, inp)
+                inputs.append(inp)
+            elif inp.kind == InputKind.JOB:
+                inputs.append(replace(inp, ref=self._job_id(spec.name, index, inp.ref, batch)))
+            else:
+                inputs.append(inp)
+        return replace(spec, inputs=tuple(inputs))
+
+    def _check_blob(self, job: str, index: int, inp: JobInput) -> None:
+        where = {"job": job, "field": _field(index), "blob": inp.ref}
+        try:
+            self.blobs.scan(inp.ref)
+        except NotFound:
+            raise ValidationFailed(
+                f"job {job!r}: {_field(index)}: package {inp.label or inp.ref} (blob "
+                f"{inp.ref[:12]}) is not on the server; upload it first (gpufleet blobs put)",
+                detail=where,
+            ) from None
+        except UnsafeArchive as exc:
+            message = f"job {job!r}: {_field(index)}: {exc.message}"
+            raise UnsafeArchive(message, detail=where) from None
+
+    def _job_id(self, job: str, index: int, ref: str, batch: dict[str, str] | None) -> str:
+        if batch and ref in batch:
+            return batch[ref]
+        found = self.store.get_job(ref)
+        if found is not None:
+            return found.id
+        named = self.store.find_jobs_by_name(ref, limit=5)
+        where = {"job": job, "field": _field(index), "ref": ref}
+        if len(named) == 1:
+            return named[0].id
+        if named:
+            ids = ", ".join(j.id for j in named)
+            raise ValidationFailed(
+                f"job {job!r}: {_field(index)}: several jobs are named {ref!r} ({ids}); use job:ID",
+                detail=where,
+            )
+        raise ValidationFailed(f"job {job!r}: {_field(index)}: no job {ref!r}", detail=where)
+
+    @staticmethod
+    def check_cycles(deps: Mapping[str, Sequence[str]], names: dict[str, str]) -> None:
+        """Refuse jobs of one manifest that wait for each other (they would wait forever)."""
+        state: dict[str, int] = {}
+
+        def visit(node: str, path: list[str]) -> None:
+            if state.get(node) == 2:
+                return
+            if state.get(node) == 1:
+                loop = [*path[path.index(node) :], node]
+                shown = " -> ".join(names.get(n, n) for n in loop)
+                raise ValidationFailed(
+                    f"jobs wait for each other's results: {shown}", detail={"field": "inputs"}
+                )
+            state[node] = 1
+            for dep in deps.get(node, ()):
+                visit(dep, [*path, node])
+            state[node] = 2
+
+        for node in deps:
+            visit(node, [])
+
+    def after_insert(self, job_ids: Sequence[str]) -> None:
+        """Jobs just created whose dependency already failed fail at once."""
+        for job_id in job_ids:
+            for dep in self.store.dependencies(job_id):
+                if dep.status in FAILED_DEP:
+                    self._fail(job_id, dep)
+                    break
+
+    # ---- state changes ----------------------------------------------------------------
+
+    def ended(self, job: JobRow, status: JobStatus) -> None:
+        """React to a job reaching ``status``: release or fail the jobs waiting on it."""
+        if status == JobStatus.SUCCEEDED:
+            waiting = [j.id for j in self.store.dependents(job.id)]
+            if waiting and self.store.refresh_waiting(waiting):
+                self.on_change()
+        elif status in FAILED_DEP:
+            for dependent in self.store.dependents(job.id):
+                self._fail(dependent.id, job)
+
+    def _fail(self, job_id: str, dep: JobRow) -> None:
+        reason = f"dependency {dep.name} ({dep.id}) {dep.status.value}"
+        if dep.error:
+            reason += f": {dep.error}"
+        failed = self.store.set_status(
+            job_id,
+            sources(Event.DEPENDENCY_FAILED),
+            JobStatus.FAILED,
+            finished_at=self.clock(),
+            error=reason[:2000],
+        )
+        if failed:
+            cascaded = self.store.get_job(job_id)
+            if cascaded is not None:
+                self.ended(cascaded, JobStatus.FAILED)
+
+    def check_requeue(self, job: JobRow) -> None:
+        """A job can come back only when none of its dependencies failed."""
+        for dep in self.store.dependencies(job.id):
+            if dep.status in FAILED_DEP:
+                raise Conflict(
+                    f"job {job.id} needs the result of {dep.name} ({dep.id}), which is "
+                    f"{dep.status.value}; requeue that job first",
+                    detail={"job": job.id, "dependency": dep.id},
+                )
+
+    def after_requeue(self, job_id: str) -> None:
+        self.store.refresh_waiting([job_id])
+
+    # ---- claim time -------------------------------------------------------------------
+
+    def staged(self, spec: JobSpec) -> list[StagedInput]:
+        """What the worker fetches for ``spec``: blobs, dependencies' artifacts, paths."""
+        staged = []
+        for inp in spec.inputs:
+            if inp.kind == InputKind.BLOB:
+                staged.append(
+                    StagedInput(
+                        kind="blob", dest=inp.dest, sha256=inp.ref, size=inp.size, label=inp.label
+                    )
+                )
+            elif inp.kind == InputKind.PATH:
+                staged.append(
+                    StagedInput(
+                        kind="path", dest=inp.dest, sha256=inp.sha256, path=inp.ref, label=inp.label
+                    )
+                )
+            else:
+                staged.append(self._dependency(inp))
+        return staged
+
+    def _dependency(self, inp: JobInput) -> StagedInput:
+        dep = self.store.get_job(inp.ref)
+        art = self.store.artifact(inp.ref, dep.lease) if dep else None
+        label = f"job:{dep.name if dep else inp.ref}"
+        return StagedInput(
+            kind="job",
+            dest=inp.dest,
+            sha256=art.sha256 if art else None,
+            size=art.size if art else None,
+            label=label,
+        )
+
+    # ---- artifacts --------------------------------------------------------------------
+
+    def attach(self, job: JobRow, attempt: int, sha256: str) -> ArtifactRow:
+        """Attach blob ``sha256`` as the artifact of the attempt the lease holds."""
+        size = self.blobs.require(sha256)
+        try:
+            summary = self.blobs.scan(sha256)
+        except GpufleetError as exc:
+            raise UnsafeArchive(
+                f"job {job.id}: the artifact is not a safe archive: {exc.message}",
+                detail={"job": job.id, "blob": sha256},
+            ) from None
+        values = {
+            "sha256": sha256,
+            "size": size,
+            "files": json.dumps(summary.get("list", [])),
+            "file_count": int(summary["files"]),
+            "bytes": int(summary["bytes"]),
+            "created_at": self.clock(),
+        }
+        if not self.store.attach_artifact(job.id, attempt, values):
+            raise Conflict(
+                f"stale lease: job {job.id} attempt {attempt} is no longer yours",
+                detail={"job": job.id, "attempt": attempt},
+            )
+        found = self.store.artifact(job.id, attempt)
+        assert found is not None
+        return found

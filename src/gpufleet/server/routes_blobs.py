@@ -1,0 +1,183 @@
+"""Blobs: ``HEAD`` (do you have it?), streaming ``PUT`` verified by hash, resumable upload
+sessions, and ``GET`` with ``Range``. Blob ids are SHA-256 hex digests."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from gpufleet.errors import GpufleetError, NotFound, TooLarge, ValidationFailed
+from gpufleet.server import deps, views
+from gpufleet.server.blobs import BlobService
+from gpufleet.server.deps import state
+from gpufleet.store import TokenRow
+from gpufleet.wire import ERRORS, BlobOut, UploadCreate, UploadOut
+
+router = APIRouter(
+    prefix="/v1",
+    tags=["blobs"],
+    responses={
+        **ERRORS,
+        413: {"model": ERRORS[422]["model"], "description": "over the blob size limit"},
+        507: {"model": ERRORS[422]["model"], "description": "the server's disk is full"},
+    },
+)
+User = Annotated[TokenRow, Depends(deps.blob_user)]
+BlobId = Annotated[
+    str, Path(pattern=r"^[0-9a-f]{64}$", description="the blob's SHA-256 (64 hex digits)")
+]
+UploadId = Annotated[str, Path(pattern=r"^u-[0-9a-f]{24}$")]
+OCTETS: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def _blobs(request: Request) -> BlobService:
+    return state(request).queue.blobs
+
+
+def _declared_length(request: Request, limit: int) -> None:
+    """Refuse before reading a body whose Content-Length is over ``limit``."""
+    raw = request.headers.get("content-length")
+    if raw is not None and raw.isdigit() and int(raw) > limit:
+        raise TooLarge(
+            f"the body ({raw} bytes) is over the limit of {limit} bytes",
+            detail={"size": int(raw), "limit": limit},
+        )
+
+
+@router.head("/blobs/{sha256}", responses={200: {"description": "the server has it"}})
+async def has_blob(sha256: BlobId, request: Request, _: User) -> Response:
+    """200 with Content-Length when the server holds the blob, 404 when not."""
+    size = await run_in_threadpool(_blobs(request).has, sha256)
+    if size is None:
+        raise NotFound(f"no blob {sha256}", detail={"blob": sha256})
+    return Response(status_code=200, headers={"Content-Length": str(size), "ETag": f'"{sha256}"'})
+
+
+@router.get(
+    "/blobs/{sha256}",
+    response_class=FileResponse,
+    responses={206: {"description": "the requested range"}, 416: ERRORS[422]},
+)
+async def get_blob(sha256: BlobId, request: Request, _: User) -> Response:
+    """The blob's bytes; a single ``Range: bytes=A-B`` gives 206 with that part."""
+    blobs = _blobs(request)
+    size = await run_in_threadpool(blobs.require, sha256)
+    _check_range(request.headers.get("range"), size)
+    response = FileResponse(
+        blobs.files.path(sha256),
+        media_type="application/octet-stream",
+        headers={"ETag": f'"{sha256}"', "Cache-Control": "private, max-age=31536000, immutable"},
+    )
+    response.chunk_size = 1 << 20
+    return response
+
+
+def _check_range(header: str | None, size: int) -> None:
+    """Answer bad ranges in the API's error shape (Starlette would answer plain text)."""
+    if header is None:
+        return
+    m = _RANGE.match(header.strip())
+    if m is None or (not m.group(1) and not m.group(2)):
+        raise ValidationFailed(
+            f"unsupported Range header {header!r}; send one range, bytes=START-[END]",
+            detail={"header": "Range"},
+        )
+    start = int(m.group(1)) if m.group(1) else None
+    end = int(m.group(2)) if m.group(2) else None
+    if (start is not None and start >= size) or (
+        start is not None and end is not None and end < start
+    ):
+        err = GpufleetError(
+            f"range {header!r} is outside the blob ({size} bytes)", detail={"size": size}
+        )
+        err.code, err.status = "range_not_satisfiable", 416
+        raise err
+
+
+@router.put(
+    "/blobs/{sha256}",
+    response_model=BlobOut,
+    status_code=201,
+    openapi_extra=OCTETS,
+    responses={200: {"model": BlobOut, "description": "the server already had it"}},
+)
+async def put_blob(
+    sha256: BlobId, request: Request, response: Response, _: User
+) -> Response | BlobOut:
+    """Upload a blob in one streamed request. The bytes must hash to ``sha256`` (else 422
+    and nothing is kept); a body over the size limit is refused with 413 as soon as its
+    Content-Length, or its bytes, say so."""
+    blobs = _blobs(request)
+    _declared_length(request, blobs.settings.max_size)
+    try:
+        created = await blobs.put(sha256, request.stream())
+    except ClientDisconnect:
+        return Response(status_code=400)  # the client is gone; nobody reads this
+    if not created:
+        response.status_code = 200
+    row = await run_in_threadpool(blobs.store.get_blob, sha256)
+    assert row is not None
+    return views.blob_out(row)
+
+
+@router.get("/blobs", response_model=list[BlobOut])
+def list_blobs(
+    request: Request, _: User, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000
+) -> list[BlobOut]:
+    """The newest blobs first."""
+    return [views.blob_out(b) for b in _blobs(request).store.list_blobs(limit)]
+
+
+@router.post(
+    "/uploads",
+    response_model=UploadOut,
+    status_code=201,
+    responses={200: {"model": UploadOut, "description": "the server already has the blob"}},
+)
+def create_upload(body: UploadCreate, request: Request, response: Response, _: User) -> UploadOut:
+    """Open a resumable upload for a large blob; send its bytes with PATCH. When the server
+    already has the blob the answer says ``complete`` and nothing needs sending."""
+    out = _blobs(request).create_upload(body.sha256, body.size)
+    if out.complete:
+        response.status_code = 200
+    return out
+
+
+@router.get("/uploads/{upload_id}", response_model=UploadOut)
+def upload_state(upload_id: UploadId, request: Request, _: User) -> UploadOut:
+    """Where an upload stands: resume by sending from ``offset``."""
+    return _blobs(request).upload_state(upload_id)
+
+
+@router.patch("/uploads/{upload_id}", response_model=UploadOut, openapi_extra=OCTETS)
+async def append_upload(
+    upload_id: UploadId,
+    request: Request,
+    _: User,
+    upload_offset: Annotated[int, Header(ge=0, le=2**50, description="where these bytes go")],
+) -> UploadOut:
+    """Append bytes at ``Upload-Offset``. A broken connection keeps what arrived; the last
+    byte verifies the whole blob's hash and stores it."""
+    blobs = _blobs(request)
+    size = (await run_in_threadpool(blobs.session, upload_id))[1]
+    _declared_length(request, size - upload_offset)
+    try:
+        return await blobs.append(upload_id, upload_offset, request.stream())
+    except ClientDisconnect:
+        return await run_in_threadpool(blobs.upload_state, upload_id)
+
+
+@router.delete("/uploads/{upload_id}", status_code=204)
+def abort_upload(upload_id: UploadId, request: Request, _: User) -> None:
+    _blobs(request).abort(upload_id)

@@ -1,0 +1,156 @@
+"""Data-plane records: blobs, resumable uploads, artifacts, and job dependencies.
+
+A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock. The blob
+*bytes* live in files (:mod:`gpufleet.store.blobfiles`); a row here means they are complete.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+
+from gpufleet.domain.models import JobStatus
+from gpufleet.store import schema as t
+from gpufleet.store.rows import ArtifactRow, BlobRow, JobRow
+
+
+class DataOps:
+    """Record operations of the data plane."""
+
+    def _write(self) -> AbstractContextManager[Connection]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[Connection]:
+        raise NotImplementedError
+
+    def _insert(self, table: Any) -> Any:
+        raise NotImplementedError
+
+    # ---- blobs ------------------------------------------------------------------------
+
+    def record_blob(self, sha256: str, size: int, now: float) -> None:
+        """Record a complete blob (its file is already in place); a second time is a no-op."""
+        stmt = self._insert(t.blobs).on_conflict_do_nothing()
+        with self._write() as conn:
+            conn.execute(stmt, {"sha256": sha256, "size": size, "created_at": now})
+
+    def get_blob(self, sha256: str) -> BlobRow | None:
+        with self._read() as conn:
+            row = conn.execute(select(t.blobs).where(t.blobs.c.sha256 == sha256)).first()
+        return BlobRow.from_row(row) if row else None
+
+    def list_blobs(self, limit: int) -> list[BlobRow]:
+        q = select(t.blobs).order_by(t.blobs.c.created_at.desc()).limit(limit)
+        with self._read() as conn:
+            return [BlobRow.from_row(r) for r in conn.execute(q).all()]
+
+    def set_blob_archive(self, sha256: str, summary: dict[str, Any]) -> None:
+        with self._write() as conn:
+            conn.execute(
+                update(t.blobs)
+                .where(t.blobs.c.sha256 == sha256)
+                .values(archive=json.dumps(summary))
+            )
+
+    # ---- resumable uploads ------------------------------------------------------------
+
+    def create_upload(self, upload_id: str, sha256: str, size: int, now: float) -> None:
+        with self._write() as conn:
+            conn.execute(
+                t.uploads.insert().values(id=upload_id, sha256=sha256, size=size, created_at=now)
+            )
+
+    def get_upload(self, upload_id: str) -> tuple[str, int, float] | None:
+        """(sha256, size, created_at) of an open upload session."""
+        u = t.uploads.c
+        with self._read() as conn:
+            row = conn.execute(select(u.sha256, u.size, u.created_at).where(u.id == upload_id))
+            found = row.first()
+        return (found[0], int(found[1]), float(found[2])) if found else None
+
+    def delete_upload(self, upload_id: str) -> None:
+        with self._write() as conn:
+            conn.execute(t.uploads.delete().where(t.uploads.c.id == upload_id))
+
+    def upload_ids(self, created_after: float) -> set[str]:
+        """Sessions still open and younger than ``created_after``; older ones are dropped."""
+        u = t.uploads.c
+        with self._write() as conn:
+            conn.execute(t.uploads.delete().where(u.created_at < created_after))
+            return set(conn.scalars(select(u.id)))
+
+    # ---- artifacts --------------------------------------------------------------------
+
+    def attach_artifact(self, job_id: str, lease: int, values: dict[str, Any]) -> bool:
+        """Attach an artifact to an attempt whose lease still holds the job."""
+        j, a = t.jobs.c, t.artifacts.c
+        active = [JobStatus.CLAIMED.value, JobStatus.RUNNING.value]
+        with self._write() as conn:
+            held = conn.execute(
+                select(j.id).where((j.id == job_id) & (j.lease == lease) & j.status.in_(active))
+            ).first()
+            if held is None:
+                return False
+            conn.execute(t.artifacts.delete().where((a.job_id == job_id) & (a.attempt == lease)))
+            conn.execute(t.artifacts.insert().values(job_id=job_id, attempt=lease, **values))
+        return True
+
+    def artifact(self, job_id: str, attempt: int | None = None) -> ArtifactRow | None:
+        """The artifact of ``attempt``, else of the latest attempt that has one."""
+        a = t.artifacts.c
+        q = select(t.artifacts).where(a.job_id == job_id)
+        if attempt is not None:
+            q = q.where(a.attempt == attempt)
+        with self._read() as conn:
+            row = conn.execute(q.order_by(a.attempt.desc()).limit(1)).first()
+        return ArtifactRow.from_row(row) if row else None
+
+    # ---- dependencies -----------------------------------------------------------------
+
+    def insert_deps(self, conn: Connection, deps: Mapping[str, Sequence[str]]) -> None:
+        rows = [{"job_id": j, "dep_id": d} for j, ds in deps.items() for d in ds]
+        if rows:
+            conn.execute(self._insert(t.job_deps).on_conflict_do_nothing(), rows)
+
+    def _unmet(self) -> Any:
+        d, dj = t.job_deps.alias("d"), t.jobs.alias("dj")
+        return (
+            select(func.count())
+            .select_from(d.join(dj, dj.c.id == d.c.dep_id))
+            .where(d.c.job_id == t.jobs.c.id, dj.c.status != JobStatus.SUCCEEDED.value)
+            .scalar_subquery()
+        )
+
+    def recount_waiting(self, conn: Connection, job_ids: Sequence[str] | None) -> int:
+        j = t.jobs.c
+        where = j.status == JobStatus.PENDING.value
+        where = where & (j.id.in_(list(job_ids)) if job_ids is not None else j.waiting > 0)
+        unmet = self._unmet()
+        stmt = update(t.jobs).where(where & (j.waiting != unmet)).values(waiting=unmet)
+        return int(conn.execute(stmt).rowcount)
+
+    def refresh_waiting(self, job_ids: Sequence[str] | None = None) -> int:
+        """Recount the unmet dependencies of pending jobs (``job_ids``, or every waiting
+        one). Counting, not decrementing, makes it safe to repeat. Returns rows changed."""
+        with self._write() as conn:
+            return self.recount_waiting(conn, job_ids)
+
+    def dependents(self, dep_id: str) -> list[JobRow]:
+        """Jobs still pending that need ``dep_id``'s artifact."""
+        d = t.job_deps.c
+        q = select(t.jobs).where(
+            t.jobs.c.id.in_(select(d.job_id).where(d.dep_id == dep_id)),
+            t.jobs.c.status == JobStatus.PENDING.value,
+        )
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
+    def dependencies(self, job_id: str) -> list[JobRow]:
+        d = t.job_deps.c
+        q = select(t.jobs).where(t.jobs.c.id.in_(select(d.dep_id).where(d.job_id == job_id)))
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]

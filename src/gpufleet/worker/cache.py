@@ -1,0 +1,72 @@
+"""The worker's package cache: blobs kept by hash, bounded in size, least recently used
+evicted first. A dataset used by ten jobs crosses the network once per worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+Fetch = Callable[[str, Path], int]
+
+
+class BlobCache:
+    """Blobs in ``root/<sha256>``; ``fetch`` downloads (verified) into a given path."""
+
+    def __init__(self, root: Path, max_bytes: int, fetch: Fetch) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self._fetch = fetch
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._in_use: dict[str, int] = {}
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, sha256: str) -> Path:
+        return self.root / sha256
+
+    async def get(self, sha256: str) -> tuple[Path, bool]:
+        """The blob's local path and whether it was already cached. Concurrent jobs that
+        need the same blob share one download. Call :meth:`release` when done with it."""
+        lock = self._locks.setdefault(sha256, asyncio.Lock())
+        async with lock:
+            self._in_use[sha256] = self._in_use.get(sha256, 0) + 1
+            path = self.path(sha256)
+            if path.is_file():
+                os.utime(path)  # most recently used
+                return path, True
+            try:
+                await asyncio.to_thread(self._fetch, sha256, path)
+            except BaseException:
+                self.release(sha256)
+                raise
+            await asyncio.to_thread(self.evict)
+            return path, False
+
+    def release(self, sha256: str) -> None:
+        left = self._in_use.get(sha256, 1) - 1
+        if left <= 0:
+            self._in_use.pop(sha256, None)
+        else:
+            self._in_use[sha256] = left
+
+    def evict(self) -> list[str]:
+        """Remove least recently used blobs (not in use) until the cache fits its bound."""
+        entries = []
+        for p in self.root.iterdir():
+            if p.is_file() and not p.name.endswith(".partial"):
+                st = p.stat()
+                entries.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in entries)
+        removed = []
+        for _, size, p in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if p.name in self._in_use:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            total -= size
+            removed.append(p.name)
+        return removed

@@ -1,0 +1,112 @@
+"""Getting a job's inputs into its directory before it starts, and its outputs out after.
+
+Packages and dependencies' artifacts come from the cache and are unpacked (safely: see
+:mod:`gpufleet.archive`) into the job directory; shared-mount paths are checked by hash
+and linked, never copied. Outputs are archived and uploaded as the attempt's artifact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from gpufleet import archive
+from gpufleet.errors import GpufleetError
+from gpufleet.wire import StagedInput
+from gpufleet.worker.cache import BlobCache
+
+Note = Callable[[str], None]
+
+
+class InputError(GpufleetError):
+    """An input could not be staged; the attempt fails with this message."""
+
+    code = "input_error"
+
+
+def human(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def covering_mount(path: str, mounts: tuple[str, ...]) -> str | None:
+    """The declared mount that contains ``path``, if any."""
+    target = Path(path)
+    for mount in mounts:
+        if target == Path(mount) or Path(mount) in target.parents:
+            return mount
+    return None
+
+
+class Stager:
+    def __init__(self, cache: BlobCache, mounts: tuple[str, ...], limits: archive.Limits) -> None:
+        self.cache = cache
+        self.mounts = mounts
+        self.limits = limits
+
+    async def stage(self, inputs: list[StagedInput], workdir: Path, note: Note) -> None:
+        """Put every input in place, or raise InputError saying which one failed and why."""
+        for index, inp in enumerate(inputs):
+            name = inp.label or (inp.sha256 or "")[:12]
+            try:
+                if inp.kind == "path":
+                    await self._link(inp, workdir, note)
+                elif inp.sha256 is None:
+                    note(f"input {name}: that job left no artifact; nothing to unpack")
+                else:
+                    await self._unpack(inp, index, workdir, note)
+            except GpufleetError as exc:
+                raise InputError(f"input {name}: {exc.message}") from exc
+            except OSError as exc:
+                raise InputError(f"input {name}: {exc.strerror or exc}") from exc
+
+    async def _unpack(self, inp: StagedInput, index: int, workdir: Path, note: Note) -> None:
+        assert inp.sha256 is not None
+        path, hit = await self.cache.get(inp.sha256)
+        try:
+            how = "cache hit" if hit else "downloaded"
+            note(f"input {inp.label or inp.sha256[:12]} ({human(inp.size)}): {how}")
+            scratch = workdir / f".gpufleet-input-{index}"
+            shutil.rmtree(scratch, ignore_errors=True)
+            size = path.stat().st_size
+            await asyncio.to_thread(self._extract, path, scratch, size)
+            await asyncio.to_thread(archive.merge_into, scratch, workdir / inp.dest)
+        finally:
+            self.cache.release(inp.sha256)
+
+    def _extract(self, path: Path, scratch: Path, size: int) -> None:
+        with open(path, "rb") as f:
+            archive.extract(f, scratch, self.limits, compressed_size=size)
+
+    async def _link(self, inp: StagedInput, workdir: Path, note: Note) -> None:
+        assert inp.path is not None
+        mount = covering_mount(inp.path, self.mounts)
+        if mount is None:
+            raise InputError(f"{inp.path} is under no --mount of this worker")
+        if not Path(inp.path).exists():
+            raise InputError(f"{inp.path} does not exist on this worker (mount {mount})")
+        digest = await asyncio.to_thread(archive.tree_digest, Path(inp.path))
+        if digest != inp.sha256:
+            raise InputError(
+                f"{inp.path} on this worker does not match what was submitted "
+                f"(hash {digest[:12]}, expected {(inp.sha256 or '')[:12]}); "
+                "the shared copy changed or differs between machines"
+            )
+        link = workdir / (Path(inp.path).name if inp.dest == "." else inp.dest)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(inp.path, target_is_directory=Path(inp.path).is_dir())
+        note(f"input {inp.path}: shared mount, checked by hash, linked as {link.name}")
+
+
+def pack_outputs(workdir: Path, patterns: list[str], out: Path) -> archive.Packed:
+    """Archive the job's outputs into ``out`` (not inside the job directory)."""
+    with open(out, "wb") as f:
+        return archive.pack_outputs(workdir, patterns, f)
