@@ -131,6 +131,8 @@ def main() -> int:
                     "RTX 4090:24,RTX 3060:12",
                     "--work-dir",
                     str(root / "work-gpu"),
+                    "--cache-dir",
+                    str(root / "cache-gpu"),
                 ],
                 env,
                 root / "worker-gpu-box.log",
@@ -138,7 +140,15 @@ def main() -> int:
         )
         procs.append(
             start(
-                ["worker", "--name", "laptop", "--work-dir", str(root / "work-laptop")],
+                [
+                    "worker",
+                    "--name",
+                    "laptop",
+                    "--work-dir",
+                    str(root / "work-laptop"),
+                    "--cache-dir",
+                    str(root / "cache-laptop"),
+                ],
                 env,
                 root / "worker-laptop.log",
             )

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -218,11 +219,14 @@ def test_an_upload_cut_mid_way_resumes_from_the_committed_offset(
                 f"Content-Length: {len(data)}\r\n\r\n"
             )
             s.sendall(head.encode() + data[: 3 << 20])
-        offset = wait_for(
-            lambda: http.get(f"/v1/uploads/{up['id']}").json()["offset"] or None,
-            10,
-            "the server to commit what it received",
-        )
+        seen: list[int] = []
+
+        def settled() -> int | None:  # the server has noticed the cut and stopped writing
+            seen.append(http.get(f"/v1/uploads/{up['id']}").json()["offset"])
+            time.sleep(0.2)
+            return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] > 0 else None
+
+        offset = wait_for(settled, 10, "the server to commit what it received")
         # what the server received and committed before it saw the connection go; the
         # rest of the bytes in flight are sent again
         assert 0 < offset <= 3 << 20

@@ -1,11 +1,16 @@
 """The worker's package cache: blobs kept by hash, bounded in size, least recently used
-evicted first. A dataset used by ten jobs crosses the network once per worker."""
+evicted first. A dataset used by ten jobs crosses the network once per worker.
+
+Several workers on one machine may share the folder: each download goes to a temp name
+of its own and is renamed into place (same hash, same bytes, so a double download is
+harmless), and a blob evicted by a neighbour is fetched again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,11 +41,16 @@ class BlobCache:
             if path.is_file():
                 os.utime(path)  # most recently used
                 return path, True
+            temp = self.root / f".{sha256}.{os.getpid()}.{secrets.token_hex(4)}"
             try:
-                await asyncio.to_thread(self._fetch, sha256, path)
+                await asyncio.to_thread(self._fetch, sha256, temp)
+                os.replace(temp, path)
             except BaseException:
                 self.release(sha256)
                 raise
+            finally:
+                temp.unlink(missing_ok=True)
+                temp.with_name(temp.name + ".partial").unlink(missing_ok=True)
             await asyncio.to_thread(self.evict)
             return path, False
 
@@ -55,7 +65,7 @@ class BlobCache:
         """Remove least recently used blobs (not in use) until the cache fits its bound."""
         entries = []
         for p in self.root.iterdir():
-            if p.is_file() and not p.name.endswith(".partial"):
+            if p.is_file() and not p.name.startswith("."):  # not a download in progress
                 st = p.stat()
                 entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)

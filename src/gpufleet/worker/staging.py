@@ -69,6 +69,12 @@ class Stager:
                 raise InputError(f"input {name}: {exc.strerror or exc}") from exc
 
     async def _unpack(self, inp: StagedInput, index: int, workdir: Path, note: Note) -> None:
+        try:
+            await self._unpack_once(inp, index, workdir, note)
+        except FileNotFoundError:  # evicted by a worker sharing the cache: fetch it again
+            await self._unpack_once(inp, index, workdir, note)
+
+    async def _unpack_once(self, inp: StagedInput, index: int, workdir: Path, note: Note) -> None:
         assert inp.sha256 is not None
         path, hit = await self.cache.get(inp.sha256)
         try:
