@@ -399,6 +399,7 @@ def one_round(f: BenchFleet, raw: RawServer, src: Path, rss: RssSampler, runs: R
     add("raw_get", lambda: raw_get(raw.http_port, f.root / "raw-got", sha))
     add("copy", lambda: socket_copy(raw.sink_port, src))
     add("disk", lambda: disk_write(src, f.root / "disk"))
+    add("cli_start", lambda: cli(f, "--help")[0])
 
 
 def measure(size: int, repeat: int) -> tuple[Runs, RssSampler, Resubmit]:
@@ -473,6 +474,7 @@ def report(size: int, runs: Runs, rss: RssSampler, pkg: Resubmit) -> None:
         f"second {pkg.second_s:.2f} s, server read {pkg.server_read / 1024:.1f} KiB in all "
         "(requests and database)"
     )
+    print(f"CLI process start and exit alone (gpufleet --help): {median['cli_start']:.2f} s")
     print(
         f"server RSS: {rss.before / MIB:.1f} MiB before, {rss.peak / MIB:.1f} MiB peak "
         f"(sampled every {RSS_EVERY * 1000:.0f} ms during the CLI puts)"

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from gpufleet import archive
 from gpufleet.client import AsyncClient, Client
-from gpufleet.domain.models import Capability
+from gpufleet.domain.models import DEFAULT_OUTPUTS, Capability
 from gpufleet.errors import Conflict, GpufleetError, NotFound, ServerUnavailable
 from gpufleet.wire import (
     ArtifactAttach,
@@ -410,7 +410,8 @@ class Agent:
             for skipped in packed.skipped:
                 self.note(run, f"output skipped: {skipped}")
             if not packed.entries:
-                self.note(run, f"outputs {', '.join(lease.spec.outputs)} matched no files")
+                if tuple(lease.spec.outputs) != DEFAULT_OUTPUTS:  # asked for, not found: say so
+                    self.note(run, f"outputs {', '.join(lease.spec.outputs)} matched no files")
                 return None
             sent = await self.retrying(
                 "artifact upload", partial(asyncio.to_thread, self.data.put_blob, out), give_up=600
