@@ -32,6 +32,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import socket
 import statistics
 import subprocess
@@ -132,21 +133,37 @@ def _store(conn: socket.socket, first: bytes, length: int, root: Path, expected:
     return True
 
 
-def _recv_to(conn: socket.socket, left: int, *sinks: Callable[[memoryview], object]) -> int:
-    """Receive ``left`` bytes (all until EOF when negative) in 1 MiB pieces into sinks."""
-    view = memoryview(bytearray(CHUNK))
-    total = 0
-    while left:
-        n = conn.recv_into(view, CHUNK if left < 0 else min(left, CHUNK), socket.MSG_WAITALL)
-        if not n:
-            if left < 0:
-                return total
-            raise ConnectionError(f"closed with {left} bytes to go")
-        for sink in sinks:
-            sink(view[:n])
-        total += n
-        left = left - n if left > 0 else left
-    return total
+def _recv_to(conn: socket.socket, left: int, *sinks: Callable[[memoryview], object]) -> None:
+    """Receive ``left`` bytes (all until EOF when negative) in 1 MiB pieces and feed them
+    to ``sinks`` in a second thread, so hashing and writing overlap the next receive (as
+    in the gpufleet server). Both threads spend their time outside the GIL."""
+    free: queue.Queue[bytearray] = queue.Queue()
+    for _ in range(4):
+        free.put(bytearray(CHUNK))
+    full: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
+
+    def drain() -> None:
+        while (item := full.get()) is not None:
+            view = memoryview(item[0])[: item[1]]
+            for sink in sinks:
+                sink(view)
+            free.put(item[0])
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    try:
+        while left:
+            buf = free.get(timeout=60)
+            n = conn.recv_into(buf, CHUNK if left < 0 else min(left, CHUNK), socket.MSG_WAITALL)
+            if not n and left > 0:
+                raise ConnectionError(f"closed with {left} bytes to go")
+            if not n:
+                break
+            full.put((buf, n))
+            left = left - n if left > 0 else left
+    finally:
+        full.put(None)
+        thread.join()
 
 
 def _sink(conn: socket.socket, root: Path) -> None:

@@ -517,7 +517,7 @@ def test_full_disk_becomes_insufficient_storage(
     def no_space(src: object, fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(archive, "_copy_to_fd", no_space)
+    monkeypatch.setattr(archive._unpack, "_copy_to_fd", no_space)
     parent = tmp_path / "cache"
     parent.mkdir()
     with pytest.raises(InsufficientStorage, match="no space left on device while unpacking"):
