@@ -11,7 +11,7 @@ unpacks into a hidden directory next to the target and renames it into place onl
 whole archive passed, so a refused or damaged archive leaves nothing behind.
 """
 
-from gpufleet.archive._files import copy_hashing, file_sha256, merge_into
+from gpufleet.archive._files import copy_hashing, merge_into
 from gpufleet.archive._pack import pack_outputs, pack_path, tree_digest
 from gpufleet.archive._rules import DEFAULT_EXCLUDES, IGNORE_FILE, SUFFIX, Entry, Limits, Packed
 from gpufleet.archive._unpack import extract, scan
@@ -25,7 +25,6 @@ __all__ = [
     "Packed",
     "copy_hashing",
     "extract",
-    "file_sha256",
     "merge_into",
     "pack_outputs",
     "pack_path",

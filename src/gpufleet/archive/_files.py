@@ -6,14 +6,10 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
-
-from gpufleet.errors import GpufleetError
-
-if TYPE_CHECKING:
-    pass
+from typing import BinaryIO
 
 from gpufleet.archive._rules import _CHUNK
+from gpufleet.errors import GpufleetError
 
 # --- after unpacking -----------------------------------------------------------------------
 
@@ -66,12 +62,3 @@ def copy_hashing(src: BinaryIO, dst: BinaryIO, chunk: int = _CHUNK) -> tuple[str
         dst.write(data)
         total += len(data)
     return digest.hexdigest(), total
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 (hex) of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while data := f.read(_CHUNK):
-            digest.update(data)
-    return digest.hexdigest()

@@ -9,28 +9,25 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
-from gpufleet import archive
 from gpufleet.cli._common import client, err, out, print_json, setting_option, when
 from gpufleet.client import Client
-from gpufleet.client._packages import covering_mount, mounted, package
 from gpufleet.client._transfer import Progress as Advance
 from gpufleet.domain.manifest import default_job_dest, split_dest
 from gpufleet.errors import GpufleetError, InsufficientStorage
+from gpufleet.streams import file_sha256
 from gpufleet.wire import InputModel, WorkerOut
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+# Archives and progress bars are imported where they are used: every command
+# pays for what this module imports at start, and `blobs get` needs none of them.
 
 ServerOpt = Annotated[str | None, setting_option("server")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON, no progress bars.")]
@@ -48,6 +45,15 @@ def bars(quiet: bool) -> Iterator[Progress | None]:
     if quiet or not sys.stderr.isatty():
         yield None
         return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -86,7 +92,7 @@ def blobs_put(
         raise GpufleetError(f"{file}: no such file")
     size = file.stat().st_size
     with client(server) as c, bars(as_json) as progress:
-        sha = archive.file_sha256(file)
+        sha = file_sha256(file)
         sent = c.put_blob(file, sha, progress=bar(progress, f"upload {file.name}", size))
     if as_json:
         print_json({"sha256": sent.sha256, "size": sent.size, "sent": sent.sent})
@@ -141,6 +147,8 @@ def blobs_ls(
 def fetch_results(c: Client, job: str, dest: Path | None, quiet: bool) -> Path | None:
     """Download and unpack a job's artifact into ``dest`` (default ``./JOB_ID``);
     None when the job left none. Existing files are never overwritten."""
+    from gpufleet import archive
+
     art = c.artifact(job)
     dest = (dest or Path(art.job_id)).resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +195,8 @@ def package_inputs(
 ) -> list[InputModel]:
     """``[DEST=]PATH`` items as inputs: paths on a mount some worker of ``pool`` declared
     are passed by reference; everything else is packaged and uploaded if new."""
+    from gpufleet.client._packages import covering_mount, mounted, package
+
     workers: list[WorkerOut] | None = None
     found = []
     for item in packages:

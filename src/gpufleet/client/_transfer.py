@@ -3,12 +3,16 @@
 Uploads above :data:`SESSION_OVER` bytes go through a resumable session: one streamed
 PATCH carries the rest of the file, and after a broken connection the client asks the
 server where it stands and sends from there. Downloads write to ``NAME.partial`` next to
-the target, resume with ``Range``, verify the SHA-256 and only then rename.
+the target (hashing as they write), resume with ``Range``, verify the SHA-256 and only
+then rename.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +23,7 @@ from typing import BinaryIO
 import httpx
 
 from gpufleet.client._api import raise_for, unreachable
+from gpufleet.client._direct import FAILURES, Answer, Direct
 from gpufleet.errors import (
     Conflict,
     Forbidden,
@@ -27,6 +32,7 @@ from gpufleet.errors import (
     ServerUnavailable,
     Unauthorized,
 )
+from gpufleet.streams import Fanout, file_hasher, file_sha256
 from gpufleet.wire import UploadCreate, UploadOut
 
 CHUNK = 1 << 20
@@ -49,15 +55,6 @@ class Sent:
     sent: int
 
 
-def sha256_file(path: Path, progress: Progress = _quiet) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            progress(len(chunk))
-    return h.hexdigest()
-
-
 def _body(f: BinaryIO, counter: list[int], progress: Progress) -> Iterator[bytes]:
     while chunk := f.read(CHUNK):
         counter[0] += len(chunk)
@@ -68,9 +65,10 @@ def _body(f: BinaryIO, counter: list[int], progress: Progress) -> Iterator[bytes
 class Transfers:
     """Blob transfers over a blocking httpx client (the SDK's and the CLI's)."""
 
-    def __init__(self, http: httpx.Client, server: str) -> None:
+    def __init__(self, http: httpx.Client, server: str, direct: Direct | None = None) -> None:
         self.http = http
         self.server = server
+        self.direct = direct  # the fast path for downloads, when usable
 
     def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
         try:
@@ -99,7 +97,7 @@ class Transfers:
     def put(self, path: Path, sha256: str | None = None, progress: Progress = _quiet) -> Sent:
         """Upload ``path`` unless the server has it already (then no body is sent)."""
         size = path.stat().st_size
-        sha256 = sha256 or sha256_file(path)
+        sha256 = sha256 or file_sha256(path)
         if self.has(sha256) is not None:
             return Sent(sha256, size, 0)
         if size <= SESSION_OVER:
@@ -162,47 +160,121 @@ class Transfers:
 
     def get(self, sha256: str, dest: Path, progress: Progress = _quiet) -> int:
         """Download blob ``sha256`` to ``dest`` (verified, then renamed into place),
-        resuming a ``dest.partial`` left by an earlier try. Returns bytes received."""
+        resuming a ``dest.partial`` left by an earlier try, and after a broken connection.
+        Returns the body bytes received (a resume receives only what was missing)."""
         partial = dest.with_name(dest.name + ".partial")
-        received, failures = 0, 0
+        received = [0]
+
+        def seen(n: int) -> None:
+            received[0] += n
+            progress(n)
+
+        failures = 0
         while True:
             try:
-                received += self._get_into(sha256, partial, progress)
+                got = self._get_into(sha256, partial, progress, seen)
                 break
             except ServerUnavailable:
                 failures += 1
                 if failures > RETRIES:
                     raise
                 time.sleep(min(0.2 * 2**failures, 5.0))
-        got = sha256_file(partial)
         if got != sha256:
             partial.unlink(missing_ok=True)
-            raise HashMismatch(f"downloaded bytes hash to {got}, not {sha256}; try again")
+            raise HashMismatch(
+                f"the downloaded bytes hash to {got}, not {sha256}; "
+                f"{partial.name} was removed, try again"
+            )
         os.replace(partial, dest)
-        return received
+        return received[0]
 
-    def _get_into(self, sha256: str, partial: Path, progress: Progress) -> int:
+    def _get_into(self, sha256: str, partial: Path, progress: Progress, seen: Progress) -> str:
+        """Fetch what ``partial`` lacks and return the SHA-256 of the whole file. The file
+        is written and hashed while the next bytes arrive."""
         have = partial.stat().st_size if partial.exists() else 0
         headers = {"Range": f"bytes={have}-"} if have else {}
-        request = self.http.build_request("GET", f"/v1/blobs/{sha256}", headers=headers)
+        path = f"/v1/blobs/{sha256}"
         try:
-            resp = self._send(request, stream=True)
+            with self._open(path, headers) as (status, length, pour):
+                resumed = status == 206
+                if resumed:
+                    progress(have)
+                hasher = file_hasher(partial) if resumed else hashlib.sha256()
+                with (
+                    open(partial, "ab" if resumed else "wb") as f,
+                    Fanout([f.write, hasher.update]) as fan,
+                ):
+                    got = pour(fan, seen)
+                    fan.wait()
         except GpufleetError as exc:
             if exc.status != 416:
                 raise
-            return 0  # the partial file is already complete
-        received = 0
+            return file_sha256(partial)  # the partial file was complete
+        if length is not None and got != length:
+            raise ServerUnavailable(
+                f"the connection to {self.server} closed after {got} of {length} bytes"
+            )
+        return hasher.hexdigest()
+
+    @contextlib.contextmanager
+    def _open(self, path: str, headers: dict[str, str]) -> Iterator[tuple[int, int | None, Pour]]:
+        """GET ``path``: (status, Content-Length, a function that pours the body into a
+        fanout). Direct when it can be (see ``_direct``), through httpx when proxied."""
+        if self.direct is not None:
+            with self.direct.get(path, headers) as answer:
+                yield (
+                    answer.status,
+                    answer.length,
+                    functools.partial(_pour_direct, answer, self.server),
+                )
+            return
+        resp = self._send(self.http.build_request("GET", path, headers=headers), stream=True)
         try:
-            mode = "ab" if resp.status_code == 206 else "wb"
-            if have and mode == "ab":
-                progress(have)
-            with open(partial, mode) as f:
-                for chunk in resp.iter_bytes(CHUNK):
-                    f.write(chunk)
-                    received += len(chunk)
-                    progress(len(chunk))
-        except httpx.TransportError as exc:
-            raise unreachable(self.server, exc) from exc
+            length = resp.headers.get("content-length")
+            size = int(length) if length and length.isdigit() else None
+            yield resp.status_code, size, functools.partial(_pour_httpx, resp, self.server)
         finally:
             resp.close()
-        return received
+
+
+Pour = Callable[[Fanout, Progress], int]
+
+
+def _pour_direct(answer: Answer, server: str, fan: Fanout, progress: Progress) -> int:
+    """Read the body into a ring of reused buffers; a buffer is refilled only once the
+    sinks are done with it (the fanout holds at most ``depth`` of them)."""
+    ring = [bytearray(CHUNK) for _ in range(fan.depth + 1)]
+    total = 0
+    for turn in itertools.count():
+        fan.room()
+        buffer = ring[turn % len(ring)]
+        try:
+            n = answer.readinto(buffer)
+        except FAILURES as exc:
+            raise unreachable(server, exc) from exc
+        if not n:
+            return total
+        fan.submit(memoryview(buffer)[:n])
+        total += n
+        progress(n)
+    raise AssertionError("unreachable")
+
+
+def _pour_httpx(resp: httpx.Response, server: str, fan: Fanout, progress: Progress) -> int:
+    parts: list[bytes] = []
+    gathered = total = 0
+    try:
+        for chunk in resp.iter_raw():
+            parts.append(chunk)
+            gathered += len(chunk)
+            total += len(chunk)
+            progress(len(chunk))
+            if gathered >= CHUNK:
+                fan.feed(b"".join(parts))
+                parts, gathered = [], 0
+    except httpx.TransportError as exc:
+        raise unreachable(server, exc) from exc
+    finally:
+        if parts:  # keep what arrived: a resume starts after it
+            fan.feed(b"".join(parts))
+    return total

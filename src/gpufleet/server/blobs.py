@@ -1,18 +1,20 @@
 """Blob policy: verified streaming uploads, resumable sessions, archive scans.
 
-Bodies are never held whole: chunks are gathered into 1 MiB buffers and handed to a thread
-that hashes and writes them while the loop receives the next buffer, so memory stays flat
-and hashing overlaps the network.
+Bodies are never held whole: chunks are gathered into 1 MiB buffers and handed to two
+threads, one writing and one hashing, while the loop receives the next buffer, so memory
+stays flat and the disk, the hash and the network all work at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,8 @@ from gpufleet.errors import (
     UnsafeArchive,
 )
 from gpufleet.store import SqlStore
-from gpufleet.store.blobfiles import BlobFiles, BlobWriter, hash_file, new_upload_id
+from gpufleet.store.blobfiles import BlobFiles, BlobWriter, new_upload_id
+from gpufleet.streams import Fanout, Sink, file_hasher
 from gpufleet.wire import UploadOut
 
 BUFFER = 1 << 20
@@ -42,33 +45,53 @@ class BlobSettings:
     limits: archive.Limits = field(default_factory=archive.Limits)
 
 
-async def pump(chunks: AsyncIterator[bytes], write: Callable[[bytes], None], limit: int) -> int:
-    """Feed ``chunks`` to ``write`` (in a thread) in 1 MiB buffers, one write in flight
-    while the next buffer fills. Raises TooLarge as soon as more than ``limit`` arrive."""
-    loop = asyncio.get_running_loop()
-    buf, total = bytearray(), 0
-    pending: asyncio.Future[None] | None = None
+async def pump(chunks: AsyncIterator[bytes], sinks: Sequence[Sink], limit: int) -> int:
+    """Feed ``chunks`` to every sink in 1 MiB buffers, each sink in a thread of its own
+    (writing and hashing overlap each other and the next receive). Raises TooLarge as soon
+    as more than ``limit`` bytes arrive. Whatever the outcome, every buffer handed over has
+    reached every sink when this returns, so the file and the hash agree."""
+    parts: list[bytes] = []
+    gathered = total = 0
+    fan: Fanout | None = None
     try:
         async for chunk in chunks:
             total += len(chunk)
             if total > limit:
                 raise TooLarge(f"the body is larger than the limit of {limit} bytes")
-            buf += chunk
-            if len(buf) >= BUFFER:
-                if pending is not None:
-                    await pending
-                data, buf = bytes(buf), bytearray()
-                pending = loop.run_in_executor(None, write, data)
-        if pending is not None:
-            await pending
-            pending = None
-        if buf:
-            await loop.run_in_executor(None, write, bytes(buf))
+            parts.append(chunk)
+            gathered += len(chunk)
+            if gathered >= BUFFER:
+                fan = fan or Fanout(sinks)
+                while not fan.has_room():
+                    await _finished(fan.oldest())
+                fan.submit(b"".join(parts))
+                parts, gathered = [], 0
+        if fan is not None:
+            await _settled(fan)
+            fan.wait()  # raises a sink's error
+        if parts:  # the tail (or a whole small body): one hop to a thread
+            data = b"".join(parts)
+            await run_in_threadpool(lambda: [sink(data) for sink in sinks])
     finally:
-        if pending is not None:  # never leave a write running behind an abort
-            with contextlib.suppress(Exception):
-                await pending
+        if fan is not None:  # never leave a write running behind an abort
+            await _settled(fan)
+            fan.close()
     return total
+
+
+async def _settled(fan: Fanout) -> None:
+    """Wait, without blocking the loop, until the sinks have taken every buffer."""
+    while futures := fan.oldest():
+        await _finished(futures)
+        with contextlib.suppress(Exception):  # kept by the fanout for fan.wait() to raise
+            fan.has_room()
+
+
+async def _finished(futures: list[Future[object]]) -> None:
+    wrapped = [asyncio.wrap_future(f) for f in futures]
+    await asyncio.wait(wrapped)
+    for w in wrapped:
+        w.exception()  # seen here so asyncio does not log it; the fanout raises it
 
 
 class BlobService:
@@ -86,7 +109,7 @@ class BlobService:
         self.settings = settings
         self.clock = clock
         # In-memory hash state of sessions, to avoid re-reading a file on every PATCH.
-        self._hashers: dict[str, tuple[int, Any]] = {}
+        self._hashers: dict[str, tuple[int, hashlib._Hash]] = {}
         self._busy: set[str] = set()
         self._lock = threading.Lock()
 
@@ -123,12 +146,12 @@ class BlobService:
         if self.has(sha256) is not None:
             return False
         temp = self.files.temp()
-        writer = BlobWriter(temp, self.settings.max_size)
+        writer, hasher = BlobWriter(temp), hashlib.sha256()
         try:
-            await pump(body, writer.write, self.settings.max_size)
+            await pump(body, [writer.write, hasher.update], self.settings.max_size)
             await run_in_threadpool(writer.sync)
             writer.close()
-            self._verify(sha256, writer.digest())
+            self._verify(sha256, hasher.hexdigest())
             await run_in_threadpool(self._commit, temp, sha256, writer.size)
         finally:
             writer.close()
@@ -198,10 +221,10 @@ class BlobService:
                 detail={"offset": have},
             )
         hasher = await run_in_threadpool(self._hasher, upload_id, path, have)
-        writer = BlobWriter(path, size, append=True, hasher=hasher)
+        writer = BlobWriter(path, append=True)
         try:
             with contextlib.suppress(ClientDisconnect):  # keep what arrived: that is the point
-                await pump(body, writer.write, size - have)
+                await pump(body, [writer.write, hasher.update], size - have)
             await run_in_threadpool(writer.sync)
         except BaseException:  # too large, disk full: back to the last committed offset
             self._hashers.pop(upload_id, None)
@@ -210,18 +233,19 @@ class BlobService:
             raise
         finally:
             writer.close()
-        self._hashers[upload_id] = (writer.size, writer.hasher)
+        self._hashers[upload_id] = (writer.size, hasher)
         if writer.size < size:
             return UploadOut(
                 id=upload_id, sha256=sha256, size=size, offset=writer.size, complete=False
             )
-        return await run_in_threadpool(self._complete, upload_id, sha256, size, writer.digest())
+        return await run_in_threadpool(self._complete, upload_id, sha256, size, hasher.hexdigest())
 
-    def _hasher(self, upload_id: str, path: Path, have: int) -> Any:
+    def _hasher(self, upload_id: str, path: Path, have: int) -> hashlib._Hash:
         cached = self._hashers.get(upload_id)
         if cached is not None and cached[0] == have:
             return cached[1]
-        return hash_file(path, have)  # a restart or another replica: re-read what is there
+        # A restart, or another replica took the earlier bytes: hash what is there.
+        return file_hasher(path, have)
 
     def _complete(self, upload_id: str, sha256: str, size: int, got: str) -> UploadOut:
         path = self.files.session(upload_id)

@@ -13,14 +13,15 @@ which :meth:`BlobFiles.clean` removes at the next start.
 
 from __future__ import annotations
 
+import ctypes
 import errno
-import hashlib
 import os
 import secrets
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from gpufleet.errors import InsufficientStorage, TooLarge
+from gpufleet.errors import InsufficientStorage
 
 
 def _fsync_dir(path: Path) -> None:
@@ -38,52 +39,73 @@ def disk_full(exc: OSError, what: str) -> InsufficientStorage:
     )
 
 
+WRITEBACK_EVERY = 8 << 20
+
+
+def _writeback_starter() -> Callable[[int, int, int], object] | None:
+    """Linux's ``sync_file_range(..., SYNC_FILE_RANGE_WRITE)``: start writing a range of a
+    file to disk without waiting, so the fsync at the end of an upload finds little left to
+    do (the disk works while the network does). None where it does not exist; it is only a
+    hint, so then the final fsync simply does all the work."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    sync_write = 2  # SYNC_FILE_RANGE_WRITE
+    return lambda fd, offset, length: fn(fd, offset, length, sync_write)
+
+
+_start_writeback = _writeback_starter()
+
+
 class BlobWriter:
-    """Appends to one file while hashing; refuses to grow past ``limit`` bytes.
+    """Appends to one file, unbuffered: callers hand it large buffers (from a thread of its
+    own, see :class:`gpufleet.fanout.Fanout`). Every ``WRITEBACK_EVERY`` bytes it asks the
+    kernel to start writing them out, so :meth:`sync` is short."""
 
-    Writes are called from a worker thread; ``hashlib`` and file writes release the GIL,
-    so hashing runs alongside the event loop that receives the next chunk."""
-
-    def __init__(self, path: Path, limit: int, *, append: bool = False, hasher: Any = None) -> None:
+    def __init__(self, path: Path, *, append: bool = False) -> None:
         self.path = path
-        self.limit = limit
-        self._file = open(path, "ab" if append else "wb")  # noqa: SIM115 - closed in close()
-        self.size = self._file.tell()
-        self.hasher = hasher if hasher is not None else hashlib.sha256()
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        self._fd = os.open(path, flags, 0o644)
+        self.size = os.lseek(self._fd, 0, os.SEEK_END)
+        self._started = self.size  # where writeback has been asked for up to
 
-    def write(self, data: bytes) -> None:
-        if self.size + len(data) > self.limit:
-            raise TooLarge(f"the blob is larger than the limit of {self.limit} bytes")
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
         try:
-            self._file.write(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise disk_full(exc, "storing an upload") from exc
             raise
-        self.hasher.update(data)
         self.size += len(data)
+        if _start_writeback is not None and self.size - self._started >= WRITEBACK_EVERY:
+            _start_writeback(self._fd, self._started, self.size - self._started)
+            self._started = self.size
 
     def sync(self) -> None:
         """Make what was written durable (the committed offset of a resumable upload)."""
         try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            os.fsync(self._fd)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise disk_full(exc, "storing an upload") from exc
             raise
 
     def truncate(self, size: int) -> None:
-        self._file.flush()
-        self._file.truncate(size)
-        self.size = size
-        os.fsync(self._file.fileno())
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
+        self.size = self._started = size
 
     def close(self) -> None:
-        self._file.close()
-
-    def digest(self) -> str:
-        return str(self.hasher.hexdigest())
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class BlobFiles:
@@ -128,21 +150,6 @@ class BlobFiles:
                 session.unlink(missing_ok=True)
                 removed += 1
         return removed
-
-
-def hash_file(path: Path, upto: int | None = None) -> Any:
-    """A SHA-256 object fed with the first ``upto`` bytes of ``path`` (all when None)."""
-    h = hashlib.sha256()
-    left = upto
-    with open(path, "rb") as f:
-        while left is None or left > 0:
-            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h
 
 
 def new_upload_id() -> str:

@@ -1,0 +1,238 @@
+"""Blob downloads through the SDK against a real server, over both of its HTTP paths:
+direct (``http.client``) and through a proxy (httpx). A relay between client and server
+cuts connections the way a flaky network does, and counts what crossed."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpufleet.client import Client
+from gpufleet.config import load_token
+from gpufleet.errors import HashMismatch, NotFound
+from tests.e2e.conftest import Fleet
+
+MIB = 1 << 20
+
+
+@dataclass
+class Leg:
+    """One relayed connection: what the client sent, what came back."""
+
+    sent: bytearray = field(default_factory=bytearray)
+    first: bytearray = field(default_factory=bytearray)  # the answer's first bytes
+    head: bytes = b""  # the server's response head, up to the blank line
+    down: int = 0  # bytes from the server to the client, head included
+
+    @property
+    def body(self) -> int:
+        return self.down - len(self.head)
+
+
+class Relay:
+    """A TCP relay to 127.0.0.1:``port``. Connection ``n`` is closed after ``cuts[n]``
+    bytes came back from the server (connections past the list are never cut)."""
+
+    def __init__(self, port: int, cuts: list[int]) -> None:
+        self.target = port
+        self.cuts = cuts
+        self.legs: list[Leg] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            leg = Leg()
+            cut = self.cuts[len(self.legs)] if len(self.legs) < len(self.cuts) else None
+            self.legs.append(leg)
+            server = socket.create_connection(("127.0.0.1", self.target), timeout=10)
+            client.settimeout(10)
+            self._sockets += [client, server]
+            for t in (
+                threading.Thread(target=self._up, args=(client, server, leg), daemon=True),
+                threading.Thread(target=self._down, args=(server, client, leg, cut), daemon=True),
+            ):
+                t.start()
+                self._threads.append(t)
+
+    def _up(self, client: socket.socket, server: socket.socket, leg: Leg) -> None:
+        try:
+            while data := client.recv(65536):
+                leg.sent += data
+                server.sendall(data)
+        except OSError:
+            pass
+
+    def _down(
+        self, server: socket.socket, client: socket.socket, leg: Leg, cut: int | None
+    ) -> None:
+        try:
+            while data := server.recv(65536):
+                if cut is not None:
+                    data = data[: cut - leg.down]
+                if not leg.head and len(leg.first) < 65536:
+                    leg.first += data
+                    end = leg.first.find(b"\r\n\r\n")
+                    leg.head = bytes(leg.first[: end + 4]) if end >= 0 else b""
+                client.sendall(data)
+                leg.down += len(data)
+                if cut is not None and leg.down >= cut:
+                    break
+        except OSError:
+            pass
+        finally:
+            _hang_up(client, server)
+
+    def ranges(self) -> list[str | None]:
+        """The Range header of each connection's request, None where it had none."""
+        found: list[str | None] = []
+        for leg in self.legs:
+            lines = bytes(leg.sent).split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+            value = [ln.split(":", 1)[1].strip() for ln in lines if ln.lower().startswith("range:")]
+            found.append(value[0] if value else None)
+        return found
+
+    def close(self) -> None:
+        self._stop.set()
+        _hang_up(*self._sockets)
+        for t in self._threads:
+            t.join(10)
+        self.listener.close()
+
+
+def _hang_up(*sockets: socket.socket) -> None:
+    """Shut down, then close: a bare close() would neither wake a thread blocked in recv
+    on the socket nor send the peer its FIN until that recv returned."""
+    for s in sockets:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        s.close()
+
+
+@dataclass
+class Served:
+    url: str
+    token: str | None
+    data: bytes
+    sha256: str
+
+
+@pytest.fixture
+def served(fleet: Fleet, tmp_path: Path) -> Served:
+    """A real server holding one 8 MiB blob."""
+    url = fleet.start_server()
+    data = os.urandom(8 * MIB)
+    src = tmp_path / "blob.bin"
+    src.write_bytes(data)
+    with fleet.client() as c:
+        sha = c.put_blob(src).sha256
+    return Served(url, load_token(url), data, sha)
+
+
+@pytest.fixture(params=["direct", "proxied"])
+def through(
+    request: pytest.FixtureRequest, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Client, Relay, str]]:
+    """A client whose every connection goes through a relay: as its server URL (the
+    direct path), or as its HTTP proxy (the httpx path). The first connection is cut
+    after 3 MiB."""
+    port = int(served.url.rsplit(":", 1)[1])
+    relay = Relay(port, cuts=[3 * MIB])
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if request.param == "proxied":
+        monkeypatch.setenv("HTTP_PROXY", relay.url)
+        client = Client(served.url, served.token)
+    else:
+        client = Client(relay.url, served.token)
+    try:
+        yield client, relay, request.param
+    finally:
+        client.close()
+        relay.close()
+
+
+def test_a_download_cut_mid_way_resumes_where_it_stopped(
+    served: Served, through: tuple[Client, Relay, str], tmp_path: Path
+) -> None:
+    client, relay, path = through
+    dest = tmp_path / "got.bin"
+    received = client.get_blob(served.sha256, dest)
+    # a proxy is sent the whole URL; the server itself, just the path
+    request_line = bytes(relay.legs[0].sent).split(b"\r\n")[0]
+    expected = b"GET http://" if path == "proxied" else b"GET /v1/blobs/"
+    assert request_line.startswith(expected), request_line
+    assert dest.read_bytes() == served.data
+    assert not dest.with_name("got.bin.partial").exists()
+    # The second request asked for the rest, from exactly where the cut left the file:
+    # no byte crossed twice.
+    blob_legs = [(leg, r) for leg, r in zip(relay.legs, relay.ranges(), strict=True) if leg.head]
+    first, second = blob_legs[0][0], blob_legs[-1][0]
+    assert 0 < first.body < len(served.data)
+    assert blob_legs[-1][1] == f"bytes={first.body}-"
+    assert second.body == len(served.data) - first.body
+    assert received == len(served.data)
+
+
+def test_a_partial_file_from_an_earlier_try_is_resumed(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    dest = tmp_path / "got.bin"
+    half = len(served.data) // 2
+    dest.with_name("got.bin.partial").write_bytes(served.data[:half])
+    with fleet.client() as c:
+        received = c.get_blob(served.sha256, dest)
+    assert received == len(served.data) - half
+    assert dest.read_bytes() == served.data
+
+
+def test_a_complete_partial_file_is_verified_and_kept(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    dest = tmp_path / "got.bin"
+    dest.with_name("got.bin.partial").write_bytes(served.data)
+    with fleet.client() as c:
+        assert c.get_blob(served.sha256, dest) == 0
+    assert dest.read_bytes() == served.data
+
+
+def test_a_partial_file_with_wrong_bytes_is_refused_and_removed(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    dest = tmp_path / "got.bin"
+    wrong = bytearray(served.data[: 3 * MIB])
+    wrong[1000] ^= 0xFF
+    dest.with_name("got.bin.partial").write_bytes(wrong)
+    with fleet.client() as c, pytest.raises(HashMismatch, match=served.sha256):
+        c.get_blob(served.sha256, dest)
+    assert list(tmp_path.glob("got.bin*")) == []
+    # nothing stale is left to poison the next try, which succeeds
+    with fleet.client() as c:
+        c.get_blob(served.sha256, dest)
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == served.sha256
+
+
+def test_an_unknown_blob_is_named_and_nothing_is_written(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    missing = "0" * 64
+    with fleet.client() as c, pytest.raises(NotFound, match=missing):
+        c.get_blob(missing, tmp_path / "got.bin")
+    assert list(tmp_path.glob("got.bin*")) == []
