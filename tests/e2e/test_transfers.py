@@ -1,6 +1,6 @@
-"""Blob downloads through the SDK against a real server, over both of its HTTP paths:
-direct (``http.client``) and through a proxy (httpx). A relay between client and server
-cuts connections the way a flaky network does, and counts what crossed."""
+"""Blob transfers through the SDK against a real server: downloads over both of its HTTP
+paths, direct (``http.client``) and through a proxy (httpx), and uploads. A relay between
+client and server cuts connections the way a flaky network does, and counts what crossed."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ MIB = 1 << 20
 class Leg:
     """One relayed connection: what the client sent, what came back."""
 
-    sent: bytearray = field(default_factory=bytearray)
+    sent: bytearray = field(default_factory=bytearray)  # the request's first bytes
+    up: int = 0  # bytes from the client to the server
     first: bytearray = field(default_factory=bytearray)  # the answer's first bytes
     head: bytes = b""  # the server's response head, up to the blank line
     down: int = 0  # bytes from the server to the client, head included
@@ -39,11 +40,13 @@ class Leg:
 
 class Relay:
     """A TCP relay to 127.0.0.1:``port``. Connection ``n`` is closed after ``cuts[n]``
-    bytes came back from the server (connections past the list are never cut)."""
+    bytes came back from the server, or after ``up_cuts[n]`` bytes went to it
+    (connections past the lists are never cut)."""
 
-    def __init__(self, port: int, cuts: list[int]) -> None:
+    def __init__(self, port: int, cuts: list[int], up_cuts: list[int] | None = None) -> None:
         self.target = port
         self.cuts = cuts
+        self.up_cuts = up_cuts or []
         self.legs: list[Leg] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.2)
@@ -59,24 +62,32 @@ class Relay:
                 client, _ = self.listener.accept()
             except TimeoutError:
                 continue
-            leg = Leg()
-            cut = self.cuts[len(self.legs)] if len(self.legs) < len(self.cuts) else None
+            leg, n = Leg(), len(self.legs)
+            cut = self.cuts[n] if n < len(self.cuts) else None
+            up_cut = self.up_cuts[n] if n < len(self.up_cuts) else None
             self.legs.append(leg)
             server = socket.create_connection(("127.0.0.1", self.target), timeout=10)
             client.settimeout(10)
             self._sockets += [client, server]
             for t in (
-                threading.Thread(target=self._up, args=(client, server, leg), daemon=True),
+                threading.Thread(target=self._up, args=(client, server, leg, up_cut), daemon=True),
                 threading.Thread(target=self._down, args=(server, client, leg, cut), daemon=True),
             ):
                 t.start()
                 self._threads.append(t)
 
-    def _up(self, client: socket.socket, server: socket.socket, leg: Leg) -> None:
+    def _up(self, client: socket.socket, server: socket.socket, leg: Leg, cut: int | None) -> None:
         try:
             while data := client.recv(65536):
-                leg.sent += data
+                if cut is not None:
+                    data = data[: cut - leg.up]
+                if len(leg.sent) < 65536:
+                    leg.sent += data[: 65536 - len(leg.sent)]
                 server.sendall(data)
+                leg.up += len(data)
+                if cut is not None and leg.up >= cut:
+                    _hang_up(client, server)
+                    return
         except OSError:
             pass
 
@@ -236,3 +247,34 @@ def test_an_unknown_blob_is_named_and_nothing_is_written(
     with fleet.client() as c, pytest.raises(NotFound, match=missing):
         c.get_blob(missing, tmp_path / "got.bin")
     assert list(tmp_path.glob("got.bin*")) == []
+
+
+def test_an_upload_cut_mid_way_resumes_from_what_the_server_kept(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    port = int(served.url.rsplit(":", 1)[1])
+    relay = Relay(port, cuts=[], up_cuts=[12 * MIB])
+    data = os.urandom(40 * MIB)  # over the size that goes through a resumable session
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    try:
+        with Client(relay.url, served.token) as c:
+            sent = c.put_blob(src)
+    finally:
+        relay.close()
+    assert sent.sha256 == hashlib.sha256(data).hexdigest()
+    offsets = [
+        int(line.split(b":")[1])
+        for leg in relay.legs
+        for line in bytes(leg.sent).split(b"\r\n")
+        if line.lower().startswith(b"upload-offset:")
+    ]
+    # the first PATCH started at 0; a later one went on from what the server had kept
+    assert offsets[0] == 0 and 0 < offsets[-1] <= 12 * MIB, offsets
+    assert relay.legs[0].up == 12 * MIB
+    # no restart from zero: after the cut, about the rest of the file crossed, no more
+    assert sum(leg.up for leg in relay.legs[1:]) < len(data) - offsets[-1] + MIB
+    back = tmp_path / "back.bin"
+    with fleet.client() as c:
+        c.get_blob(sent.sha256, back)
+    assert back.read_bytes() == data
