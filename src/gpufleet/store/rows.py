@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Self
 
 from gpufleet.domain.models import Capability, GpuInfo, JobSpec, JobStatus, WorkerStatus
 from gpufleet.wire import CapabilityModel, GpuModel, JobSpecModel
+
+
+class _Columns:
+    """A row whose columns map one to one onto the dataclass's fields."""
+
+    @classmethod
+    def from_row(cls, r: Any) -> Self:
+        return cls(**dict(r._mapping))
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,7 @@ class WorkerRow:
 
 
 @dataclass(frozen=True)
-class TokenRow:
+class TokenRow(_Columns):
     id: str
     name: str
     role: str
@@ -118,13 +126,9 @@ class TokenRow:
     created_at: float
     revoked_at: float | None
 
-    @classmethod
-    def from_row(cls, r: Any) -> TokenRow:
-        return cls(**dict(r._mapping))
-
 
 @dataclass(frozen=True)
-class LogRow:
+class LogRow(_Columns):
     seq: int
     job_id: str
     attempt: int
@@ -132,25 +136,17 @@ class LogRow:
     line: str
     ts: float
 
-    @classmethod
-    def from_row(cls, r: Any) -> LogRow:
-        return cls(**dict(r._mapping))
-
 
 @dataclass(frozen=True)
-class BlobRow:
+class BlobRow(_Columns):
     sha256: str
     size: int
     created_at: float
     archive: str | None
 
-    @classmethod
-    def from_row(cls, r: Any) -> BlobRow:
-        return cls(**dict(r._mapping))
-
 
 @dataclass(frozen=True)
-class ArtifactRow:
+class ArtifactRow(_Columns):
     job_id: str
     attempt: int
     sha256: str
@@ -159,7 +155,3 @@ class ArtifactRow:
     file_count: int
     bytes: int
     created_at: float
-
-    @classmethod
-    def from_row(cls, r: Any) -> ArtifactRow:
-        return cls(**dict(r._mapping))
