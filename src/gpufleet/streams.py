@@ -50,7 +50,8 @@ class Fanout:
     buffers are still with the sinks (:meth:`room` waits for that; asyncio code awaits
     :meth:`oldest` instead). So memory stays at ``depth + 1`` buffers whatever the
     stream's size, and a slow moment of one sink does not stall the receiver. A sink's
-    exception is raised by the next call that collects finished buffers."""
+    exception is raised by the next call that collects finished buffers (and by every
+    call after it: the stream is broken)."""
 
     def __init__(self, sinks: Sequence[Sink], depth: int = 4) -> None:
         if not sinks or depth < 1:
@@ -62,10 +63,15 @@ class Fanout:
         self._queued: deque[list[Future[object]]] = deque()
         self._error: BaseException | None = None
 
+    @property
+    def error(self) -> BaseException | None:
+        """The first error a sink raised on a buffer collected so far (then the stream
+        is broken: later calls raise it again)."""
+        return self._error
+
     def submit(self, data: Any) -> None:
         """Give ``data`` to every sink; raises a sink's error from an earlier buffer."""
-        self._collect()
-        if len(self._queued) >= self.depth:
+        if not self.has_room():
             raise RuntimeError("submit with no room: wait for room() first")
         self._queued.append(
             [t.submit(s, data) for t, s in zip(self._threads, self._sinks, strict=True)]
@@ -77,7 +83,9 @@ class Fanout:
         return list(self._queued[0]) if self._queued else []
 
     def has_room(self) -> bool:
-        self._collect()
+        """Whether another buffer may be submitted now; raises a sink's error."""
+        self.discard_done()
+        self._raise()
         return len(self._queued) < self.depth
 
     def room(self) -> None:
@@ -96,15 +104,16 @@ class Fanout:
         while self._queued:
             for f in self._queued[0]:
                 f.exception()
-            self._collect()
-        self._collect()  # an error collected earlier still breaks the stream
+            self.discard_done()
+        self._raise()
 
-    def _collect(self) -> None:
-        """Drop finished buffers from the front; raise a sink's error (every time: once a
-        sink failed, the stream is broken)."""
+    def discard_done(self) -> None:
+        """Forget the buffers every sink has finished with, noting the first error."""
         while self._queued and all(f.done() for f in self._queued[0]):
             for f in self._queued.popleft():
                 self._error = self._error or f.exception()
+
+    def _raise(self) -> None:
         if self._error is not None:
             raise self._error
 

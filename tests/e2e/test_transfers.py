@@ -43,10 +43,17 @@ class Relay:
     bytes came back from the server, or after ``up_cuts[n]`` bytes went to it
     (connections past the lists are never cut)."""
 
-    def __init__(self, port: int, cuts: list[int], up_cuts: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        cuts: list[int],
+        up_cuts: list[int] | None = None,
+        drop_answer_with: bytes | None = None,
+    ) -> None:
         self.target = port
         self.cuts = cuts
         self.up_cuts = up_cuts or []
+        self.drop = drop_answer_with  # the first answer holding these bytes is lost
         self.legs: list[Leg] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.2)
@@ -96,6 +103,9 @@ class Relay:
     ) -> None:
         try:
             while data := server.recv(65536):
+                if self.drop is not None and self.drop in data:
+                    self.drop = None
+                    return  # the answer never reaches the client
                 if cut is not None:
                     data = data[: cut - leg.down]
                 if not leg.head and len(leg.first) < 65536:
@@ -187,9 +197,12 @@ def test_a_download_cut_mid_way_resumes_where_it_stopped(
     dest = tmp_path / "got.bin"
     received = client.get_blob(served.sha256, dest)
     # a proxy is sent the whole URL; the server itself, just the path
-    request_line = bytes(relay.legs[0].sent).split(b"\r\n")[0]
+    head = bytes(relay.legs[0].sent).split(b"\r\n\r\n")[0].split(b"\r\n")
     expected = b"GET http://" if path == "proxied" else b"GET /v1/blobs/"
-    assert request_line.startswith(expected), request_line
+    assert head[0].startswith(expected), head[0]
+    if path == "direct":  # the stored bytes, no content coding, asked for exactly once
+        codings = [h for h in head if h.lower().startswith(b"accept-encoding:")]
+        assert codings == [b"accept-encoding: identity"], codings
     assert dest.read_bytes() == served.data
     assert not dest.with_name("got.bin.partial").exists()
     # The second request asked for the rest, from exactly where the cut left the file:
@@ -278,3 +291,22 @@ def test_an_upload_cut_mid_way_resumes_from_what_the_server_kept(
     with fleet.client() as c:
         c.get_blob(sent.sha256, back)
     assert back.read_bytes() == data
+
+
+def test_an_upload_whose_last_answer_is_lost_is_not_sent_again(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    port = int(served.url.rsplit(":", 1)[1])
+    relay = Relay(port, cuts=[], drop_answer_with=b'"complete":true')
+    data = os.urandom(40 * MIB)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    try:
+        with Client(relay.url, served.token) as c:
+            sent = c.put_blob(src)  # the session is gone; the server has the blob: done
+    finally:
+        relay.close()
+    assert sent.sha256 == hashlib.sha256(data).hexdigest() and sent.sent == len(data)
+    assert sum(leg.up for leg in relay.legs) < len(data) + MIB  # sent once
+    with fleet.client() as c:
+        assert c.has_blob(sent.sha256) == len(data)

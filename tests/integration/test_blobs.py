@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,14 +151,22 @@ def test_leftovers_of_a_crash_are_removed_at_start(store: SqlStore, tmp_path: Pa
     from fastapi.testclient import TestClient
 
     files = BlobFiles(tmp_path / "blobs")
-    files.clean(set())  # creates the folders, as a first start would
+    files.clean(set(), time.time())  # creates the folders, as a first start would
     (files.tmp / "put-deadbeef").write_bytes(b"half a blob")
     orphan = files.sessions / ("u-" + "0" * 24)
     orphan.write_bytes(b"a session nobody recorded")
+    an_hour_ago = time.time() - 3700
+    for old in (files.tmp / "put-deadbeef", orphan):
+        os.utime(old, (an_hour_ago, an_hour_ago))
+    # another replica sharing the data dir is writing these right now: they stay
+    (files.tmp / "put-cafe").write_bytes(b"being written")
+    young = files.sessions / ("u-" + "1" * 24)
+    young.write_bytes(b"just created, its row not yet written")
     app = create_app(store, QueueSettings(), BlobService(store, files, BlobSettings()))
     with TestClient(app):
         pass
-    assert list(files.tmp.iterdir()) == [] and not orphan.exists()
+    assert sorted(p.name for p in files.tmp.iterdir()) == ["put-cafe"]
+    assert not orphan.exists() and young.exists()
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:

@@ -69,7 +69,11 @@ class Direct:
         self._host = parts.hostname or "localhost"
         self._port = parts.port
         self._prefix = parts.path.rstrip("/")
-        self._headers = {**headers, "Accept-Encoding": "identity"}
+        # The bytes as stored: they are hashed, so no content coding (case-insensitive
+        # replace: httpx's own default would otherwise go along too).
+        merged = httpx.Headers(headers)
+        merged["Accept-Encoding"] = "identity"
+        self._headers = dict(merged.items())
         self._timeout = timeout
         self._tls = tls
 

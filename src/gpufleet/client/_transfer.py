@@ -29,6 +29,7 @@ from gpufleet.errors import (
     Forbidden,
     GpufleetError,
     HashMismatch,
+    NotFound,
     ServerUnavailable,
     Unauthorized,
 )
@@ -38,6 +39,9 @@ from gpufleet.wire import UploadCreate, UploadOut
 CHUNK = 1 << 20
 SESSION_OVER = 32 << 20
 RETRIES = 5
+# How long a transfer keeps trying without progress: longer than the server takes to free
+# a session whose client went quiet (its idle timeout, 30 s) or to restart.
+PATIENCE = 60.0
 Progress = Callable[[int], None]
 BY_STATUS: dict[int, type[GpufleetError]] = {401: Unauthorized, 403: Forbidden}
 
@@ -53,6 +57,27 @@ class Sent:
     sha256: str
     size: int
     sent: int
+
+
+class _Retry:
+    """When to give up: after RETRIES failures in a row that also span PATIENCE seconds,
+    counted from the last progress (a long transfer may break many times and still go on)."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.since = time.monotonic()
+        self.mark = -1
+
+    def failed(self, exc: GpufleetError) -> None:
+        """Sleep before the next try, or raise ``exc`` when patience ran out."""
+        self.failures += 1
+        if self.failures > RETRIES and time.monotonic() - self.since > PATIENCE:
+            raise exc
+        time.sleep(min(0.2 * 2**self.failures, 5.0))
+
+    def progress(self, position: int) -> None:
+        if position > self.mark:
+            self.mark, self.failures, self.since = position, 0, time.monotonic()
 
 
 def _body(f: BinaryIO, counter: list[int], progress: Progress) -> Iterator[bytes]:
@@ -117,32 +142,48 @@ class Transfers:
         return counter[0]
 
     def _put_session(self, path: Path, sha256: str, size: int, progress: Progress) -> int:
-        body = UploadCreate(sha256=sha256, size=size).model_dump(mode="json")
-        resp = self._send(self.http.build_request("POST", "/v1/uploads", json=body))
-        state = UploadOut.model_validate_json(resp.content)
-        sent, failures = 0, 0
+        """Send the file through a resumable session; after a broken connection ask where
+        the server stands and go on from there. Gives up only after RETRIES failures in a
+        row that also span PATIENCE seconds without progress."""
+        state = self._open_session(sha256, size)
+        sent, retry = 0, _Retry()
         while not state.complete:
+            counter = [0]
             try:
-                state, moved = self._patch(path, state, progress)
-                sent += moved
+                state = self._patch(path, state, counter, progress)
+                sent += counter[0]
             except (ServerUnavailable, Conflict) as exc:
-                failures += 1
-                if failures > RETRIES or state.id is None:
-                    raise
-                time.sleep(min(0.2 * 2**failures, 5.0))
-                state = self._state(state.id, exc)
+                sent += counter[0]
+                retry.failed(exc)
+                start = state.offset
+                state = self._where(state, exc)
+                progress(state.offset - start - counter[0])  # bytes lost in the cut
+            retry.progress(state.offset)
         return sent
 
-    def _state(self, upload_id: str, cause: GpufleetError) -> UploadOut:
-        try:
-            resp = self._send(self.http.build_request("GET", f"/v1/uploads/{upload_id}"))
-        except ServerUnavailable:
-            raise cause from None
+    def _open_session(self, sha256: str, size: int) -> UploadOut:
+        body = UploadCreate(sha256=sha256, size=size).model_dump(mode="json")
+        resp = self._send(self.http.build_request("POST", "/v1/uploads", json=body))
         return UploadOut.model_validate_json(resp.content)
 
-    def _patch(self, path: Path, state: UploadOut, progress: Progress) -> tuple[UploadOut, int]:
+    def _where(self, state: UploadOut, cause: GpufleetError) -> UploadOut:
+        """Where the upload stands now. The session may have ended meanwhile: complete
+        (the answer to the last PATCH was lost) or expired (start a new one)."""
         assert state.id is not None
-        counter = [0]
+        try:
+            resp = self._send(self.http.build_request("GET", f"/v1/uploads/{state.id}"))
+        except ServerUnavailable:
+            return state  # still unreachable: try the same offset again
+        except NotFound:
+            if self.has(state.sha256) is not None:
+                return state.model_copy(update={"offset": state.size, "complete": True})
+            return self._open_session(state.sha256, state.size)
+        return UploadOut.model_validate_json(resp.content)
+
+    def _patch(
+        self, path: Path, state: UploadOut, counter: list[int], progress: Progress
+    ) -> UploadOut:
+        assert state.id is not None
         with open(path, "rb") as f:
             f.seek(state.offset)
             request = self.http.build_request(
@@ -156,7 +197,7 @@ class Transfers:
                 },
             )
             resp = self._send(request)
-        return UploadOut.model_validate_json(resp.content), counter[0]
+        return UploadOut.model_validate_json(resp.content)
 
     def get(self, sha256: str, dest: Path, progress: Progress = _quiet) -> int:
         """Download blob ``sha256`` to ``dest`` (verified, then renamed into place),
@@ -169,16 +210,14 @@ class Transfers:
             received[0] += n
             progress(n)
 
-        failures = 0
+        retry = _Retry()
         while True:
             try:
                 got = self._get_into(sha256, partial, progress, seen)
                 break
-            except ServerUnavailable:
-                failures += 1
-                if failures > RETRIES:
-                    raise
-                time.sleep(min(0.2 * 2**failures, 5.0))
+            except ServerUnavailable as exc:
+                retry.failed(exc)
+                retry.progress(received[0])
         if got != sha256:
             partial.unlink(missing_ok=True)
             raise HashMismatch(

@@ -80,13 +80,24 @@ async def _on_crash(_: Request, exc: Exception) -> JSONResponse:
     return _error(500, "internal_error", "internal server error; see the server log")
 
 
+UPLOAD_SWEEP_EVERY = 600.0
+
+
 async def _sweeper(queue: QueueService, interval: float) -> None:
+    """Expire leases every ``interval``; upload sessions every ten minutes."""
+    loop = asyncio.get_running_loop()
+    next_uploads = loop.time()
     while True:
         await asyncio.sleep(interval)
         try:
             requeued, offline = await run_in_threadpool(queue.sweep)
+            if loop.time() >= next_uploads:
+                next_uploads = loop.time() + UPLOAD_SWEEP_EVERY
+                expired = await run_in_threadpool(queue.blobs.uploads.expire)
+                if expired:
+                    log.warning("removed %d upload session(s) unfinished for a day", expired)
         except Exception:  # keep sweeping: one failed sweep must not stop expiry forever
-            log.exception("lease sweep failed")
+            log.exception("sweep failed")
             continue
         for job_id in requeued:
             log.warning("lease expired for job %s", job_id)

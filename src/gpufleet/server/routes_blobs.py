@@ -11,10 +11,11 @@ from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from gpufleet.errors import GpufleetError, NotFound, TooLarge, ValidationFailed
+from gpufleet.errors import Conflict, GpufleetError, NotFound, TooLarge, ValidationFailed
 from gpufleet.server import deps, views
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import state
+from gpufleet.server.uploads import UploadSessions
 from gpufleet.store import TokenRow
 from gpufleet.wire import ERRORS, BlobOut, UploadCreate, UploadOut
 
@@ -43,6 +44,10 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 def _blobs(request: Request) -> BlobService:
     return state(request).queue.blobs
+
+
+def _uploads(request: Request) -> UploadSessions:
+    return state(request).queue.blobs.uploads
 
 
 def _declared_length(request: Request, limit: int) -> None:
@@ -148,7 +153,7 @@ def list_blobs(
 def create_upload(body: UploadCreate, request: Request, response: Response, _: User) -> UploadOut:
     """Open a resumable upload for a large blob; send its bytes with PATCH. When the server
     already has the blob the answer says ``complete`` and nothing needs sending."""
-    out = _blobs(request).create_upload(body.sha256, body.size)
+    out = _uploads(request).create(body.sha256, body.size)
     if out.complete:
         response.status_code = 200
     return out
@@ -157,7 +162,7 @@ def create_upload(body: UploadCreate, request: Request, response: Response, _: U
 @router.get("/uploads/{upload_id}", response_model=UploadOut)
 def upload_state(upload_id: UploadId, request: Request, _: User) -> UploadOut:
     """Where an upload stands: resume by sending from ``offset``."""
-    return _blobs(request).upload_state(upload_id)
+    return _uploads(request).state(upload_id)
 
 
 @router.patch("/uploads/{upload_id}", response_model=UploadOut, openapi_extra=OCTETS)
@@ -167,17 +172,24 @@ async def append_upload(
     _: User,
     upload_offset: Annotated[int, Header(ge=0, le=2**50, description="where these bytes go")],
 ) -> UploadOut:
-    """Append bytes at ``Upload-Offset``. A broken connection keeps what arrived; the last
-    byte verifies the whole blob's hash and stores it."""
-    blobs = _blobs(request)
-    size = (await run_in_threadpool(blobs.session, upload_id))[1]
+    """Append bytes at ``Upload-Offset``, which must be the session's offset (else 409
+    with the right one). A broken connection keeps what arrived; the last byte verifies
+    the whole blob's size and hash and stores it. 409 too while another request sends."""
+    uploads = _uploads(request)
+    size = (await run_in_threadpool(uploads.session, upload_id))[1]
+    if upload_offset > size:
+        raise Conflict(
+            f"offset {upload_offset} is past the end of upload {upload_id} ({size} bytes)",
+            detail={"size": size},
+        )
     _declared_length(request, size - upload_offset)
     try:
-        return await blobs.append(upload_id, upload_offset, request.stream())
+        return await uploads.append(upload_id, upload_offset, request.stream())
     except ClientDisconnect:
-        return await run_in_threadpool(blobs.upload_state, upload_id)
+        return await run_in_threadpool(uploads.state, upload_id)
 
 
 @router.delete("/uploads/{upload_id}", status_code=204)
 def abort_upload(upload_id: UploadId, request: Request, _: User) -> None:
-    _blobs(request).abort(upload_id)
+    """Drop an unfinished upload and its bytes (409 while a request is sending them)."""
+    _uploads(request).abort(upload_id)

@@ -76,6 +76,12 @@ class DataOps:
         with self._write() as conn:
             conn.execute(t.uploads.delete().where(t.uploads.c.id == upload_id))
 
+    def old_uploads(self, created_before: float) -> list[str]:
+        """Sessions opened before ``created_before``."""
+        u = t.uploads.c
+        with self._read() as conn:
+            return list(conn.scalars(select(u.id).where(u.created_at < created_before)))
+
     def upload_ids(self, created_after: float) -> set[str]:
         """Sessions still open and younger than ``created_after``; older ones are dropped."""
         u = t.uploads.c

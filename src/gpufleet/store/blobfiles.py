@@ -8,13 +8,14 @@
 
 A blob is written to a temp file, fsynced, renamed into ``objects`` and the directory
 fsynced; only then does the caller record its row. A crash leaves at most a temp file,
-which :meth:`BlobFiles.clean` removes at the next start.
+which :meth:`BlobFiles.clean` removes at a later start.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import secrets
 import sys
@@ -40,6 +41,8 @@ def disk_full(exc: OSError, what: str) -> InsufficientStorage:
 
 
 WRITEBACK_EVERY = 8 << 20
+# A temp or session file nobody wrote for this long is a crash's leftover.
+LEFTOVER_AFTER = 3600.0
 
 
 def _writeback_starter() -> Callable[[int, int, int], object] | None:
@@ -62,17 +65,35 @@ def _writeback_starter() -> Callable[[int, int, int], object] | None:
 _start_writeback = _writeback_starter()
 
 
+class Busy(Exception):
+    """Another writer holds the file's lock."""
+
+
 class BlobWriter:
     """Appends to one file, unbuffered: callers hand it large buffers (from a thread of its
-    own, see :class:`gpufleet.fanout.Fanout`). Every ``WRITEBACK_EVERY`` bytes it asks the
+    own, see :class:`gpufleet.streams.Fanout`). Every ``WRITEBACK_EVERY`` bytes it asks the
     kernel to start writing them out, so :meth:`sync` is short."""
 
-    def __init__(self, path: Path, *, append: bool = False) -> None:
+    def __init__(self, path: Path, *, append: bool = False, create: bool = True) -> None:
         self.path = path
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-        self._fd = os.open(path, flags, 0o644)
+        flags = os.O_WRONLY | (os.O_APPEND if append else os.O_TRUNC)
+        self._fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
         self.size = os.lseek(self._fd, 0, os.SEEK_END)
         self._started = self.size  # where writeback has been asked for up to
+
+    @classmethod
+    def locked(cls, path: Path) -> BlobWriter:
+        """An existing file opened for appending under an exclusive ``flock`` (which works
+        across processes and, on Linux, across NFS clients). Raises Busy when another
+        writer has it, FileNotFoundError when it is gone. ``size`` is read under the lock."""
+        writer = cls(path, append=True, create=False)
+        try:
+            fcntl.flock(writer._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            writer.close()
+            raise Busy(str(path)) from None
+        writer.size = writer._started = os.lseek(writer._fd, 0, os.SEEK_END)
+        return writer
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
@@ -99,7 +120,6 @@ class BlobWriter:
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
-        os.fsync(self._fd)
         self.size = self._started = size
 
     def close(self) -> None:
@@ -136,20 +156,29 @@ class BlobFiles:
         os.replace(written, final)
         _fsync_dir(final.parent)
 
-    def clean(self, live_sessions: set[str]) -> int:
-        """Create the folders; remove what a crash left: every temp file, and sessions
-        nobody holds any more. Run once at server start."""
+    def clean(self, live_sessions: set[str], now: float) -> int:
+        """Create the folders; remove what a crash left: temp files and session files
+        without a session, untouched for an hour (another replica sharing this data dir
+        may be writing newer ones right now). Run at server start."""
         for d in (self.objects, self.tmp, self.sessions):
             d.mkdir(parents=True, exist_ok=True)
         removed = 0
         for leftover in self.tmp.iterdir():
-            leftover.unlink(missing_ok=True)
-            removed += 1
+            removed += _remove_if_idle(leftover, now)
         for session in self.sessions.iterdir():
             if session.name not in live_sessions:
-                session.unlink(missing_ok=True)
-                removed += 1
+                removed += _remove_if_idle(session, now)
         return removed
+
+
+def _remove_if_idle(path: Path, now: float, idle: float = LEFTOVER_AFTER) -> int:
+    try:
+        if path.stat().st_mtime > now - idle:
+            return 0
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return 1
 
 
 def new_upload_id() -> str:

@@ -1,0 +1,141 @@
+"""Resumable upload sessions under the faults a real network and a real fleet bring: two
+server replicas sharing one data dir, a client that stops sending without hanging up, a
+server stopped mid-upload, sessions left unfinished for days."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from gpufleet.errors import Conflict, NotFound
+from gpufleet.server.blobs import BlobService, BlobSettings
+from gpufleet.server.uploads import SESSION_TTL
+from gpufleet.store import SqlStore
+from gpufleet.store.blobfiles import BlobFiles
+from tests.integration.helpers import TESTCLIENT_ON_HTTPX, assert_error
+
+pytestmark = TESTCLIENT_ON_HTTPX
+
+MIB = 1 << 20
+DATA = os.urandom(6 * MIB)
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+def replica(store: SqlStore, root: Path, clock: Callable[[], float] | None = None) -> BlobService:
+    """A server's blob service; two of them over one store and folder are two replicas."""
+    settings = BlobSettings(idle_timeout=0.5)
+    service = BlobService(store, BlobFiles(root), settings, clock=clock or time.time)
+    service.startup()
+    return service
+
+
+async def body(data: bytes, then: asyncio.Event | None = None) -> AsyncIterator[bytes]:
+    """``data`` in 1 MiB chunks; then, if given, wait for ``then`` (a client gone quiet)."""
+    for i in range(0, len(data), MIB):
+        yield data[i : i + MIB]
+        await asyncio.sleep(0)
+    if then is not None:
+        await then.wait()
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_two_replicas_never_write_one_session_at_once(store: SqlStore, tmp_path: Path) -> None:
+    a, b = replica(store, tmp_path / "blobs"), replica(store, tmp_path / "blobs")
+    up = a.uploads.create(SHA, len(DATA))
+    assert up.id is not None
+    session = tmp_path / "blobs" / "uploads" / up.id
+
+    async def run() -> None:
+        release = asyncio.Event()
+        first = asyncio.create_task(a.uploads.append(up.id, 0, body(DATA[: 2 * MIB], release)))
+        await until(lambda: session.stat().st_size == 2 * MIB, "replica A to write")
+        # the client gave up on A and resumes on B while A still holds the session
+        with pytest.raises(Conflict, match="already receiving"):
+            await b.uploads.append(up.id, 2 * MIB, body(DATA[2 * MIB :]))
+        with pytest.raises(Conflict, match="already receiving"):
+            b.uploads.abort(up.id)
+        release.set()
+        assert (await first).offset == 2 * MIB
+        done = await b.uploads.append(up.id, 2 * MIB, body(DATA[2 * MIB :]))
+        assert done.complete
+
+    asyncio.run(run())
+    assert (tmp_path / "blobs" / "objects" / SHA[:2] / SHA).read_bytes() == DATA
+    assert a.has(SHA) == len(DATA)
+
+
+def test_a_client_that_stops_sending_frees_its_session(store: SqlStore, tmp_path: Path) -> None:
+    service = replica(store, tmp_path / "blobs")
+    up = service.uploads.create(SHA, len(DATA))
+    assert up.id is not None
+
+    async def run() -> None:
+        never = asyncio.Event()
+        stalled = await asyncio.wait_for(
+            service.uploads.append(up.id, 0, body(DATA[: 3 * MIB], never)), 10
+        )
+        assert stalled.offset == 3 * MIB and not stalled.complete
+        done = await service.uploads.append(up.id, 3 * MIB, body(DATA[3 * MIB :]))
+        assert done.complete
+
+    asyncio.run(run())
+    assert service.has(SHA) == len(DATA)
+
+
+def test_a_server_stopped_mid_upload_keeps_what_arrived(store: SqlStore, tmp_path: Path) -> None:
+    service = replica(store, tmp_path / "blobs")
+    up = service.uploads.create(SHA, len(DATA))
+    assert up.id is not None
+    session = tmp_path / "blobs" / "uploads" / up.id
+
+    async def run() -> int:
+        hold = asyncio.Event()
+        task = asyncio.create_task(service.uploads.append(up.id, 0, body(DATA[: 4 * MIB], hold)))
+        await until(lambda: session.stat().st_size == 4 * MIB, "the first bytes")
+        task.cancel()  # what uvicorn does to requests still running when it stops
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        kept = service.uploads.state(up.id).offset
+        done = await service.uploads.append(up.id, kept, body(DATA[kept:]))
+        assert done.complete
+        return kept
+
+    assert asyncio.run(run()) == 4 * MIB
+    assert service.has(SHA) == len(DATA)
+
+
+def test_sessions_left_for_a_day_expire(store: SqlStore, tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    service = replica(store, tmp_path / "blobs", clock=lambda: now[0])
+    old = service.uploads.create(SHA, len(DATA))
+    now[0] += SESSION_TTL / 2
+    young = service.uploads.create(hashlib.sha256(b"x").hexdigest(), 1)
+    assert old.id is not None and young.id is not None
+    asyncio.run(service.uploads.append(old.id, 0, body(DATA[:MIB])))
+    now[0] += SESSION_TTL / 2 + 1
+    with pytest.raises(NotFound, match="expired"):  # refused at once, before the sweep
+        service.uploads.state(old.id)
+    assert service.uploads.expire() == 1
+    assert not (tmp_path / "blobs" / "uploads" / old.id).exists()
+    assert service.uploads.state(young.id).offset == 0
+
+
+def test_an_offset_past_the_end_is_a_conflict(client, admin) -> None:
+    up = client.post("/v1/uploads", json={"sha256": SHA, "size": 10}, headers=admin).json()
+    r = client.patch(
+        f"/v1/uploads/{up['id']}", content=b"", headers={**admin, "Upload-Offset": "20"}
+    )
+    assert_error(r, 409, "conflict", "past the end")
