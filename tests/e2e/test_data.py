@@ -176,6 +176,8 @@ def test_a_shared_mount_is_passed_by_reference_and_checked_by_hash(
     dataset.mkdir(parents=True)
     (dataset / "train.csv").write_text("1,2,3\n")
     fleet.start_server()
+    # a worker without the mount registers first: it must never be handed the job
+    fleet.start_worker("spot", "--slots", "4")
     fleet.start_worker("w1", "--mount", str(shared))
     res = fleet.cli(
         "submit",
@@ -188,8 +190,11 @@ def test_a_shared_mount_is_passed_by_reference_and_checked_by_hash(
     )
     assert "passed by reference" in res.stderr
     job = last_line(res.stdout)
-    assert fleet.wait_status(job, "succeeded", "failed")["status"] == "succeeded"
+    done = fleet.wait_status(job, "succeeded", "failed")
+    assert (done["status"], done["attempts"], done["worker"]) == ("succeeded", 1, "w1"), done
     assert "1,2,3" in fleet.cli("logs", job).stdout
+    why = fleet.cli("why", job).stdout
+    assert "spot" in why and "no --mount" in why
     assert json.loads(fleet.cli("blobs", "ls", "--json").stdout) == [], "nothing was copied"
     # the shared copy changes between submit and run: the job is refused, not run on it
     fleet.cli("drain", "w1")

@@ -456,3 +456,36 @@ def test_explain_gives_one_verdict_per_worker() -> None:
 
 def test_explain_with_no_workers() -> None:
     assert explain(JobView("j", job(), 0.0), [], now=0.0, prefer_cuda_grace=GRACE) == []
+
+
+def test_a_job_reading_a_shared_path_goes_only_to_workers_holding_it() -> None:
+    from dataclasses import replace
+
+    from gpufleet.domain.models import InputKind, JobInput
+
+    spec = replace(
+        job(), inputs=(JobInput(kind=InputKind.PATH, ref="/mnt/lab/digits", sha256="0" * 64),)
+    )
+    plain = worker("spot")
+    mounted = replace(plain, capability=replace(plain.capability, mounts=("/mnt/lab",)))
+    assert ever_reason(spec, mounted) is None
+    reason = ever_reason(spec, plain)
+    assert reason is not None and "/mnt/lab/digits" in reason and "--mount" in reason
+    elsewhere = replace(plain, capability=replace(plain.capability, mounts=("/mnt/other",)))
+    assert ever_reason(spec, elsewhere) is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "held"),
+    [
+        ("/mnt/lab", True),
+        ("/mnt/lab/digits/train.csv", True),
+        ("/mnt/lab/../etc/passwd", False),  # .. cannot climb out of the mount
+        ("/mnt/laboratory", False),  # a prefix of the name is not the folder
+        ("/mnt", False),
+    ],
+)
+def test_covering_mount(path: str, held: bool) -> None:
+    from gpufleet.domain.models import covering_mount
+
+    assert (covering_mount(path, ("/srv/x", "/mnt/lab/")) is not None) is held

@@ -195,7 +195,7 @@ def package_inputs(
 ) -> list[InputModel]:
     """``[DEST=]PATH`` items as inputs: paths on a mount some worker of ``pool`` declared
     are passed by reference; everything else is packaged and uploaded if new."""
-    from gpufleet.client._packages import covering_mount, mounted, package
+    from gpufleet.client._packages import mounted, package, workers_sharing
 
     workers: list[WorkerOut] | None = None
     found = []
@@ -203,7 +203,7 @@ def package_inputs(
         dest, path = _package_arg(item, base)
         if workers is None:
             workers = c.workers()
-        sharing = covering_mount(path, workers, pool)
+        sharing = workers_sharing(path, workers, pool)
         if sharing:
             err.print(
                 f"{escape(str(path))}: on a shared mount ({', '.join(sharing)}); "

@@ -21,6 +21,7 @@ import platformdirs
 from gpufleet import archive
 from gpufleet.client._client import Client
 from gpufleet.client._transfer import Progress
+from gpufleet.domain.models import covering_mount
 from gpufleet.errors import GpufleetError
 from gpufleet.wire import InputModel, WorkerOut
 
@@ -87,13 +88,13 @@ class Remembered:
         os.replace(tmp, self.file)
 
 
-def covering_mount(path: Path, workers: list[WorkerOut], pool: str) -> list[str]:
+def workers_sharing(path: Path, workers: list[WorkerOut], pool: str) -> list[str]:
     """Names of the workers of ``pool`` that declared a mount holding ``path``."""
     names = []
     for w in workers:
         if w.pool != pool or w.status == "offline":
             continue
-        if any(path == Path(m) or Path(m) in path.parents for m in w.capability.mounts):
+        if covering_mount(str(path), w.capability.mounts) is not None:
             names.append(w.name)
     return names
 

@@ -6,8 +6,11 @@ These are frozen dataclasses with no I/O; the wire (pydantic) types in
 
 from __future__ import annotations
 
+import os.path
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import PurePath
 from typing import Any
 
 MIB_PER_GIB = 1024
@@ -129,6 +132,12 @@ class JobSpec:
         """The jobs (names or ids) whose artifacts this job needs."""
         return tuple(i.ref for i in self.inputs if i.kind == InputKind.JOB)
 
+    @property
+    def shared_paths(self) -> tuple[str, ...]:
+        """Paths on shared mounts the job reads in place: only a worker that declared a
+        mount holding each of them may run it."""
+        return tuple(i.ref for i in self.inputs if i.kind == InputKind.PATH)
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -188,3 +197,14 @@ class HostPolicy:
     deny_jobs: tuple[str, ...] = ()
     description: str = ""
     declared: DeclaredCapability = field(default_factory=DeclaredCapability)
+
+
+def covering_mount(path: str, mounts: Iterable[str]) -> str | None:
+    """The mount in ``mounts`` that holds ``path``, if any. Both are normalized first, so
+    a ``..`` cannot climb out of a mount (paths only: nothing is looked up on disk)."""
+    target = PurePath(os.path.normpath(path))
+    for mount in mounts:
+        root = PurePath(os.path.normpath(mount))
+        if target == root or root in target.parents:
+            return mount
+    return None

@@ -17,6 +17,7 @@ from gpufleet.domain.models import (
     HostPolicy,
     JobSpec,
     WorkerStatus,
+    covering_mount,
 )
 
 
@@ -146,6 +147,9 @@ def _placement_reason(job: JobSpec, worker: WorkerView) -> str | None:
             return f"worker has no label {key!r} (job wants {key}={pattern})"
         if not _glob(have, pattern):
             return f"label {key}={have!r} does not match {pattern!r}"
+    for path in job.shared_paths:
+        if covering_mount(path, worker.capability.mounts) is None:
+            return f"reads {path} in place; no --mount of this worker holds it"
     return _policy_reason(job, worker)
 
 

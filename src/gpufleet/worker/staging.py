@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet import archive
+from gpufleet.domain.models import covering_mount
 from gpufleet.errors import GpufleetError
 from gpufleet.wire import StagedInput
 from gpufleet.worker.cache import BlobCache
@@ -35,15 +36,6 @@ def human(n: int | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
-
-
-def covering_mount(path: str, mounts: tuple[str, ...]) -> str | None:
-    """The declared mount that contains ``path``, if any."""
-    target = Path(path)
-    for mount in mounts:
-        if target == Path(mount) or Path(mount) in target.parents:
-            return mount
-    return None
 
 
 class Stager:
