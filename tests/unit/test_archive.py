@@ -417,6 +417,9 @@ ATTACKS: dict[str, tuple[list[Member], str]] = {
     "windows drive": ([member("C:\\evil", b"x")], "Windows absolute"),
     "windows backslash": ([member("\\evil", b"x")], "Windows absolute"),
     "backslash inside": ([member("a\\..\\..\\evil", b"x")], "backslash"),
+    # cheap to send, costly to check if every parent were spelled out
+    "too deep": ([member("a/" * 2000 + "f", b"x")], "levels of folders"),
+    "name too long": ([member("n" * 5000, b"x")], "longer than 4096 bytes"),
 }
 
 
@@ -424,6 +427,13 @@ ATTACKS: dict[str, tuple[list[Member], str]] = {
 def test_attack_is_refused_and_leaves_nothing(tmp_path: Path, attack: str) -> None:
     members, rule = ATTACKS[attack]
     assert_refused(tar_zst([member("ok.txt", b"fine"), *members]), tmp_path, rule)
+
+
+def test_deep_but_real_trees_unpack(tmp_path: Path) -> None:
+    deep = "/".join(f"level{i}" for i in range(200)) + "/leaf.txt"
+    dest = tmp_path / "out"
+    extract(io.BytesIO(tar_zst([member(deep, b"found me")])), dest)
+    assert (dest / deep).read_bytes() == b"found me"
 
 
 def test_too_many_files(tmp_path: Path) -> None:

@@ -25,6 +25,9 @@ IGNORE_FILE = ".gpufleetignore"
 _LEVEL = 3
 _WINDOW = 1 << 27  # 128 MiB, what zstd itself allows by default; bounds decoder memory
 _CHUNK = 1 << 20
+# No system makes longer paths (Linux's PATH_MAX); nothing real nests deeper.
+MAX_NAME = 4096
+MAX_DEPTH = 256
 _META_MAX = 1 << 20  # tar headers (pax records, long names) allowed between two members' data
 _ENTRY_OVERHEAD = 16 << 10  # header and padding bytes credited per entry toward the total
 _MAX_HOPS = 40  # symlinks followed while resolving one target, as Linux does
@@ -100,8 +103,13 @@ def _name_problem(name: str) -> str | None:
         return "Windows absolute path"
     if "\\" in name:
         return "backslash in name (a Windows path)"
-    if ".." in name.split("/"):
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME:
+        return f"name longer than {MAX_NAME} bytes"
+    parts = name.split("/")
+    if ".." in parts:
         return "'..' component"
+    if len(parts) > MAX_DEPTH:
+        return f"more than {MAX_DEPTH} levels of folders"
     return None
 
 
@@ -170,8 +178,11 @@ class _Checker:
         self._label = label
         self._limits = limits
         self._cap = cap
-        self._kinds: dict[str, str] = {}
-        self._implied: set[str] = set()  # directories that earlier members live in
+        # The tree of names, one node per (parent node, name): placing a member costs one
+        # step per level, not a string per parent (a deep name must not cost quadratic time).
+        self._nodes: dict[tuple[int, str], int] = {}
+        self._kinds: dict[int, str] = {}  # node -> kind of the member that named it
+        self._implied: set[int] = set()  # nodes that earlier members live in
         self.links: dict[str, str] = {}
         self.entries: list[Entry] = []
         self.files = 0
@@ -217,17 +228,28 @@ class _Checker:
 
     def _place(self, name: str, kind: str) -> None:
         parts = name.split("/")
-        for i in range(1, len(parts)):
-            parent = "/".join(parts[:i])
-            held = self._kinds.get(parent)
+        node = 0  # the archive root
+        for depth, part in enumerate(parts[:-1]):
+            node = self._node(name, node, part)
+            held = self._kinds.get(node)
             if held in ("link", "file"):
+                parent = "/".join(parts[: depth + 1])
                 self.refuse(name, f"its parent {parent!r} is a {held} in this archive")
-            self._implied.add(parent)
-        if name in self._kinds:
+            self._implied.add(node)
+        node = self._node(name, node, parts[-1])
+        if node in self._kinds:
             self.refuse(name, "duplicate name")
-        if kind != "dir" and name in self._implied:
+        if kind != "dir" and node in self._implied:
             self.refuse(name, "earlier members use this name as a directory")
-        self._kinds[name] = kind
+        self._kinds[node] = kind
+
+    def _node(self, name: str, parent: int, part: str) -> int:
+        node = self._nodes.get((parent, part))
+        if node is None:
+            if len(self._nodes) >= 2 * self._limits.max_files:
+                self.refuse(name, f"more than {2 * self._limits.max_files} paths")
+            node = self._nodes[(parent, part)] = len(self._nodes) + 1
+        return node
 
     def finish(self) -> Packed:
         """Run the whole-archive rules and return what was checked."""

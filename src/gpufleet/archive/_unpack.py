@@ -51,9 +51,11 @@ class _Writer:
         self._dirs: set[str] = {""}
 
     def add(self, entry: Entry, info: tarfile.TarInfo, data: IO[bytes] | None) -> None:
-        parts = entry.path.split("/")
-        for i in range(1, len(parts)):
-            self._mkdir("/".join(parts[:i]))
+        parent = entry.path.rpartition("/")[0]
+        if parent not in self._dirs:  # most members live in a folder already made
+            parts = parent.split("/")
+            for i in range(1, len(parts) + 1):
+                self._mkdir("/".join(parts[:i]))
         path = os.path.join(self._root, entry.path)
         if entry.kind == "dir":
             self._mkdir(entry.path)
