@@ -38,7 +38,7 @@ from gpufleet.wire import (
     StartRequest,
     WorkerRegister,
 )
-from gpufleet.worker.cache import BlobCache
+from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus
 from gpufleet.worker.runner import (
     JobProcess,
@@ -98,6 +98,8 @@ class Agent:
             opts.cache_dir or opts.work_dir / "cache", opts.cache_size, self.data.get_blob
         )
         self.stager = Stager(cache, opts.mounts, archive.Limits())
+        opts.work_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(opts.work_dir, ".artifact.")
         self.slots = Slots(opts.cpu_slots, capability.gpus)
         # Keyed by lease: a job cancelled and requeued may come back to this worker while
         # its old attempt is still being killed.
@@ -404,7 +406,8 @@ class Agent:
         """Archive the job's outputs, upload them and attach them to the attempt. Returns
         why that failed, or None (also when no output matched: nothing to keep)."""
         lease = run.lease
-        out = self.opts.work_dir / f".artifact-{lease.job_id}-{lease.attempt}.tar.zst"
+        # named with this process's id, so a later worker knows a dead one's leftovers
+        out = self.opts.work_dir / f".artifact.{os.getpid()}.{lease.job_id}-{lease.attempt}.tar.zst"
         try:
             packed = await asyncio.to_thread(pack_outputs, workdir, lease.spec.outputs, out)
             for skipped in packed.skipped:

@@ -27,6 +27,7 @@ class BlobCache:
         self._locks: dict[str, asyncio.Lock] = {}
         self._in_use: dict[str, int] = {}
         root.mkdir(parents=True, exist_ok=True)
+        self.leftovers = remove_leftovers(root, ".")
 
     def path(self, sha256: str) -> Path:
         return self.root / sha256
@@ -37,22 +38,26 @@ class BlobCache:
         lock = self._locks.setdefault(sha256, asyncio.Lock())
         async with lock:
             self._in_use[sha256] = self._in_use.get(sha256, 0) + 1
-            path = self.path(sha256)
-            if path.is_file():
-                os.utime(path)  # most recently used
-                return path, True
-            temp = self.root / f".{sha256}.{os.getpid()}.{secrets.token_hex(4)}"
             try:
-                await asyncio.to_thread(self._fetch, sha256, temp)
-                os.replace(temp, path)
+                return await self._get(sha256)
             except BaseException:
                 self.release(sha256)
                 raise
-            finally:
-                temp.unlink(missing_ok=True)
-                temp.with_name(temp.name + ".partial").unlink(missing_ok=True)
-            await asyncio.to_thread(self.evict)
-            return path, False
+
+    async def _get(self, sha256: str) -> tuple[Path, bool]:
+        path = self.path(sha256)
+        with contextlib.suppress(FileNotFoundError):  # gone: a neighbour evicted it
+            os.utime(path)  # most recently used
+            return path, True
+        temp = self.root / f".{sha256}.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            await asyncio.to_thread(self._fetch, sha256, temp)
+            os.replace(temp, path)
+        finally:
+            temp.unlink(missing_ok=True)
+            temp.with_name(temp.name + ".partial").unlink(missing_ok=True)
+        await asyncio.to_thread(self.evict)
+        return path, False
 
     def release(self, sha256: str) -> None:
         left = self._in_use.get(sha256, 1) - 1
@@ -80,3 +85,32 @@ class BlobCache:
             total -= size
             removed.append(p.name)
         return removed
+
+
+def remove_leftovers(folder: Path, prefix: str) -> int:
+    """Remove temp files named ``PREFIX<anything>.<pid>.<anything>`` (downloads, archives
+    in the making) whose process is gone: a killed worker leaves them behind. Another live
+    worker's files stay. Returns how many went."""
+    removed = 0
+    for p in folder.glob(prefix + "*"):
+        pid = _pid_in(p.name)
+        if p.is_file() and pid is not None and not _alive(pid):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed += 1
+    return removed
+
+
+def _pid_in(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

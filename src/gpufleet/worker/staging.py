@@ -75,8 +75,9 @@ class Stager:
             scratch = workdir / f".gpufleet-input-{index}"
             shutil.rmtree(scratch, ignore_errors=True)
             size = path.stat().st_size
+            target = _inside(workdir, inp.dest)
             await asyncio.to_thread(self._extract, path, scratch, size)
-            await asyncio.to_thread(archive.merge_into, scratch, workdir / inp.dest)
+            await asyncio.to_thread(archive.merge_into, scratch, target)
         finally:
             self.cache.release(inp.sha256)
 
@@ -102,6 +103,20 @@ class Stager:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(inp.path, target_is_directory=Path(inp.path).is_dir())
         note(f"input {inp.path}: shared mount, checked by hash, linked as {link.name}")
+
+
+def _inside(workdir: Path, dest: str) -> Path:
+    """``workdir / dest``, refusing a path that goes through a link: an earlier input
+    linked there (a shared mount) must not receive a package's files."""
+    target = workdir
+    for part in Path(dest).parts:
+        target = target / part
+        if target.is_symlink():
+            raise InputError(
+                f"destination {dest!r} goes through {target.name!r}, a link (another input "
+                "placed there?); give this input a destination of its own"
+            )
+    return target
 
 
 def pack_outputs(workdir: Path, patterns: list[str], out: Path) -> archive.Packed:
