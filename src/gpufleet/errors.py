@@ -14,7 +14,9 @@
     │   ├── HashMismatch       uploaded bytes do not hash to the blob id
     │   └── UnsafeArchive      an archive entry that would escape, a device, a bomb
     ├── TooLarge               a body or blob over the server's size limit (HTTP 413)
+    ├── RequestTimeout         a request body stopped arriving          (HTTP 408)
     ├── InsufficientStorage    the disk filled up; nothing was kept       (HTTP 507)
+    ├── StorageUnusable        the server's data dir lacks what it needs (HTTP 503)
     └── ServerUnavailable      the server cannot be reached (client side only)
 
 Every error carries a short machine ``code`` and a message that says what was wrong,
@@ -95,9 +97,22 @@ class TooLarge(GpufleetError):
     status = 413
 
 
+class RequestTimeout(GpufleetError):
+    code = "request_timeout"
+    status = 408
+
+
 class InsufficientStorage(GpufleetError):
     code = "insufficient_storage"
     status = 507
+
+
+class StorageUnusable(GpufleetError):
+    """The server's data dir cannot do what the server needs (file locks, say): a problem
+    for its operator, not the client."""
+
+    code = "storage_unusable"
+    status = 503
 
 
 class ServerUnavailable(GpufleetError):
@@ -119,7 +134,9 @@ BY_CODE: dict[str, type[GpufleetError]] = {
         HashMismatch,
         UnsafeArchive,
         TooLarge,
+        RequestTimeout,
         InsufficientStorage,
+        StorageUnusable,
         ServerUnavailable,
     )
 }

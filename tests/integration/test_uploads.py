@@ -27,9 +27,11 @@ DATA = os.urandom(6 * MIB)
 SHA = hashlib.sha256(DATA).hexdigest()
 
 
-def replica(store: SqlStore, root: Path, clock: Callable[[], float] | None = None) -> BlobService:
+def replica(
+    store: SqlStore, root: Path, clock: Callable[[], float] | None = None, idle: float = 30.0
+) -> BlobService:
     """A server's blob service; two of them over one store and folder are two replicas."""
-    settings = BlobSettings(idle_timeout=0.5)
+    settings = BlobSettings(idle_timeout=idle)
     service = BlobService(store, BlobFiles(root), settings, clock=clock or time.time)
     service.startup()
     return service
@@ -78,7 +80,7 @@ def test_two_replicas_never_write_one_session_at_once(store: SqlStore, tmp_path:
 
 
 def test_a_client_that_stops_sending_frees_its_session(store: SqlStore, tmp_path: Path) -> None:
-    service = replica(store, tmp_path / "blobs")
+    service = replica(store, tmp_path / "blobs", idle=0.5)
     up = service.uploads.create(SHA, len(DATA))
     assert up.id is not None
 
@@ -117,20 +119,64 @@ def test_a_server_stopped_mid_upload_keeps_what_arrived(store: SqlStore, tmp_pat
     assert service.has(SHA) == len(DATA)
 
 
-def test_sessions_left_for_a_day_expire(store: SqlStore, tmp_path: Path) -> None:
-    now = [1_000_000.0]
+def test_sessions_idle_for_a_day_expire(store: SqlStore, tmp_path: Path) -> None:
+    long_ago = time.time() - SESSION_TTL - 3600
+    now = [long_ago]
     service = replica(store, tmp_path / "blobs", clock=lambda: now[0])
-    old = service.uploads.create(SHA, len(DATA))
-    now[0] += SESSION_TTL / 2
-    young = service.uploads.create(hashlib.sha256(b"x").hexdigest(), 1)
-    assert old.id is not None and young.id is not None
-    asyncio.run(service.uploads.append(old.id, 0, body(DATA[:MIB])))
-    now[0] += SESSION_TTL / 2 + 1
+    # three sessions opened more than a day ago ...
+    idle = service.uploads.create(SHA, len(DATA))
+    busy = service.uploads.create(hashlib.sha256(b"x" * MIB).hexdigest(), 2 * MIB)
+    lately = service.uploads.create(hashlib.sha256(b"x").hexdigest(), 1)
+    assert idle.id is not None and busy.id is not None and lately.id is not None
+    files = tmp_path / "blobs" / "uploads"
+    now[0] = time.time()
+    # ... one untouched since, one written to a minute ago, one receiving bytes right now
+    os.utime(files / idle.id, (long_ago, long_ago))
+    os.utime(files / lately.id, (now[0] - 60, now[0] - 60))
+    asyncio.run(service.uploads.append(busy.id, 0, body(b"x" * MIB)))
     with pytest.raises(NotFound, match="expired"):  # refused at once, before the sweep
-        service.uploads.state(old.id)
+        service.uploads.state(idle.id)
     assert service.uploads.expire() == 1
-    assert not (tmp_path / "blobs" / "uploads" / old.id).exists()
-    assert service.uploads.state(young.id).offset == 0
+    assert not (files / idle.id).exists()
+    assert service.uploads.state(busy.id).offset == MIB
+    assert service.uploads.state(lately.id).offset == 0
+
+
+def test_a_slow_disk_is_not_taken_for_a_quiet_client() -> None:
+    from gpufleet.server.pump import pump
+
+    written: list[int] = []
+
+    def slow_disk(data: bytes) -> None:
+        time.sleep(0.1)  # the server's disk is behind; the client sends without pause
+        written.append(len(data))
+
+    async def run() -> int:
+        return await pump(body(DATA), [slow_disk], len(DATA), idle=0.05)
+
+    assert asyncio.run(run()) == len(DATA)
+    assert sum(written) == len(DATA)
+
+
+def test_a_put_whose_body_stops_arriving_is_a_408(app, client, admin, tmp_path: Path) -> None:
+    import httpx
+
+    from gpufleet.server.blobs import BlobService as Service
+
+    async def stalls() -> AsyncIterator[bytes]:
+        yield DATA[:MIB]
+        await asyncio.sleep(5)
+
+    async def run() -> httpx.Response:
+        blobs: Service = app.state.gpufleet.queue.blobs
+        object.__setattr__(blobs.settings, "idle_timeout", 0.3)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.put(f"/v1/blobs/{SHA}", content=stalls(), headers=admin)
+
+    r = asyncio.run(asyncio.wait_for(run(), 10))
+    assert_error(r, 408, "request_timeout", "stopped arriving")
+    assert not list((tmp_path / "blobs" / "tmp").glob("*"))
 
 
 def test_an_offset_past_the_end_is_a_conflict(client, admin) -> None:

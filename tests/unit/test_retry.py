@@ -59,3 +59,13 @@ def test_the_same_position_again_is_not_progress(clock: Clock) -> None:
     clock.now += PATIENCE + 1
     with pytest.raises(ServerUnavailable):
         retry.failed(ServerUnavailable("cut"))
+
+
+def test_a_long_stretch_of_progress_is_credited_before_the_next_cut(clock: Clock) -> None:
+    retry = _Retry()
+    retry.progress(0)
+    for _ in range(RETRIES + 4):  # a busy session waited out: many failures in a row
+        retry.failed(ServerUnavailable("busy"))
+    clock.now += 7200  # then two hours of bytes moving, and one cut
+    retry.progress(40 << 30)
+    retry.failed(ServerUnavailable("cut"))  # a fresh budget: no giving up here

@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from gpufleet import archive
 from gpufleet.errors import ServerUnavailable
 from gpufleet.streams import file_sha256
 from gpufleet.wire import StagedInput
-from gpufleet.worker.cache import BlobCache, remove_leftovers
+from gpufleet.worker.cache import BlobCache
 from gpufleet.worker.staging import InputError, Stager
 
 
@@ -32,13 +33,47 @@ def test_a_killed_workers_temp_files_are_removed_and_a_live_ones_kept(tmp_path: 
     sha = "a" * 64
     dead, me = dead_pid(), os.getpid()
     (tmp_path / sha).write_bytes(b"a cached blob")
-    (tmp_path / f".{sha}.{dead}.beef").write_bytes(b"half a download")
-    (tmp_path / f".{sha}.{dead}.beef.partial").write_bytes(b"half a download")
+    left = [tmp_path / f".{sha}.{dead}.beef", tmp_path / f".{sha}.{dead}.beef.partial"]
+    for p in left:
+        p.write_bytes(b"half a download")
+        os.utime(p, (time.time() - 3600, time.time() - 3600))
+    # written a moment ago by a pid this worker cannot see (another container): kept
+    (tmp_path / f".{sha}.{dead}.fade.partial").write_bytes(b"being written")
     (tmp_path / f".{sha}.{me}.cafe.partial").write_bytes(b"a download in progress")
     cache = BlobCache(tmp_path, 1 << 30, fetch=lambda _sha, _dest: 0)
     assert cache.leftovers == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([sha, f".{sha}.{me}.cafe.partial"])
-    assert remove_leftovers(tmp_path, ".") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [sha, f".{sha}.{dead}.fade.partial", f".{sha}.{me}.cafe.partial"]
+    )
+
+
+def test_a_blob_evicted_by_a_neighbour_at_the_last_moment_is_fetched_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sha = "c" * 64
+    root = tmp_path / "cache"
+    fetched: list[str] = []
+
+    def fetch(wanted: str, dest: Path) -> int:
+        fetched.append(wanted)
+        dest.write_bytes(b"fresh")
+        return 5
+
+    cache = BlobCache(root, 1 << 30, fetch)
+    (root / sha).write_bytes(b"stale")
+    real_utime = os.utime
+
+    def neighbour_evicts_first(path: Path, *args: object) -> None:
+        Path(path).unlink(missing_ok=True)  # the neighbour's eviction wins the race
+        real_utime(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("gpufleet.worker.cache.os.utime", neighbour_evicts_first)
+    path, hit = asyncio.run(cache.get(sha))
+    monkeypatch.undo()
+    assert (hit, path.read_bytes(), fetched) == (False, b"fresh", [sha])
+    cache.release(sha)
+    cache.max_bytes = 0
+    assert cache.evict() == [sha]  # released: nothing pins it
 
 
 def test_a_failed_download_does_not_pin_the_blob(tmp_path: Path) -> None:

@@ -39,6 +39,9 @@ from gpufleet.wire import UploadCreate, UploadOut
 CHUNK = 1 << 20
 SESSION_OVER = 32 << 20
 RETRIES = 5
+# A body's request may wait on the server's disk (or its hashing the part of an upload an
+# earlier process received): reading and writing get minutes, connecting does not.
+TRANSFER_TIMEOUT = {"timeout": httpx.Timeout(30.0, read=300.0, write=300.0).as_dict()}
 # How long a transfer keeps trying without progress: longer than the server takes to free
 # a session whose client went quiet (its idle timeout, 30 s) or to restart.
 PATIENCE = 60.0
@@ -135,6 +138,7 @@ class Transfers:
             request = self.http.build_request(
                 "PUT",
                 f"/v1/blobs/{sha256}",
+                extensions=TRANSFER_TIMEOUT,
                 content=_body(f, counter, progress),
                 headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
             )
@@ -147,18 +151,21 @@ class Transfers:
         row that also span PATIENCE seconds without progress."""
         state = self._open_session(sha256, size)
         sent, retry = 0, _Retry()
+        retry.progress(state.offset)
         while not state.complete:
-            counter = [0]
+            start, counter = state.offset, [0]
             try:
                 state = self._patch(path, state, counter, progress)
-                sent += counter[0]
-            except (ServerUnavailable, Conflict) as exc:
-                sent += counter[0]
-                retry.failed(exc)
-                start = state.offset
-                state = self._where(state, exc)
-                progress(state.offset - start - counter[0])  # bytes lost in the cut
-            retry.progress(state.offset)
+                problem: GpufleetError | None = None
+            except (ServerUnavailable, Conflict, NotFound) as exc:
+                state, problem = self._where(state, exc), exc
+            sent += counter[0]
+            progress(state.offset - start - counter[0])  # what the server did not keep
+            retry.progress(state.offset)  # credit what moved before judging the failure
+            if problem is None and state.offset == start and not state.complete:
+                problem = ServerUnavailable(f"the server kept none of the bytes sent to {state.id}")
+            if problem is not None:
+                retry.failed(problem)
         return sent
 
     def _open_session(self, sha256: str, size: int) -> UploadOut:
@@ -168,16 +175,18 @@ class Transfers:
 
     def _where(self, state: UploadOut, cause: GpufleetError) -> UploadOut:
         """Where the upload stands now. The session may have ended meanwhile: complete
-        (the answer to the last PATCH was lost) or expired (start a new one)."""
+        (the answer to the last PATCH was lost) or expired (start a new one). While the
+        server cannot be reached, the same state, to try again."""
         assert state.id is not None
         try:
-            resp = self._send(self.http.build_request("GET", f"/v1/uploads/{state.id}"))
+            try:
+                resp = self._send(self.http.build_request("GET", f"/v1/uploads/{state.id}"))
+            except NotFound:
+                if self.has(state.sha256) is not None:
+                    return state.model_copy(update={"offset": state.size, "complete": True})
+                return self._open_session(state.sha256, state.size)
         except ServerUnavailable:
-            return state  # still unreachable: try the same offset again
-        except NotFound:
-            if self.has(state.sha256) is not None:
-                return state.model_copy(update={"offset": state.size, "complete": True})
-            return self._open_session(state.sha256, state.size)
+            return state
         return UploadOut.model_validate_json(resp.content)
 
     def _patch(
@@ -189,6 +198,7 @@ class Transfers:
             request = self.http.build_request(
                 "PATCH",
                 f"/v1/uploads/{state.id}",
+                extensions=TRANSFER_TIMEOUT,
                 content=_body(f, counter, progress),
                 headers={
                     "Upload-Offset": str(state.offset),
@@ -216,8 +226,8 @@ class Transfers:
                 got = self._get_into(sha256, partial, progress, seen)
                 break
             except ServerUnavailable as exc:
+                retry.progress(received[0])  # credit what arrived before judging the failure
                 retry.failed(exc)
-                retry.progress(received[0])
         if got != sha256:
             partial.unlink(missing_ok=True)
             raise HashMismatch(

@@ -11,10 +11,18 @@ from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from gpufleet.errors import Conflict, GpufleetError, NotFound, TooLarge, ValidationFailed
+from gpufleet.errors import (
+    Conflict,
+    GpufleetError,
+    NotFound,
+    RequestTimeout,
+    TooLarge,
+    ValidationFailed,
+)
 from gpufleet.server import deps, views
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import state
+from gpufleet.server.pump import Stalled
 from gpufleet.server.uploads import UploadSessions
 from gpufleet.store import TokenRow
 from gpufleet.wire import ERRORS, BlobOut, UploadCreate, UploadOut
@@ -127,6 +135,12 @@ async def put_blob(
     _declared_length(request, blobs.settings.max_size)
     try:
         created = await blobs.put(sha256, request.stream())
+    except Stalled:
+        raise RequestTimeout(
+            f"the body stopped arriving for {blobs.settings.idle_timeout:g} s; nothing was "
+            "kept, send it again",
+            detail={"blob": sha256},
+        ) from None
     except ClientDisconnect:
         return Response(status_code=400)  # the client is gone; nobody reads this
     if not created:

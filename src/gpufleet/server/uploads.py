@@ -52,20 +52,23 @@ class UploadSessions:
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=0, complete=False)
 
     def session(self, upload_id: str) -> tuple[str, int]:
-        """(sha256, size) of an open session; NotFound when it finished or expired."""
+        """(sha256, size) of an open session; NotFound when it finished, or when nothing
+        happened to it for a day (it expired)."""
         found = self.store.get_upload(upload_id)
-        path = self.files.session(upload_id)
-        if found is None or not path.exists() or found[2] < self.clock() - SESSION_TTL:
-            raise NotFound(
-                f"no upload session {upload_id!r} (finished, expired or never created); "
-                "start a new one",
-                detail={"upload": upload_id},
-            )
+        touched = _modified(self.files.session(upload_id))
+        if found is None or touched is None or max(found[2], touched) < self._expiry():
+            raise _no_session(upload_id)
         return found[0], found[1]
+
+    def _expiry(self) -> float:
+        return self.clock() - SESSION_TTL
 
     def state(self, upload_id: str) -> UploadOut:
         sha256, size = self.session(upload_id)
-        offset = self.files.session(upload_id).stat().st_size
+        try:
+            offset = self.files.session(upload_id).stat().st_size
+        except FileNotFoundError:  # finished (or aborted) a moment ago
+            raise _no_session(upload_id) from None
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=offset, complete=False)
 
     async def append(self, upload_id: str, offset: int, body: AsyncIterator[bytes]) -> UploadOut:
@@ -130,7 +133,7 @@ class UploadSessions:
         self._hashers.pop(upload_id, None)
         size = writer.size
         try:
-            on_disk = writer.path.stat().st_size
+            on_disk = writer.on_disk()
             if on_disk != size:  # only this request could write it; say so if not
                 raise HashMismatch(
                     f"upload {upload_id} holds {on_disk} bytes on disk, not the {size} "
@@ -163,16 +166,19 @@ class UploadSessions:
         self._hashers.pop(upload_id, None)
 
     def expire(self) -> int:
-        """Remove sessions older than a day that nobody is writing; how many."""
+        """Remove sessions nothing happened to for a day and nobody is writing; how many."""
         removed = 0
-        for upload_id in self.store.old_uploads(self.clock() - SESSION_TTL):
+        for upload_id in self.store.old_uploads(self._expiry()):
             path = self.files.session(upload_id)
-            if not path.exists():
-                self.store.delete_upload(upload_id)
-                continue
+            touched = _modified(path)
+            if touched is not None and touched >= self._expiry():
+                continue  # old, but still receiving bytes
             try:
                 writer = _open_locked(path, upload_id)
-            except (Conflict, FileNotFoundError):
+            except NotFound:
+                self.store.delete_upload(upload_id)
+                continue
+            except Conflict:
                 continue
             try:
                 self._drop(upload_id, writer)
@@ -182,17 +188,27 @@ class UploadSessions:
         return removed
 
 
+def _modified(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _no_session(upload_id: str) -> NotFound:
+    return NotFound(
+        f"no upload session {upload_id!r} (finished, expired or never created); start a new one",
+        detail={"upload": upload_id},
+    )
+
+
 def _open_locked(path: Path, upload_id: str) -> BlobWriter:
     """The session file, opened for appending and locked; 409 while another request
     (here or in another replica) is writing it."""
     try:
         return BlobWriter.locked(path)
     except FileNotFoundError:
-        raise NotFound(
-            f"no upload session {upload_id!r} (finished, expired or never created); "
-            "start a new one",
-            detail={"upload": upload_id},
-        ) from None
+        raise _no_session(upload_id) from None
     except Busy:
         raise Conflict(
             f"upload {upload_id} is already receiving bytes (another request is sending "

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.errors import InsufficientStorage
+from gpufleet.errors import InsufficientStorage, StorageUnusable
 
 
 def _fsync_dir(path: Path) -> None:
@@ -84,14 +84,27 @@ class BlobWriter:
     @classmethod
     def locked(cls, path: Path) -> BlobWriter:
         """An existing file opened for appending under an exclusive ``flock`` (which works
-        across processes and, on Linux, across NFS clients). Raises Busy when another
-        writer has it, FileNotFoundError when it is gone. ``size`` is read under the lock."""
+        across processes and, on Linux, across NFS v4 clients). Raises Busy when another
+        writer has it, FileNotFoundError when it is gone (also when it went between the
+        open and the lock). ``size`` is read under the lock."""
         writer = cls(path, append=True, create=False)
         try:
             fcntl.flock(writer._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.fstat(writer._fd)
+            named = os.stat(path)  # FileNotFoundError: removed or renamed meanwhile
+            if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino) or not held.st_nlink:
+                raise FileNotFoundError(errno.ENOENT, "replaced while opening", str(path))
         except BlockingIOError:
             writer.close()
             raise Busy(str(path)) from None
+        except OSError as exc:
+            writer.close()
+            if exc.errno == errno.ENOLCK:
+                raise StorageUnusable(
+                    f"the server's data dir cannot lock files ({exc.strerror}); resumable "
+                    "uploads need flock: use a local disk or NFS v4 for --data-dir"
+                ) from exc
+            raise
         writer.size = writer._started = os.lseek(writer._fd, 0, os.SEEK_END)
         return writer
 
@@ -108,6 +121,10 @@ class BlobWriter:
         if _start_writeback is not None and self.size - self._started >= WRITEBACK_EVERY:
             _start_writeback(self._fd, self._started, self.size - self._started)
             self._started = self.size
+
+    def on_disk(self) -> int:
+        """The file's size as the filesystem has it."""
+        return os.fstat(self._fd).st_size
 
     def sync(self) -> None:
         """Make what was written durable (the committed offset of a resumable upload)."""

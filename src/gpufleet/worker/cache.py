@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 Fetch = Callable[[str, Path], int]
+LEFTOVER_IDLE = 600.0
 
 
 class BlobCache:
@@ -87,15 +89,18 @@ class BlobCache:
         return removed
 
 
-def remove_leftovers(folder: Path, prefix: str) -> int:
+def remove_leftovers(folder: Path, prefix: str, idle: float = LEFTOVER_IDLE) -> int:
     """Remove temp files named ``PREFIX<anything>.<pid>.<anything>`` (downloads, archives
-    in the making) whose process is gone: a killed worker leaves them behind. Another live
-    worker's files stay. Returns how many went."""
-    removed = 0
+    in the making) that a killed worker left: their process is gone *and* nothing wrote
+    them for ``idle`` seconds (a worker in another container on a shared cache may have a
+    pid this one cannot see). Returns how many went."""
+    removed, cutoff = 0, time.time() - idle
     for p in folder.glob(prefix + "*"):
         pid = _pid_in(p.name)
-        if p.is_file() and pid is not None and not _alive(pid):
-            with contextlib.suppress(FileNotFoundError):
+        if pid is None or _alive(pid):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if p.is_file() and p.stat().st_mtime < cutoff:
                 p.unlink()
                 removed += 1
     return removed
