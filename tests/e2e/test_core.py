@@ -146,7 +146,9 @@ def test_cancel_kills_the_whole_process_group(fleet: Fleet, tmp_path: Path) -> N
 
 
 def test_32_concurrent_claimers_one_job_exactly_one_wins(fleet: Fleet) -> None:
-    fleet.start_server()
+    # a lease longer than the claimers wait: the winner's lease must not expire (no
+    # heartbeats here) and hand the job, as attempt 2, to a claimer still waiting
+    fleet.start_server(lease_timeout=30)
     cap = CapabilityModel(hostname="h", cores=2, ram_mib=4096)
     with fleet.client() as c:
         ids = [c.register(WorkerRegister(name=f"c{i}", capability=cap)).id for i in range(32)]
