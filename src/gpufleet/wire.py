@@ -541,6 +541,11 @@ class UploadOut(BaseModel):
     size: int
     offset: int
     complete: bool
+    receiving: bool = Field(
+        default=False,
+        description="a request is sending bytes to it now (perhaps one whose client is "
+        "gone, until the server notices); wait before sending from offset",
+    )
 
 
 # ---- tokens -----------------------------------------------------------------------------

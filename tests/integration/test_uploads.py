@@ -69,8 +69,10 @@ def test_two_replicas_never_write_one_session_at_once(store: SqlStore, tmp_path:
             await b.uploads.append(up.id, 2 * MIB, body(DATA[2 * MIB :]))
         with pytest.raises(Conflict, match="already receiving"):
             b.uploads.abort(up.id)
+        assert b.uploads.state(up.id).receiving  # so a client waits instead of sending
         release.set()
         assert (await first).offset == 2 * MIB
+        assert not b.uploads.state(up.id).receiving
         done = await b.uploads.append(up.id, 2 * MIB, body(DATA[2 * MIB :]))
         assert done.complete
 

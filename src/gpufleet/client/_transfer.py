@@ -153,19 +153,25 @@ class Transfers:
         sent, retry = 0, _Retry()
         retry.progress(state.offset)
         while not state.complete:
+            if state.receiving:  # a cut request of ours still holds it, until the server notices
+                retry.failed(Conflict(f"upload {state.id} is still receiving an earlier request"))
+                state = self._where(state)
+                continue
             start, counter = state.offset, [0]
             try:
                 state = self._patch(path, state, counter, progress)
-                problem: GpufleetError | None = None
             except (ServerUnavailable, Conflict, NotFound) as exc:
-                state, problem = self._where(state, exc), exc
+                sent += counter[0]
+                retry.progress(start + counter[0])  # bytes moved: credit them first
+                retry.failed(exc)  # then wait, so the server settles where it stands
+                state = self._where(state)
+                progress(state.offset - start - counter[0])  # what the server did not keep
+                continue
             sent += counter[0]
-            progress(state.offset - start - counter[0])  # what the server did not keep
-            retry.progress(state.offset)  # credit what moved before judging the failure
-            if problem is None and state.offset == start and not state.complete:
-                problem = ServerUnavailable(f"the server kept none of the bytes sent to {state.id}")
-            if problem is not None:
-                retry.failed(problem)
+            progress(state.offset - start - counter[0])
+            retry.progress(state.offset)
+            if state.offset == start and not state.complete:
+                retry.failed(ServerUnavailable(f"the server kept none of the bytes for {state.id}"))
         return sent
 
     def _open_session(self, sha256: str, size: int) -> UploadOut:
@@ -173,7 +179,7 @@ class Transfers:
         resp = self._send(self.http.build_request("POST", "/v1/uploads", json=body))
         return UploadOut.model_validate_json(resp.content)
 
-    def _where(self, state: UploadOut, cause: GpufleetError) -> UploadOut:
+    def _where(self, state: UploadOut) -> UploadOut:
         """Where the upload stands now. The session may have ended meanwhile: complete
         (the answer to the last PATCH was lost) or expired (start a new one). While the
         server cannot be reached, the same state, to try again."""

@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from gpufleet.errors import Conflict, HashMismatch, NotFound
 from gpufleet.server.pump import pump
-from gpufleet.store.blobfiles import BlobWriter, Busy, new_upload_id
+from gpufleet.store.blobfiles import BlobWriter, Busy, is_locked, new_upload_id
 from gpufleet.streams import file_hasher
 from gpufleet.wire import UploadOut
 
@@ -65,11 +65,20 @@ class UploadSessions:
 
     def state(self, upload_id: str) -> UploadOut:
         sha256, size = self.session(upload_id)
+        path = self.files.session(upload_id)
         try:
-            offset = self.files.session(upload_id).stat().st_size
+            offset = path.stat().st_size
+            receiving = is_locked(path)
         except FileNotFoundError:  # finished (or aborted) a moment ago
             raise _no_session(upload_id) from None
-        return UploadOut(id=upload_id, sha256=sha256, size=size, offset=offset, complete=False)
+        return UploadOut(
+            id=upload_id,
+            sha256=sha256,
+            size=size,
+            offset=offset,
+            complete=False,
+            receiving=receiving,
+        )
 
     async def append(self, upload_id: str, offset: int, body: AsyncIterator[bytes]) -> UploadOut:
         """Append the bytes of one PATCH at ``offset`` (which must be the committed one)."""

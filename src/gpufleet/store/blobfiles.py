@@ -69,6 +69,20 @@ class Busy(Exception):
     """Another writer holds the file's lock."""
 
 
+def is_locked(path: Path) -> bool:
+    """Whether some writer holds ``path``'s lock right now (see :meth:`BlobWriter.locked`)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no locks on this filesystem: nobody can hold one
+        return False
+    finally:
+        os.close(fd)  # also releases the lock just taken
+    return False
+
+
 class BlobWriter:
     """Appends to one file, unbuffered: callers hand it large buffers (from a thread of its
     own, see :class:`gpufleet.streams.Fanout`). Every ``WRITEBACK_EVERY`` bytes it asks the
