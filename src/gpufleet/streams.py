@@ -91,8 +91,7 @@ class Fanout:
     def room(self) -> None:
         """Block until another buffer may be submitted."""
         while not self.has_room():
-            for f in self._queued[0]:
-                f.exception()
+            self._finish_oldest()
 
     def feed(self, data: Any) -> None:
         """Wait for room, then submit ``data`` (for blocking callers)."""
@@ -102,10 +101,13 @@ class Fanout:
     def wait(self) -> None:
         """Block until every sink has taken every buffer; raise the first error."""
         while self._queued:
-            for f in self._queued[0]:
-                f.exception()
-            self.discard_done()
+            self._finish_oldest()
         self._raise()
+
+    def _finish_oldest(self) -> None:
+        for f in self._queued[0]:
+            f.exception()  # waits; the error is noted by discard_done
+        self.discard_done()
 
     def discard_done(self) -> None:
         """Forget the buffers every sink has finished with, noting the first error."""

@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pty
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -154,6 +157,10 @@ class Served:
     data: bytes
     sha256: str
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
 
 @pytest.fixture
 def served(fleet: Fleet, tmp_path: Path) -> Served:
@@ -174,8 +181,7 @@ def through(
     """A client whose every connection goes through a relay: as its server URL (the
     direct path), or as its HTTP proxy (the httpx path). The first connection is cut
     after 3 MiB."""
-    port = int(served.url.rsplit(":", 1)[1])
-    relay = Relay(port, cuts=[3 * MIB])
+    relay = Relay(served.port, cuts=[3 * MIB])
     for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     if request.param == "proxied":
@@ -265,8 +271,7 @@ def test_an_unknown_blob_is_named_and_nothing_is_written(
 def test_an_upload_cut_mid_way_resumes_from_what_the_server_kept(
     served: Served, fleet: Fleet, tmp_path: Path
 ) -> None:
-    port = int(served.url.rsplit(":", 1)[1])
-    relay = Relay(port, cuts=[], up_cuts=[12 * MIB])
+    relay = Relay(served.port, cuts=[], up_cuts=[12 * MIB])
     data = os.urandom(40 * MIB)  # over the size that goes through a resumable session
     src = tmp_path / "big.bin"
     src.write_bytes(data)
@@ -296,8 +301,7 @@ def test_an_upload_cut_mid_way_resumes_from_what_the_server_kept(
 def test_an_upload_whose_last_answer_is_lost_is_not_sent_again(
     served: Served, fleet: Fleet, tmp_path: Path
 ) -> None:
-    port = int(served.url.rsplit(":", 1)[1])
-    relay = Relay(port, cuts=[], drop_answer_with=b'"complete":true')
+    relay = Relay(served.port, cuts=[], drop_answer_with=b'"complete":true')
     data = os.urandom(40 * MIB)
     src = tmp_path / "big.bin"
     src.write_bytes(data)
@@ -310,3 +314,48 @@ def test_an_upload_whose_last_answer_is_lost_is_not_sent_again(
     assert sum(leg.up for leg in relay.legs) < len(data) + MIB  # sent once
     with fleet.client() as c:
         assert c.has_blob(sent.sha256) == len(data)
+
+
+def _cli_on_a_terminal(fleet: Fleet, *args: str) -> bytes:
+    """Run the CLI with its stderr on a pseudo-terminal; what the terminal showed."""
+    primary, secondary = pty.openpty()
+    shown = bytearray()
+
+    def read() -> None:
+        with contextlib.suppress(OSError):  # EIO once the child's side is closed
+            while data := os.read(primary, 65536):
+                shown.extend(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpufleet", *args],
+            env={**fleet.env, "TERM": "xterm-256color", "COLUMNS": "120"},
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            timeout=120,
+            check=True,
+        )
+    finally:
+        os.close(secondary)
+        reader.join(10)
+        os.close(primary)
+    assert done.stdout  # the hash or the JSON, on stdout either way
+    return bytes(shown)
+
+
+def test_progress_bars_show_on_a_terminal_and_never_with_json_or_off_one(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(48 * MIB))
+    quiet = _cli_on_a_terminal(fleet, "blobs", "put", "--json", str(big))
+    assert b"upload big.bin" not in quiet and b"\x1b[" not in quiet
+    big.write_bytes(os.urandom(48 * MIB))
+    shown = _cli_on_a_terminal(fleet, "blobs", "put", str(big))
+    assert b"upload big.bin" in shown and b"MiB" in shown
+    big.write_bytes(os.urandom(48 * MIB))
+    piped = fleet.cli("blobs", "put", str(big))  # stderr is a pipe here, not a terminal
+    assert "upload big.bin" not in piped.stderr and "\x1b[" not in piped.stderr

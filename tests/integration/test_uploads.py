@@ -46,6 +46,19 @@ async def body(data: bytes, then: asyncio.Event | None = None) -> AsyncIterator[
         await then.wait()
 
 
+def new_session(service: BlobService, tmp_path: Path) -> tuple[str, Path]:
+    """A session for DATA: its id and its file."""
+    up = service.uploads.create(SHA, len(DATA))
+    assert up.id is not None
+    return up.id, tmp_path / "blobs" / "uploads" / up.id
+
+
+async def finish(service: BlobService, upload_id: str, offset: int) -> None:
+    """Send the rest of DATA from ``offset``; the upload completes."""
+    done = await service.uploads.append(upload_id, offset, body(DATA[offset:]))
+    assert done.complete
+
+
 async def until(check: Callable[[], bool], what: str) -> None:
     for _ in range(500):
         if check():
@@ -56,25 +69,22 @@ async def until(check: Callable[[], bool], what: str) -> None:
 
 def test_two_replicas_never_write_one_session_at_once(store: SqlStore, tmp_path: Path) -> None:
     a, b = replica(store, tmp_path / "blobs"), replica(store, tmp_path / "blobs")
-    up = a.uploads.create(SHA, len(DATA))
-    assert up.id is not None
-    session = tmp_path / "blobs" / "uploads" / up.id
+    upload_id, session = new_session(a, tmp_path)
 
     async def run() -> None:
         release = asyncio.Event()
-        first = asyncio.create_task(a.uploads.append(up.id, 0, body(DATA[: 2 * MIB], release)))
+        first = asyncio.create_task(a.uploads.append(upload_id, 0, body(DATA[: 2 * MIB], release)))
         await until(lambda: session.stat().st_size == 2 * MIB, "replica A to write")
         # the client gave up on A and resumes on B while A still holds the session
         with pytest.raises(Conflict, match="already receiving"):
-            await b.uploads.append(up.id, 2 * MIB, body(DATA[2 * MIB :]))
+            await b.uploads.append(upload_id, 2 * MIB, body(DATA[2 * MIB :]))
         with pytest.raises(Conflict, match="already receiving"):
-            b.uploads.abort(up.id)
-        assert b.uploads.state(up.id).receiving  # so a client waits instead of sending
+            b.uploads.abort(upload_id)
+        assert b.uploads.state(upload_id).receiving  # so a client waits instead of sending
         release.set()
         assert (await first).offset == 2 * MIB
-        assert not b.uploads.state(up.id).receiving
-        done = await b.uploads.append(up.id, 2 * MIB, body(DATA[2 * MIB :]))
-        assert done.complete
+        assert not b.uploads.state(upload_id).receiving
+        await finish(b, upload_id, 2 * MIB)
 
     asyncio.run(run())
     assert (tmp_path / "blobs" / "objects" / SHA[:2] / SHA).read_bytes() == DATA
@@ -83,17 +93,15 @@ def test_two_replicas_never_write_one_session_at_once(store: SqlStore, tmp_path:
 
 def test_a_client_that_stops_sending_frees_its_session(store: SqlStore, tmp_path: Path) -> None:
     service = replica(store, tmp_path / "blobs", idle=0.5)
-    up = service.uploads.create(SHA, len(DATA))
-    assert up.id is not None
+    upload_id, _ = new_session(service, tmp_path)
 
     async def run() -> None:
         never = asyncio.Event()
         stalled = await asyncio.wait_for(
-            service.uploads.append(up.id, 0, body(DATA[: 3 * MIB], never)), 10
+            service.uploads.append(upload_id, 0, body(DATA[: 3 * MIB], never)), 10
         )
         assert stalled.offset == 3 * MIB and not stalled.complete
-        done = await service.uploads.append(up.id, 3 * MIB, body(DATA[3 * MIB :]))
-        assert done.complete
+        await finish(service, upload_id, 3 * MIB)
 
     asyncio.run(run())
     assert service.has(SHA) == len(DATA)
@@ -101,20 +109,19 @@ def test_a_client_that_stops_sending_frees_its_session(store: SqlStore, tmp_path
 
 def test_a_server_stopped_mid_upload_keeps_what_arrived(store: SqlStore, tmp_path: Path) -> None:
     service = replica(store, tmp_path / "blobs")
-    up = service.uploads.create(SHA, len(DATA))
-    assert up.id is not None
-    session = tmp_path / "blobs" / "uploads" / up.id
+    upload_id, session = new_session(service, tmp_path)
 
     async def run() -> int:
         hold = asyncio.Event()
-        task = asyncio.create_task(service.uploads.append(up.id, 0, body(DATA[: 4 * MIB], hold)))
+        task = asyncio.create_task(
+            service.uploads.append(upload_id, 0, body(DATA[: 4 * MIB], hold))
+        )
         await until(lambda: session.stat().st_size == 4 * MIB, "the first bytes")
         task.cancel()  # what uvicorn does to requests still running when it stops
         with pytest.raises(asyncio.CancelledError):
             await task
-        kept = service.uploads.state(up.id).offset
-        done = await service.uploads.append(up.id, kept, body(DATA[kept:]))
-        assert done.complete
+        kept = service.uploads.state(upload_id).offset
+        await finish(service, upload_id, kept)
         return kept
 
     assert asyncio.run(run()) == 4 * MIB

@@ -33,10 +33,9 @@ from gpufleet.errors import (
     ServerUnavailable,
     Unauthorized,
 )
-from gpufleet.streams import Fanout, file_hasher, file_sha256
+from gpufleet.streams import CHUNK, Fanout, file_hasher, file_sha256
 from gpufleet.wire import UploadCreate, UploadOut
 
-CHUNK = 1 << 20
 SESSION_OVER = 32 << 20
 RETRIES = 5
 # A body's request may wait on the server's disk (or its hashing the part of an upload an
@@ -160,17 +159,15 @@ class Transfers:
             start, counter = state.offset, [0]
             try:
                 state = self._patch(path, state, counter, progress)
+                cut = False
             except (ServerUnavailable, Conflict, NotFound) as exc:
-                sent += counter[0]
                 retry.progress(start + counter[0])  # bytes moved: credit them first
                 retry.failed(exc)  # then wait, so the server settles where it stands
-                state = self._where(state)
-                progress(state.offset - start - counter[0])  # what the server did not keep
-                continue
+                state, cut = self._where(state), True
             sent += counter[0]
-            progress(state.offset - start - counter[0])
+            progress(state.offset - start - counter[0])  # what the server did not keep
             retry.progress(state.offset)
-            if state.offset == start and not state.complete:
+            if not cut and state.offset == start and not state.complete:
                 retry.failed(ServerUnavailable(f"the server kept none of the bytes for {state.id}"))
         return sent
 
@@ -298,11 +295,11 @@ Pour = Callable[[Fanout, Progress], int]
 def _pour_direct(answer: Answer, server: str, fan: Fanout, progress: Progress) -> int:
     """Read the body into a ring of reused buffers; a buffer is refilled only once the
     sinks are done with it (the fanout holds at most ``depth`` of them)."""
-    ring = [bytearray(CHUNK) for _ in range(fan.depth + 1)]
+    ring = itertools.cycle([bytearray(CHUNK) for _ in range(fan.depth + 1)])
     total = 0
-    for turn in itertools.count():
+    while True:
         fan.room()
-        buffer = ring[turn % len(ring)]
+        buffer = next(ring)
         try:
             n = answer.readinto(buffer)
         except FAILURES as exc:
@@ -312,7 +309,6 @@ def _pour_direct(answer: Answer, server: str, fan: Fanout, progress: Progress) -
         fan.submit(memoryview(buffer)[:n])
         total += n
         progress(n)
-    raise AssertionError("unreachable")
 
 
 def _pour_httpx(resp: httpx.Response, server: str, fan: Fanout, progress: Progress) -> int:

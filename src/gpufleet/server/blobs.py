@@ -67,6 +67,15 @@ class BlobService:
             raise NotFound(f"no blob {sha256}", detail={"blob": sha256})
         return size
 
+    @staticmethod
+    def check_length(declared: int | None, limit: int) -> None:
+        """Refuse, before reading it, a body whose Content-Length is over ``limit``."""
+        if declared is not None and declared > limit:
+            raise TooLarge(
+                f"the body ({declared} bytes) is over the limit of {limit} bytes",
+                detail={"size": declared, "limit": limit},
+            )
+
     def check_size(self, size: int) -> None:
         if size > self.settings.max_size:
             raise TooLarge(
@@ -86,17 +95,21 @@ class BlobService:
             await pump(body, [writer.write, hasher.update], limit, idle)
             await run_in_threadpool(writer.sync)
             writer.close()
-            got = hasher.hexdigest()
-            if got != sha256:
-                raise HashMismatch(
-                    f"the bytes sent hash to {got}, not {sha256}; nothing was kept",
-                    detail={"expected": sha256, "got": got},
-                )
+            self.verify(sha256, hasher.hexdigest())
             await run_in_threadpool(self.commit, temp, sha256, writer.size)
         finally:
             writer.close()
             temp.unlink(missing_ok=True)
         return True
+
+    @staticmethod
+    def verify(sha256: str, got: str) -> None:
+        """Refuse bytes that do not hash to the blob's id (422; the caller keeps nothing)."""
+        if got != sha256:
+            raise HashMismatch(
+                f"the bytes sent hash to {got}, not {sha256}; nothing was kept",
+                detail={"expected": sha256, "got": got},
+            )
 
     def commit(self, written: Path, sha256: str, size: int) -> None:
         """Move a complete, verified, fsynced file into place, then record its row."""

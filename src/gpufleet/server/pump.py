@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from gpufleet.errors import TooLarge
@@ -36,11 +35,9 @@ async def pump(chunks: AsyncIterator[bytes], sinks: Sequence[Sink], limit: int, 
     disk) is raised in preference to the client having gone."""
     fan = Fanout(sinks)
     try:
-        total, tail = await _gather(chunks, fan, limit, idle)
+        total = await _gather(chunks, fan, limit, idle)
         await _settled(fan)
         fan.wait()  # raises a sink's error
-        if tail:  # the last part (or a whole small body)
-            await run_in_threadpool(lambda: [sink(tail) for sink in sinks])
         return total
     except ClientDisconnect:
         await _settled(fan)
@@ -54,10 +51,8 @@ async def pump(chunks: AsyncIterator[bytes], sinks: Sequence[Sink], limit: int, 
             fan.close()  # joins the threads; blocks only if the settling was cancelled
 
 
-async def _gather(
-    chunks: AsyncIterator[bytes], fan: Fanout, limit: int, idle: float
-) -> tuple[int, bytes]:
-    """Receive, handing every full buffer to the fanout; (bytes received, the tail)."""
+async def _gather(chunks: AsyncIterator[bytes], fan: Fanout, limit: int, idle: float) -> int:
+    """Receive, handing every full buffer and then the tail to the fanout; bytes received."""
     loop = asyncio.get_running_loop()
     parts: list[bytes] = []
     gathered = total = 0
@@ -79,8 +74,7 @@ async def _gather(
                     if not fan.has_room():
                         # the server's own disk is behind, not the client: no deadline
                         deadline.reschedule(None)
-                        while not fan.has_room():
-                            await _finished(fan.oldest())
+                        await _room(fan)
                         last = loop.time()
                         deadline.reschedule(last + idle)
                     fan.submit(b"".join(parts))
@@ -89,7 +83,16 @@ async def _gather(
         if deadline.expired():
             raise Stalled() from None
         raise
-    return total, b"".join(parts)
+    if parts:  # the last part (or a whole small body)
+        await _room(fan)
+        fan.submit(b"".join(parts))
+    return total
+
+
+async def _room(fan: Fanout) -> None:
+    """Wait, without blocking the loop, until the fanout takes another buffer."""
+    while not fan.has_room():
+        await _finished(fan.oldest())
 
 
 async def _settled(fan: Fanout) -> None:

@@ -12,11 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from gpufleet.errors import (
-    Conflict,
     GpufleetError,
     NotFound,
     RequestTimeout,
-    TooLarge,
     ValidationFailed,
 )
 from gpufleet.server import deps, views
@@ -58,14 +56,9 @@ def _uploads(request: Request) -> UploadSessions:
     return state(request).queue.blobs.uploads
 
 
-def _declared_length(request: Request, limit: int) -> None:
-    """Refuse before reading a body whose Content-Length is over ``limit``."""
+def _declared(request: Request) -> int | None:
     raw = request.headers.get("content-length")
-    if raw is not None and raw.isdigit() and int(raw) > limit:
-        raise TooLarge(
-            f"the body ({raw} bytes) is over the limit of {limit} bytes",
-            detail={"size": int(raw), "limit": limit},
-        )
+    return int(raw) if raw is not None and raw.isdigit() else None
 
 
 @router.head("/blobs/{sha256}", responses={200: {"description": "the server has it"}})
@@ -132,7 +125,7 @@ async def put_blob(
     and nothing is kept); a body over the size limit is refused with 413 as soon as its
     Content-Length, or its bytes, say so."""
     blobs = _blobs(request)
-    _declared_length(request, blobs.settings.max_size)
+    blobs.check_length(_declared(request), blobs.settings.max_size)
     try:
         created = await blobs.put(sha256, request.stream())
     except Stalled:
@@ -190,15 +183,10 @@ async def append_upload(
     with the right one). A broken connection keeps what arrived; the last byte verifies
     the whole blob's size and hash and stores it. 409 too while another request sends."""
     uploads = _uploads(request)
-    size = (await run_in_threadpool(uploads.session, upload_id))[1]
-    if upload_offset > size:
-        raise Conflict(
-            f"offset {upload_offset} is past the end of upload {upload_id} ({size} bytes)",
-            detail={"size": size},
-        )
-    _declared_length(request, size - upload_offset)
     try:
-        return await uploads.append(upload_id, upload_offset, request.stream())
+        return await uploads.append(
+            upload_id, upload_offset, request.stream(), declared=_declared(request)
+        )
     except ClientDisconnect:
         return await run_in_threadpool(uploads.state, upload_id)
 

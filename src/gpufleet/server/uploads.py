@@ -51,25 +51,26 @@ class UploadSessions:
         self.store.create_upload(upload_id, sha256, size, self.clock())
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=0, complete=False)
 
-    def session(self, upload_id: str) -> tuple[str, int]:
-        """(sha256, size) of an open session; NotFound when it finished, or when nothing
-        happened to it for a day (it expired)."""
+    def session(self, upload_id: str) -> tuple[str, int, int]:
+        """(sha256, size, bytes so far) of an open session; NotFound when it finished, or
+        when nothing happened to it for a day (it expired)."""
         found = self.store.get_upload(upload_id)
-        touched = _modified(self.files.session(upload_id))
-        if found is None or touched is None or max(found[2], touched) < self._expiry():
+        try:
+            st = self.files.session(upload_id).stat()
+        except FileNotFoundError:  # finished (or aborted) a moment ago
+            raise _no_session(upload_id) from None
+        if found is None or max(found[2], st.st_mtime) < self._expiry():
             raise _no_session(upload_id)
-        return found[0], found[1]
+        return found[0], found[1], st.st_size
 
     def _expiry(self) -> float:
         return self.clock() - SESSION_TTL
 
     def state(self, upload_id: str) -> UploadOut:
-        sha256, size = self.session(upload_id)
-        path = self.files.session(upload_id)
+        sha256, size, offset = self.session(upload_id)
         try:
-            offset = path.stat().st_size
-            receiving = is_locked(path)
-        except FileNotFoundError:  # finished (or aborted) a moment ago
+            receiving = is_locked(self.files.session(upload_id))
+        except FileNotFoundError:
             raise _no_session(upload_id) from None
         return UploadOut(
             id=upload_id,
@@ -80,9 +81,24 @@ class UploadSessions:
             receiving=receiving,
         )
 
-    async def append(self, upload_id: str, offset: int, body: AsyncIterator[bytes]) -> UploadOut:
-        """Append the bytes of one PATCH at ``offset`` (which must be the committed one)."""
-        sha256, size = await run_in_threadpool(self.session, upload_id)
+    async def append(
+        self,
+        upload_id: str,
+        offset: int,
+        body: AsyncIterator[bytes],
+        *,
+        declared: int | None = None,
+    ) -> UploadOut:
+        """Append the bytes of one PATCH at ``offset`` (which must be the committed one).
+        A ``declared`` length (Content-Length) past the session's end is refused before
+        any byte is read."""
+        sha256, size, _ = await run_in_threadpool(self.session, upload_id)
+        if offset > size:
+            raise Conflict(
+                f"offset {offset} is past the end of upload {upload_id} ({size} bytes)",
+                detail={"size": size},
+            )
+        self.blobs.check_length(declared, size - offset)
         writer = _open_locked(self.files.session(upload_id), upload_id)
         try:
             have = writer.size
@@ -110,7 +126,6 @@ class UploadSessions:
         body: AsyncIterator[bytes],
     ) -> None:
         have = writer.size
-        self._hashers.pop(upload_id, None)  # put back only once file and hash agree
         try:
             with contextlib.suppress(ClientDisconnect):  # keep what arrived: that is the point
                 await pump(body, [writer.write, hasher.update], size - have, self._idle)
@@ -128,6 +143,7 @@ class UploadSessions:
         return self.blobs.settings.idle_timeout
 
     def _hasher(self, upload_id: str, writer: BlobWriter, have: int) -> hashlib._Hash:
+        # Taken out: it goes back only once this request's bytes and hash agree.
         cached = self._hashers.pop(upload_id, None)
         if cached is not None and cached[0] == have:
             return cached[1]
@@ -139,7 +155,6 @@ class UploadSessions:
     ) -> UploadOut:
         """Verify the whole file (size and hash) and store it as the blob; the session
         ends either way, and a bad one keeps nothing."""
-        self._hashers.pop(upload_id, None)
         size = writer.size
         try:
             on_disk = writer.on_disk()
@@ -149,16 +164,10 @@ class UploadSessions:
                     "received; nothing was kept, start again",
                     detail={"expected": size, "got": on_disk},
                 )
-            got = hasher.hexdigest()
-            if got != sha256:
-                raise HashMismatch(
-                    f"the bytes sent hash to {got}, not {sha256}; nothing was kept",
-                    detail={"expected": sha256, "got": got},
-                )
+            self.blobs.verify(sha256, hasher.hexdigest())
             self.blobs.commit(writer.path, sha256, size)
         finally:
-            writer.path.unlink(missing_ok=True)
-            self.store.delete_upload(upload_id)
+            self._drop(upload_id, writer)
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=size, complete=True)
 
     def abort(self, upload_id: str) -> None:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 Fetch = Callable[[str, Path], int]
 LEFTOVER_IDLE = 600.0
 
@@ -97,7 +99,7 @@ def remove_leftovers(folder: Path, prefix: str, idle: float = LEFTOVER_IDLE) -> 
     removed, cutoff = 0, time.time() - idle
     for p in folder.glob(prefix + "*"):
         pid = _pid_in(p.name)
-        if pid is None or _alive(pid):
+        if pid is None or psutil.pid_exists(pid):
             continue
         with contextlib.suppress(FileNotFoundError):
             if p.is_file() and p.stat().st_mtime < cutoff:
@@ -109,13 +111,3 @@ def remove_leftovers(folder: Path, prefix: str, idle: float = LEFTOVER_IDLE) -> 
 def _pid_in(name: str) -> int | None:
     parts = name.split(".")
     return int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
