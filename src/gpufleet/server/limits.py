@@ -1,0 +1,490 @@
+"""Abuse limits: one pure ASGI middleware in front of the whole app.
+
+What it refuses, before the app sees the request:
+
+* **Failed-auth rate limiting.** Every 401 the app answers counts against the client's
+  address. More than ``failed_auth`` within ``failed_auth_window`` seconds and that address
+  gets 429 ``rate_limited`` (with ``Retry-After``) for one window. ``/v1/health`` is always
+  answered. A request from a refused address is still let through when its token is one
+  this process has seen succeed recently (see :class:`_KnownTokens`): a worker behind the
+  same NAT as a client stuck on a revoked token keeps running its jobs. Guessing gains
+  nothing from that: a new guess is refused without reaching the app, and a token must
+  already be valid, and in use, to pass.
+* **Body size.** A JSON request body over ``max_body`` bytes is a 413 ``too_large``, from
+  its ``Content-Length`` before a byte is read, or as soon as a chunked body passes the
+  limit; nothing past the limit is kept. The blob routes (``PUT /v1/blobs/...``, ``PATCH
+  /v1/uploads/...``) stream and have their own limit (``--max-blob-size``).
+* **JSON depth.** A body nested deeper than ``max_json_depth`` is a 422
+  ``validation_error``, found by a bracket scan before anything parses it.
+* **Concurrency.** At most ``claims_per_worker`` long-polls (``POST
+  /v1/workers/{id}/claim``) at once per worker id, and ``requests_per_token`` requests at
+  once per token (keyed by a keyed hash of the ``Authorization`` header; no secret is
+  kept); more is a 429. Claims and blob transfers are long by design and have their own
+  bounds, so they do not count against the token: a fleet sharing one worker token may
+  poll and download on every worker at once.
+
+Every 413 and 429 is logged at most once per address per window, never with the token.
+The limits hold per server process; everything runs on the event loop, so the tables need
+no lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpufleet.wire import ErrorBody, ErrorInfo
+
+log = logging.getLogger("gpufleet.server.limits")
+
+HEALTH = "/v1/health"
+_WORKERS, _CLAIM = "/v1/workers/", "/claim"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's abuse limits (per server process). 0 turns a limit off."""
+
+    #: More 401 answers than this to one address within the window: 429 for a window.
+    failed_auth: int = 20
+    failed_auth_window: float = 60.0
+    #: Addresses, and known-good token hashes, remembered at most (oldest dropped first).
+    max_tracked: int = 10_000
+    #: Bytes of a JSON request body (blob uploads have their own limit). Above what a
+    #: worker's log batch can take: 2M characters, JSON-escaped (6 bytes at worst each).
+    max_body: int = 16 << 20
+    #: Nesting of arrays and objects in a JSON body.
+    max_json_depth: int = 32
+    #: Long-polls at once per worker id: one, plus one left over from a cut connection.
+    claims_per_worker: int = 2
+    #: Requests at once per token, claims and blob transfers aside.
+    requests_per_token: int = 64
+    #: Seconds, monotonic; tests pass a fake to move the window without sleeping.
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+
+
+# ---- JSON depth ---------------------------------------------------------------------------
+
+# A JSON string, escapes included ("unrolled": linear, no backtracking blow-up).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _utf8(body: bytes) -> bytes:
+    """``body`` as UTF-8: JSON may come as UTF-16 or -32, whose quotes hide from a byte scan."""
+    encoding = json.detect_encoding(body)
+    if encoding == "utf-8":
+        return body
+    return body.decode(encoding, errors="replace").encode()
+
+
+def nesting_depth(body: bytes, stop_above: int | None = None) -> int:
+    """How deeply arrays and objects nest in the JSON text ``body`` (a scalar is 0, ``[]``
+    1, ``[{}]`` 2). Brackets inside strings do not count. With ``stop_above``, the scan
+    stops as soon as the depth passes it. Malformed JSON gets some number, never an error:
+    the parser rejects it later."""
+    brackets = _STRING.sub(b"", _utf8(body)).translate(None, _NOT_BRACKETS)
+    depth = deepest = 0
+    for byte in brackets:
+        if byte in b"[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if stop_above is not None and depth > stop_above:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def too_deep(body: bytes, limit: int) -> bool:
+    """Whether ``body`` nests deeper than ``limit``; free for the usual small body, which
+    has too few opening brackets to be that deep."""
+    if body.count(b"[") + body.count(b"{") <= limit and b"\x00" not in body[:4]:
+        return False
+    return nesting_depth(body, stop_above=limit) > limit
+
+
+# ---- tables -------------------------------------------------------------------------------
+
+
+class _Strikes:
+    """Failed token checks per address, in fixed windows; an address over the limit is
+    refused for one window from the strike that tripped it. Bounded: the address least
+    recently struck is forgotten first."""
+
+    def __init__(self, limit: int, window: float, cap: int) -> None:
+        self.limit, self.window, self.cap = limit, window, cap
+        # address -> [window start, strikes in it, refused until]
+        self._seen: OrderedDict[str, list[float]] = OrderedDict()
+
+    def refused_for(self, address: str, clock: Callable[[], float]) -> float:
+        """Seconds this address is still refused; 0 when it is not."""
+        entry = self._seen.get(address)
+        if entry is None:
+            return 0.0  # the usual case: no clock read
+        return max(0.0, entry[2] - clock())
+
+    def strike(self, address: str, now: float) -> bool:
+        """Count a 401; True when this one trips the limit."""
+        entry = self._seen.get(address)
+        if entry is None or (now - entry[0] >= self.window and entry[2] <= now):
+            entry = self._seen[address] = [now, 0, 0.0]
+        self._seen.move_to_end(address)
+        while len(self._seen) > self.cap:
+            self._seen.popitem(last=False)
+        entry[1] += 1
+        if entry[1] > self.limit and entry[2] <= now:
+            entry[2] = now + self.window
+            return True
+        return False
+
+
+class _KnownTokens:
+    """Keyed hashes of tokens that recently got a 2xx from a /v1 route, which every route
+    but /v1/health answers only after checking the token. First in, first out."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._seen: dict[bytes, None] = {}
+
+    def __contains__(self, token: bytes | None) -> bool:
+        return token is not None and token in self._seen
+
+    def add(self, token: bytes) -> None:
+        if token not in self._seen:
+            self._seen[token] = None
+            if len(self._seen) > self.cap:
+                del self._seen[next(iter(self._seen))]
+
+    def discard(self, token: bytes) -> None:
+        self._seen.pop(token, None)
+
+
+class _Slots:
+    """Requests in flight per key; a key with none is dropped, so the table stays as small
+    as the number of requests running."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.held: dict[Any, int] = {}
+
+    def take(self, key: Any) -> bool:
+        n = self.held.get(key, 0)
+        if n >= self.cap:
+            return False
+        self.held[key] = n + 1
+        return True
+
+    def give(self, key: Any) -> None:
+        n = self.held[key] - 1
+        if n:
+            self.held[key] = n
+        else:
+            del self.held[key]
+
+
+class _Quiet:
+    """At most one log line per address per window; bounded like :class:`_Strikes`."""
+
+    def __init__(self, window: float, cap: int) -> None:
+        self.window, self.cap = window, cap
+        self._last: OrderedDict[str, float] = OrderedDict()
+
+    def first(self, address: str, now: float) -> bool:
+        last = self._last.get(address)
+        if last is not None and now - last < self.window:
+            return False
+        self._last[address] = now
+        self._last.move_to_end(address)
+        while len(self._last) > self.cap:
+            self._last.popitem(last=False)
+        return True
+
+
+# ---- the middleware -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Refusal:
+    status: int
+    code: str
+    message: str
+    detail: Any = None
+    retry_after: float | None = None
+
+
+@dataclass(slots=True)
+class _Call:
+    """What the limits need to know about one request, read from its scope once."""
+
+    address: str
+    token: bytes | None
+    length: int | None
+    has_body: bool
+    claim_of: str | None  # the worker id, for a long-poll claim
+    transfer: bool  # a blob upload or download: streamed, limited elsewhere
+
+
+class LimitsMiddleware:
+    """Applies :class:`Limits` to every HTTP request (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, limits: Limits | None = None) -> None:
+        self.app = app
+        self.limits = limits = limits or Limits()
+        window = limits.failed_auth_window or 60.0
+        self._strikes = _Strikes(limits.failed_auth, window, limits.max_tracked)
+        self._known = _KnownTokens(limits.max_tracked)
+        self._claims = _Slots(limits.claims_per_worker)
+        self._tokens = _Slots(limits.requests_per_token)
+        self._quiet = _Quiet(window, limits.max_tracked)
+        self._key = secrets.token_bytes(16)  # token hashes here match nothing stored
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == HEALTH:
+            await self.app(scope, receive, send)
+            return
+        call = self._call(scope)
+        refusal = self._locked_out(call)
+        checks_body = self.limits.max_body or self.limits.max_json_depth
+        if refusal is None and checks_body and call.has_body and not call.transfer:
+            refusal, replay = await self._checked_body(call, receive)
+            if replay is None:
+                return  # the client left while sending: nobody to answer
+            receive = replay
+        if refusal is not None:
+            await self._refuse(refusal, call, scope, receive, send)
+            return
+        await self._run(call, scope, receive, send)
+
+    def _call(self, scope: Scope) -> _Call:
+        auth = length = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+            elif name == b"content-length":
+                length = int(value) if value.isdigit() else None
+            elif name == b"transfer-encoding":
+                chunked = True
+        client = scope.get("client")
+        method, path = scope["method"], scope["path"]
+        claim_of = None
+        if method == "POST" and path.startswith(_WORKERS) and path.endswith(_CLAIM):
+            worker = path[len(_WORKERS) : -len(_CLAIM)]
+            claim_of = worker if worker and "/" not in worker else None
+        return _Call(
+            address=client[0] if client else "-",
+            token=hashlib.blake2b(auth, key=self._key, digest_size=16).digest() if auth else None,
+            length=length,
+            has_body=chunked or bool(length),
+            claim_of=claim_of,
+            transfer=_is_transfer(method, path),
+        )
+
+    def _locked_out(self, call: _Call) -> _Refusal | None:
+        if not self.limits.failed_auth:
+            return None
+        wait = self._strikes.refused_for(call.address, self.limits.clock)
+        if not wait or call.token in self._known:
+            return None
+        window = self._strikes.window
+        return _Refusal(
+            429,
+            "rate_limited",
+            f"too many requests with a missing or wrong token from {call.address} (more than "
+            f"{self.limits.failed_auth} in {window:g} s); try again in {math.ceil(wait)} s "
+            "with a valid token",
+            {"address": call.address, "retry_after": math.ceil(wait)},
+            wait,
+        )
+
+    async def _checked_body(
+        self, call: _Call, receive: Receive
+    ) -> tuple[_Refusal | None, Receive | None]:
+        """Read the body (up to the limit) and check its size and depth; a receive that
+        hands the app the body again."""
+        limit = self.limits.max_body
+        if limit and call.length is not None and call.length > limit:
+            return _too_large(limit, call.length), receive
+        try:
+            body = await _read_body(receive, limit)
+        except _OverLimit:
+            return _too_large(limit, call.length), receive
+        if body is None:
+            return None, None
+        depth = self.limits.max_json_depth
+        if depth and too_deep(body, depth):
+            return _too_deep(depth), receive
+        return None, _replay(body, receive)
+
+    async def _run(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
+        counted = call.claim_of is None and not call.transfer and self.limits.requests_per_token
+        token = call.token if counted else None
+        if token is not None and not self._tokens.take(token):
+            await self._refuse(_busy_token(self.limits), call, scope, receive, send)
+            return
+        try:
+            await self._run_claim(call, scope, receive, send)
+        finally:
+            if token is not None:
+                self._tokens.give(token)
+
+    async def _run_claim(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
+        worker = call.claim_of if self.limits.claims_per_worker else None
+        if worker is not None and not self._claims.take(worker):
+            refusal = _busy_worker(worker, self.limits.claims_per_worker)
+            await self._refuse(refusal, call, scope, receive, send)
+            return
+        status = 0
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if worker is not None:
+                self._claims.give(worker)
+            self._account(call, status, scope["path"])
+
+    def _account(self, call: _Call, status: int, path: str) -> None:
+        """Learn from the answer: a 401 is a strike, a 2xx proves the token."""
+        if status == 401:
+            if call.token is not None:
+                self._known.discard(call.token)
+            if self.limits.failed_auth and self._strikes.strike(call.address, self.limits.clock()):
+                log.warning(
+                    "refusing %s for %g s: more than %d failed token checks",
+                    call.address,
+                    self._strikes.window,
+                    self.limits.failed_auth,
+                )
+                self._quiet.first(call.address, self.limits.clock())  # that line says it
+        elif 200 <= status < 300 and call.token is not None and path.startswith("/v1/"):
+            self._known.add(call.token)
+
+    async def _refuse(
+        self, refusal: _Refusal, call: _Call, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if self._quiet.first(call.address, self.limits.clock()):
+            log.warning(
+                "%d %s for %s %s from %s (further refusals of this address are not logged "
+                "for %g s)",
+                refusal.status,
+                refusal.code,
+                scope["method"],
+                scope["path"],
+                call.address,
+                self._quiet.window,
+            )
+        info = ErrorInfo(code=refusal.code, message=refusal.message, detail=refusal.detail)
+        headers = {}
+        if refusal.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after)))
+        body = ErrorBody(error=info).model_dump(mode="json")
+        await JSONResponse(body, refusal.status, headers)(scope, receive, send)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+class _OverLimit(Exception):
+    """A streamed body passed the limit; the rest of it is never read."""
+
+
+def _is_transfer(method: str, path: str) -> bool:
+    """Blob bodies, up and down: streamed, and bounded by ``--max-blob-size``."""
+    if path.startswith("/v1/blobs/"):
+        return method in ("PUT", "GET", "HEAD")
+    return method == "PATCH" and path.startswith("/v1/uploads/")
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None when the client disconnects first; raises
+    :class:`_OverLimit` as soon as it passes ``limit``."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk: bytes = message.get("body", b"")
+        total += len(chunk)
+        if limit and total > limit:
+            raise _OverLimit
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives ``body`` first, then whatever the server sends (a disconnect)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def _too_large(limit: int, length: int | None) -> _Refusal:
+    size = f" ({length} bytes)" if length is not None else ""
+    return _Refusal(
+        413,
+        "too_large",
+        f"request body{size} is over the server's limit of {limit} bytes for a JSON "
+        "request; send files as blobs (`gpufleet blobs put`, or --package)",
+        {"limit": limit, "content_length": length},
+    )
+
+
+def _too_deep(limit: int) -> _Refusal:
+    problem = f"JSON nested deeper than {limit} levels (arrays and objects)"
+    return _Refusal(
+        422,
+        "validation_error",
+        f"invalid request: body: {problem}",
+        [{"field": "body", "problem": problem}],
+    )
+
+
+def _busy_worker(worker: str, cap: int) -> _Refusal:
+    return _Refusal(
+        429,
+        "rate_limited",
+        f"worker {worker!r} already has {cap} claims waiting (the limit per worker); is a "
+        "second agent running under the same worker id?",
+        {"worker": worker, "limit": cap, "retry_after": 1},
+        1,
+    )
+
+
+def _busy_token(limits: Limits) -> _Refusal:
+    return _Refusal(
+        429,
+        "rate_limited",
+        f"{limits.requests_per_token} requests with this token are already running (the "
+        "limit per token); wait for some to finish and send fewer at once",
+        {"limit": limits.requests_per_token, "retry_after": 1},
+        1,
+    )
