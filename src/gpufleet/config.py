@@ -95,6 +95,13 @@ SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
         _setting("server", "http://127.0.0.1:8000", "url", "server clients and workers talk to"),
+        _setting(
+            "ca",
+            None,
+            "path",
+            "PEM file of the CA certificates to trust for an https:// server, instead of "
+            "the default public CAs",
+        ),
         _setting("host", "127.0.0.1", "str", "address `gpufleet server` binds"),
         _setting(
             "port",
@@ -106,6 +113,13 @@ SETTINGS: dict[str, Setting] = {
         ),
         _setting("data_dir", _data_dir, "path", "where the server keeps its data"),
         _setting("db", None, "str", "database URL (default: SQLite in data_dir)"),
+        _setting(
+            "tls_cert",
+            None,
+            "path",
+            "PEM certificate (chain) `gpufleet server` serves HTTPS with; needs tls_key",
+        ),
+        _setting("tls_key", None, "path", "PEM private key (unencrypted) of tls_cert"),
         _setting(
             "max_blob_size",
             64 << 30,
@@ -148,7 +162,7 @@ SETTINGS: dict[str, Setting] = {
             "seconds a draining worker lets running jobs finish",
             minimum=0,
         ),
-        _setting("pool", "default", "str", "worker pool"),
+        _setting("pool", None, "str", "pool (default: the token's pool, else 'default')"),
         _setting("cache_dir", _cache_dir, "path", "where a worker caches packages by hash"),
         _setting(
             "cache_size",

@@ -17,7 +17,8 @@
     ├── RequestTimeout         a request body stopped arriving          (HTTP 408)
     ├── InsufficientStorage    the disk filled up; nothing was kept       (HTTP 507)
     ├── StorageUnusable        the server's data dir lacks what it needs (HTTP 503)
-    └── ServerUnavailable      the server cannot be reached (client side only)
+    ├── ServerUnavailable      the server cannot be reached (client side only)
+    └── UntrustedCertificate   the server's TLS certificate fails verification (client side)
 
 Every error carries a short machine ``code`` and a message that says what was wrong,
 where, and what to do.
@@ -120,6 +121,14 @@ class ServerUnavailable(GpufleetError):
     status = 503
 
 
+class UntrustedCertificate(GpufleetError):
+    """The server's TLS certificate could not be verified. Not a :class:`ServerUnavailable`:
+    retrying does not help until the client trusts the right CA or uses the right name."""
+
+    code = "untrusted_certificate"
+    status = 503
+
+
 BY_CODE: dict[str, type[GpufleetError]] = {
     cls.code: cls
     for cls in (
@@ -138,5 +147,6 @@ BY_CODE: dict[str, type[GpufleetError]] = {
         InsufficientStorage,
         StorageUnusable,
         ServerUnavailable,
+        UntrustedCertificate,
     )
 }

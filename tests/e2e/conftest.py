@@ -70,6 +70,7 @@ class Fleet:
         self.procs: list[Proc] = []
         self.url = ""
         self.server: Proc | None = None
+        self.ca: Path | None = None  # the CA file the test's own client trusts (https)
 
     def start_server(self, *args: str, lease_timeout: float = 3.0, db: str | None = None) -> str:
         argv = [
@@ -107,7 +108,13 @@ class Fleet:
         self.procs.append(proc)
         wait_for(lambda: _listening(proc), 30, "the restarted server to listen")
 
-    def start_worker(self, name: str, *args: str, heartbeat: float = 0.5) -> Proc:
+    def start_worker(
+        self,
+        name: str,
+        *args: str,
+        heartbeat: float = 0.5,
+        env_extra: dict[str, str] | None = None,
+    ) -> Proc:
         argv = [
             PYTHON,
             "-m",
@@ -126,7 +133,7 @@ class Fleet:
         while log.exists():  # a restarted worker of the same name keeps the old log
             n += 1
             log = self.root / f"worker-{name}.{n}.log"
-        proc = Proc(argv, self.env, log)
+        proc = Proc(argv, {**self.env, **(env_extra or {})}, log)
         self.procs.append(proc)
         wait_for(
             lambda: "registered" in proc.text() or proc.popen.poll() is not None,
@@ -137,11 +144,15 @@ class Fleet:
         return proc
 
     def cli(
-        self, *args: str, check: bool = True, timeout: float = 60
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         res = subprocess.run(
             [PYTHON, "-m", "gpufleet", *args],
-            env=self.env,
+            env={**self.env, **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -154,10 +165,11 @@ class Fleet:
 
     def client(self) -> Client:
         token = load_token(self.url)
-        return Client(self.url, token)
+        return Client(self.url, token, ca=self.ca)
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return json.loads(self.cli("show", job_id, "--json").stdout)
+        trust = ("--ca", str(self.ca)) if self.ca else ()
+        return json.loads(self.cli("show", job_id, "--json", *trust).stdout)
 
     def wait_status(self, job_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
         with self.client() as c:

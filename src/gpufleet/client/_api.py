@@ -13,7 +13,8 @@ from typing import Any, Generic, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from gpufleet.errors import BY_CODE, GpufleetError, ServerUnavailable
+from gpufleet.client._tls import transport_error
+from gpufleet.errors import BY_CODE, GpufleetError
 from gpufleet.wire import ErrorBody
 
 T = TypeVar("T")
@@ -68,11 +69,10 @@ def raise_for(resp: httpx.Response) -> None:
     raise err
 
 
-def unreachable(base_url: str, exc: Exception) -> ServerUnavailable:
-    return ServerUnavailable(
-        f"cannot reach the gpufleet server at {base_url} ({type(exc).__name__}: {exc}); "
-        "is `gpufleet server` running? Point clients at it with --server or GPUFLEET_SERVER"
-    )
+def unreachable(base_url: str, exc: Exception) -> GpufleetError:
+    """A failed connection as :class:`ServerUnavailable` (worth retrying), or as
+    :class:`UntrustedCertificate` when the server's certificate failed verification."""
+    return transport_error(base_url, exc)
 
 
 def headers(token: str | None) -> dict[str, str]:

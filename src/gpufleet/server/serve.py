@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
 
 from gpufleet.config import save_token
+from gpufleet.errors import ConfigError
 from gpufleet.server.app import create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
+from gpufleet.server.limits import Limits
 from gpufleet.server.queue import QueueSettings
 from gpufleet.store import SqlStore
 from gpufleet.store.blobfiles import BlobFiles
@@ -27,6 +30,9 @@ class ServerOptions:
     db: str | None
     queue: QueueSettings
     max_blob_size: int = 64 << 30
+    limits: Limits = field(default_factory=Limits)
+    tls_cert: Path | None = None  # PEM certificate chain; with tls_key, serve HTTPS
+    tls_key: Path | None = None
 
 
 def database_url(data_dir: Path, db: str | None) -> str:
@@ -34,6 +40,59 @@ def database_url(data_dir: Path, db: str | None) -> str:
     if db:
         return db
     return f"sqlite:///{(data_dir / 'gpufleet.db').resolve()}"
+
+
+class _Encrypted(Exception):
+    """Raised instead of letting OpenSSL prompt for a passphrase on the terminal."""
+
+
+def _no_passphrase() -> str:
+    raise _Encrypted
+
+
+def _readable(path: Path, what: str) -> None:
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from exc
+
+
+def tls_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The server's TLS context from a PEM certificate (chain) and its private key, or
+    None for plain http. Each problem names the file it is about."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        given, missing = ("--tls-cert", "--tls-key") if key is None else ("--tls-key", "--tls-cert")
+        raise ConfigError(
+            f"{given} needs {missing} too: HTTPS takes a certificate and its private key "
+            "(or give neither to serve plain http)"
+        )
+    _readable(cert, "--tls-cert")
+    _readable(key, "--tls-key")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert, key, _no_passphrase)
+    except _Encrypted:
+        raise ConfigError(
+            f"--tls-key {key}: the key is encrypted with a passphrase; give it unencrypted "
+            "(readable only by the server's user)"
+        ) from None
+    except ssl.SSLError as exc:
+        raise _cert_or_key(cert, key, exc) from exc
+    return ctx
+
+
+def _cert_or_key(cert: Path, key: Path, exc: ssl.SSLError) -> ConfigError:
+    """Which of the two files ``load_cert_chain`` choked on."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert)
+    except ssl.SSLError:
+        return ConfigError(f"--tls-cert {cert}: no PEM certificate in it")
+    if exc.reason == "KEY_VALUES_MISMATCH":
+        return ConfigError(f"--tls-key {key}: not the private key of --tls-cert {cert}")
+    return ConfigError(f"--tls-key {key}: no PEM private key in it ({exc.reason or exc})")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -48,18 +107,20 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(opts: ServerOptions) -> None:
     """Serve until SIGINT/SIGTERM. Prints the URL (and a fresh admin token, once)."""
+    tls = tls_context(opts.tls_cert, opts.tls_key)  # a bad file stops us before anything
     opts.data_dir.mkdir(parents=True, exist_ok=True)
     store = SqlStore(database_url(opts.data_dir, opts.db))
     store.migrate()
     sock = _bind(opts.host, opts.port)
     port = sock.getsockname()[1]
     shown = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
-    url = f"http://{shown}:{port}"
+    scheme = "https" if tls else "http"
+    url = f"{scheme}://{shown}:{port}"
     secret = Auth(store).ensure_admin()
     if secret is not None:
         where = save_token(url, secret)
         if shown == "127.0.0.1":  # the same server, as the CLI may be told to call it
-            save_token(f"http://localhost:{port}", secret)
+            save_token(f"{scheme}://localhost:{port}", secret)
         # Shown on a terminal only: a redirected stderr is a log, and secrets stay out of logs.
         note = f":\n  {secret}" if sys.stderr.isatty() else " (not shown: stderr is not a terminal)"
         print(
@@ -73,12 +134,15 @@ def serve(opts: ServerOptions) -> None:
         store, BlobFiles(opts.data_dir / "blobs"), BlobSettings(max_size=opts.max_blob_size)
     )
     config = uvicorn.Config(
-        create_app(store, opts.queue, blobs),
+        create_app(store, opts.queue, blobs, opts.limits),
         log_level="warning",
         access_log=False,
         loop="uvloop",
         http="httptools",
         timeout_graceful_shutdown=3,
+        # The context checked above is the one served (uvicorn would load the files again,
+        # and prompt on the terminal for a key's passphrase).
+        ssl_context_factory=None if tls is None else lambda _config, _default: tls,
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])
