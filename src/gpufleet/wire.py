@@ -43,6 +43,14 @@ def _relative(value: str) -> str:
 
 
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
+#: A pool: a named group of workers and the clients allowed to use them.
+PoolName = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        description="letters, digits, '.', '_' and '-', at most 63",
+    ),
+]
 #: A blob id: the SHA-256 of its bytes, 64 lowercase hex digits.
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256, 64 hex digits")]
 RelPath = Annotated[
@@ -151,7 +159,9 @@ class JobSpecModel(Strict):
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     max_attempts: int = Field(3, ge=1, le=100)
     timeout: float | None = Field(None, gt=0, le=10_000_000)
-    pool: Name = "default"
+    pool: PoolName | None = Field(
+        None, description="None: 'default', or the token's only pool when it has one"
+    )
     shell: bool = False
     manifest: Name | None = None
     model: Label | None = None
@@ -167,7 +177,7 @@ class JobSpecModel(Strict):
     def to_domain(self) -> JobSpec:
         data = self.model_dump(exclude={"requirements", "inputs", "outputs"})
         return JobSpec(
-            **{**data, "command": tuple(self.command)},
+            **{**data, "command": tuple(self.command), "pool": self.pool or "default"},
             requirements=self.requirements.to_domain(),
             inputs=tuple(i.to_domain() for i in self.inputs),
             outputs=tuple(self.outputs),
@@ -373,15 +383,21 @@ class WorkerRegister(Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     capability: CapabilityModel
     cpu_slots: int = Field(1, ge=0, le=1024)
-    pool: Name = "default"
+    pool: PoolName | None = Field(None, description="None: the token's pool ('default')")
     ephemeral: bool = False
     running: list[LeaseRef] = Field(default_factory=list)
+
+
+WorkerState = Literal["connecting", "available", "reserved", "busy", "draining", "offline"]
 
 
 class WorkerOut(BaseModel):
     id: str
     name: str
-    status: Literal["connecting", "idle", "busy", "draining", "offline"]
+    status: WorkerState = Field(
+        description="available: has a free slot; reserved: every slot holds a job claimed "
+        "but not started; busy: every slot runs a job; draining; offline: no heartbeat"
+    )
     pool: str
     labels: dict[str, str]
     gpus: list[GpuModel]
@@ -395,6 +411,19 @@ class WorkerOut(BaseModel):
     lease_timeout: float | None = Field(
         None, description="The server's lease timeout; a worker heartbeats well within it."
     )
+
+
+class SelectRequest(Strict):
+    """The job a user is about to submit; the server lists the workers that could take it."""
+
+    spec: JobSpecModel
+
+
+class Candidate(BaseModel):
+    worker: WorkerOut
+    fits: bool = Field(description="could take the job now")
+    reason: str | None = Field(description="why it cannot, when it cannot")
+    free_gpu_mib: int = Field(description="GPU memory free now on GPUs no job holds")
 
 
 class LeaseRef(Strict):
@@ -554,16 +583,50 @@ class UploadOut(BaseModel):
 class TokenCreate(Strict):
     name: Name
     role: Literal["admin", "operator", "submitter", "worker"]
-    pool: str | None = None
+    pools: list[PoolName] = Field(
+        default_factory=list,
+        max_length=100,
+        description="submitter: the pools it may use (default: ['default']); worker: its "
+        "one pool; admin and operator tokens see every pool and take none",
+    )
+    expires_days: float | None = Field(None, gt=0, le=3650)
+
+    @model_validator(mode="after")
+    def _pools_fit(self) -> TokenCreate:
+        if len(",".join(self.pools)) > 200:
+            raise ValueError("pools: at most 200 characters in all, commas included")
+        return self
 
 
 class TokenOut(BaseModel):
     id: str
     name: str
     role: str
-    pool: str | None
+    pools: list[str] = Field(description="empty: every pool")
+    hint: str = Field(description="the secret's first characters, to tell tokens apart")
     created_at: datetime
+    expires_at: datetime | None
     revoked_at: datetime | None
+
+
+class WhoAmI(BaseModel):
+    id: str
+    name: str
+    role: str
+    pools: list[str] = Field(description="empty: every pool")
+
+
+class AuditOut(BaseModel):
+    seq: int
+    at: datetime
+    token_id: str | None
+    token_name: str | None
+    role: str | None
+    address: str
+    method: str
+    path: str
+    status: int
+    target: str | None
 
 
 class TokenCreated(TokenOut):

@@ -724,14 +724,15 @@ def test_runnable_on_some_worker_is_not_flagged(queue: QueueService) -> None:
 
 def test_tokens_are_stored_as_hashes_and_revocable(store: SqlStore, clock: FakeClock) -> None:
     auth = Auth(store, clock=lambda: clock.now)
-    row, secret = auth.create("ci-runner", Role.SUBMITTER, pool="vision")
+    row, secret = auth.create("ci-runner", Role.SUBMITTER, ["vision", "nlp"])
     assert secret.startswith("gf_")
     assert row.hash == hashlib.sha256(secret.encode()).hexdigest()
 
     stored = store.token_by_hash(row.hash)
     assert stored == row
     assert stored.role == "submitter"
-    assert stored.pool == "vision"
+    assert stored.pools == ("vision", "nlp")
+    assert stored.hint == secret[:7]
     assert stored.revoked_at is None
     for t in store.list_tokens():
         assert secret not in repr(t)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
+from gpufleet.domain.models import Role
+from gpufleet.errors import Unauthorized
+from gpufleet.server.auth import Auth
 from gpufleet.store import SqlStore
 
 
@@ -25,3 +29,36 @@ def test_a_change_on_one_replica_wakes_listeners_on_another(pg_url: str) -> None
         listener_side.close()
         publisher_side.close()
     assert not thread.is_alive()
+
+
+def test_a_token_revoked_on_one_replica_fails_at_once_on_another(pg_url: str) -> None:
+    """Replica A has the token in its lookup cache (made long here, so only the NOTIFY
+    can explain a prompt refusal); replica B revokes it; A refuses it within a second."""
+    replica_a, replica_b = SqlStore(pg_url), SqlStore(pg_url)
+    replica_b.migrate()
+    auth_a = Auth(replica_a, cache_seconds=3600)
+    auth_b = Auth(replica_b)
+    row, secret = auth_b.create("laptop", Role.OPERATOR)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=replica_a.listen_claimable, args=(lambda: None, stop, auth_a.forget)
+    )
+    thread.start()
+    try:
+        assert auth_a.check(f"Bearer {secret}").id == row.id  # cached on A now
+        time.sleep(0.5)  # LISTEN starts asynchronously
+        auth_b.revoke(row.id)
+        deadline = time.monotonic() + 1.0
+        refused = False
+        while not refused and time.monotonic() < deadline:
+            try:
+                auth_a.check(f"Bearer {secret}")
+                time.sleep(0.02)
+            except Unauthorized:
+                refused = True
+        assert refused, "replica A still accepts a token revoked on replica B"
+    finally:
+        stop.set()
+        thread.join(5)
+        replica_a.close()
+        replica_b.close()

@@ -89,16 +89,16 @@ def test_worker_token_may_not_read_the_queue(client: TestClient, worker: dict[st
     assert "operator" in error["message"] and "submitter" in error["message"]
 
 
-def test_submitter_may_submit_but_not_cancel(
+def test_submitter_may_submit_but_not_apply_a_manifest(
     client: TestClient, store: SqlStore, admin: dict[str, str]
 ) -> None:
-    submitter = bearer(Auth(store).create("alice", Role.SUBMITTER)[1])
+    submitter = bearer(Auth(store).create("alice", Role.SUBMITTER, ["default"])[1])
     r = client.post("/v1/jobs", json=job_body(), headers=submitter)
     assert r.status_code == 201, r.text
-    job_id = r.json()["job"]["id"]
-    r = client.post(f"/v1/jobs/{job_id}/cancel", headers=submitter)
+    plan = {"name": "m", "jobs": [job_body("a", manifest="m")]}
+    r = client.post("/v1/manifests", json=plan, headers=submitter)
     assert_error(r, 403, "forbidden", "needs: admin, operator")
-    assert client.get(f"/v1/jobs/{job_id}", headers=admin).json()["status"] == "pending"
+    assert [j["name"] for j in client.get("/v1/jobs", headers=admin).json()] == ["train"]
 
 
 def test_client_token_may_not_speak_the_worker_protocol(

@@ -251,3 +251,24 @@ def explain(
         verdict = now_reason(job, worker, free, now, prefer_cuda_grace)
         out.append((worker, verdict if isinstance(verdict, str) else None))
     return out
+
+
+def free_gpu_mib(free: FreeResources) -> int:
+    """The GPU memory a worker has free now, over the GPUs no job holds."""
+    return sum(g.free_mib for g in free.gpus)
+
+
+def selection(
+    job: JobView,
+    workers: list[tuple[WorkerView, FreeResources]],
+    now: float,
+    prefer_cuda_grace: float,
+) -> list[tuple[WorkerView, FreeResources, str | None]]:
+    """Workers as a user choosing one sees them: those that could take the job now first,
+    the one with the most free GPU memory leading, then the rest with their reason."""
+    rows = []
+    for worker, free in workers:
+        verdict = now_reason(job, worker, free, now, prefer_cuda_grace)
+        rows.append((worker, free, verdict if isinstance(verdict, str) else None))
+    rows.sort(key=lambda r: (r[2] is not None, -free_gpu_mib(r[1]), r[0].name))
+    return rows

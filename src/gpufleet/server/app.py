@@ -20,9 +20,11 @@ from starlette.exceptions import HTTPException
 from gpufleet import __version__
 from gpufleet.errors import GpufleetError
 from gpufleet.server import routes_blobs, routes_jobs, routes_workers
+from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import ServerState
+from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
 from gpufleet.server.queue import QueueService, QueueSettings
 from gpufleet.store import SqlStore
@@ -105,8 +107,11 @@ async def _sweeper(queue: QueueService, interval: float) -> None:
             log.warning("worker %s is offline (no heartbeat)", worker_id)
 
 
-def create_app(store: SqlStore, settings: QueueSettings, blobs: BlobService) -> FastAPI:
-    """The server app over ``store`` (already migrated) and ``blobs``."""
+def create_app(
+    store: SqlStore, settings: QueueSettings, blobs: BlobService, limits: Limits | None = None
+) -> FastAPI:
+    """The server app over ``store`` (already migrated) and ``blobs``, behind the abuse
+    ``limits`` (the defaults when None)."""
     notifier = Notifier()
 
     def on_change() -> None:
@@ -114,6 +119,8 @@ def create_app(store: SqlStore, settings: QueueSettings, blobs: BlobService) -> 
         store.publish_claimable()
 
     queue = QueueService(store, settings, blobs, on_change=on_change)
+    auth = Auth(store)
+    audit = AuditWriter(store)
     stop_listening = threading.Event()
 
     @contextlib.asynccontextmanager
@@ -131,7 +138,9 @@ def create_app(store: SqlStore, settings: QueueSettings, blobs: BlobService) -> 
         listener = None
         if store.dialect == "postgresql":  # wake polls held by this replica on others' changes
             listener = threading.Thread(
-                target=store.listen_claimable, args=(notifier.notify, stop_listening), daemon=True
+                target=store.listen_claimable,
+                args=(notifier.notify, stop_listening, auth.forget),
+                daemon=True,
             )
             listener.start()
         try:
@@ -143,6 +152,7 @@ def create_app(store: SqlStore, settings: QueueSettings, blobs: BlobService) -> 
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await audit.close()
 
     app = FastAPI(
         title="gpufleet",
@@ -152,12 +162,15 @@ def create_app(store: SqlStore, settings: QueueSettings, blobs: BlobService) -> 
     )
     limiter = CapacityLimiter(1 if store.dialect == "sqlite" else 8)
     app.state.gpufleet = ServerState(
-        queue=queue, auth=Auth(store), notifier=notifier, claim_limiter=limiter
+        queue=queue, auth=auth, notifier=notifier, claim_limiter=limiter, audit=audit
     )
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
     app.add_exception_handler(Exception, _on_crash)
+    app.add_middleware(AuditLog, writer=audit)
+    # Added last, so outermost: a refused flood costs no audit row, no database write.
+    app.add_middleware(LimitsMiddleware, limits=limits)
     app.include_router(routes_jobs.router)
     app.include_router(routes_workers.router)
     app.include_router(routes_blobs.router)

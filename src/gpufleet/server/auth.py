@@ -1,9 +1,17 @@
-"""Bearer tokens: stored as SHA-256 hashes, shown once, compared in constant time."""
+"""Bearer tokens: stored as SHA-256 hashes, shown once, compared in constant time.
+
+A token is ``gf_`` and 43 random URL-safe characters (256 bits). The server keeps its
+SHA-256 and its first seven characters (the hint ``tokens ls`` shows), never the secret.
+Rotating gives the same token id a new secret; the old one fails at once: this process
+drops its short lookup cache, and on PostgreSQL a NOTIFY tells the other replicas to drop
+theirs (should that message be lost, their cache expires within ``CACHE_SECONDS``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -11,10 +19,13 @@ from collections.abc import Callable
 
 from gpufleet.domain.models import Role
 from gpufleet.errors import Forbidden, NotFound, Unauthorized
+from gpufleet.server.access import check_pools
 from gpufleet.store import SqlStore, TokenRow
 
+log = logging.getLogger("gpufleet.server")
 TOKEN_PREFIX = "gf_"
-_CACHE_SECONDS = 2.0
+HINT = 7  # characters of the secret kept to tell tokens apart: the prefix and 4 more
+CACHE_SECONDS = 2.0
 
 
 def digest(token: str) -> str:
@@ -24,26 +35,54 @@ def digest(token: str) -> str:
 class Auth:
     """Checks tokens against the store, with a short cache so claims stay cheap."""
 
-    def __init__(self, store: SqlStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: SqlStore,
+        clock: Callable[[], float] = time.time,
+        cache_seconds: float = CACHE_SECONDS,
+    ) -> None:
+        self.cache_seconds = cache_seconds
+        self._generation = 0
         self.store = store
         self.clock = clock
         self._cache: dict[str, tuple[float, TokenRow]] = {}
         self._lock = threading.Lock()
 
-    def create(self, name: str, role: Role, pool: str | None = None) -> tuple[TokenRow, str]:
-        """Make a token; the secret is returned here and never again."""
-        secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    def create(
+        self,
+        name: str,
+        role: Role,
+        pools: list[str] | None = None,
+        expires_at: float | None = None,
+    ) -> tuple[TokenRow, str]:
+        """Make a token; the secret is returned here and never again. ``pools`` are checked
+        against the role (a worker token has one, a submitter's default to ``default``,
+        admin and operator tokens have none)."""
+        pools = check_pools(role, list(pools or []))
+        secret = _secret()
         values = {
             "id": "t-" + secrets.token_hex(6),
             "name": name,
             "role": role.value,
-            "pool": pool,
+            "pool": ",".join(pools) if pools else None,
             "hash": digest(secret),
             "created_at": self.clock(),
             "revoked_at": None,
+            "expires_at": expires_at,
+            "hint": secret[:HINT],
         }
         self.store.insert_token(values)
         return TokenRow(**values), secret  # type: ignore[arg-type]
+
+    def rotate(self, token_id: str) -> tuple[TokenRow, str]:
+        """A new secret for an active token; the old secret stops working now."""
+        secret = _secret()
+        if not self.store.rotate_token(token_id, digest(secret), secret[:HINT]):
+            raise NotFound(f"no active token {token_id!r}", detail={"token": token_id})
+        self._forget()
+        row = self.store.get_token(token_id)
+        assert row is not None
+        return row, secret
 
     def ensure_admin(self) -> str | None:
         """A fresh server's first admin token (the secret), or None if one exists."""
@@ -65,25 +104,51 @@ class Auth:
         row = self._lookup(want)
         if row is None or not hmac.compare_digest(row.hash, want) or row.revoked_at is not None:
             raise Unauthorized("invalid or revoked token")
+        if row.expires_at is not None and row.expires_at <= self.clock():
+            raise Unauthorized(
+                f"token {row.id} ({row.name}) has expired; ask an admin for a new one"
+            )
         return row
 
     def _lookup(self, want: str) -> TokenRow | None:
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(want)
-        if hit and now - hit[0] < _CACHE_SECONDS:
+            generation = self._generation
+        if hit and now - hit[0] < self.cache_seconds:
             return hit[1]
         row = self.store.token_by_hash(want)
-        if row is not None:
-            with self._lock:
+        with self._lock:
+            # A rotate or revoke that happened while we read must not be undone by
+            # caching what we read before it.
+            if row is not None and generation == self._generation:
                 self._cache[want] = (now, row)
         return row
 
-    def revoke(self, token_id: str) -> None:
+    def revoke(self, token_id: str) -> TokenRow:
         if not self.store.revoke_token(token_id, self.clock()):
             raise NotFound(f"no active token {token_id!r}", detail={"token": token_id})
+        self._forget()
+        row = self.store.get_token(token_id)
+        assert row is not None
+        return row
+
+    def _forget(self) -> None:
+        self.forget()
+        try:
+            self.store.publish_tokens_changed()
+        except Exception:  # the change is committed; other replicas' caches still expire
+            log.exception("could not tell other replicas that a token changed")
+
+    def forget(self) -> None:
+        """Drop every cached token (another replica rotated or revoked one)."""
         with self._lock:
             self._cache.clear()
+            self._generation += 1
+
+
+def _secret() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def require(row: TokenRow, *roles: Role) -> TokenRow:

@@ -84,9 +84,16 @@ class BlobService:
                 detail={"size": size, "limit": self.settings.max_size},
             )
 
-    async def put(self, sha256: str, body: AsyncIterator[bytes]) -> bool:
-        """Store a streamed body as blob ``sha256``; False if it was already there."""
+    async def put(self, sha256: str, body: AsyncIterator[bytes], prove: bool = False) -> bool:
+        """Store a streamed body as blob ``sha256``; False if it was already there. With
+        ``prove``, a blob already there is still read and checked: the caller may not read
+        it yet, and sending bytes that hash to it is what earns that."""
         if await run_in_threadpool(self.has, sha256) is not None:
+            if prove:
+                hasher = hashlib.sha256()
+                limit, idle = self.settings.max_size, self.settings.idle_timeout
+                await pump(body, [hasher.update], limit, idle)
+                self.verify(sha256, hasher.hexdigest())
             return False
         temp = self.files.temp()
         writer, hasher = BlobWriter(temp), hashlib.sha256()

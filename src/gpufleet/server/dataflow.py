@@ -44,25 +44,42 @@ class DataFlow:
 
     # ---- submit time ------------------------------------------------------------------
 
-    def resolve(self, spec: JobSpec, batch: dict[str, str] | None = None) -> JobSpec:
+    def resolve(
+        self,
+        spec: JobSpec,
+        batch: dict[str, str] | None = None,
+        readable: Sequence[str] | None = None,
+    ) -> JobSpec:
         """``spec`` with every ``job:`` input pointing at a job id, after checking that
         every package blob is on the server and is a safe archive. ``batch`` maps the
         names of jobs submitted together (a manifest) to their ids; they win over older
-        jobs. Raises ValidationFailed naming the input."""
+        jobs. A package blob the pools in ``readable`` may not read (None: any) is answered
+        as one not on the server. Raises ValidationFailed naming the input."""
         inputs = []
         for index, inp in enumerate(spec.inputs):
             if inp.kind == InputKind.BLOB:
-                self._check_blob(spec.name, index, inp)
+                self._check_blob(spec.name, index, inp, readable)
                 inputs.append(inp)
             elif inp.kind == InputKind.JOB:
-                inputs.append(replace(inp, ref=self._job_id(spec.name, index, inp.ref, batch)))
+                job_id = self._job_id(spec.name, spec.pool, index, inp.ref, batch)
+                inputs.append(replace(inp, ref=job_id))
             else:
                 inputs.append(inp)
         return replace(spec, inputs=tuple(inputs))
 
-    def _check_blob(self, job: str, index: int, inp: JobInput) -> None:
+    def grant_packages(self, specs: Sequence[JobSpec]) -> None:
+        """Let each job's pool read its package blobs (its workers download them)."""
+        self.store.grant_blobs(
+            (i.ref, s.pool) for s in specs for i in s.inputs if i.kind == InputKind.BLOB
+        )
+
+    def _check_blob(
+        self, job: str, index: int, inp: JobInput, readable: Sequence[str] | None
+    ) -> None:
         where = {"job": job, "field": _field(index), "blob": inp.ref}
         try:
+            if readable is not None and not self.store.blob_readable(inp.ref, readable):
+                raise NotFound(f"no blob {inp.ref}")
             self.blobs.scan(inp.ref)
         except NotFound:
             raise ValidationFailed(
@@ -74,13 +91,17 @@ class DataFlow:
             message = f"job {job!r}: {_field(index)}: {exc.message}"
             raise UnsafeArchive(message, detail=where) from None
 
-    def _job_id(self, job: str, index: int, ref: str, batch: dict[str, str] | None) -> str:
+    def _job_id(
+        self, job: str, pool: str, index: int, ref: str, batch: dict[str, str] | None
+    ) -> str:
+        """The id of the job ``ref`` names, in the same pool: a job of another pool is
+        answered as unknown (its artifact is not the pool's to read)."""
         if batch and ref in batch:
             return batch[ref]
         found = self.store.get_job(ref)
-        if found is not None:
+        if found is not None and found.pool == pool:
             return found.id
-        named = self.store.find_jobs_by_name(ref, limit=5)
+        named = self.store.find_jobs_by_name(ref, limit=5, pools=[pool])
         where = {"job": job, "field": _field(index), "ref": ref}
         if len(named) == 1:
             return named[0].id
@@ -90,7 +111,9 @@ class DataFlow:
                 f"job {job!r}: {_field(index)}: several jobs are named {ref!r} ({ids}); use job:ID",
                 detail=where,
             )
-        raise ValidationFailed(f"job {job!r}: {_field(index)}: no job {ref!r}", detail=where)
+        raise ValidationFailed(
+            f"job {job!r}: {_field(index)}: no job {ref!r} in pool {pool!r}", detail=where
+        )
 
     @staticmethod
     def check_cycles(deps: Mapping[str, Sequence[str]], names: dict[str, str]) -> None:
@@ -217,6 +240,7 @@ class DataFlow:
             "bytes": int(summary["bytes"]),
             "created_at": self.clock(),
         }
+        self.store.grant_blobs([(sha256, job.pool)])  # the job's pool may download it
         if not self.store.attach_artifact(job.id, attempt, values):
             raise Conflict(
                 f"stale lease: job {job.id} attempt {attempt} is no longer yours",

@@ -1,4 +1,4 @@
-"""Request dependencies: the shared service and the caller's token."""
+"""Request dependencies: the shared service and the caller, checked against a role."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from anyio import CapacityLimiter
 from fastapi import Request
 
 from gpufleet.domain.models import Role
+from gpufleet.server.access import Caller
+from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
 from gpufleet.server.notify import Notifier
 from gpufleet.server.queue import QueueService
-from gpufleet.store import TokenRow
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ServerState:
     # Claims take the store's write path; on SQLite (one writer) more than one claim thread
     # at a time only adds lock and GIL contention, so they queue here instead.
     claim_limiter: CapacityLimiter
+    audit: AuditWriter
 
 
 def state(request: Request) -> ServerState:
@@ -29,35 +31,49 @@ def state(request: Request) -> ServerState:
     return st
 
 
-def _caller(request: Request) -> TokenRow:
-    return state(request).auth.check(request.headers.get("authorization"))
+def note(request: Request, target: str) -> None:
+    """Name the object a call created or changed, for its audit record."""
+    request.state.audit_target = target
+
+
+def _caller(request: Request, *roles: Role) -> Caller:
+    token = state(request).auth.check(request.headers.get("authorization"))
+    caller = Caller(token)
+    request.state.caller = caller  # for the audit log, even when the role check refuses
+    require(token, *roles)
+    return caller
 
 
 # The role checks are ``async def`` so FastAPI runs them on the loop: a cached token check
 # costs microseconds, far less than a hop to the thread pool (claims are the hot path).
 
 
-async def reader(request: Request) -> TokenRow:
-    """Anyone with a client token may read the queue."""
-    return require(_caller(request), Role.OPERATOR, Role.SUBMITTER)
+async def anyone(request: Request) -> Caller:
+    """Any valid token."""
+    return _caller(request, Role.OPERATOR, Role.SUBMITTER, Role.WORKER)
 
 
-async def submitter(request: Request) -> TokenRow:
-    return require(_caller(request), Role.OPERATOR, Role.SUBMITTER)
+async def reader(request: Request) -> Caller:
+    """Clients read the queue; a submitter sees only its pools (checked per object)."""
+    return _caller(request, Role.OPERATOR, Role.SUBMITTER)
 
 
-async def operator(request: Request) -> TokenRow:
-    return require(_caller(request), Role.OPERATOR)
+async def submitter(request: Request) -> Caller:
+    return _caller(request, Role.OPERATOR, Role.SUBMITTER)
 
 
-async def admin(request: Request) -> TokenRow:
-    return require(_caller(request))
+async def operator(request: Request) -> Caller:
+    return _caller(request, Role.OPERATOR)
 
 
-async def worker(request: Request) -> TokenRow:
-    return require(_caller(request), Role.WORKER)
+async def admin(request: Request) -> Caller:
+    return _caller(request)
 
 
-async def blob_user(request: Request) -> TokenRow:
+async def worker(request: Request) -> Caller:
+    return _caller(request, Role.WORKER)
+
+
+async def blob_user(request: Request) -> Caller:
     """Blobs are read and written by clients (packages) and workers (artifacts)."""
-    return require(_caller(request), Role.OPERATOR, Role.SUBMITTER, Role.WORKER)
+    return _caller(request, Role.OPERATOR, Role.SUBMITTER, Role.WORKER)

@@ -11,12 +11,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpufleet.domain.ids import manifest_job_id, new_job_id, new_worker_id
 from gpufleet.domain.lifecycle import Event, backoff_seconds, failure_event, sources, transition
 from gpufleet.domain.models import HostPolicy, JobSpec, JobStatus, WorkerStatus
-from gpufleet.errors import Conflict, NotFound, ValidationFailed
+from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from gpufleet.scheduling.matching import (
     Assignment,
     FreeGpu,
@@ -119,12 +119,28 @@ class QueueService:
             return w.status
         return WorkerStatus.BUSY if active else WorkerStatus.IDLE
 
+    def availability(self, w: WorkerRow, active: list[JobRow]) -> str:
+        """What a user choosing a machine needs: available (a GPU is free, or on a machine
+        without GPUs a CPU slot), reserved (not available, and a job is claimed but not yet
+        started), busy, draining, offline, connecting."""
+        status = self.worker_status(w)
+        if status in (WorkerStatus.OFFLINE, WorkerStatus.DRAINING, WorkerStatus.CONNECTING):
+            return status.value
+        free = self.free_resources(w, active)
+        # A GPU machine is for GPU work: with every GPU taken it is busy, CPU slot or not.
+        if free.gpus or (free.cpu_slots and not effective_gpus(self.view(w))):
+            return "available"
+        if any(j.status == JobStatus.CLAIMED for j in active):
+            return "reserved"
+        return "busy"
+
     # ---- submitting -------------------------------------------------------------------
 
     def unrunnable_reason(self, spec: JobSpec, views: list[WorkerView] | None = None) -> str | None:
         """Why no registered worker could ever run ``spec`` (None: some worker could)."""
         if views is None:
-            views = [self.view(w) for w in self.store.list_workers()]
+            views = [self.view(w) for w in self.store.list_workers([spec.pool])]
+        views = [v for v in views if v.pool == spec.pool]  # other pools are not its business
         if not views:
             return None
         reasons = []
@@ -135,9 +151,23 @@ class QueueService:
             reasons.append(f"{view.name}: {reason}")
         return "no registered worker could ever run this job (" + "; ".join(reasons) + ")"
 
-    def submit(self, spec: JobSpec) -> JobRow:
+    def submit(
+        self,
+        spec: JobSpec,
+        pool: str | None = None,
+        wait_for_target: bool = True,
+        readable: Sequence[str] | None = None,
+    ) -> JobRow:
+        """Queue ``spec`` in ``pool`` (None: its own). A job aimed at one worker
+        (requirements.worker) that cannot take it now is refused (409) unless
+        ``wait_for_target``. Its packages must be blobs the pools in ``readable`` may
+        read (None: any); the job's pool may read them from then on."""
+        spec = replace(spec, pool=pool or spec.pool)
+        if spec.requirements.worker:
+            self._check_target(spec, wait_for_target)
         job_id = new_job_id()
-        spec = self.flow.resolve(spec)
+        spec = self.flow.resolve(spec, readable=readable)
+        self.flow.grant_packages([spec])
         deps = {job_id: spec.dependencies}
         self.store.insert_jobs(
             [(job_id, spec, self.unrunnable_reason(spec))], self.clock(), deps=deps
@@ -145,6 +175,31 @@ class QueueService:
         self.flow.after_insert([job_id])
         self.on_change()
         return self.job(job_id)
+
+    def _check_target(self, spec: JobSpec, wait: bool) -> None:
+        ref = spec.requirements.worker
+        assert ref is not None
+        w = self.store.get_worker(ref)
+        if w is None or w.pool != spec.pool:
+            raise NotFound(
+                f"no worker {ref!r} in pool {spec.pool!r} (gpufleet workers lists them)",
+                detail={"worker": ref, "field": "requirements.worker"},
+            )
+        active = self.store.active_jobs(w.id)
+        job = JobView("(new)", spec, self.clock())
+        verdict = now_reason(job, self.view(w), self.free_resources(w, active), job.created_at, 0.0)
+        state = self.availability(w, active)
+        if wait or (state == "available" and isinstance(verdict, Assignment)):
+            return
+        running = ", ".join(j.id for j in active)
+        doing = f" (running {running})" if running else ""
+        why = f": {verdict}" if isinstance(verdict, str) else ""
+        raise Conflict(
+            f"worker {w.name} is {state}{doing} and will not start this job now{why}. "
+            "See who is free with 'gpufleet workers', let the server pick with "
+            "--auto-select, or add --queue to wait for this worker",
+            detail={"worker": w.id, "status": state, "reason": why[2:] or state},
+        )
 
     def apply(self, req: ManifestApply) -> ApplyResult:
         specs = [j.to_domain() for j in req.jobs]
@@ -158,6 +213,7 @@ class QueueService:
         if len(set(ids)) != len(ids):
             raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
         specs = self._resolve_batch(specs, ids)
+        self.flow.grant_packages(specs)
         policies = {h.name: h.model_dump_json() for h in req.hosts}
         now = self.clock()
         self.store.replace_hosts(req.name, policies, now)
@@ -211,12 +267,13 @@ class QueueService:
 
     # ---- reading ----------------------------------------------------------------------
 
-    def job(self, ref: str) -> JobRow:
-        """A job by id, or by name when exactly one job has it."""
+    def job(self, ref: str, pools: Sequence[str] | None = None) -> JobRow:
+        """A job by id, or by name when exactly one job has it; of ``pools`` only (None:
+        every pool). A job in another pool is answered as unknown."""
         job = self.store.get_job(ref)
-        if job is not None:
+        if job is not None and (pools is None or job.pool in pools):
             return job
-        named = self.store.find_jobs_by_name(ref)
+        named = self.store.find_jobs_by_name(ref, pools=pools)
         if len(named) == 1:
             return named[0]
         if named:
@@ -236,11 +293,48 @@ class QueueService:
     def forget(self, worker_id: str) -> None:
         self._claimers.pop(worker_id, None)
 
-    def worker(self, ref: str) -> WorkerRow:
+    def worker(self, ref: str, pools: Sequence[str] | None = None) -> WorkerRow:
         w = self.store.get_worker(ref)
-        if w is None:
+        if w is None or (pools is not None and w.pool not in pools):
             raise NotFound(f"no worker {ref!r}", detail={"worker": ref})
         return w
+
+    def own(self, worker_id: str, token_id: str, pools: Sequence[str] | None = None) -> WorkerRow:
+        """The worker, if ``token_id`` enrolled it: only that token may act as it. A worker
+        of a pool outside ``pools`` is unknown (404). A worker registered before workers
+        were bound to tokens is bound to the first token of its pool that acts as it."""
+        w = self.claimer(worker_id)
+        if pools is not None and w.pool not in pools:
+            raise NotFound(f"no worker {worker_id!r}", detail={"worker": worker_id})
+        if w.token_id is None and self.store.bind_worker(w.id, token_id):
+            self.forget(w.id)
+            w = self.claimer(worker_id)
+        if w.token_id != token_id:
+            raise Forbidden(
+                f"worker {w.name} ({w.id}) was enrolled with another token; "
+                "a token acts only as the workers it registered",
+                detail={"worker": w.id},
+            )
+        return w
+
+    def check_holder(
+        self, job_id: str, attempt: int, token_id: str, pools: Sequence[str] | None
+    ) -> JobRow:
+        """The job, if (job_id, attempt) is its current lease and the worker holding it was
+        enrolled with ``token_id``: 404 for a job of a pool the caller cannot see, 409 for a
+        stale lease, 403 for a lease another token's worker holds."""
+        job = self.store.get_job(job_id)
+        if job is None or (pools is not None and job.pool not in pools):
+            raise NotFound(f"no job {job_id!r}", detail={"job": job_id})
+        job = self._held(job_id, attempt)
+        holder = self.claimer(job.worker_id) if job.worker_id else None
+        if holder is None or holder.token_id != token_id:
+            raise Forbidden(
+                f"job {job_id} attempt {attempt} is held by worker "
+                f"{holder.name if holder else '?'}, not by a worker of this token",
+                detail={"job": job_id, "attempt": attempt},
+            )
+        return job
 
     def free_resources(self, w: WorkerRow, active: list[JobRow]) -> FreeResources:
         """A worker's free slots as the server sees them (for ``why``)."""
@@ -254,14 +348,17 @@ class QueueService:
         )
         return FreeResources(cpu_slots=max(0, w.cpu_slots - cpu_used), gpus=gpus)
 
-    def why(self, ref: str) -> tuple[JobRow, str, list[tuple[WorkerView, str | None]]]:
-        """The job, a one-line summary, and every worker's reason not to take it now."""
-        job = self.job(ref)
+    def why(
+        self, ref: str, pools: Sequence[str] | None = None
+    ) -> tuple[JobRow, str, list[tuple[WorkerView, str | None]]]:
+        """The job, a one-line summary, and every worker's reason not to take it now (of
+        the workers in ``pools``; None: every worker)."""
+        job = self.job(ref, pools)
         now = self.clock()
         active = self.store.active_jobs()
         fleet = [
             (self.view(w), self.free_resources(w, [j for j in active if j.worker_id == w.id]))
-            for w in self.store.list_workers()
+            for w in self.store.list_workers(pools)
         ]
         jv = JobView(job.id, job.spec, job.created_at)
         verdicts = explain(jv, fleet, now, self.settings.prefer_cuda_grace)
@@ -286,8 +383,8 @@ class QueueService:
 
     # ---- operators --------------------------------------------------------------------
 
-    def cancel(self, ref: str) -> JobRow:
-        job = self.job(ref)
+    def cancel(self, ref: str, pools: Sequence[str] | None = None) -> JobRow:
+        job = self.job(ref, pools)
         now = self.clock()
         done = self.store.set_status(
             job.id,
@@ -312,8 +409,8 @@ class QueueService:
         self.flow.ended(cancelled, JobStatus.CANCELLED)
         return cancelled
 
-    def requeue(self, ref: str) -> JobRow:
-        job = self.job(ref)
+    def requeue(self, ref: str, pools: Sequence[str] | None = None) -> JobRow:
+        job = self.job(ref, pools)
         self.flow.check_requeue(job)
         done = self.store.set_status(
             job.id,
@@ -338,6 +435,24 @@ class QueueService:
         self.on_change()
         return self.job(job.id)
 
+    def retire(self, token_id: str) -> list[str]:
+        """A revoked token's workers go offline and their jobs back to the queue (the
+        attempt is not counted: the job did not fail). Returns the requeued job ids."""
+        requeued = []
+        for w in self.store.list_workers():
+            if w.token_id != token_id:
+                continue
+            for job in self.store.active_jobs(w.id):
+                if self._hand_back(job, job.lease):
+                    requeued.append(job.id)
+            # drain too: a claim already past the token check cannot revive it; only
+            # registering again (with a valid token) clears it.
+            self.store.update_worker(w.id, status=WorkerStatus.OFFLINE.value, drain=True)
+            self.forget(w.id)
+        if requeued:
+            self.on_change()
+        return requeued
+
     def drain(self, ref: str) -> WorkerRow:
         w = self.worker(ref)
         self.store.update_worker(w.id, drain=True)
@@ -346,11 +461,20 @@ class QueueService:
 
     # ---- the worker protocol ----------------------------------------------------------
 
-    def register(self, req: WorkerRegister) -> WorkerRow:
+    def register(
+        self, req: WorkerRegister, pool: str | None = None, token_id: str | None = None
+    ) -> WorkerRow:
+        """Register (or re-register) a worker by name into ``pool`` (None: the one it asks
+        for, else ``default``), bound to the token enrolling it."""
+        pool = pool or req.pool or "default"
+        known = self.store.get_worker(req.name)
+        if known is not None and known.name == req.name:
+            self._check_reregister(known, req.name, pool, token_id)
         now = self.clock()
         values = {
             "name": req.name,
-            "pool": req.pool,
+            "pool": pool,
+            "token_id": token_id,
             "labels": json.dumps(req.labels),
             "capability": req.capability.model_dump_json(),
             "cpu_slots": req.cpu_slots,
@@ -365,10 +489,41 @@ class QueueService:
         self.forget(worker_id)
         if req.running:
             self.store.extend_leases(
-                [(r.job_id, r.attempt) for r in req.running], now + self.settings.lease_timeout
+                [(r.job_id, r.attempt) for r in req.running],
+                now + self.settings.lease_timeout,
+                worker_id,
             )
         self.on_change()
         return self.worker(worker_id)
+
+    def _check_reregister(
+        self, known: WorkerRow, name: str, pool: str, token_id: str | None
+    ) -> None:
+        """A name stays with the token that enrolled it (until that token is revoked or
+        expires), and a worker changes pool only with no job running."""
+        owner = self.store.get_token(known.token_id) if known.token_id else None
+        live = (
+            owner is not None
+            and owner.revoked_at is None
+            and (owner.expires_at is None or owner.expires_at > self.clock())
+        )
+        if live and known.token_id != token_id:
+            raise Forbidden(
+                f"worker name {name!r} is enrolled with another token; pick another "
+                "--name, or revoke that token first",
+                detail={"worker": known.id, "field": "name"},
+            )
+        if known.token_id is None and known.pool != pool:
+            raise Forbidden(
+                f"worker name {name!r} is in pool {known.pool!r}, not {pool!r}",
+                detail={"worker": known.id, "field": "pool"},
+            )
+        if known.pool != pool and self.store.active_jobs(known.id):
+            raise Conflict(
+                f"worker {name!r} runs jobs of pool {known.pool!r}; it can move to pool "
+                f"{pool!r} once they end",
+                detail={"worker": known.id, "field": "pool"},
+            )
 
     def _better_waiting(self, job: JobView, me: WorkerView, mine: Assignment, now: float) -> bool:
         """Whether another polling worker ranks better for ``job`` (host priority, best fit)."""
@@ -386,9 +541,19 @@ class QueueService:
                 return True
         return False
 
-    def poll(self, worker_id: str, free: FreeResources, wait: float) -> Lease | None:
+    def poll(
+        self,
+        worker_id: str,
+        free: FreeResources,
+        wait: float,
+        token_id: str | None = None,
+        pools: Sequence[str] | None = None,
+    ) -> Lease | None:
         """Start a poll and try once. A worker that will wait counts as waiting, so better
-        ranked jobs are left for it; one that will not wait is nobody to leave a job for."""
+        ranked jobs are left for it; one that will not wait is nobody to leave a job for.
+        With ``token_id``, only the token that enrolled the worker may poll for it."""
+        if token_id is not None:
+            self.own(worker_id, token_id, pools)
         if wait > 0:
             self.wait_begin(worker_id, free)
         else:
@@ -469,7 +634,7 @@ class QueueService:
         w = self.worker(worker_id)
         now = self.clock()
         held = self.store.extend_leases(
-            [(r.job_id, r.attempt) for r in req.leases], now + self.settings.lease_timeout
+            [(r.job_id, r.attempt) for r in req.leases], now + self.settings.lease_timeout, w.id
         )
         status = (
             WorkerStatus.DRAINING
@@ -540,7 +705,13 @@ class QueueService:
     def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
         """A draining worker hands a job back; the attempt is not counted."""
         job = self._held(job_id, attempt)
-        ok = self.store.finish(
+        if not self._hand_back(job, attempt):
+            self._held(job_id, attempt)
+        self.on_change()
+        return self.job(job_id)
+
+    def _hand_back(self, job: JobRow, attempt: int) -> bool:
+        return self.store.finish(
             job,
             attempt,
             sources(Event.RELEASE),
@@ -550,10 +721,6 @@ class QueueService:
             outcome="released",
             error=job.error,
         )
-        if not ok:
-            self._held(job_id, attempt)
-        self.on_change()
-        return self.job(job_id)
 
     def after_outage(self) -> int:
         """At server start: if no worker heartbeated within a third of the lease, extend

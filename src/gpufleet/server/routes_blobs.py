@@ -18,11 +18,11 @@ from gpufleet.errors import (
     ValidationFailed,
 )
 from gpufleet.server import deps, views
+from gpufleet.server.access import Caller
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import state
 from gpufleet.server.pump import Stalled
 from gpufleet.server.uploads import UploadSessions
-from gpufleet.store import TokenRow
 from gpufleet.wire import ERRORS, BlobOut, UploadCreate, UploadOut
 
 router = APIRouter(
@@ -34,7 +34,7 @@ router = APIRouter(
         507: {"model": ERRORS[422]["model"], "description": "the server's disk is full"},
     },
 )
-User = Annotated[TokenRow, Depends(deps.blob_user)]
+User = Annotated[Caller, Depends(deps.blob_user)]
 BlobId = Annotated[
     str, Path(pattern=r"^[0-9a-f]{64}$", description="the blob's SHA-256 (64 hex digits)")
 ]
@@ -61,12 +61,29 @@ def _declared(request: Request) -> int | None:
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
+def _readable(request: Request, caller: Caller, sha256: str) -> bool:
+    """Whether the caller may read the blob: admins and operators read every blob; a
+    submitter or worker those its pools uploaded or use (see ``blob_pools``)."""
+    pools = caller.pools
+    return pools is None or _blobs(request).store.blob_readable(sha256, pools)
+
+
+def _grant(request: Request, caller: Caller, sha256: str) -> None:
+    if caller.pools is not None:
+        _blobs(request).store.grant_blobs((sha256, p) for p in caller.pools)
+
+
+def _no_blob(sha256: str) -> NotFound:
+    return NotFound(f"no blob {sha256}", detail={"blob": sha256})
+
+
 @router.head("/blobs/{sha256}", responses={200: {"description": "the server has it"}})
-async def has_blob(sha256: BlobId, request: Request, _: User) -> Response:
-    """200 with Content-Length when the server holds the blob, 404 when not."""
+async def has_blob(sha256: BlobId, request: Request, caller: User) -> Response:
+    """200 with Content-Length when the server holds the blob and the caller may read it,
+    404 when not."""
     size = await run_in_threadpool(_blobs(request).has, sha256)
-    if size is None:
-        raise NotFound(f"no blob {sha256}", detail={"blob": sha256})
+    if size is None or not await run_in_threadpool(_readable, request, caller, sha256):
+        raise _no_blob(sha256)
     return Response(status_code=200, headers={"Content-Length": str(size), "ETag": f'"{sha256}"'})
 
 
@@ -75,10 +92,12 @@ async def has_blob(sha256: BlobId, request: Request, _: User) -> Response:
     response_class=FileResponse,
     responses={206: {"description": "the requested range"}, 416: ERRORS[422]},
 )
-async def get_blob(sha256: BlobId, request: Request, _: User) -> Response:
+async def get_blob(sha256: BlobId, request: Request, caller: User) -> Response:
     """The blob's bytes; a single ``Range: bytes=A-B`` gives 206 with that part."""
     blobs = _blobs(request)
     size = await run_in_threadpool(blobs.require, sha256)
+    if not await run_in_threadpool(_readable, request, caller, sha256):
+        raise _no_blob(sha256)
     _check_range(request.headers.get("range"), size)
     response = FileResponse(
         blobs.files.path(sha256),
@@ -119,15 +138,16 @@ def _check_range(header: str | None, size: int) -> None:
     responses={200: {"model": BlobOut, "description": "the server already had it"}},
 )
 async def put_blob(
-    sha256: BlobId, request: Request, response: Response, _: User
+    sha256: BlobId, request: Request, response: Response, caller: User
 ) -> Response | BlobOut:
     """Upload a blob in one streamed request. The bytes must hash to ``sha256`` (else 422
     and nothing is kept); a body over the size limit is refused with 413 as soon as its
-    Content-Length, or its bytes, say so."""
+    Content-Length, or its bytes, say so. The caller's pools may read it afterwards."""
     blobs = _blobs(request)
     blobs.check_length(_declared(request), blobs.settings.max_size)
+    readable = await run_in_threadpool(_readable, request, caller, sha256)
     try:
-        created = await blobs.put(sha256, request.stream())
+        created = await blobs.put(sha256, request.stream(), prove=not readable)
     except Stalled:
         raise RequestTimeout(
             f"the body stopped arriving for {blobs.settings.idle_timeout:g} s; nothing was "
@@ -138,6 +158,7 @@ async def put_blob(
         return Response(status_code=400)  # the client is gone; nobody reads this
     if not created:
         response.status_code = 200
+    await run_in_threadpool(_grant, request, caller, sha256)
     row = await run_in_threadpool(blobs.store.get_blob, sha256)
     assert row is not None
     return views.blob_out(row)
@@ -145,10 +166,10 @@ async def put_blob(
 
 @router.get("/blobs", response_model=list[BlobOut])
 def list_blobs(
-    request: Request, _: User, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000
+    request: Request, caller: User, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000
 ) -> list[BlobOut]:
-    """The newest blobs first."""
-    return [views.blob_out(b) for b in _blobs(request).store.list_blobs(limit)]
+    """The newest blobs first (a submitter or worker: those its pools may read)."""
+    return [views.blob_out(b) for b in _blobs(request).store.list_blobs(limit, caller.pools)]
 
 
 @router.post(
@@ -157,10 +178,14 @@ def list_blobs(
     status_code=201,
     responses={200: {"model": UploadOut, "description": "the server already has the blob"}},
 )
-def create_upload(body: UploadCreate, request: Request, response: Response, _: User) -> UploadOut:
+def create_upload(
+    body: UploadCreate, request: Request, response: Response, caller: User
+) -> UploadOut:
     """Open a resumable upload for a large blob; send its bytes with PATCH. When the server
-    already has the blob the answer says ``complete`` and nothing needs sending."""
-    out = _uploads(request).create(body.sha256, body.size)
+    already has the blob (and the caller may read it) the answer says ``complete`` and
+    nothing needs sending."""
+    readable = _readable(request, caller, body.sha256)
+    out = _uploads(request).create(body.sha256, body.size, readable)
     if out.complete:
         response.status_code = 200
     return out
@@ -176,7 +201,7 @@ def upload_state(upload_id: UploadId, request: Request, _: User) -> UploadOut:
 async def append_upload(
     upload_id: UploadId,
     request: Request,
-    _: User,
+    caller: User,
     upload_offset: Annotated[int, Header(ge=0, le=2**50, description="where these bytes go")],
 ) -> UploadOut:
     """Append bytes at ``Upload-Offset``, which must be the session's offset (else 409
@@ -184,9 +209,12 @@ async def append_upload(
     the whole blob's size and hash and stores it. 409 too while another request sends."""
     uploads = _uploads(request)
     try:
-        return await uploads.append(
+        out = await uploads.append(
             upload_id, upload_offset, request.stream(), declared=_declared(request)
         )
+        if out.complete:
+            await run_in_threadpool(_grant, request, caller, out.sha256)
+        return out
     except ClientDisconnect:
         return await run_in_threadpool(uploads.state, upload_id)
 

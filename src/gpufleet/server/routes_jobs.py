@@ -1,7 +1,13 @@
-"""Client-facing routes: jobs, manifests, fleet status, tokens."""
+"""Client-facing routes: jobs, manifests, fleet status, tokens, audit.
+
+Every route names the roles it admits (the ``Annotated`` dependencies); a submitter's token
+is confined to its pools, so each route also scopes what it reads and changes to
+``caller.pools`` (None: every pool). A job of another pool is answered as unknown (404).
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -11,12 +17,13 @@ from gpufleet import __version__
 from gpufleet.domain.models import JobStatus, Role
 from gpufleet.errors import NotFound, ValidationFailed
 from gpufleet.server import deps, views
-from gpufleet.server.deps import state
-from gpufleet.store import TokenRow
+from gpufleet.server.access import Caller
+from gpufleet.server.deps import note, state
 from gpufleet.wire import (
     ERRORS,
     ApplyResult,
     ArtifactOut,
+    AuditOut,
     Health,
     JobDetail,
     JobOut,
@@ -28,15 +35,18 @@ from gpufleet.wire import (
     TokenCreate,
     TokenCreated,
     TokenOut,
+    WhoAmI,
     WhyOut,
     WhyWorker,
 )
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
-Reader = Annotated[TokenRow, Depends(deps.reader)]
-Submitter = Annotated[TokenRow, Depends(deps.submitter)]
-Operator = Annotated[TokenRow, Depends(deps.operator)]
-Admin = Annotated[TokenRow, Depends(deps.admin)]
+Anyone = Annotated[Caller, Depends(deps.anyone)]
+Reader = Annotated[Caller, Depends(deps.reader)]
+Submitter = Annotated[Caller, Depends(deps.submitter)]
+Operator = Annotated[Caller, Depends(deps.operator)]
+Admin = Annotated[Caller, Depends(deps.admin)]
+DAY = 86400.0
 STATUSES = {"pending", "claimed", "running", "succeeded", "failed", "cancelled"}
 
 
@@ -51,17 +61,40 @@ async def health(request: Request) -> Health:
     return Health(status="ok", version=__version__, database=db)
 
 
+@router.get("/whoami", response_model=WhoAmI, tags=["meta"])
+async def whoami(caller: Anyone) -> WhoAmI:
+    """The calling token: its id, name, role and pools (never its secret)."""
+    t = caller.token
+    return WhoAmI(id=t.id, name=t.name, role=t.role, pools=list(t.pools))
+
+
 @router.post("/jobs", response_model=SubmitResult, status_code=201, tags=["jobs"])
-def submit(spec: JobSpecModel, request: Request, _: Submitter) -> SubmitResult:
+def submit(
+    spec: JobSpecModel,
+    request: Request,
+    caller: Submitter,
+    queue: Annotated[
+        bool,
+        Query(
+            description="when the job targets a worker (requirements.worker) that cannot "
+            "take it now, queue it for that worker instead of refusing with 409"
+        ),
+    ] = False,
+) -> SubmitResult:
     """Queue one job. ``warning`` says when no registered worker could ever run it."""
-    job = state(request).queue.submit(spec.to_domain())
+    pool = spec.pool or caller.default_pool()
+    caller.may_use(pool)
+    job = state(request).queue.submit(
+        spec.to_domain(), pool, wait_for_target=queue, readable=caller.pools
+    )
+    note(request, job.id)
     return SubmitResult(job=views.job_out(job, _names(request)), warning=job.unrunnable)
 
 
 @router.get("/jobs", response_model=list[JobOut], tags=["jobs"])
 def list_jobs(
     request: Request,
-    _: Reader,
+    caller: Reader,
     status: Annotated[str | None, Query(description="comma-separated statuses")] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
 ) -> list[JobOut]:
@@ -73,25 +106,25 @@ def list_jobs(
             detail={"field": "status"},
         )
     names = _names(request)
-    jobs = state(request).queue.store.list_jobs(wanted, limit)
+    jobs = state(request).queue.store.list_jobs(wanted, limit, caller.pools)
     return [views.job_out(j, names) for j in jobs]
 
 
 @router.get("/jobs/{ref}", response_model=JobDetail, tags=["jobs"])
-def show_job(ref: str, request: Request, _: Reader) -> JobDetail:
+def show_job(ref: str, request: Request, caller: Reader) -> JobDetail:
     q = state(request).queue
-    job = q.job(ref)
+    job = q.job(ref, caller.pools)
     artifact = q.store.artifact(job.id)
     deps = q.store.dependencies(job.id) if job.spec.dependencies else []
     return views.job_detail(job, _names(request), q.store.attempts(job.id), artifact, deps)
 
 
 @router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])
-def job_artifact(ref: str, request: Request, _: Reader) -> ArtifactOut:
+def job_artifact(ref: str, request: Request, caller: Reader) -> ArtifactOut:
     """The job's artifact (its outputs, archived): of the attempt that succeeded, else of
     the latest attempt that left one. Download its bytes from ``/v1/blobs/{sha256}``."""
     q = state(request).queue
-    job = q.job(ref)
+    job = q.job(ref, caller.pools)
     found = q.store.artifact(job.id, job.lease if job.status == JobStatus.SUCCEEDED else None)
     if found is None:
         raise NotFound(
@@ -103,21 +136,28 @@ def job_artifact(ref: str, request: Request, _: Reader) -> ArtifactOut:
 
 
 @router.post("/jobs/{ref}/cancel", response_model=JobOut, tags=["jobs"])
-def cancel_job(ref: str, request: Request, _: Operator) -> JobOut:
-    """Cancel a job; a running one is killed (its whole process group) within a heartbeat."""
-    return views.job_out(state(request).queue.cancel(ref), _names(request))
+def cancel_job(ref: str, request: Request, caller: Submitter) -> JobOut:
+    """Cancel a job; a running one is killed (its whole process group) within a heartbeat.
+    A submitter cancels jobs of its pools only."""
+    job = state(request).queue.cancel(ref, caller.pools)
+    note(request, job.id)
+    return views.job_out(job, _names(request))
 
 
 @router.post("/jobs/{ref}/requeue", response_model=JobOut, tags=["jobs"])
-def requeue_job(ref: str, request: Request, _: Operator) -> JobOut:
-    """Put a failed or cancelled job back in the queue with a fresh attempt budget."""
-    return views.job_out(state(request).queue.requeue(ref), _names(request))
+def requeue_job(ref: str, request: Request, caller: Submitter) -> JobOut:
+    """Put a failed or cancelled job back in the queue with a fresh attempt budget.
+    A submitter requeues jobs of its pools only."""
+    job = state(request).queue.requeue(ref, caller.pools)
+    note(request, job.id)
+    return views.job_out(job, _names(request))
 
 
 @router.get("/jobs/{ref}/why", response_model=WhyOut, tags=["jobs"])
-def why_job(ref: str, request: Request, _: Reader) -> WhyOut:
-    """For every worker, the constraint that keeps it from taking this job."""
-    job, summary, verdicts = state(request).queue.why(ref)
+def why_job(ref: str, request: Request, caller: Reader) -> WhyOut:
+    """For every worker (a submitter: of its pools), the constraint that keeps it from
+    taking this job."""
+    job, summary, verdicts = state(request).queue.why(ref, caller.pools)
     return WhyOut(
         job_id=job.id,
         status=job.status.value,
@@ -133,13 +173,13 @@ def why_job(ref: str, request: Request, _: Reader) -> WhyOut:
 def job_logs(
     ref: str,
     request: Request,
-    _: Reader,
+    caller: Reader,
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> LogsOut:
     """Output lines (stdout and stderr) after sequence number ``after``."""
     q = state(request).queue
-    job = q.job(ref)
+    job = q.job(ref, caller.pools)
     rows = q.store.logs(job.id, after, limit)
     return LogsOut(
         job_id=job.id,
@@ -152,18 +192,20 @@ def job_logs(
 @router.post("/manifests", response_model=ApplyResult, tags=["jobs"])
 def apply_manifest(plan: ManifestApply, request: Request, _: Operator) -> ApplyResult:
     """Apply a parsed manifest: new jobs are queued, existing ones keep their status."""
+    note(request, plan.name)
     return state(request).queue.apply(plan)
 
 
 @router.get("/status", response_model=StatusOut, tags=["fleet"])
-def fleet_status(request: Request, _: Reader) -> StatusOut:
+def fleet_status(request: Request, caller: Reader) -> StatusOut:
+    """Jobs by status, workers by status, slots (a submitter: of its pools)."""
     q = state(request).queue
     active = q.store.active_jobs()
     workers: dict[str, int] = {}
     gpus = gpus_free = cpu = 0
-    for w in q.store.list_workers():
+    for w in q.store.list_workers(caller.pools):
         mine = [j for j in active if j.worker_id == w.id]
-        status = q.worker_status(w, len(mine)).value
+        status = q.availability(w, mine)
         workers[status] = workers.get(status, 0) + 1
         if status != "offline":
             free = q.free_resources(w, mine)
@@ -171,22 +213,64 @@ def fleet_status(request: Request, _: Reader) -> StatusOut:
             gpus_free += len(free.gpus)
             cpu += w.cpu_slots
     return StatusOut(
-        jobs=q.store.job_counts(), workers=workers, gpus=gpus, gpus_free=gpus_free, cpu_slots=cpu
+        jobs=q.store.job_counts(caller.pools),
+        workers=workers,
+        gpus=gpus,
+        gpus_free=gpus_free,
+        cpu_slots=cpu,
     )
 
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201, tags=["tokens"])
 def create_token(body: TokenCreate, request: Request, _: Admin) -> TokenCreated:
     """Create a token. The secret is in this response only; the server keeps its hash."""
-    row, secret = state(request).auth.create(body.name, Role(body.role), body.pool)
+    st = state(request)
+    expires = st.queue.clock() + body.expires_days * DAY if body.expires_days else None
+    row, secret = st.auth.create(body.name, Role(body.role), body.pools, expires)
+    note(request, row.id)
     return TokenCreated(**views.token_out(row).model_dump(), token=secret)
 
 
 @router.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
 def list_tokens(request: Request, _: Admin) -> list[TokenOut]:
+    """Every token, revoked ones included; never a secret (``hint`` tells them apart)."""
     return [views.token_out(t) for t in state(request).queue.store.list_tokens()]
+
+
+@router.post("/tokens/{token_id}/rotate", response_model=TokenCreated, tags=["tokens"])
+def rotate_token(token_id: str, request: Request, _: Admin) -> TokenCreated:
+    """A new secret for the token (same id, role and pools); the old secret fails now."""
+    row, secret = state(request).auth.rotate(token_id)
+    note(request, row.id)
+    return TokenCreated(**views.token_out(row).model_dump(), token=secret)
 
 
 @router.delete("/tokens/{token_id}", status_code=204, tags=["tokens"])
 def revoke_token(token_id: str, request: Request, _: Admin) -> None:
-    state(request).auth.revoke(token_id)
+    """Revoke a token now. Workers it enrolled go offline; their jobs are requeued without
+    counting the attempt."""
+    st = state(request)
+    st.auth.revoke(token_id)
+    note(request, token_id)
+    st.queue.retire(token_id)
+
+
+@router.get("/audit", response_model=list[AuditOut], tags=["audit"])
+async def audit_log(
+    request: Request,
+    _: Operator,
+    since: Annotated[
+        datetime | None, Query(description="only records at or after this time (ISO 8601)")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    after: Annotated[
+        int, Query(ge=0, le=2**63 - 1, description="only records past this seq (paging)")
+    ] = 0,
+) -> list[AuditOut]:
+    """State-changing calls, oldest first: who (token), from where, what, and the status.
+    A full page ends before the newest: ask again with ``after`` = the last ``seq``."""
+    st = state(request)
+    await st.audit.flush()  # what was recorded a moment ago is in the answer
+    start = since.timestamp() if since else 0.0
+    rows = await run_in_threadpool(st.queue.store.audit, start, limit, after)
+    return [views.audit_out(a) for a in rows]

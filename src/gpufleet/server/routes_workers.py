@@ -1,22 +1,31 @@
-"""The worker protocol: register, long-poll claim, heartbeat, and lease-carrying writes."""
+"""The fleet (list, show, drain, select) and the worker protocol: register, long-poll claim,
+heartbeat, and lease-carrying writes.
+
+A worker is bound to the token that registered it: only that token may claim, heartbeat
+or write for it, and a lease-carrying write must come from the token whose worker holds
+the lease (404: a job of another pool; 409: a stale lease; 403: another token's worker).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 from typing import Annotated
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
-from gpufleet.scheduling.matching import FreeGpu, FreeResources
+from gpufleet.errors import NotFound
+from gpufleet.scheduling.matching import FreeGpu, FreeResources, JobView, free_gpu_mib, selection
 from gpufleet.server import deps, views
-from gpufleet.server.deps import state
-from gpufleet.store import TokenRow
+from gpufleet.server.access import Caller
+from gpufleet.server.deps import note, state
 from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
+    Candidate,
     ClaimRequest,
     FinishRequest,
     HeartbeatRequest,
@@ -25,52 +34,95 @@ from gpufleet.wire import (
     Lease,
     LogAppend,
     ReleaseRequest,
+    SelectRequest,
     StartRequest,
     WorkerOut,
     WorkerRegister,
 )
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
-Worker = Annotated[TokenRow, Depends(deps.worker)]
-Reader = Annotated[TokenRow, Depends(deps.reader)]
-Operator = Annotated[TokenRow, Depends(deps.operator)]
+Worker = Annotated[Caller, Depends(deps.worker)]
+Reader = Annotated[Caller, Depends(deps.reader)]
+Operator = Annotated[Caller, Depends(deps.operator)]
 
 
 def _worker_out(request: Request, worker_id: str) -> WorkerOut:
     q = state(request).queue
     w = q.worker(worker_id)
     running = q.store.active_jobs(w.id)
-    return views.worker_out(w, q.worker_status(w, len(running)).value, running)
+    return views.worker_out(w, q.availability(w, running), running)
 
 
 @router.get("/workers", response_model=list[WorkerOut], tags=["fleet"])
-def list_workers(request: Request, _: Reader) -> list[WorkerOut]:
+def list_workers(
+    request: Request,
+    caller: Reader,
+    pool: Annotated[str | None, Query(description="only this pool's workers")] = None,
+) -> list[WorkerOut]:
+    """Workers (a submitter: of its pools), with live GPU memory and status."""
     q = state(request).queue
     active = q.store.active_jobs()
+    pools = caller.pools if pool is None else [p for p in [pool] if caller.sees(p)]
     out = []
-    for w in q.store.list_workers():
+    for w in q.store.list_workers(pools):
         mine = [j for j in active if j.worker_id == w.id]
-        out.append(views.worker_out(w, q.worker_status(w, len(mine)).value, mine))
+        out.append(views.worker_out(w, q.availability(w, mine), mine))
     return out
 
 
+@router.post("/workers/select", response_model=list[Candidate], tags=["fleet"])
+def select_workers(body: SelectRequest, request: Request, caller: Reader) -> list[Candidate]:
+    """The workers of the job's pool as a user choosing one sees them: those that could
+    start the job now first, the one with the most free GPU memory leading; the others
+    with the reason they cannot. ``requirements.worker`` is ignored here."""
+    q = state(request).queue
+    pool = body.spec.pool or caller.default_pool()
+    caller.may_use(pool)
+    spec = body.spec.to_domain()
+    spec = replace(spec, pool=pool, requirements=replace(spec.requirements, worker=None))
+    active = q.store.active_jobs()
+    rows = q.store.list_workers([pool])
+    mine = {w.id: [j for j in active if j.worker_id == w.id] for w in rows}
+    fleet = [(q.view(w), q.free_resources(w, mine[w.id])) for w in rows]
+    by_id = {w.id: w for w in rows}
+    ranked = selection(JobView("(new)", spec, q.clock()), fleet, q.clock(), 0.0)
+    return [
+        Candidate(
+            worker=views.worker_out(
+                by_id[v.id], q.availability(by_id[v.id], mine[v.id]), mine[v.id]
+            ),
+            fits=reason is None,
+            reason=reason,
+            free_gpu_mib=free_gpu_mib(free),
+        )
+        for v, free, reason in ranked
+    ]
+
+
 @router.get("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])
-def show_worker(ref: str, request: Request, _: Reader) -> WorkerOut:
-    return _worker_out(request, ref)
+def show_worker(ref: str, request: Request, caller: Reader) -> WorkerOut:
+    w = state(request).queue.worker(ref, caller.pools)
+    return _worker_out(request, w.id)
 
 
 @router.post("/workers/{ref}/drain", response_model=WorkerOut, tags=["fleet"])
 def drain_worker(ref: str, request: Request, _: Operator) -> WorkerOut:
     """Stop giving the worker jobs; it finishes what it runs, then exits."""
     w = state(request).queue.drain(ref)
+    note(request, w.id)
     return _worker_out(request, w.id)
 
 
 @router.post("/workers", response_model=WorkerOut, status_code=201, tags=["worker protocol"])
-def register_worker(body: WorkerRegister, request: Request, _: Worker) -> WorkerOut:
-    """Register (or re-register) a worker by name; jobs it still runs keep their leases."""
+def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> WorkerOut:
+    """Register (or re-register) a worker by name; jobs it still runs keep their leases.
+    A worker token registers workers of its own pool only, and a name enrolled with
+    another token is refused."""
     queue = state(request).queue
-    w = queue.register(body)
+    pool = body.pool or caller.default_pool()
+    caller.may_use(pool)
+    w = queue.register(body, pool, caller.id)
+    note(request, w.id)
     out = _worker_out(request, w.id)
     out.lease_timeout = queue.settings.lease_timeout
     return out
@@ -83,19 +135,25 @@ def register_worker(body: WorkerRegister, request: Request, _: Worker) -> Worker
     tags=["worker protocol"],
 )
 async def claim(
-    worker_id: str, body: ClaimRequest, request: Request, _: Worker
+    worker_id: str, body: ClaimRequest, request: Request, caller: Worker
 ) -> Lease | Response:
     """Long-poll for a job that fits the free slots; a lease, or 204 after ``wait`` seconds."""
     st = state(request)
     free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
     if free.cpu_slots == 0 and not free.gpus:
-        await to_thread.run_sync(st.queue.claimer, worker_id)  # an unknown worker is a 404
+        await to_thread.run_sync(st.queue.own, worker_id, caller.id, caller.pools)
         return Response(status_code=204)
     deadline = time.monotonic() + body.wait
     try:
         wake = st.notifier.current()
         lease = await to_thread.run_sync(
-            st.queue.poll, worker_id, free, body.wait, limiter=st.claim_limiter
+            st.queue.poll,
+            worker_id,
+            free,
+            body.wait,
+            caller.id,
+            caller.pools,
+            limiter=st.claim_limiter,
         )
         while True:
             if lease is not None:
@@ -105,6 +163,7 @@ async def claim(
                     )
                     return Response(status_code=204)
                 # Serialized here, once: the hot path skips FastAPI's second validation pass.
+                note(request, lease.job_id)
                 return Response(lease.model_dump_json(), media_type="application/json")
             left = deadline - time.monotonic()
             if left <= 0 or await request.is_disconnected():
@@ -124,38 +183,52 @@ async def claim(
     "/workers/{worker_id}/heartbeat", response_model=HeartbeatResponse, tags=["worker protocol"]
 )
 def heartbeat(
-    worker_id: str, body: HeartbeatRequest, request: Request, _: Worker
+    worker_id: str, body: HeartbeatRequest, request: Request, caller: Worker
 ) -> HeartbeatResponse:
     """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
-    return state(request).queue.heartbeat(worker_id, body)
+    q = state(request).queue
+    q.own(worker_id, caller.id, caller.pools)
+    return q.heartbeat(worker_id, body)
+
+
+def _holder(request: Request, caller: Caller, job_id: str, attempt: int) -> None:
+    state(request).queue.check_holder(job_id, attempt, caller.id, caller.pools)
 
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
-def start_job(job_id: str, body: StartRequest, request: Request, _: Worker) -> None:
+def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
+    _holder(request, caller, job_id, body.attempt)
     state(request).queue.start(job_id, body.attempt)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
-def append_output(job_id: str, body: LogAppend, request: Request, _: Worker) -> None:
+def append_output(job_id: str, body: LogAppend, request: Request, caller: Worker) -> None:
+    _holder(request, caller, job_id, body.attempt)
     lines = [(ln.stream, ln.line) for ln in body.lines]
     state(request).queue.append_logs(job_id, body.attempt, lines)
 
 
 @router.post("/jobs/{job_id}/finish", response_model=JobOut, tags=["worker protocol"])
-def finish_job(job_id: str, body: FinishRequest, request: Request, _: Worker) -> JobOut:
+def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worker) -> JobOut:
     """End an attempt: exit code 0 succeeds; anything else retries or fails."""
+    _holder(request, caller, job_id, body.attempt)
     job = state(request).queue.finish(job_id, body.attempt, body.exit_code, body.error)
     return views.job_out(job, {})
 
 
 @router.post("/jobs/{job_id}/release", response_model=JobOut, tags=["worker protocol"])
-def release_job(job_id: str, body: ReleaseRequest, request: Request, _: Worker) -> JobOut:
+def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Worker) -> JobOut:
     """A draining worker hands the job back; the attempt is not counted."""
+    _holder(request, caller, job_id, body.attempt)
     return views.job_out(state(request).queue.release(job_id, body.attempt, body.reason), {})
 
 
 @router.post("/jobs/{job_id}/artifact", status_code=204, tags=["workers"])
-def attach_artifact(job_id: str, body: ArtifactAttach, request: Request, _: Worker) -> None:
+def attach_artifact(job_id: str, body: ArtifactAttach, request: Request, caller: Worker) -> None:
     """Attach an uploaded blob as the artifact of the attempt this lease holds. The server
     checks the archive (every unpacking rule) before accepting it."""
-    state(request).queue.attach_artifact(job_id, body.attempt, body.sha256)
+    _holder(request, caller, job_id, body.attempt)
+    q = state(request).queue
+    if caller.pools is not None and not q.store.blob_readable(body.sha256, caller.pools):
+        raise NotFound(f"no blob {body.sha256}", detail={"blob": body.sha256})
+    q.attach_artifact(job_id, body.attempt, body.sha256)

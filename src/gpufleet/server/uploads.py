@@ -42,9 +42,11 @@ class UploadSessions:
         # The hash of each session's bytes so far, so a resume need not read them again.
         self._hashers: dict[str, tuple[int, hashlib._Hash]] = {}
 
-    def create(self, sha256: str, size: int) -> UploadOut:
+    def create(self, sha256: str, size: int, readable: bool = True) -> UploadOut:
+        """A new session; or, when the server has the blob and the caller may read it,
+        the answer that it is complete. A caller who may not read it sends the bytes."""
         self.blobs.check_size(size)
-        if self.blobs.has(sha256) is not None:
+        if readable and self.blobs.has(sha256) is not None:
             return UploadOut(id=None, sha256=sha256, size=size, offset=size, complete=True)
         upload_id = new_upload_id()
         self.files.session(upload_id).touch()

@@ -6,12 +6,13 @@ import json
 from datetime import UTC, datetime
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.store import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
 from gpufleet.store.rows import ArtifactRow, BlobRow
 from gpufleet.wire import (
     ArtifactFile,
     ArtifactOut,
     AttemptOut,
+    AuditOut,
     BlobOut,
     CapabilityModel,
     DependencyOut,
@@ -133,7 +134,13 @@ def token_out(t: TokenRow) -> TokenOut:
         id=t.id,
         name=t.name,
         role=t.role,
-        pool=t.pool,
+        pools=list(t.pools),
+        hint=t.hint + "…" if t.hint else "",
         created_at=ts(t.created_at),
+        expires_at=ts(t.expires_at),
         revoked_at=ts(t.revoked_at),
     )
+
+
+def audit_out(a: AuditRow) -> AuditOut:
+    return AuditOut(**{**a.__dict__, "at": ts(a.at)})

@@ -1,6 +1,15 @@
 """Persistence: queue operations over SQLite (default) or PostgreSQL, chosen by URL."""
 
 from gpufleet.store._sql import SqlStore, normalize_url
-from gpufleet.store.rows import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.store.rows import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
 
-__all__ = ["AttemptRow", "JobRow", "LogRow", "SqlStore", "TokenRow", "WorkerRow", "normalize_url"]
+__all__ = [
+    "AttemptRow",
+    "AuditRow",
+    "JobRow",
+    "LogRow",
+    "SqlStore",
+    "TokenRow",
+    "WorkerRow",
+    "normalize_url",
+]

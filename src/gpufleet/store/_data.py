@@ -7,7 +7,7 @@ A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -43,10 +43,28 @@ class DataOps:
             row = conn.execute(select(t.blobs).where(t.blobs.c.sha256 == sha256)).first()
         return BlobRow.from_row(row) if row else None
 
-    def list_blobs(self, limit: int) -> list[BlobRow]:
+    def list_blobs(self, limit: int, pools: Sequence[str] | None = None) -> list[BlobRow]:
+        """The newest blobs (those ``pools`` may read; None: every blob)."""
         q = select(t.blobs).order_by(t.blobs.c.created_at.desc()).limit(limit)
+        if pools is not None:
+            readable = select(t.blob_pools.c.sha256).where(t.blob_pools.c.pool.in_(pools))
+            q = q.where(t.blobs.c.sha256.in_(readable))
         with self._read() as conn:
             return [BlobRow.from_row(r) for r in conn.execute(q).all()]
+
+    def grant_blobs(self, grants: Iterable[tuple[str, str]]) -> None:
+        """Let each (sha256, pool) pool read that blob (again: a no-op)."""
+        rows = [{"sha256": s, "pool": p} for s, p in sorted(set(grants))]
+        if rows:
+            stmt = self._insert(t.blob_pools).on_conflict_do_nothing()
+            with self._write() as conn:
+                conn.execute(stmt, rows)
+
+    def blob_readable(self, sha256: str, pools: Sequence[str]) -> bool:
+        c = t.blob_pools.c
+        q = select(c.sha256).where((c.sha256 == sha256) & c.pool.in_(pools)).limit(1)
+        with self._read() as conn:
+            return conn.execute(q).first() is not None
 
     def set_blob_archive(self, sha256: str, summary: dict[str, Any]) -> None:
         with self._write() as conn:

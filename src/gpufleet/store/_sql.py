@@ -32,12 +32,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus, WorkerStatus
 from gpufleet.store import schema as t
 from gpufleet.store._data import DataOps
-from gpufleet.store.rows import AttemptRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.store.rows import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
 from gpufleet.wire import JobSpecModel
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 CLAIM_PAGE = 4
 CHANNEL = "gpufleet_claimable"
+TOKENS_CHANGED = "tokens"  # a NOTIFY payload on CHANNEL: drop cached tokens
 _J = t.jobs.c
 # Hot-path statements are built once; SQLAlchemy then only binds parameters.
 _CLAIM_UPDATE = (
@@ -169,9 +170,22 @@ class SqlStore(DataOps):
             with self.engine.begin() as conn:
                 conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
 
-    def listen_claimable(self, on_notify: Callable[[], None], stop: threading.Event) -> None:
-        """Call ``on_notify`` for every NOTIFY from any replica until ``stop`` is set.
-        Blocks: run it in a thread. Reconnects after a lost connection."""
+    def publish_tokens_changed(self) -> None:
+        """Tell other server replicas that a token was rotated or revoked, so they drop
+        what they cached of tokens now rather than when their cache expires."""
+        if self.dialect == "postgresql":
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(f"NOTIFY {CHANNEL}, '{TOKENS_CHANGED}'")
+
+    def listen_claimable(
+        self,
+        on_notify: Callable[[], None],
+        stop: threading.Event,
+        on_tokens: Callable[[], None] | None = None,
+    ) -> None:
+        """Call ``on_notify`` for every NOTIFY from any replica (``on_tokens`` for a token
+        change) until ``stop`` is set. Blocks: run it in a thread. Reconnects after a lost
+        connection."""
         import psycopg
 
         conninfo = make_url(self.url).set(drivername="postgresql").render_as_string(False)
@@ -180,8 +194,12 @@ class SqlStore(DataOps):
                 with psycopg.connect(conninfo, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     while not stop.is_set():
-                        for _ in conn.notifies(timeout=0.5):
-                            on_notify()
+                        for note in conn.notifies(timeout=0.5):
+                            if note.payload == TOKENS_CHANGED:
+                                if on_tokens is not None:
+                                    on_tokens()
+                            else:
+                                on_notify()
             except psycopg.Error:
                 stop.wait(1.0)
 
@@ -274,27 +292,34 @@ class SqlStore(DataOps):
             row = conn.execute(select(t.jobs).where(t.jobs.c.id == job_id)).first()
         return JobRow.from_row(row) if row else None
 
-    def find_jobs_by_name(self, name: str, limit: int = 2) -> list[JobRow]:
+    def find_jobs_by_name(
+        self, name: str, limit: int = 2, pools: Sequence[str] | None = None
+    ) -> list[JobRow]:
+        """The newest ``limit`` jobs named ``name`` (of ``pools``; None: every pool)."""
+        q = select(t.jobs).where(t.jobs.c.name == name)
+        if pools is not None:
+            q = q.where(t.jobs.c.pool.in_(pools))
         with self._read() as conn:
-            rows = conn.execute(
-                select(t.jobs)
-                .where(t.jobs.c.name == name)
-                .order_by(t.jobs.c.created_at.desc())
-                .limit(limit)
-            ).all()
+            rows = conn.execute(q.order_by(t.jobs.c.created_at.desc()).limit(limit)).all()
         return [JobRow.from_row(r) for r in rows]
 
-    def list_jobs(self, statuses: Iterable[str] = (), limit: int = 1000) -> list[JobRow]:
-        """The newest ``limit`` jobs, oldest first."""
+    def list_jobs(
+        self, statuses: Iterable[str] = (), limit: int = 1000, pools: Sequence[str] | None = None
+    ) -> list[JobRow]:
+        """The newest ``limit`` jobs (of ``pools``; None: every pool), oldest first."""
         q = select(t.jobs).order_by(t.jobs.c.created_at.desc(), t.jobs.c.id.desc()).limit(limit)
         statuses = list(statuses)
         if statuses:
             q = q.where(t.jobs.c.status.in_(statuses))
+        if pools is not None:
+            q = q.where(t.jobs.c.pool.in_(pools))
         with self._read() as conn:
             return [JobRow.from_row(r) for r in reversed(conn.execute(q).all())]
 
-    def job_counts(self) -> dict[str, int]:
+    def job_counts(self, pools: Sequence[str] | None = None) -> dict[str, int]:
         q = select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
+        if pools is not None:
+            q = q.where(t.jobs.c.pool.in_(pools))
         with self._read() as conn:
             return {s: int(n) for s, n in conn.execute(q).all()}
 
@@ -406,13 +431,14 @@ class SqlStore(DataOps):
             conn.execute(update(t.attempts).where(where).values(**values))
 
     def extend_leases(
-        self, leases: Iterable[tuple[str, int]], expires: float
+        self, leases: Iterable[tuple[str, int]], expires: float, worker_id: str
     ) -> set[tuple[str, int]]:
-        """Push back the expiry of every valid lease; returns the leases still held."""
+        """Push back the expiry of every valid lease ``worker_id`` holds; returns those."""
         held: set[tuple[str, int]] = set()
         with self._write() as conn:
             for job_id, lease in leases:
-                stmt = update(t.jobs).where(self._lease_where(job_id, lease, ACTIVE))
+                where = self._lease_where(job_id, lease, ACTIVE) & (t.jobs.c.worker_id == worker_id)
+                stmt = update(t.jobs).where(where)
                 if conn.execute(stmt.values(lease_expires_at=expires)).rowcount == 1:
                     held.add((job_id, lease))
         return held
@@ -548,22 +574,39 @@ class SqlStore(DataOps):
             return worker_id
 
     def get_worker(self, worker_id: str) -> WorkerRow | None:
+        """A worker by id, else by name (an id wins over a name that looks like one)."""
         w = t.workers.c
         with self._read() as conn:
-            row = conn.execute(
-                select(t.workers).where((w.id == worker_id) | (w.name == worker_id))
-            ).first()
+            row = conn.execute(select(t.workers).where(w.id == worker_id)).first()
+            if row is None:
+                row = conn.execute(select(t.workers).where(w.name == worker_id)).first()
         return WorkerRow.from_row(row) if row else None
 
-    def list_workers(self) -> list[WorkerRow]:
+    def list_workers(self, pools: Sequence[str] | None = None) -> list[WorkerRow]:
+        """Workers by name (of ``pools``; None: every pool)."""
+        q = select(t.workers).order_by(t.workers.c.name)
+        if pools is not None:
+            q = q.where(t.workers.c.pool.in_(pools))
         with self._read() as conn:
-            rows = conn.execute(select(t.workers).order_by(t.workers.c.name)).all()
+            rows = conn.execute(q).all()
         return [WorkerRow.from_row(r) for r in rows]
 
     def update_worker(self, worker_id: str, **values: Any) -> bool:
         with self._write() as conn:
             res = conn.execute(
                 update(t.workers).where(t.workers.c.id == worker_id).values(**values)
+            )
+            return res.rowcount == 1
+
+    def bind_worker(self, worker_id: str, token_id: str) -> bool:
+        """Bind a worker not bound to any token yet (registered before tokens owned
+        workers) to ``token_id``; False if some token already holds it."""
+        w = t.workers.c
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.workers)
+                .where((w.id == worker_id) & w.token_id.is_(None))
+                .values(token_id=token_id)
             )
             return res.rowcount == 1
 
@@ -622,6 +665,35 @@ class SqlStore(DataOps):
                 .values(revoked_at=now)
             )
             return res.rowcount == 1
+
+    def get_token(self, token_id: str) -> TokenRow | None:
+        with self._read() as conn:
+            row = conn.execute(select(t.tokens).where(t.tokens.c.id == token_id)).first()
+        return TokenRow.from_row(row) if row else None
+
+    def rotate_token(self, token_id: str, digest: str, hint: str) -> bool:
+        """Give an active token a new secret; the old one stops matching at once."""
+        c = t.tokens.c
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.tokens)
+                .where((c.id == token_id) & c.revoked_at.is_(None))
+                .values(hash=digest, hint=hint)
+            )
+            return res.rowcount == 1
+
+    def insert_audit(self, rows: list[dict[str, Any]]) -> None:
+        """Append audit records, in one transaction."""
+        with self._write() as conn:
+            conn.execute(t.audit.insert(), rows)
+
+    def audit(self, since: float, limit: int, after: int = 0) -> list[AuditRow]:
+        """The first ``limit`` audit records at or after ``since`` and past sequence
+        number ``after``, oldest first: page on with the last one's ``seq``."""
+        a = t.audit.c
+        q = select(t.audit).where((a.at >= since) & (a.seq > after)).order_by(a.seq).limit(limit)
+        with self._read() as conn:
+            return [AuditRow.from_row(r) for r in conn.execute(q).all()]
 
     def count_tokens(self, role: str) -> int:
         c = t.tokens.c

@@ -94,6 +94,7 @@ class WorkerRow:
     gpu_stats: tuple[GpuInfo, ...]
     registered_at: float
     last_heartbeat: float | None
+    token_id: str | None = None
 
     @classmethod
     def from_row(cls, r: Any) -> WorkerRow:
@@ -113,6 +114,7 @@ class WorkerRow:
             ),
             registered_at=m["registered_at"],
             last_heartbeat=m["last_heartbeat"],
+            token_id=m["token_id"],
         )
 
 
@@ -125,6 +127,27 @@ class TokenRow(_Columns):
     hash: str
     created_at: float
     revoked_at: float | None
+    expires_at: float | None = None
+    hint: str = ""
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        """The pools the token is scoped to; empty: every pool (admin, operator)."""
+        return tuple(p for p in (self.pool or "").split(",") if p)
+
+
+@dataclass(frozen=True)
+class AuditRow(_Columns):
+    seq: int
+    at: float
+    token_id: str | None
+    token_name: str | None
+    role: str | None
+    address: str
+    method: str
+    path: str
+    status: int
+    target: str | None
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,8 @@ workers = Table(
     Column("gpu_stats", Text, nullable=False, default="[]"),
     Column("registered_at", Float, nullable=False),
     Column("last_heartbeat", Float),
+    # The token that enrolled the worker: only that token may act as this worker.
+    Column("token_id", String(64)),
 )
 
 hosts = Table(
@@ -124,6 +126,37 @@ tokens = Table(
     Column("hash", String(64), nullable=False, unique=True),
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float),
+    Column("expires_at", Float),
+    # The secret's first characters, so a leaked token can be told apart; never more.
+    Column("hint", String(16), nullable=False, default=""),
+)
+
+# Every state-changing call: who (token), from where, what (method, path, target), how it
+# ended (status). Denied calls are recorded too.
+audit = Table(
+    "audit",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("token_id", String(64)),
+    Column("token_name", String(200)),
+    Column("role", String(16)),
+    Column("address", String(64), nullable=False),
+    Column("method", String(8), nullable=False),
+    Column("path", String(2000), nullable=False),
+    Column("status", Integer, nullable=False),
+    Column("target", String(200)),
+)
+Index("ix_audit_at", audit.c.at)
+
+# Which pools may read a blob: those of the tokens that uploaded it (or proved they hold it
+# by sending its bytes), and of the jobs that use it as a package or left it as artifact.
+# Admin and operator tokens read every blob.
+blob_pools = Table(
+    "blob_pools",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("pool", String(200), primary_key=True),
 )
 
 # ---- the data plane ---------------------------------------------------------------------

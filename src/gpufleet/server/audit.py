@@ -1,0 +1,133 @@
+"""The audit log: every state-changing call, who made it, from where, and how it ended.
+
+An ASGI middleware around the app records each POST, PUT, PATCH and DELETE after its
+response is sent: the token (id, name, role; none when the call had no valid token),
+the client address, the method and path, the status, and the object the call created or
+changed when the route names it (``deps.note``). Refused calls (401, 403, 4xx) are
+recorded too: they are what an operator looks for after an incident.
+
+Not recorded, by design: the worker protocol's periodic calls that carry no decision
+(heartbeats, log batches, claim polls that found nothing). Their effects are in the job's
+attempts and logs; recording them would bury everything else.
+
+Records are written in batches, a quarter of a second after the first of a batch and at
+shutdown, in one transaction: a row per claim written on its own would halve claim
+throughput on SQLite's single writer. A server killed outright loses at most the last
+quarter second of records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpufleet.store import SqlStore
+
+log = logging.getLogger("gpufleet.audit")
+CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_PERIODIC = re.compile(r"^/v1/(workers/[^/]+/heartbeat|jobs/[^/]+/output)$")
+_CLAIM = re.compile(r"^/v1/workers/[^/]+/claim$")
+
+
+def _printable(text: str) -> str:
+    """A path as text a log or a database keeps: control characters (NUL, newlines)
+    escaped, so a crafted path can neither fail the insert nor forge a line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class AuditWriter:
+    """Collects audit records and writes them in batches, off the event loop."""
+
+    def __init__(self, store: SqlStore, delay: float = 0.25) -> None:
+        self.store = store
+        self.delay = delay
+        self._pending: list[dict[str, Any]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    def add(self, values: dict[str, Any]) -> None:
+        self._pending.append(values)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self.delay)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is pending now (shielded: a cancelled flush still writes)."""
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(self.store.insert_audit, batch)
+            except Exception:  # the calls happened; losing their records must not hide it
+                log.exception("could not write %d audit record(s)", len(batch))
+
+    async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            self._flusher.cancel()
+        await self.flush()
+
+
+class AuditLog:
+    def __init__(
+        self, app: ASGIApp, writer: AuditWriter, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.app = app
+        self.writer = writer
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in CHANGING:
+            await self.app(scope, receive, send)
+            return
+        if _PERIODIC.match(scope["path"]):  # recorded only when refused
+            await self.app(scope, receive, self._refusals(scope, send))
+            return
+        status = 500
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if status >= 400 or not (status == 204 and _CLAIM.match(scope["path"])):
+                self._record(scope, status)
+
+    def _refusals(self, scope: Scope, send: Send) -> Send:
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                self._record(scope, message["status"])
+            await send(message)
+
+        return watch
+
+    def _record(self, scope: Scope, status: int) -> None:
+        st: dict[str, Any] = scope.get("state") or {}
+        caller = st.get("caller")
+        token = caller.token if caller is not None else None
+        client = scope.get("client")
+        values = {
+            "at": self.clock(),
+            "token_id": token.id if token else None,
+            "token_name": token.name if token else None,
+            "role": token.role if token else None,
+            "address": str(client[0])[:64] if client else "-",
+            "method": scope["method"],
+            "path": _printable(scope["path"])[:2000],
+            "status": status,
+            "target": str(st["audit_target"])[:200] if "audit_target" in st else None,
+        }
+        self.writer.add(values)
