@@ -20,6 +20,8 @@ def _commands(group: Any, prefix: str) -> list[tuple[str, Any]]:
             continue
         path = f"{prefix} {name}"
         if hasattr(cmd, "list_commands"):
+            if getattr(cmd, "invoke_without_command", False):  # a command with subcommands
+                out.append((path, cmd))
             out += _commands(cmd, path)
         else:
             out.append((path, cmd))
