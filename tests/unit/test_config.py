@@ -81,7 +81,7 @@ def test_each_layer_beats_the_one_below(
     assert (r["lease_timeout"], r.sources["lease_timeout"]) == (5.0, "env GPUFLEET_LEASE_TIMEOUT")
     assert (r["heartbeat"], r.sources["heartbeat"]) == (4.0, f"file {cwd}")
     assert (r["labels"], r.sources["labels"]) == ("u=1", f"file {user}")
-    assert (r["pool"], r.sources["pool"]) == ("default", "default")
+    assert (r["pool"], r.sources["pool"]) == (None, "default")  # None: the token's pool
 
 
 def test_config_files_lowest_first_and_deduplicated(user_dir: Path, project: Path) -> None:

@@ -61,3 +61,27 @@ def test_slots_hand_out_gpus_and_cpu_and_take_them_back() -> None:
     assert slots.any_free() and slots.cpu_free == 1 and slots.gpus_free == {0, 1}
     live = (GpuInfo(0, "A", 1024, 100),)
     assert slots.free_gpus(live)[0].free_mib == 100
+
+
+def test_log_batches_stay_under_the_servers_body_limit() -> None:
+    from gpufleet.wire import LogLine
+    from gpufleet.worker.agent import MAX_BATCH, MAX_BATCH_CHARS, take_batch
+
+    big = [LogLine(stream="stdout", line="x" * 1_000_000) for _ in range(5)]
+    batch, rest = take_batch(big)
+    assert len(batch) == 2 and len(rest) == 3  # 2M characters, no more
+    assert sum(len(b.line) for b in batch) <= MAX_BATCH_CHARS
+    one = big[:1]
+    assert take_batch(one) == (one, [])
+    small = [LogLine(stream="stdout", line="y") for _ in range(MAX_BATCH + 7)]
+    batch, rest = take_batch(small)
+    assert len(batch) == MAX_BATCH and len(rest) == 7
+
+
+def test_the_workers_secrets_are_not_passed_to_jobs() -> None:
+    from gpufleet.worker.agent import is_secret_env
+
+    for name in ("GPUFLEET_TOKEN", "GPUFLEET_SHARE_TOKEN", "GPUFLEET_SESSION", "gpufleet_token"):
+        assert is_secret_env(name), name
+    for name in ("GPUFLEET_JOB_ID", "GPUFLEET_SERVER", "TOKENIZERS_PARALLELISM", "PATH"):
+        assert not is_secret_env(name), name

@@ -6,7 +6,8 @@ import json
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel
@@ -34,14 +35,20 @@ def setting_option(name: str, *flags: str, extra: str = "") -> Any:
     return typer.Option(*flag, help=setting_help(name, extra), show_default=False)
 
 
+CaOpt = Annotated[Path | None, setting_option("ca")]
+
+
 def resolve(**cli: Any) -> config.Resolved:
     return config.resolve(cli, only=list(cli) + (["token"] if "server" in cli else []))
 
 
-def client(server: str | None) -> Client:
-    settings = resolve(server=server)
+def client(server: str | None, ca: Path | None = None, token: str | None = None) -> Client:
+    """A client for the ``server`` setting, verifying an https:// server against the ``ca``
+    setting (flag, GPUFLEET_CA or a config file) when set. ``token`` (a session's) wins
+    over the configured one."""
+    settings = resolve(server=server, ca=ca)
     url = settings["server"]
-    return Client(url, config.token_for(url, settings))
+    return Client(url, token or config.token_for(url, settings), ca=settings["ca"])
 
 
 def print_json(data: Any) -> None:
@@ -70,6 +77,24 @@ def when(value: datetime | None) -> str:
     return value.astimezone().strftime("%H:%M:%S")
 
 
+def day(value: datetime | None) -> str:
+    """A date and time to the minute, local time; "-" for none."""
+    if value is None:
+        return "-"
+    return value.astimezone().strftime("%Y-%m-%d %H:%M")
+
+
+def age(value: datetime | None) -> str:
+    """How long ago: "4s", "3m", "2h", "5d"; "-" for never."""
+    if value is None:
+        return "-"
+    seconds = max(0.0, (datetime.now(UTC) - value).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:.0f}s"
+
+
 def duration(start: datetime | None, end: datetime | None) -> str:
     if start is None:
         return "-"
@@ -89,8 +114,10 @@ STATUS_STYLE = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",
-    "idle": "green",
+    "available": "green",
+    "reserved": "cyan",
     "busy": "blue",
+    "connecting": "yellow",
     "draining": "yellow",
     "offline": "red",
 }

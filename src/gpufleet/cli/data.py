@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.cli._common import client, err, out, print_json, setting_option, when
+from gpufleet.cli._common import CaOpt, client, err, out, print_json, setting_option, when
 from gpufleet.client import Client
 from gpufleet.client._transfer import Progress as Advance
 from gpufleet.domain.manifest import default_job_dest, split_dest
@@ -85,13 +85,14 @@ def os_error(exc: OSError, what: str) -> GpufleetError:
 def blobs_put(
     file: Annotated[Path, typer.Argument(help="The file to upload.")],
     server: ServerOpt = None,
+    ca: CaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Upload a file as a blob (skipped when the server has it); prints its SHA-256."""
     if not file.is_file():
         raise GpufleetError(f"{file}: no such file")
     size = file.stat().st_size
-    with client(server) as c, bars(as_json) as progress:
+    with client(server, ca) as c, bars(as_json) as progress:
         sha = file_sha256(file)
         sent = c.put_blob(file, sha, progress=bar(progress, f"upload {file.name}", size))
     if as_json:
@@ -107,10 +108,11 @@ def blobs_get(
     sha256: Annotated[str, typer.Argument(help="The blob's SHA-256.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write it.")],
     server: ServerOpt = None,
+    ca: CaOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Download a blob, verified by its hash; an interrupted download resumes."""
-    with client(server) as c, bars(quiet) as progress:
+    with client(server, ca) as c, bars(quiet) as progress:
         size = c.has_blob(sha256)
         if size is None:
             raise GpufleetError(f"the server has no blob {sha256}")
@@ -124,11 +126,12 @@ def blobs_get(
 @blobs_app.command("ls")
 def blobs_ls(
     server: ServerOpt = None,
+    ca: CaOpt = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many blobs.")] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
     """List blobs, newest first."""
-    with client(server) as c:
+    with client(server, ca) as c:
         rows = c.blobs(limit)
     if as_json:
         print_json(rows)
@@ -173,10 +176,11 @@ def download(
         typer.Option("--output", "-o", help="Folder to unpack into (default: ./JOB_ID)."),
     ] = None,
     server: ServerOpt = None,
+    ca: CaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Download a job's artifact (its outputs) and unpack it."""
-    with client(server) as c:
+    with client(server, ca) as c:
         dest = fetch_results(c, job, output, as_json)
         art = c.artifact(job)
     if as_json:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -12,8 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpufleet import config
+from gpufleet.cli import install
 from gpufleet.cli._common import (
+    CaOpt,
     client,
+    day,
     err,
     out,
     parse_pairs,
@@ -22,11 +28,12 @@ from gpufleet.cli._common import (
     setting_help,
     setting_option,
     styled,
-    when,
 )
-from gpufleet.errors import GpufleetError
-from gpufleet.wire import TokenCreate
+from gpufleet.cli.choose import worker_table
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.wire import TokenCreate, TokenCreated
 
+SHARE_TOKEN_ENV = "GPUFLEET_SHARE_TOKEN"
 ServerOpt = Annotated[str | None, setting_option("server")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 SimOpt = Annotated[str | None, setting_option("simulate_gpus", extra=', as "NAME:VRAM_GIB,..."')]
@@ -36,8 +43,9 @@ tokens_app = typer.Typer(help="Create, list and revoke tokens (admin).", no_args
 
 
 def register(app: typer.Typer) -> None:
-    for cmd in (server, worker, workers, drain, status, capability):
+    for cmd in (server, workers, drain, status, capability, audit):
         app.command()(cmd)
+    app.add_typer(install.worker_group(worker), name="worker")  # `worker` runs it, plus `install`
     app.add_typer(config_app, name="config")
     app.add_typer(tokens_app, name="tokens")
 
@@ -53,6 +61,8 @@ def server(
     prefer_cuda_grace: Annotated[float | None, setting_option("prefer_cuda_grace")] = None,
     retry_backoff: Annotated[float | None, setting_option("retry_backoff")] = None,
     max_blob_size: Annotated[str | None, setting_option("max_blob_size")] = None,
+    tls_cert: Annotated[Path | None, setting_option("tls_cert")] = None,
+    tls_key: Annotated[Path | None, setting_option("tls_key")] = None,
 ) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
     from gpufleet.server import QueueSettings, ServerOptions, serve
@@ -66,6 +76,8 @@ def server(
         prefer_cuda_grace=prefer_cuda_grace,
         retry_backoff=retry_backoff,
         max_blob_size=max_blob_size,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     queue = QueueSettings(
         lease_timeout=s["lease_timeout"],
@@ -80,6 +92,8 @@ def server(
             db=s["db"],
             queue=queue,
             max_blob_size=s["max_blob_size"],
+            tls_cert=s["tls_cert"],
+            tls_key=s["tls_key"],
         )
     )
 
@@ -105,8 +119,19 @@ def worker(
     cache_dir: Annotated[Path | None, setting_option("cache_dir")] = None,
     cache_size: Annotated[str | None, setting_option("cache_size")] = None,
     mount: Annotated[list[str] | None, setting_option("mount", extra="; repeatable")] = None,
+    ca: CaOpt = None,
+    share_token: Annotated[
+        bool,
+        typer.Option(
+            "--share-token",
+            help="Put the submit token in GPUFLEET_SHARE_TOKEN (a submitter token of this "
+            "worker's pool only) into the session string the worker prints, so whoever gets "
+            "the string can send jobs here. Off a terminal the string goes to a 0600 file.",
+        ),
+    ] = False,
 ) -> None:
-    """Run a worker: detect this machine, claim jobs that fit, run them, report back."""
+    """Run a worker: detect this machine, claim jobs that fit, run them, report back.
+    It prints a session string; `gpufleet submit --session STRING` sends a job to it."""
     from gpufleet.worker.agent import WorkerOptions, run_worker
     from gpufleet.worker.capability import detect
 
@@ -124,6 +149,7 @@ def worker(
         cache_dir=cache_dir,
         cache_size=cache_size,
         mount=",".join(mount) if mount else None,
+        ca=ca,
     )
     cap = detect(simulate=s["simulate_gpus"])
     mounts = tuple(str(Path(m).expanduser().resolve()) for m in s["mount"].split(",") if m.strip())
@@ -144,48 +170,116 @@ def worker(
         cache_dir=s["cache_dir"],
         cache_size=s["cache_size"],
         mounts=mounts,
+        ca=s["ca"],
+        share_token=_share_token() if share_token else None,
     )
     raise typer.Exit(run_worker(opts, cap))
 
 
-def workers(server: ServerOpt = None, as_json: JsonOpt = False) -> None:
-    """List workers: status, slots, GPUs, last heartbeat."""
-    with client(server) as c:
-        rows = c.workers()
+def _share_token() -> str:
+    token = os.environ.get(SHARE_TOKEN_ENV, "").strip()
+    if not token:
+        raise ConfigError(
+            f"--share-token: set {SHARE_TOKEN_ENV} to a submitter token of this worker's pool "
+            "(gpufleet tokens create --role submitter --pool POOL); tokens are never taken "
+            "from the command line"
+        )
+    return token
+
+
+def workers(
+    pool: Annotated[str | None, typer.Option(help="Only this pool's workers.")] = None,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List workers: status (available, reserved, busy, draining, offline), host, GPUs with
+    free/total memory, running jobs, heartbeat age."""
+    with client(server, ca) as c:
+        rows = c.workers(pool)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        err.print("no workers" + (f" in pool {pool!r}" if pool else ""))
+        return
+    out.print(worker_table(rows))
+
+
+def audit(
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="Only calls since then: a duration back from now (30m, 2h, 7d) or a date "
+            "and time (2026-11-23, 2026-11-23T09:00)."
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, oldest first.", min=1)] = 1000,
+    after: Annotated[int, typer.Option(help="Only records past this SEQ (to page on).", min=0)] = 0,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The audit log: every state-changing call, who made it, from where, and how it ended
+    (admin, operator)."""
+    start = parse_since(since) if since else None
+    with client(server, ca) as c:
+        rows = c.audit(start, limit, after)
     if as_json:
         print_json(rows)
         return
     table = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "STATUS", "SLOTS", "GPUS", "RUNNING", "HEARTBEAT"):
+    for col in ("SEQ", "WHEN", "WHO", "ROLE", "FROM", "CALL", "STATUS", "TARGET"):
         table.add_column(col)
-    for w in rows:
-        sim = " (simulated)" if w.gpus_simulated else ""
-        gpus = escape(", ".join(f"{g.name} {g.total_mib / 1024:.0f}GiB" for g in w.gpus) or "-")
+    for a in rows:
+        who = f"{a.token_name} ({a.token_id})" if a.token_id else "-"
         table.add_row(
-            w.id,
-            escape(w.name),
-            styled(w.status),
-            f"{w.slots['cpu']} cpu + {w.slots['gpu']} gpu",
-            gpus + sim,
-            str(len(w.running)),
-            when(w.last_heartbeat),
+            str(a.seq),
+            a.at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+            escape(who),
+            a.role or "-",
+            escape(a.address),
+            escape(f"{a.method} {a.path}"),
+            str(a.status),
+            escape(a.target or "-"),
         )
     out.print(table)
+    if len(rows) == limit:
+        err.print(f"more records follow: gpufleet audit --after {rows[-1].seq}")
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``30m``, ``2h``, ``7d``, ``45s`` back from ``now``, or an ISO date/time (local time
+    unless it names a zone). ConfigError naming the flag otherwise."""
+    now = now or datetime.now(UTC)
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip()
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return now - timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"--since {text!r}: expected a duration like 30m, 2h or 7d, or a date like "
+            "2026-11-23 or 2026-11-23T09:00"
+        ) from None
+    return when if when.tzinfo else when.astimezone()
 
 
 def drain(
     worker_ref: Annotated[str, typer.Argument(metavar="WORKER", help="Worker id or name.")],
     server: ServerOpt = None,
+    ca: CaOpt = None,
 ) -> None:
     """Stop giving a worker jobs; it finishes what it runs, then exits."""
-    with client(server) as c:
+    with client(server, ca) as c:
         w = c.drain(worker_ref)
     out.print(f"{escape(w.name)} ({w.id}): {styled(w.status)}")
 
 
-def status(server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+def status(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
     """A summary of the fleet: jobs by status, workers by status, slots."""
-    with client(server) as c:
+    with client(server, ca) as c:
         s = c.status()
     if as_json:
         print_json(s)
@@ -226,48 +320,104 @@ def config_show(as_json: JsonOpt = False) -> None:
     out.print(table)
 
 
+def _enroll_hint(server: str, pool: str, name: str) -> str:
+    """The commands that enroll a machine with a new worker token (the token is pasted at a
+    prompt into the environment, so it is in no argv and no shell history)."""
+    return (
+        "To enroll a machine as a worker of pool "
+        f"{pool!r}, run there and paste the token at the prompt:\n"
+        "  read -rs GPUFLEET_TOKEN && export GPUFLEET_TOKEN\n"
+        f"  gpufleet worker --server {shlex.quote(server)} --pool {shlex.quote(pool)} "
+        f"--name {shlex.quote(name)}\n"
+        "or, for a worker that starts with the machine: gpufleet worker install --systemd"
+    )
+
+
+def _show_secret(t: TokenCreated, server: str, what: str) -> None:
+    """The secret alone on stdout (for scripts), everything else on stderr."""
+    scope = f", pool {', '.join(t.pools)}" if t.pools else ""
+    expires = f", expires {t.expires_at:%Y-%m-%d %H:%M} UTC" if t.expires_at else ""
+    err.print(f"token {t.id} ({t.role}{scope}{expires}) {what}; the secret is shown once:")
+    print(t.token, flush=True)
+    if t.role == "worker":
+        err.print(escape(_enroll_hint(server, t.pools[0], t.name)))
+
+
 @tokens_app.command("create")
 def tokens_create(
     name: Annotated[str, typer.Option(help="A label for the token, e.g. the machine it is for.")],
     role: Annotated[str, typer.Option(help="admin, operator, submitter or worker.")] = "worker",
-    pool: Annotated[str | None, typer.Option(help="Pool the token is scoped to.")] = None,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Pool the token is scoped to (repeatable for a submitter; a worker token "
+            "has exactly one; default: 'default'). Admin and operator tokens see every pool."
+        ),
+    ] = None,
+    expires: Annotated[
+        float | None, typer.Option(help="Days until the token stops working (default: never).")
+    ] = None,
     server: ServerOpt = None,
+    ca: CaOpt = None,
 ) -> None:
-    """Create a token and print its secret once (the server keeps only its hash)."""
-    with client(server) as c:
-        t = c.create_token(TokenCreate(name=name, role=role, pool=pool))
-    err.print(f"token {t.id} ({t.role}) created; the secret is shown once:")
-    print(t.token)
+    """Create a token and print its secret once (the server keeps only its hash); for a
+    worker token, also the command that enrolls a machine."""
+    body = TokenCreate(name=name, role=role, pools=pool or [], expires_days=expires)
+    with client(server, ca) as c:
+        t = c.create_token(body)
+        url = c.server
+    _show_secret(t, url, "created")
 
 
-@tokens_app.command("list")
-def tokens_list(server: ServerOpt = None, as_json: JsonOpt = False) -> None:
-    """List tokens (never their secrets)."""
-    with client(server) as c:
+@tokens_app.command("ls")
+def tokens_list(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """List tokens: id, name, role, pools, the secret's first characters, dates (never a
+    secret)."""
+    with client(server, ca) as c:
         rows = c.tokens()
     if as_json:
         print_json(rows)
         return
     table = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "ROLE", "POOL", "CREATED", "REVOKED"):
+    for col in ("ID", "NAME", "ROLE", "POOLS", "STARTS", "CREATED", "EXPIRES", "REVOKED"):
         table.add_column(col)
     for t in rows:
         table.add_row(
             t.id,
             escape(t.name),
             t.role,
-            escape(t.pool or "-"),
-            when(t.created_at),
-            when(t.revoked_at),
+            escape(",".join(t.pools) or "(all)"),
+            escape(t.hint),
+            day(t.created_at),
+            day(t.expires_at),
+            day(t.revoked_at),
         )
     out.print(table)
 
 
+tokens_app.command("list", hidden=True)(tokens_list)
+
+
+@tokens_app.command("rotate")
+def tokens_rotate(
+    token_id: Annotated[str, typer.Argument(help="Token id.")],
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+) -> None:
+    """Give a token a new secret (same id, role and pools); the old secret fails at once."""
+    with client(server, ca) as c:
+        t = c.rotate_token(token_id)
+        url = c.server
+    _show_secret(t, url, "rotated")
+
+
 @tokens_app.command("revoke")
 def tokens_revoke(
-    token_id: Annotated[str, typer.Argument(help="Token id.")], server: ServerOpt = None
+    token_id: Annotated[str, typer.Argument(help="Token id.")],
+    server: ServerOpt = None,
+    ca: CaOpt = None,
 ) -> None:
-    """Revoke a token at once."""
-    with client(server) as c:
+    """Revoke a token at once; workers it enrolled go offline and their jobs are requeued."""
+    with client(server, ca) as c:
         c.revoke_token(token_id)
     out.print(f"{token_id}: revoked")

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.cli._common import (
+    CaOpt,
     client,
     duration,
     err,
@@ -23,11 +24,13 @@ from gpufleet.cli._common import (
     styled,
     when,
 )
+from gpufleet.cli.choose import auto_select as auto_select_worker
+from gpufleet.cli.choose import interactive_select, read_session, session_token
 from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
 from gpufleet.client import Client
 from gpufleet.domain.manifest import parse_manifest
 from gpufleet.domain.models import InputKind
-from gpufleet.errors import ManifestError, NotFound
+from gpufleet.errors import ConfigError, ManifestError, NotFound
 from gpufleet.wire import (
     HostModel,
     InputModel,
@@ -54,6 +57,7 @@ def submit(
         typer.Argument(help="The command, after `--`: gpufleet submit -- python train.py"),
     ],
     server: ServerOpt = None,
+    ca: CaOpt = None,
     name: Annotated[
         str | None, typer.Option(help="Job name (default: the command's first words).")
     ] = None,
@@ -85,8 +89,48 @@ def submit(
         float | None, typer.Option(min=0.001, help="Seconds before the job is killed.")
     ] = None,
     worker: Annotated[
-        str | None, typer.Option(help="Run only on this worker (id or name).")
+        str | None,
+        typer.Option(
+            help="Run on this worker (id or name); refused if it is busy, unless --queue."
+        ),
     ] = None,
+    auto_select: Annotated[
+        bool,
+        typer.Option(
+            "--auto-select",
+            help="Run on the worker that can start the job now with the most free GPU memory.",
+        ),
+    ] = False,
+    select: Annotated[
+        bool,
+        typer.Option(
+            "--select",
+            help="Pick the worker from a numbered list of those that can start the job now "
+            "(r refreshes it).",
+        ),
+    ] = False,
+    session: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on the worker whose session string this is (what it printed at start), "
+            "or @FILE holding it; one that holds a token only as @FILE or GPUFLEET_SESSION.",
+        ),
+    ] = None,
+    min_gpu_memory: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            metavar="MB",
+            help="Needs a GPU with at least this much free memory, MiB (also filters "
+            "--auto-select and --select).",
+        ),
+    ] = 0,
+    queue: Annotated[
+        bool,
+        typer.Option(
+            "--queue", help="With a chosen worker that is busy: wait for it instead of refusing."
+        ),
+    ] = False,
     shell: Annotated[
         bool, typer.Option("--shell", help="Run the command through /bin/sh -c.")
     ] = False,
@@ -119,25 +163,62 @@ def submit(
         Path | None,
         typer.Option(help="With --wait: where to unpack the results (default: ./JOB_ID)."),
     ] = None,
-    pool: Annotated[str, typer.Option(help="Pool the job runs in.")] = "default",
+    pool: Annotated[
+        str | None,
+        typer.Option(help="Pool the job runs in (default: 'default', or the token's only pool)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Queue one job. Prints the job id alone on the last line (with --wait: follows it,
     downloads its results, and exits non-zero unless it succeeded)."""
+    chosen = [
+        f
+        for f, on in (
+            ("--worker", worker),
+            ("--auto-select", auto_select),
+            ("--select", select),
+            ("--session", session),
+        )
+        if on
+    ]
+    if len(chosen) > 1:
+        raise ConfigError(f"{' and '.join(chosen)}: choose the worker one way only")
+    target = read_session(session)
+    if target is not None:
+        if pool is not None and pool != target.pool:
+            raise ConfigError(f"--pool {pool}: the session's worker is in pool {target.pool!r}")
+        server, pool, worker = target.server, target.pool, target.worker
     requirements = RequirementsModel(
-        require_cuda=require_cuda or gpus > 0,
+        require_cuda=require_cuda or gpus > 0 or min_gpu_memory > 0,
         prefer_cuda=prefer_cuda,
         gpu_count=gpus,
-        min_vram_gib=min_vram_gib,
+        min_vram_gib=max(min_vram_gib, min_gpu_memory / 1024),
         min_ram_gib=min_ram_gib,
         gpu_name=gpu_name,
         labels=parse_pairs(label or [], "--label"),
         allowed_hosts=host or [],
         worker=worker,
     )
-    with client(server) as c:
+    token = session_token(target) if target is not None else None
+    with client(server, ca, token=token) as c:
         inputs = job_inputs(input or [])  # checked before anything is uploaded
-        inputs = package_inputs(c, package or [], pool, as_json) + inputs
+        if auto_select or select:
+            probe = JobSpecModel(
+                name=name or default_name(command),
+                command=command,
+                requirements=requirements,
+                pool=pool,
+            )
+            pick = auto_select_worker(c, probe) if auto_select else interactive_select(c, probe)
+            free = f"{pick.free_gpu_mib / 1024:.1f} GiB GPU memory free"
+            err.print(f"worker {escape(pick.worker.name)} ({pick.worker.id}, {free}) chosen")
+            requirements = requirements.model_copy(update={"worker": pick.worker.id})
+        if package and pool is None:
+            me = c.whoami()
+            mounts_pool = "default" if not me.pools or "default" in me.pools else me.pools[0]
+        else:
+            mounts_pool = pool or "default"
+        inputs = package_inputs(c, package or [], mounts_pool, as_json) + inputs
         spec = JobSpecModel(
             name=name or default_name(command),
             command=[" ".join(command)] if shell else command,
@@ -151,7 +232,7 @@ def submit(
             inputs=inputs,
             outputs=output or ["outputs"],
         )
-        result = c.submit(spec)
+        result = c.submit(spec, queue=queue)
         if result.warning:
             err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
         if as_json and not wait:
@@ -219,10 +300,11 @@ def load_plan(file: Path, c: Client, quiet: bool) -> ManifestApply:
 def apply(
     file: Annotated[Path, typer.Argument(help="The manifest (TOML).")],
     server: ServerOpt = None,
+    ca: CaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Apply a manifest: new jobs are queued, existing ones keep their status."""
-    with client(server) as c:
+    with client(server, ca) as c:
         plan = load_plan(file, c, as_json)
         result = c.apply(plan)
     if as_json:
@@ -276,6 +358,7 @@ def job_table(rows: list[JobOut]) -> Table:
 
 def jobs(
     server: ServerOpt = None,
+    ca: CaOpt = None,
     status: Annotated[
         str | None, typer.Option(help="Only these statuses, comma-separated.")
     ] = None,
@@ -283,7 +366,7 @@ def jobs(
     as_json: JsonOpt = False,
 ) -> None:
     """List jobs, oldest first."""
-    with client(server) as c:
+    with client(server, ca) as c:
         rows = c.jobs(status, limit)
     if as_json:
         print_json(rows)
@@ -291,9 +374,9 @@ def jobs(
         out.print(job_table(rows))
 
 
-def show(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+def show(job: JobArg, server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
     """Show one job: spec, state, and every attempt."""
-    with client(server) as c:
+    with client(server, ca) as c:
         d = c.job(job)
     if as_json:
         print_json(d)
@@ -320,13 +403,14 @@ def show(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> Non
 def logs(
     job: JobArg,
     server: ServerOpt = None,
+    ca: CaOpt = None,
     follow_: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Print a job's output (stdout and stderr)."""
-    with client(server) as c:
+    with client(server, ca) as c:
         follow(c, job, as_json, keep_going=follow_)
 
 
@@ -350,23 +434,23 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
         time.sleep(0.5)
 
 
-def cancel(job: JobArg, server: ServerOpt = None) -> None:
+def cancel(job: JobArg, server: ServerOpt = None, ca: CaOpt = None) -> None:
     """Cancel a job; a running one is killed with its whole process group."""
-    with client(server) as c:
+    with client(server, ca) as c:
         j = c.cancel(job)
     out.print(f"{j.id}: {styled(j.status)}")
 
 
-def requeue(job: JobArg, server: ServerOpt = None) -> None:
+def requeue(job: JobArg, server: ServerOpt = None, ca: CaOpt = None) -> None:
     """Queue a failed or cancelled job again, with a fresh attempt budget."""
-    with client(server) as c:
+    with client(server, ca) as c:
         j = c.requeue(job)
     out.print(f"{j.id}: {styled(j.status)}")
 
 
-def why(job: JobArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+def why(job: JobArg, server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
     """Why a job waits: for every worker, the constraint that keeps it from taking it."""
-    with client(server) as c:
+    with client(server, ca) as c:
         w = c.why(job)
     if as_json:
         print_json(w)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ssl
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -13,12 +14,16 @@ import httpx
 from gpufleet.client import _ops as ops
 from gpufleet.client._api import Call, headers, raise_for, unreachable
 from gpufleet.client._direct import Direct, proxied
+from gpufleet.client._tls import CaPath
+from gpufleet.client._tls import context as tls_context
 from gpufleet.client._transfer import Progress, Sent, Transfers
 from gpufleet.wire import (
     ApplyResult,
     ArtifactAttach,
     ArtifactOut,
+    AuditOut,
     BlobOut,
+    Candidate,
     ClaimRequest,
     FinishRequest,
     HeartbeatRequest,
@@ -37,6 +42,7 @@ from gpufleet.wire import (
     TokenCreate,
     TokenCreated,
     TokenOut,
+    WhoAmI,
     WhyOut,
     WorkerOut,
     WorkerRegister,
@@ -52,24 +58,31 @@ def _quiet(_: int) -> None:
 DEFAULT_TIMEOUT = 30.0
 
 
+def _verify(tls: ssl.SSLContext | None) -> ssl.SSLContext:
+    # A plain-http server never uses it: a bare context costs nothing, httpx's default
+    # would load the CA bundle.
+    return tls or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 class Client:
     """A blocking client for the gpufleet API.
 
+    An ``https://`` server's certificate is verified against the default trust store, or
+    only against the CA certificates in the PEM file ``ca`` when given.
     Errors raise :class:`gpufleet.errors.GpufleetError` subclasses."""
 
     def __init__(
-        self, server: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT
+        self,
+        server: str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        ca: CaPath | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         # One TLS context for both HTTP paths (httpx, and blob downloads over http.client).
-        # A plain-http server never uses it: skip loading the CA bundle (0.1 s of every start).
-        https = self.server.startswith("https:")
-        tls = httpx.create_ssl_context() if https else None
+        tls = tls_context(self.server, ca)
         self._http = httpx.Client(
-            base_url=self.server,
-            headers=headers(token),
-            timeout=timeout,
-            verify=tls or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
+            base_url=self.server, headers=headers(token), timeout=timeout, verify=_verify(tls)
         )
         direct = (
             None if proxied(self.server) else Direct(self.server, self._http.headers, timeout, tls)
@@ -96,8 +109,13 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self.call(ops.health())
 
-    def submit(self, spec: JobSpecModel) -> SubmitResult:
-        return self.call(ops.submit(spec))
+    def submit(self, spec: JobSpecModel, queue: bool = False) -> SubmitResult:
+        """Queue a job. A job aimed at a worker that cannot take it now is refused (409)
+        unless ``queue``."""
+        return self.call(ops.submit(spec, queue))
+
+    def whoami(self) -> WhoAmI:
+        return self.call(ops.whoami())
 
     def jobs(self, status: str | None = None, limit: int = 1000) -> list[JobOut]:
         return self.call(ops.jobs(status, limit))
@@ -120,8 +138,13 @@ class Client:
     def apply(self, plan: ManifestApply) -> ApplyResult:
         return self.call(ops.apply(plan))
 
-    def workers(self) -> list[WorkerOut]:
-        return self.call(ops.workers())
+    def workers(self, pool: str | None = None) -> list[WorkerOut]:
+        return self.call(ops.workers(pool))
+
+    def select(self, spec: JobSpecModel) -> list[Candidate]:
+        """The workers that could take ``spec`` now (most free GPU memory first), then
+        the others with their reason."""
+        return self.call(ops.select(spec))
 
     def drain(self, ref: str) -> WorkerOut:
         return self.call(ops.drain(ref))
@@ -137,6 +160,16 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         self.call(ops.revoke_token(token_id))
+
+    def rotate_token(self, token_id: str) -> TokenCreated:
+        return self.call(ops.rotate_token(token_id))
+
+    def audit(
+        self, since: datetime | None = None, limit: int = 1000, after: int = 0
+    ) -> list[AuditOut]:
+        """Audit records since ``since``, oldest first, ``limit`` at a time; page on with
+        ``after`` = the last record's ``seq``."""
+        return self.call(ops.audit(since, limit, after))
 
     # ---- blobs and artifacts -----------------------------------------------------------
 
@@ -188,15 +221,23 @@ class Client:
 
 
 class AsyncClient:
-    """The same API for asyncio code (the worker agent)."""
+    """The same API for asyncio code (the worker agent); ``ca`` as for :class:`Client`."""
 
     def __init__(
-        self, server: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT
+        self,
+        server: str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        ca: CaPath | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
         self._http = httpx.AsyncClient(
-            base_url=self.server, headers=headers(token), timeout=timeout, limits=limits
+            base_url=self.server,
+            headers=headers(token),
+            timeout=timeout,
+            limits=limits,
+            verify=_verify(tls_context(self.server, ca)),
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -242,8 +283,11 @@ class AsyncClient:
     async def attach_artifact(self, job_id: str, body: ArtifactAttach) -> None:
         await self.call(ops.attach_artifact(job_id, body))
 
-    async def submit(self, spec: JobSpecModel) -> SubmitResult:
-        return await self.call(ops.submit(spec))
+    async def submit(self, spec: JobSpecModel, queue: bool = False) -> SubmitResult:
+        return await self.call(ops.submit(spec, queue))
+
+    async def whoami(self) -> WhoAmI:
+        return await self.call(ops.whoami())
 
     async def job(self, ref: str) -> JobDetail:
         return await self.call(ops.job(ref))

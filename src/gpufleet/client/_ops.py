@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -10,7 +11,9 @@ from gpufleet.wire import (
     ApplyResult,
     ArtifactAttach,
     ArtifactOut,
+    AuditOut,
     BlobOut,
+    Candidate,
     ClaimRequest,
     FinishRequest,
     HeartbeatRequest,
@@ -23,12 +26,14 @@ from gpufleet.wire import (
     LogsOut,
     ManifestApply,
     ReleaseRequest,
+    SelectRequest,
     StartRequest,
     StatusOut,
     SubmitResult,
     TokenCreate,
     TokenCreated,
     TokenOut,
+    WhoAmI,
     WhyOut,
     WorkerOut,
     WorkerRegister,
@@ -43,8 +48,13 @@ def health() -> Call[dict[str, Any]]:
     return Call("GET", "/v1/health", model(dict[str, Any]))
 
 
-def submit(spec: JobSpecModel) -> Call[SubmitResult]:
-    return Call("POST", "/v1/jobs", model(SubmitResult), body=spec)
+def submit(spec: JobSpecModel, queue: bool = False) -> Call[SubmitResult]:
+    params: dict[str, Any] = {"queue": "true"} if queue else {}
+    return Call("POST", "/v1/jobs", model(SubmitResult), body=spec, params=params)
+
+
+def whoami() -> Call[WhoAmI]:
+    return Call("GET", "/v1/whoami", model(WhoAmI))
 
 
 def jobs(status: str | None, limit: int) -> Call[list[JobOut]]:
@@ -79,8 +89,13 @@ def apply(plan: ManifestApply) -> Call[ApplyResult]:
     return Call("POST", "/v1/manifests", model(ApplyResult), body=plan)
 
 
-def workers() -> Call[list[WorkerOut]]:
-    return Call("GET", "/v1/workers", model(list[WorkerOut]))
+def workers(pool: str | None = None) -> Call[list[WorkerOut]]:
+    params: dict[str, Any] = {"pool": pool} if pool else {}
+    return Call("GET", "/v1/workers", model(list[WorkerOut]), params=params)
+
+
+def select(spec: JobSpecModel) -> Call[list[Candidate]]:
+    return Call("POST", "/v1/workers/select", model(list[Candidate]), body=SelectRequest(spec=spec))
 
 
 def drain(ref: str) -> Call[WorkerOut]:
@@ -101,6 +116,17 @@ def tokens() -> Call[list[TokenOut]]:
 
 def revoke_token(token_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/tokens/{_q(token_id)}", nothing)
+
+
+def rotate_token(token_id: str) -> Call[TokenCreated]:
+    return Call("POST", f"/v1/tokens/{_q(token_id)}/rotate", model(TokenCreated))
+
+
+def audit(since: datetime | None, limit: int, after: int = 0) -> Call[list[AuditOut]]:
+    params: dict[str, Any] = {"limit": limit, "after": after}
+    if since is not None:
+        params["since"] = since.isoformat()
+    return Call("GET", "/v1/audit", model(list[AuditOut]), params=params)
 
 
 def register(body: WorkerRegister) -> Call[WorkerOut]:

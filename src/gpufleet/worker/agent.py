@@ -21,8 +21,17 @@ from typing import Any, TypeVar
 
 from gpufleet import archive
 from gpufleet.client import AsyncClient, Client
+from gpufleet.client.session import Session
 from gpufleet.domain.models import DEFAULT_OUTPUTS, Capability
-from gpufleet.errors import Conflict, GpufleetError, NotFound, ServerUnavailable
+from gpufleet.errors import (
+    ConfigError,
+    Conflict,
+    Forbidden,
+    GpufleetError,
+    NotFound,
+    ServerUnavailable,
+    Unauthorized,
+)
 from gpufleet.wire import (
     ArtifactAttach,
     CapabilityModel,
@@ -36,6 +45,7 @@ from gpufleet.wire import (
     LogLine,
     ReleaseRequest,
     StartRequest,
+    WhoAmI,
     WorkerRegister,
 )
 from gpufleet.worker.cache import BlobCache, remove_leftovers
@@ -53,6 +63,8 @@ from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
 T = TypeVar("T")
 FLUSH_SECONDS = 1.0
 MAX_BATCH = 5000
+# Characters of output in one log request: JSON-escaped, well under the server's body limit.
+MAX_BATCH_CHARS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -66,11 +78,14 @@ class WorkerOptions:
     heartbeat: float
     work_dir: Path
     drain_grace: float
-    pool: str = "default"
+    pool: str | None = None  # None: the token's pool
     claim_wait: float = 25.0
     cache_dir: Path | None = None  # default: WORK_DIR/cache
     cache_size: int = 50 << 30
     mounts: tuple[str, ...] = ()
+    ca: Path | None = None  # PEM CA file an https:// server's certificate must chain to
+    # A submitter token of this worker's pool, put in the session string (--share-token).
+    share_token: str | None = None
 
 
 @dataclass
@@ -82,6 +97,24 @@ class Running:
     killing: bool = False
 
 
+def take_batch(lines: list[LogLine]) -> tuple[list[LogLine], list[LogLine]]:
+    """The next log batch (at least one line; at most MAX_BATCH lines and, past the first,
+    MAX_BATCH_CHARS characters) and what is left."""
+    size = 0
+    for n, line in enumerate(lines[:MAX_BATCH]):
+        size += len(line.line)
+        if n and size > MAX_BATCH_CHARS:
+            return lines[:n], lines[n:]
+    return lines[:MAX_BATCH], lines[MAX_BATCH:]
+
+
+def is_secret_env(name: str) -> bool:
+    """Whether an environment variable of the worker holds a secret job code must not
+    see: its token, a share token, a session string, a token file's path."""
+    upper = name.upper()
+    return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
+
+
 def say(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
@@ -90,10 +123,10 @@ class Agent:
     def __init__(self, opts: WorkerOptions, capability: Capability) -> None:
         self.opts = opts
         self.capability = replace(capability, mounts=opts.mounts)
-        self.client = AsyncClient(opts.server, opts.token)
+        self.client = AsyncClient(opts.server, opts.token, ca=opts.ca)
         # Bulk transfers run the blocking client in threads: one code path for the SDK,
         # the CLI and the worker.
-        self.data = Client(opts.server, opts.token, timeout=120.0)
+        self.data = Client(opts.server, opts.token, timeout=120.0, ca=opts.ca)
         cache = BlobCache(
             opts.cache_dir or opts.work_dir / "cache", opts.cache_size, self.data.get_blob
         )
@@ -106,6 +139,8 @@ class Agent:
         self.running: dict[tuple[str, int], Running] = {}
         self.lease_timeout: float | None = None
         self.worker_id = ""
+        self.announced = False
+        self.locked_out = False
         self.draining = False
         self.drain_deadline: float | None = None
         self.claimed_once = False
@@ -136,6 +171,9 @@ class Agent:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.locked_out:
+                say(f"worker {self.opts.name} stopped: its token was refused")
+                return 1
             await self.send_heartbeat()
             say(f"worker {self.opts.name} drained; exiting")
             return 0
@@ -159,6 +197,14 @@ class Agent:
             deadline = time.monotonic() + grace
             self.drain_deadline = min(deadline, self.drain_deadline or deadline)
         self.slots.changed.set()
+
+    def lock_out(self, exc: GpufleetError) -> None:
+        """The server no longer accepts this worker's token (revoked, expired, or the name
+        taken by another token): its jobs are requeued there, so stop them here, now."""
+        if not self.locked_out:
+            say(f"the server refused this worker's token ({exc.message}); stopping its jobs")
+        self.locked_out = True
+        self.begin_drain(0.0, "token refused")
 
     def shutdown_overdue(self) -> bool:
         """Draining past its deadline (plus 10 s to report): stop waiting for the server."""
@@ -218,10 +264,43 @@ class Agent:
             f"{g.index}:{g.name} {g.total_gib:.0f}GiB{sim}" for g in self.capability.gpus
         )
         say(
-            f"worker {out.name} ({out.id}) registered with {self.opts.server}; "
-            f"slots: {self.opts.cpu_slots} CPU, "
+            f"worker {out.name} ({out.id}) registered with {self.opts.server} in pool "
+            f"{out.pool}; slots: {self.opts.cpu_slots} CPU, "
             f"{len(self.capability.gpus)} GPU ({gpus or 'no GPU'})"
         )
+        if not self.announced:
+            self.announced = True
+            await self.announce(out.id, out.pool)
+
+    async def announce(self, worker_id: str, pool: str) -> None:
+        """Print the session string that sends a user's jobs to this worker. One with a
+        token in it is a secret: it goes to the terminal only, else to a file only the
+        worker's user can read."""
+        token = None
+        if self.opts.share_token:
+            token = self.opts.share_token
+            me = await self.retrying("check the share token", lambda: self.share_check())
+            if me.role != "submitter" or me.pools != [pool]:
+                scope = ", ".join(me.pools) or "every pool"
+                raise ConfigError(
+                    f"--share-token: GPUFLEET_SHARE_TOKEN must be a submitter token of pool "
+                    f"{pool!r} only; it is a {me.role} token of {scope}"
+                )
+        text = Session(self.opts.server, pool, worker_id, token).encode()
+        if token is None or sys.stdout.isatty():
+            say(f"session: {text}")
+            say(f"send a job here: gpufleet submit --session {text} -- COMMAND")
+            return
+        path = self.opts.work_dir / "session"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+        os.chmod(path, 0o600)
+        say(f"session string (it holds a token, so it is not printed here): {path}")
+
+    async def share_check(self) -> WhoAmI:
+        async with AsyncClient(self.opts.server, self.opts.share_token, ca=self.opts.ca) as c:
+            return await c.whoami()
 
     async def send_heartbeat(self) -> None:
         body = HeartbeatRequest(
@@ -263,6 +342,8 @@ class Agent:
                 if not warned:
                     say(f"heartbeat failed: {exc.message}; jobs keep running")
                 warned = True
+            except (Unauthorized, Forbidden) as exc:
+                self.lock_out(exc)
             except GpufleetError as exc:
                 say(f"heartbeat refused: {exc.message}")
 
@@ -289,6 +370,9 @@ class Agent:
             except NotFound:
                 await self.register()
                 continue
+            except (Unauthorized, Forbidden) as exc:
+                self.lock_out(exc)
+                return
             except GpufleetError as exc:
                 say(f"claim refused: {exc.message}")
                 await asyncio.sleep(2.0)
@@ -346,7 +430,7 @@ class Agent:
             "GPUFLEET_JOB_NAME": spec.name,
         }
         # The worker's own secrets never reach job code (or its logs).
-        base = {k: v for k, v in os.environ.items() if k != "GPUFLEET_TOKEN"}
+        base = {k: v for k, v in os.environ.items() if not is_secret_env(k)}
         env = job_env(base, spec.env, lease.gpus, extra)
         workdir = self.workdir(lease)
         try:
@@ -457,7 +541,7 @@ class Agent:
 
     async def flush(self, run: Running) -> None:
         while run.lines:
-            batch, run.lines = run.lines[:MAX_BATCH], run.lines[MAX_BATCH:]
+            batch, run.lines = take_batch(run.lines)
             body = LogAppend(attempt=run.lease.attempt, lines=batch)
             await self.retrying(
                 "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60

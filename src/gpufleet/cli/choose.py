@@ -1,0 +1,138 @@
+"""Choosing the worker a job runs on: --auto-select, --select and --session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gpufleet import config
+from gpufleet.cli._common import age, err, resolve, styled
+from gpufleet.client import Client
+from gpufleet.client.session import Session
+from gpufleet.errors import ConfigError
+from gpufleet.wire import Candidate, GpuModel, JobSpecModel, WorkerOut
+
+SESSION_ENV = "GPUFLEET_SESSION"
+
+
+def read_session(arg: str | None) -> Session | None:
+    """The session from ``--session`` (the string, or ``@FILE``) or GPUFLEET_SESSION. A
+    string that holds a token is refused on the command line: tokens never go in argv."""
+    if arg is None:
+        text = os.environ.get(SESSION_ENV, "").strip()
+        return Session.decode(text) if text else None
+    if arg.startswith("@"):
+        try:
+            return Session.decode(Path(arg[1:]).expanduser().read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"--session {arg}: cannot read it: {exc.strerror or exc}") from exc
+    session = Session.decode(arg)
+    if session.token:
+        raise ConfigError(
+            "--session: this session string holds a token, and tokens are never taken from "
+            f"the command line; pass it as {SESSION_ENV}=... or --session @FILE"
+        )
+    return session
+
+
+def gpu_summary(gpus: list[GpuModel], simulated: bool) -> str:
+    """Each GPU as "NAME free/total GiB", e.g. "A100 38.2/40 GiB"."""
+    text = ", ".join(f"{g.name} {g.free_mib / 1024:.1f}/{g.total_mib / 1024:.0f} GiB" for g in gpus)
+    return (text + (" (simulated)" if simulated else "")) if text else "-"
+
+
+def worker_table(rows: list[WorkerOut], numbered: bool = False) -> Table:
+    table = Table(box=None, header_style="bold")
+    cols = ["#"] if numbered else []
+    cols += ["ID", "NAME", "HOST", "POOL", "STATUS", "GPUS (free/total)", "RUNNING", "SEEN"]
+    for col in cols:
+        table.add_column(col)
+    for i, w in enumerate(rows, 1):
+        cells = [str(i)] if numbered else []
+        cells += [
+            w.id,
+            escape(w.name),
+            escape(w.capability.hostname),
+            escape(w.pool),
+            styled(w.status),
+            escape(gpu_summary(w.gpus, w.gpus_simulated)),
+            escape(", ".join(w.running) or "-"),
+            age(w.last_heartbeat) + " ago" if w.last_heartbeat else "-",
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def session_token(target: Session) -> str:
+    """The token to send to the session's server: the session's own; else the configured
+    token, but only if the session names the configured server; else the token saved for
+    exactly that server. A token is never sent to a server it does not belong to: a
+    session string is pasted from chat, and could name any server."""
+    if target.token:
+        return target.token
+    settings = resolve(server=None)
+    configured = str(settings["server"])
+    same = config.normalize_url(configured) == config.normalize_url(target.server)
+    token = config.token_for(configured, settings) if same else config.load_token(target.server)
+    if not token:
+        raise ConfigError(
+            f"--session: the worker is on {target.server}, and your token is for "
+            f"{configured}; a token is only ever sent to its own server. Use a session "
+            "string with a token in it (the worker's --share-token), or set "
+            "GPUFLEET_SERVER and GPUFLEET_TOKEN for that server"
+        )
+    return token
+
+
+def _why_not(rows: list[Candidate]) -> str:
+    return "; ".join(f"{c.worker.name}: {c.reason}" for c in rows if c.reason) or "none"
+
+
+def auto_select(c: Client, spec: JobSpecModel) -> Candidate:
+    """The worker that can start the job now with the most free GPU memory."""
+    rows = c.select(spec)
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        where = f" in pool {spec.pool!r}" if spec.pool else ""
+        raise ConfigError(
+            f"--auto-select: no worker{where} can start this job now "
+            f"({_why_not(rows) if rows else 'no workers registered'}); "
+            "see gpufleet workers, or add --queue with --worker ID to wait for one"
+        )
+    return fitting[0]
+
+
+def interactive_select(c: Client, spec: JobSpecModel) -> Candidate:
+    """A numbered list of the workers that can start the job now; the user picks one by
+    number, ``r`` lists them again with fresh figures, ``q`` gives up."""
+    if not sys.stdin.isatty():
+        raise ConfigError("--select asks at a terminal; off one use --auto-select or --worker ID")
+    while True:
+        rows = c.select(spec)
+        fitting = [r for r in rows if r.fits]
+        if fitting:
+            err.print(worker_table([r.worker for r in fitting], numbered=True))
+        else:
+            err.print("no worker can start this job now")
+        others = [r for r in rows if not r.fits]
+        if others:
+            err.print(f"[dim]not listed: {escape(_why_not(others))}[/dim]")
+        span = f"1-{len(fitting)}, " if fitting else ""
+        err.print(f"pick a worker ({span}r to refresh, q to quit): ", end="")
+        try:
+            answer = input().strip().lower()
+        except EOFError:
+            answer = "q"
+        if answer in ("q", "quit"):
+            err.print("nothing submitted")
+            raise typer.Exit(1)
+        if answer in ("r", ""):
+            continue
+        if answer.isdigit() and 1 <= int(answer) <= len(fitting):
+            return fitting[int(answer) - 1]
+        err.print(f"[yellow]{escape(answer)!r} is not one of the choices[/yellow]")
