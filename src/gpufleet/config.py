@@ -534,12 +534,14 @@ def _read_credentials(path: Path) -> dict[str, str]:
     return {normalize_url(k): v for k, v in servers.items() if isinstance(v, str)}
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a 0600 temp file in the same dir, then replace."""
+def write_file(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` to ``path`` atomically: a temp file in the same dir (0600 from its
+    creation, so a secret is never readable by others), given ``mode``, then renamed."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            os.chmod(tmp, 0o600)
+            if hasattr(os, "fchmod"):  # Windows has ACLs instead
+                os.fchmod(fh.fileno(), mode)
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -568,7 +570,7 @@ def save_token(server: str, token: str) -> Path:
                 f"{path}: cannot read credentials ({exc}); fix or delete it and log in again"
             ) from exc
     servers[key] = token
-    _write_private(path, json.dumps({"servers": servers}, indent=2, sort_keys=True) + "\n")
+    write_file(path, json.dumps({"servers": servers}, indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -15,7 +15,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
@@ -194,22 +193,6 @@ def systemd_defaults(svc_suffix: str) -> dict[str, str]:
     }
 
 
-def write_file(path: Path, text: str, mode: int) -> None:
-    """Atomically: a temp file (0600 from its creation) in the same dir, then rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            if hasattr(os, "fchmod"):  # Windows has ACLs instead
-                os.fchmod(fh.fileno(), mode)
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_systemd(
     svc: WorkerService, unit_dir: Path, env_dir: Path, *, euid: int
 ) -> tuple[Path, Path]:
@@ -226,8 +209,8 @@ def write_systemd(
     try:
         unit_dir.mkdir(parents=True, exist_ok=True)
         env_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_file(env_path, render_env_file(svc, masked=False), 0o600)
-        write_file(unit_path, render_unit(svc, env_path), 0o644)
+        config.write_file(env_path, render_env_file(svc, masked=False), 0o600)
+        config.write_file(unit_path, render_unit(svc, env_path), 0o644)
     except OSError as exc:
         raise ConfigError(
             f"cannot write {exc.filename or unit_dir}: {exc.strerror or exc}"
@@ -630,7 +613,7 @@ def _install_windows(svc: WorkerService, out_file: Path, show: bool) -> None:
         print(render_windows(svc, masked=True), end="")
         return
     try:
-        write_file(out_file, render_windows(svc, masked=False), 0o600)
+        config.write_file(out_file, render_windows(svc, masked=False), 0o600)
     except OSError as exc:
         raise ConfigError(f"cannot write {out_file}: {exc.strerror or exc}") from exc
     print(f"wrote {out_file} (mode 0600: it holds the token, from {svc.token_source})")

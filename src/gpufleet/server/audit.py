@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.server.asgi import StatusWatch
 from gpufleet.store import SqlStore
 
 log = logging.getLogger("gpufleet.audit")
@@ -92,17 +93,11 @@ class AuditLog:
         if _PERIODIC.match(scope["path"]):  # recorded only when refused
             await self.app(scope, receive, self._refusals(scope, send))
             return
-        status = 500
-
-        async def watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        watch = StatusWatch(send)
         try:
             await self.app(scope, receive, watch)
         finally:
+            status = watch.status or 500  # no answer started: the app failed
             if status >= 400 or not (status == 204 and _CLAIM.match(scope["path"])):
                 self._record(scope, status)
 

@@ -45,6 +45,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.server.asgi import StatusWatch
 from gpufleet.wire import ErrorBody, ErrorInfo
 
 log = logging.getLogger("gpufleet.server.limits")
@@ -348,20 +349,13 @@ class LimitsMiddleware:
             refusal = _busy_worker(worker, self.limits.claims_per_worker)
             await self._refuse(refusal, call, scope, receive, send)
             return
-        status = 0
-
-        async def watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        watch = StatusWatch(send)
         try:
             await self.app(scope, receive, watch)
         finally:
             if worker is not None:
                 self._claims.give(worker)
-            self._account(call, status, scope["path"])
+            self._account(call, watch.status, scope["path"])
 
     def _account(self, call: _Call, status: int, path: str) -> None:
         """Learn from the answer: a 401 is a strike, a 2xx proves the token."""
