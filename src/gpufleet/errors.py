@@ -18,6 +18,7 @@
     ├── InsufficientStorage    the disk filled up; nothing was kept       (HTTP 507)
     ├── StorageUnusable        the server's data dir lacks what it needs (HTTP 503)
     ├── ServerUnavailable      the server cannot be reached (client side only)
+    │   └── RateLimited        too many calls at once, or too many bad tokens (HTTP 429)
     └── UntrustedCertificate   the server's TLS certificate fails verification (client side)
 
 Every error carries a short machine ``code`` and a message that says what was wrong,
@@ -121,6 +122,15 @@ class ServerUnavailable(GpufleetError):
     status = 503
 
 
+class RateLimited(ServerUnavailable):
+    """The server's abuse limits turned the call away for now: too many calls in flight
+    for one token or worker, or too many wrong tokens from one address. A
+    :class:`ServerUnavailable`, so clients wait and try again."""
+
+    code = "rate_limited"
+    status = 429
+
+
 class UntrustedCertificate(GpufleetError):
     """The server's TLS certificate could not be verified. Not a :class:`ServerUnavailable`:
     retrying does not help until the client trusts the right CA or uses the right name."""
@@ -147,6 +157,7 @@ BY_CODE: dict[str, type[GpufleetError]] = {
         InsufficientStorage,
         StorageUnusable,
         ServerUnavailable,
+        RateLimited,
         UntrustedCertificate,
     )
 }

@@ -69,3 +69,16 @@ def test_a_long_stretch_of_progress_is_credited_before_the_next_cut(clock: Clock
     clock.now += 7200  # then two hours of bytes moving, and one cut
     retry.progress(40 << 30)
     retry.failed(ServerUnavailable("cut"))  # a fresh budget: no giving up here
+
+
+def test_a_rate_limited_answer_is_one_to_wait_out() -> None:
+    import httpx
+
+    from gpufleet.client._api import raise_for
+    from gpufleet.errors import RateLimited, ServerUnavailable
+
+    body = {"error": {"code": "rate_limited", "message": "slow down", "detail": None}}
+    with pytest.raises(RateLimited) as caught:
+        raise_for(httpx.Response(429, json=body))
+    assert isinstance(caught.value, ServerUnavailable)  # retried like an unreachable server
+    assert caught.value.status == 429 and caught.value.message == "slow down"
