@@ -1,7 +1,8 @@
 """Choosing the machine: --auto-select, --session, --select, and a busy worker refusing.
 
-Real server and worker processes; the GPUs are simulated (``--simulate-gpus``), which is
-how a worker reports GPUs it does not have; the server sees them exactly as real ones.
+Real server and worker processes. The GPUs come from a fake ``pynvml`` put first on each
+worker's ``PYTHONPATH`` (tests/fake_nvml): the worker runs its real NVML code, and the
+fake reports GPUs whose free memory differs from their size, as on a shared machine.
 """
 
 from __future__ import annotations
@@ -40,16 +41,29 @@ def _worker_of(fleet: Fleet, job_id: str) -> str:
     return str(fleet.wait_status(job_id, "succeeded")["worker"])
 
 
+FAKE_NVML = str(Path(__file__).parents[1] / "fake_nvml")
+GIB = 1024
+
+
+def _gpu_worker(fleet: Fleet, name: str, model: str, total_gib: int, free_gib: int) -> Proc:
+    gpus = [{"name": model, "total_mib": total_gib * GIB, "free_mib": free_gib * GIB}]
+    path = os.pathsep.join(p for p in (FAKE_NVML, fleet.env.get("PYTHONPATH", "")) if p)
+    return fleet.start_worker(
+        name, env_extra={"PYTHONPATH": path, "FAKE_NVML_GPUS": json.dumps(gpus)}
+    )
+
+
 def _gpu_fleet(fleet: Fleet) -> dict[str, str]:
-    """Four workers: two A100s (one 80 GiB, kept busy), a 4090, a CPU box. Returns each
-    worker's session string."""
+    """Four workers: an A100 80 GiB (78 free), an A100 40 GiB of which other processes use
+    28 (12 free), an RTX 4090 24 GiB (22 free), a CPU box. Each worker's session string."""
     fleet.start_server()
     procs = {
-        "a100-80": fleet.start_worker("a100-80", "--simulate-gpus", "A100:80"),
-        "a100-40": fleet.start_worker("a100-40", "--simulate-gpus", "A100:40"),
-        "rtx-24": fleet.start_worker("rtx-24", "--simulate-gpus", "RTX 4090:24"),
+        "a100-80": _gpu_worker(fleet, "a100-80", "NVIDIA A100-SXM4-80GB", 80, 78),
+        "a100-40": _gpu_worker(fleet, "a100-40", "NVIDIA A100-PCIE-40GB", 40, 12),
+        "rtx-24": _gpu_worker(fleet, "rtx-24", "NVIDIA GeForce RTX 4090", 24, 22),
         "cpu": fleet.start_worker("cpu"),
     }
+    assert "(simulated)" not in fleet.cli("workers").stdout  # NVML's answer, not a flag
     return {name: _session(p) for name, p in procs.items()}
 
 
@@ -60,26 +74,27 @@ def test_auto_select_session_and_a_busy_worker(fleet: Fleet) -> None:
     fleet.wait_status(busy, "running")
 
     listed = fleet.cli("workers").stdout
-    assert re.search(r"a100-80 .*busy .*A100 0\.0/80 GiB|a100-80 .*busy", listed), listed
-    assert re.search(r"a100-40 .*available", listed), listed
+    assert re.search(r"a100-80 .*busy .*A100-SXM4-80GB 78\.0/80 GiB", listed), listed
+    assert re.search(r"a100-40 .*available .*A100-PCIE-40GB 12\.0/40 GiB", listed), listed
     rows = {w["name"]: w for w in json.loads(fleet.cli("workers", "--json").stdout)}
     assert rows["a100-80"]["status"] == "busy" and rows["a100-80"]["running"] == [busy]
     assert rows["cpu"]["status"] == "available"
 
-    # --auto-select: the available worker with the most free GPU memory that fits.
+    # --auto-select: the available worker with the most *free* GPU memory: the 24 GiB card
+    # (22 free), not the bigger A100 that others fill (12 free), nor the busy 80 GiB one.
     picked = fleet.cli("submit", "--auto-select", "--require-cuda", *QUICK)
-    assert "a100-40" in picked.stderr
-    assert _worker_of(fleet, picked.stdout.split()[-1]) == "a100-40"
-    # --min-gpu-memory filters: 30000 MiB rules out the 24 GiB card; 50000 rules out all
-    # but the busy 80 GiB one.
-    picked = fleet.cli("submit", "--auto-select", "--min-gpu-memory", "30000", *QUICK)
-    assert _worker_of(fleet, picked.stdout.split()[-1]) == "a100-40"
-    none = fleet.cli("submit", "--auto-select", "--min-gpu-memory", "50000", *QUICK, check=False)
+    assert "rtx-24" in picked.stderr and "22.0 GiB GPU memory free" in picked.stderr
+    assert _worker_of(fleet, picked.stdout.split()[-1]) == "rtx-24"
+    # --min-gpu-memory (MiB, free) filters: 12000 leaves both; 23000 nobody free now.
+    picked = fleet.cli("submit", "--auto-select", "--min-gpu-memory", "12000", *QUICK)
+    assert _worker_of(fleet, picked.stdout.split()[-1]) == "rtx-24"
+    none = fleet.cli("submit", "--auto-select", "--min-gpu-memory", "23000", *QUICK, check=False)
     assert none.returncode != 0 and "no worker" in none.stderr, none.stderr
+    assert "a100-40: needs 1 free GPU(s) with" in " ".join(none.stderr.split())
 
     # --session reaches exactly the worker that printed it, not the one with more memory.
-    sent = fleet.cli("submit", "--session", sessions["rtx-24"], "--require-cuda", *QUICK)
-    assert _worker_of(fleet, sent.stdout.split()[-1]) == "rtx-24"
+    sent = fleet.cli("submit", "--session", sessions["a100-40"], "--require-cuda", *QUICK)
+    assert _worker_of(fleet, sent.stdout.split()[-1]) == "a100-40"
     sent = fleet.cli("submit", "--session", sessions["cpu"], *QUICK)
     assert _worker_of(fleet, sent.stdout.split()[-1]) == "cpu"
 
@@ -140,18 +155,18 @@ def _answer_at_a_terminal(fleet: Fleet, args: list[str], answers: list[bytes]) -
 
 def test_select_at_a_terminal_picks_the_chosen_worker(fleet: Fleet) -> None:
     _gpu_fleet(fleet)
-    # The list is ordered by free GPU memory: a100-80, a100-40, rtx-24 (cpu cannot: it
-    # needs CUDA). "r" lists them again; "2" picks the second.
+    # The list is ordered by free GPU memory: a100-80 (78), rtx-24 (22), a100-40 (12); cpu
+    # cannot (it needs CUDA). "r" lists them again; "2" picks the second.
     shown = _answer_at_a_terminal(
         fleet, ["submit", "--select", "--require-cuda", *QUICK], [b"r\n", b"2\n"]
     )
     assert shown.count("to quit): ") == 2, shown
     table = shown.split("to quit): ")[0]
     order = [n for n in re.findall(r"\b(a100-80|a100-40|rtx-24|cpu)\b", table)]
-    assert order[:3] == ["a100-80", "a100-40", "rtx-24"], table
+    assert order[:3] == ["a100-80", "rtx-24", "a100-40"], table
     assert "cpu: requires CUDA" in " ".join(shown.split()), shown
     job_id = shown.split()[-1]
-    assert _worker_of(fleet, job_id) == "a100-40"
+    assert _worker_of(fleet, job_id) == "rtx-24"
 
 
 def test_select_off_a_terminal_says_how_else(fleet: Fleet) -> None:

@@ -1,0 +1,78 @@
+"""A fake ``pynvml`` for end-to-end tests: real worker processes, GPUs that are not there.
+
+A test puts this folder first on a worker's ``PYTHONPATH`` and describes the GPUs in
+``FAKE_NVML_GPUS`` (a JSON list of ``{"name", "total_mib", "free_mib"}``). The worker then
+runs its real NVML code (``gpufleet.worker.nvml``), detection and live free-memory reads
+included; only this module, the boundary to the driver, is fake. Free memory is read from
+the environment at every call, as NVML reads the driver's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 1 << 20
+
+
+class NVMLError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class _Memory:
+    total: int
+    free: int
+    used: int
+
+
+def _gpus() -> list[dict[str, Any]]:
+    gpus: list[dict[str, Any]] = json.loads(os.environ.get("FAKE_NVML_GPUS", "[]"))
+    return gpus
+
+
+def nvmlInit() -> None:
+    if not _gpus():
+        raise NVMLError("no GPUs in FAKE_NVML_GPUS")
+
+
+def nvmlShutdown() -> None:
+    pass
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_gpus())
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> int:
+    if not 0 <= index < len(_gpus()):
+        raise NVMLError(f"no GPU {index}")
+    return index
+
+
+def nvmlDeviceGetMemoryInfo(handle: int) -> _Memory:
+    gpu = _gpus()[handle]
+    total, free = gpu["total_mib"] * MIB, gpu["free_mib"] * MIB
+    return _Memory(total=total, free=free, used=total - free)
+
+
+def nvmlDeviceGetName(handle: int) -> str:
+    return str(_gpus()[handle]["name"])
+
+
+def nvmlDeviceGetUUID(handle: int) -> str:
+    return f"GPU-fake-{handle:04d}"
+
+
+def nvmlDeviceGetCudaComputeCapability(handle: int) -> tuple[int, int]:
+    return (8, 0)
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    return "550.00-fake"
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    return 12040
