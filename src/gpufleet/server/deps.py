@@ -58,8 +58,8 @@ async def reader(request: Request) -> Caller:
     return _caller(request, Role.OPERATOR, Role.SUBMITTER)
 
 
-async def submitter(request: Request) -> Caller:
-    return _caller(request, Role.OPERATOR, Role.SUBMITTER)
+# Submitting takes the same roles as reading (a submitter is scoped per object).
+submitter = reader
 
 
 async def operator(request: Request) -> Caller:

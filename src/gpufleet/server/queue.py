@@ -323,10 +323,7 @@ class QueueService:
         """The job, if (job_id, attempt) is its current lease and the worker holding it was
         enrolled with ``token_id``: 404 for a job of a pool the caller cannot see, 409 for a
         stale lease, 403 for a lease another token's worker holds."""
-        job = self.store.get_job(job_id)
-        if job is None or (pools is not None and job.pool not in pools):
-            raise NotFound(f"no job {job_id!r}", detail={"job": job_id})
-        job = self._held(job_id, attempt)
+        job = self._held(job_id, attempt, pools)
         holder = self.claimer(job.worker_id) if job.worker_id else None
         if holder is None or holder.token_id != token_id:
             raise Forbidden(
@@ -606,9 +603,11 @@ class QueueService:
             inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
         )
 
-    def _held(self, job_id: str, attempt: int) -> JobRow:
+    def _held(self, job_id: str, attempt: int, pools: Sequence[str] | None = None) -> JobRow:
+        """The job if (job_id, attempt) is its current lease: 404 for no job (or one of a
+        pool outside ``pools``), 409 for a stale lease."""
         job = self.store.get_job(job_id)
-        if job is None:
+        if job is None or (pools is not None and job.pool not in pools):
             raise NotFound(f"no job {job_id!r}", detail={"job": job_id})
         if job.lease != attempt or not job.status.active:
             raise Conflict(
