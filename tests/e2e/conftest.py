@@ -23,6 +23,7 @@ from gpufleet.client import Client
 from gpufleet.config import load_token
 
 PYTHON = sys.executable
+FAKE_NVML = str(Path(__file__).parents[1] / "fake_nvml")
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -142,6 +143,20 @@ class Fleet:
         )
         assert proc.popen.poll() is None, proc.text()
         return proc
+
+    def start_gpu_worker(
+        self, name: str, gpus: list[tuple[str, int, int]], *args: str, **kw: Any
+    ) -> Proc:
+        """A worker whose GPUs come from the fake ``pynvml`` (tests/fake_nvml) put first on
+        its PYTHONPATH: each GPU as (name, total GiB, free GiB). The worker runs its real
+        NVML code; only the driver boundary is fake."""
+        described = [
+            {"name": model, "total_mib": total * 1024, "free_mib": free * 1024}
+            for model, total, free in gpus
+        ]
+        path = os.pathsep.join(p for p in (FAKE_NVML, self.env.get("PYTHONPATH", "")) if p)
+        extra = {"PYTHONPATH": path, "FAKE_NVML_GPUS": json.dumps(described)}
+        return self.start_worker(name, *args, env_extra={**extra, **kw.pop("env_extra", {})}, **kw)
 
     def cli(
         self,

@@ -41,16 +41,8 @@ def _worker_of(fleet: Fleet, job_id: str) -> str:
     return str(fleet.wait_status(job_id, "succeeded")["worker"])
 
 
-FAKE_NVML = str(Path(__file__).parents[1] / "fake_nvml")
-GIB = 1024
-
-
 def _gpu_worker(fleet: Fleet, name: str, model: str, total_gib: int, free_gib: int) -> Proc:
-    gpus = [{"name": model, "total_mib": total_gib * GIB, "free_mib": free_gib * GIB}]
-    path = os.pathsep.join(p for p in (FAKE_NVML, fleet.env.get("PYTHONPATH", "")) if p)
-    return fleet.start_worker(
-        name, env_extra={"PYTHONPATH": path, "FAKE_NVML_GPUS": json.dumps(gpus)}
-    )
+    return fleet.start_gpu_worker(name, [(model, total_gib, free_gib)])
 
 
 def _gpu_fleet(fleet: Fleet) -> dict[str, str]:
@@ -164,7 +156,7 @@ def test_select_at_a_terminal_picks_the_chosen_worker(fleet: Fleet) -> None:
     table = shown.split("to quit): ")[0]
     order = [n for n in re.findall(r"\b(a100-80|a100-40|rtx-24|cpu)\b", table)]
     assert order[:3] == ["a100-80", "rtx-24", "a100-40"], table
-    assert "cpu: requires CUDA" in " ".join(shown.split()), shown
+    assert "cpu: needs a GPU" in " ".join(shown.split()), shown
     job_id = shown.split()[-1]
     assert _worker_of(fleet, job_id) == "rtx-24"
 
