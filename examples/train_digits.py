@@ -1,7 +1,8 @@
 """A real, small training job: fit a scikit-learn model on the digits data set.
 
 The data ships inside scikit-learn, so nothing is downloaded. gpufleet passes the job's
-hyperparameters as ``--key value``; the last line is a JSON result the demo reads. The
+hyperparameters as flags the way argparse scripts expect them (``hyper.n_estimators = 200``
+arrives as ``--n-estimators 200``); the last line is a JSON result the demo reads. The
 fitted model and its metrics go to ``outputs/``, which gpufleet keeps as the job's artifact.
 """
 
@@ -25,28 +26,21 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 
-def build(model: str, hp: dict[str, str], seed: int) -> object:
+def build(model: str, hp: argparse.Namespace, seed: int) -> object:
     if model == "logreg":
-        return make_pipeline(
-            StandardScaler(), LogisticRegression(C=float(hp.get("C", 1.0)), max_iter=2000)
-        )
+        return make_pipeline(StandardScaler(), LogisticRegression(C=hp.C or 1.0, max_iter=2000))
     if model == "knn":
-        return KNeighborsClassifier(n_neighbors=int(hp.get("k", 5)))
+        return KNeighborsClassifier(n_neighbors=hp.k)
     if model == "rf":
-        return RandomForestClassifier(
-            n_estimators=int(hp.get("n_estimators", 100)), random_state=seed
-        )
+        return RandomForestClassifier(n_estimators=hp.n_estimators or 100, random_state=seed)
     if model == "gbt":
-        return GradientBoostingClassifier(
-            n_estimators=int(hp.get("n_estimators", 50)), random_state=seed
-        )
+        return GradientBoostingClassifier(n_estimators=hp.n_estimators or 50, random_state=seed)
     if model == "svm":
-        return SVC(gamma=float(hp.get("gamma", 0.001)), C=float(hp.get("C", 10.0)))
+        return SVC(gamma=hp.gamma, C=hp.C or 10.0)
     if model == "mlp":
-        hidden = int(hp.get("hidden", 64))
         return make_pipeline(
             StandardScaler(),
-            MLPClassifier((hidden,), max_iter=int(hp.get("epochs", 200)), random_state=seed),
+            MLPClassifier((hp.hidden,), max_iter=hp.epochs, random_state=seed),
         )
     raise SystemExit(f"unknown model {model!r}")
 
@@ -56,10 +50,17 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--mode", default="realistic")
     parser.add_argument("--seed", type=int, default=0)
-    args, rest = parser.parse_known_args()
-    hp = dict(zip((k.lstrip("-") for k in rest[::2]), rest[1::2], strict=False))
+    # Hyperparameters: each model reads the ones it has.
+    parser.add_argument("--C", type=float, default=None)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--n-estimators", type=int, default=None)
+    parser.add_argument("--gamma", type=float, default=0.001)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=200)
+    args = parser.parse_args()
+    hp = {k: v for k, v in vars(args).items() if k not in ("model", "mode", "seed")}
     print(
-        f"training {args.model} ({args.mode}) with {hp or 'defaults'}; "
+        f"training {args.model} ({args.mode}) with {hp}; "
         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}",
         flush=True,
     )
@@ -69,7 +70,7 @@ def main() -> None:
         x, y, test_size=test_size, random_state=args.seed, stratify=y
     )
     started = time.perf_counter()
-    clf = build(args.model, hp, args.seed)
+    clf = build(args.model, args, args.seed)
     clf.fit(xtr, ytr)  # type: ignore[attr-defined]
     accuracy = float(clf.score(xte, yte))  # type: ignore[attr-defined]
     result = {

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
+from gpufleet import tokens
 from gpufleet.errors import ConfigError
 
 Kind = Literal["str", "int", "float", "bool", "path", "url", "size"]
@@ -146,6 +147,13 @@ SETTINGS: dict[str, Setting] = {
             10.0,
             "float",
             "base seconds of the exponential backoff between attempts",
+            minimum=0,
+        ),
+        _setting(
+            "ephemeral_ttl",
+            3600.0,
+            "float",
+            "seconds an offline ephemeral worker is kept before the server forgets it",
             minimum=0,
         ),
         _setting("name", _hostname, "str", "worker name (default: hostname)"),
@@ -576,14 +584,20 @@ def save_token(server: str, token: str) -> Path:
 
 def load_token(server: str) -> str | None:
     """The token saved for ``server`` (trailing slashes ignored), or ``None``."""
+    path = credentials_path()
     try:
-        servers = _read_credentials(credentials_path())
+        servers = _read_credentials(path)
     except (OSError, ValueError):
         return None
-    return servers.get(normalize_url(server))
+    token = servers.get(normalize_url(server))
+    return tokens.clean(token, f"{path} (for {server})") if token else None
 
 
 def token_for(server: str, resolved: Resolved) -> str | None:
-    """The configured token (env or file) if set, else the one saved for ``server``."""
+    """The configured token (env or file) if set, else the one saved for ``server``;
+    surrounding whitespace dropped, whitespace inside refused (naming where it came from)."""
     token = resolved.values.get("token")
-    return token if isinstance(token, str) and token else load_token(server)
+    if isinstance(token, str) and token.strip():
+        where = resolved.sources.get("token", "the token").removeprefix("env ")
+        return tokens.clean(token, where)
+    return load_token(server)

@@ -5,6 +5,7 @@ Both the server and the client import this module; nothing else is pydantic.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -16,6 +17,7 @@ from gpufleet.domain.models import (
     DeclaredCapability,
     GpuInfo,
     HostPolicy,
+    HyperStyle,
     InputKind,
     JobInput,
     JobSpec,
@@ -59,6 +61,7 @@ RelPath = Annotated[
 #: Sizes: up to 1 PiB.
 Size = Annotated[int, Field(ge=0, le=2**50)]
 Label = Annotated[str, Field(max_length=200), AfterValidator(_no_nul)]
+LabelKey = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_no_nul)]
 # Integers that reach the database fit a 32-bit column on every backend.
 INT32 = 2**31 - 1
 Attempt = Annotated[int, Field(ge=1, le=INT32)]
@@ -109,6 +112,18 @@ class RequirementsModel(Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     allowed_hosts: list[str] = Field(default_factory=list)
     worker: str | None = Field(None, max_length=200)
+    cpu_only: bool = Field(
+        False,
+        description="run in a CPU slot even on a worker with GPUs (a job aimed at a GPU "
+        "worker otherwise takes one of its GPUs)",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RequirementsModel:
+        problem = self.to_domain().contradiction()
+        if problem:
+            raise ValueError(problem)
+        return self
 
     def to_domain(self) -> Requirements:
         data = self.model_dump()
@@ -173,14 +188,20 @@ class JobSpecModel(Strict):
         max_length=100,
         description="globs relative to the job directory, archived as the job's artifact",
     )
+    hyper_style: Literal["dash", "verbatim"] = Field(
+        "dash",
+        description="dash: batch_size=64 is --batch-size 64, true is a bare flag, false "
+        "is left out; verbatim: --batch_size 64 --use_amp true",
+    )
 
     def to_domain(self) -> JobSpec:
-        data = self.model_dump(exclude={"requirements", "inputs", "outputs"})
+        data = self.model_dump(exclude={"requirements", "inputs", "outputs", "hyper_style"})
         return JobSpec(
             **{**data, "command": tuple(self.command), "pool": self.pool or "default"},
             requirements=self.requirements.to_domain(),
             inputs=tuple(i.to_domain() for i in self.inputs),
             outputs=tuple(self.outputs),
+            hyper_style=HyperStyle(self.hyper_style),
         )
 
     @classmethod
@@ -217,6 +238,15 @@ class DependencyOut(BaseModel):
     status: JobState
 
 
+#: How many of its last stderr lines a failed attempt keeps, and how long each may be.
+STDERR_TAIL_LINES = 20
+STDERR_TAIL_CHARS = 2000
+StderrTail = Annotated[
+    list[Annotated[str, Field(max_length=STDERR_TAIL_CHARS)]],
+    Field(max_length=STDERR_TAIL_LINES),
+]
+
+
 class AttemptOut(BaseModel):
     attempt: int
     worker: str | None
@@ -228,6 +258,9 @@ class AttemptOut(BaseModel):
     exit_code: int | None
     outcome: str | None
     error: str | None
+    stderr_tail: list[str] = Field(
+        default_factory=list, description="the attempt's last stderr lines, when it failed"
+    )
 
 
 class JobOut(BaseModel):
@@ -249,6 +282,14 @@ class JobOut(BaseModel):
     manifest: str | None = None
     not_before: datetime | None = None
     waiting: int = Field(0, description="dependencies (job:NAME inputs) not yet succeeded")
+    submitted_by: str | None = Field(
+        None, description="id of the token that submitted it (None: from before owners)"
+    )
+    stderr_tail: list[str] = Field(
+        default_factory=list,
+        description=f"the last stderr lines (at most {STDERR_TAIL_LINES}) of the latest "
+        "attempt, when it failed: what went wrong, in the job's own words",
+    )
 
 
 class JobDetail(JobOut):
@@ -322,6 +363,11 @@ class ApplyResult(BaseModel):
         description="pending jobs whose priority, requirements or limits the manifest changed",
     )
     unchanged: list[str]
+    absent: list[str] = Field(
+        default_factory=list,
+        description="jobs of this manifest the plan no longer has; they stay (finished, or "
+        "queued until cancelled)",
+    )
     hosts: list[str]
     unknown_hosts: list[str] = Field(
         default_factory=list, description="[hosts.NAME] entries no registered worker is named"
@@ -389,17 +435,29 @@ class WorkerRegister(Strict):
 
 
 WorkerState = Literal["connecting", "available", "reserved", "busy", "draining", "offline"]
+WORKER_STATES = (
+    "connecting: registered, not polling yet; available: a job could start on it now (a "
+    "free GPU; on a machine without GPUs, a free CPU slot); reserved: nothing free, and a "
+    "job is claimed but not started, or waits for it; busy: every slot runs a job; "
+    "draining: finishes what it runs, takes nothing new; offline: no heartbeat for a "
+    "lease, or it stopped"
+)
 
 
 class WorkerOut(BaseModel):
     id: str
     name: str
-    status: WorkerState = Field(
-        description="available: has a free slot; reserved: every slot holds a job claimed "
-        "but not started; busy: every slot runs a job; draining; offline: no heartbeat"
-    )
+    status: WorkerState = Field(description=WORKER_STATES)
     pool: str
     labels: dict[str, str]
+    fixed_labels: list[str] = Field(
+        default_factory=list,
+        description="labels its token fixes (tokens create --label): trustworthy, the "
+        "worker cannot change them",
+    )
+    offline_since: datetime | None = Field(
+        None, description="when it went offline (its last sign of life); None while online"
+    )
     gpus: list[GpuModel]
     gpus_simulated: bool
     slots: dict[str, int]
@@ -504,6 +562,13 @@ class FinishRequest(Strict):
     attempt: Attempt
     exit_code: int | None = Field(None, ge=-INT32 - 1, le=INT32)
     error: str | None = Field(None, max_length=100_000)
+    stderr_tail: StderrTail = Field(
+        default_factory=list, description="the last lines the job wrote to stderr"
+    )
+
+
+class LeaveRequest(Strict):
+    reason: str = Field("stopped", max_length=1000, description="why the worker stops")
 
 
 class ReleaseRequest(Strict):
@@ -529,7 +594,7 @@ class LogsOut(BaseModel):
 class WhyWorker(BaseModel):
     worker_id: str
     name: str
-    status: str
+    status: WorkerState
     reason: str | None
 
 
@@ -542,10 +607,11 @@ class WhyOut(BaseModel):
 
 class StatusOut(BaseModel):
     jobs: dict[str, int]
-    workers: dict[str, int]
-    gpus: int
-    gpus_free: int
-    cpu_slots: int
+    workers: dict[str, int] = Field(description="workers by status: " + WORKER_STATES)
+    gpus: int = Field(description="GPUs of the workers not offline")
+    gpus_free: int = Field(description="of those, GPUs no job holds or waits for")
+    cpu_slots: int = Field(description="CPU slots of the workers not offline")
+    cpu_slots_free: int = Field(0, description="of those, CPU slots no job holds or waits for")
 
 
 # ---- blobs ------------------------------------------------------------------------------
@@ -590,11 +656,21 @@ class TokenCreate(Strict):
         "one pool; admin and operator tokens see every pool and take none",
     )
     expires_days: float | None = Field(None, gt=0, le=3650)
+    labels: dict[LabelKey, Label] = Field(
+        default_factory=dict,
+        max_length=50,
+        description="worker tokens: labels every worker enrolled with it carries, whatever "
+        "the worker declares (a job asking for team=nlp can then trust it)",
+    )
 
     @model_validator(mode="after")
     def _pools_fit(self) -> TokenCreate:
         if len(",".join(self.pools)) > 200:
             raise ValueError("pools: at most 200 characters in all, commas included")
+        if self.labels and self.role != "worker":
+            raise ValueError("labels: only a worker token fixes labels (its workers carry them)")
+        if len(json.dumps(self.labels)) > 4000:
+            raise ValueError("labels: at most 4000 characters in all")
         return self
 
 
@@ -604,6 +680,9 @@ class TokenOut(BaseModel):
     role: str
     pools: list[str] = Field(description="empty: every pool")
     hint: str = Field(description="the secret's first characters, to tell tokens apart")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="labels its workers carry (worker tokens)"
+    )
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
@@ -617,16 +696,21 @@ class WhoAmI(BaseModel):
 
 
 class AuditOut(BaseModel):
+    """A call (method, path, status), or a lifecycle event the server decided itself
+    (``event``: worker.registered, worker.offline, worker.removed, lease.lost)."""
+
     seq: int
     at: datetime
     token_id: str | None
     token_name: str | None
     role: str | None
     address: str
-    method: str
-    path: str
-    status: int
+    method: str | None
+    path: str | None
+    status: int | None
     target: str | None
+    event: str | None = None
+    detail: str | None = None
 
 
 class TokenCreated(TokenOut):

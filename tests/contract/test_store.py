@@ -18,7 +18,8 @@ from gpufleet.errors import Conflict, NotFound, Unauthorized
 from gpufleet.scheduling.matching import FreeGpu, FreeResources
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.server.queue import QueueService, QueueSettings
+from gpufleet.server.queue import QueueService
+from gpufleet.server.settings import QueueSettings
 from gpufleet.store import JobRow, SqlStore, WorkerRow
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.wire import (
@@ -86,7 +87,9 @@ def register(
             for i, (gname, gib) in enumerate(gpus)
         ],
     )
-    return q.register(WorkerRegister(name=name, capability=cap, cpu_slots=cpu_slots))
+    return q.fleet.register(
+        WorkerRegister(name=name, capability=cap, cpu_slots=cpu_slots), "default", None
+    )
 
 
 def spec(name: str = "train", **kw: Any) -> JobSpec:
@@ -95,7 +98,7 @@ def spec(name: str = "train", **kw: Any) -> JobSpec:
 
 
 def claim(q: QueueService, w: WorkerRow, free: FreeResources = CPU) -> Lease:
-    lease = q.try_claim(w.id, free)
+    lease = q.leases.try_claim(w.id, free)
     assert lease is not None
     return lease
 
@@ -164,8 +167,8 @@ def test_claim_hands_out_a_lease_once(store: SqlStore, queue: QueueService) -> N
     assert row.worker_id == w1.id
     assert row.claimed_at == T0
     assert row.lease_expires_at == T0 + LEASE
-    assert queue.try_claim(w2.id, CPU) is None
-    assert queue.try_claim(w1.id, CPU) is None
+    assert queue.leases.try_claim(w2.id, CPU) is None
+    assert queue.leases.try_claim(w1.id, CPU) is None
 
 
 def test_claim_records_the_best_fitting_gpu(store: SqlStore, queue: QueueService) -> None:
@@ -194,7 +197,7 @@ def test_concurrent_claims_hand_out_exactly_one_lease(store: SqlStore, queue: Qu
     def run(w: WorkerRow) -> None:
         try:
             barrier.wait()
-            got = queue.try_claim(w.id, CPU)
+            got = queue.leases.try_claim(w.id, CPU)
             with lock:
                 results.append(got)
         except BaseException as exc:
@@ -219,7 +222,7 @@ def test_concurrent_claims_hand_out_exactly_one_lease(store: SqlStore, queue: Qu
 
 
 def test_claims_go_by_priority_then_age(queue: QueueService, clock: FakeClock) -> None:
-    w = register(queue, "w1")
+    w = register(queue, "w1", cpu_slots=4)
     old = queue.submit(spec("old", priority=0))
     clock.advance(1)
     young = queue.submit(spec("young", priority=0))
@@ -229,7 +232,23 @@ def test_claims_go_by_priority_then_age(queue: QueueService, clock: FakeClock) -
     low = queue.submit(spec("low", priority=-1))
     order = [claim(queue, w).job_id for _ in range(4)]
     assert order == [urgent.id, old.id, young.id, low.id]
-    assert queue.try_claim(w.id, CPU) is None
+    assert queue.leases.try_claim(w.id, CPU) is None
+
+
+def test_a_slot_the_server_knows_is_held_is_never_handed_out_again(
+    queue: QueueService,
+) -> None:
+    """A poll sent before its worker's last claim was answered still says the slot is
+    free; the server knows better, on both slots and GPUs."""
+    w = register(queue, "w1", gpus=[("NVIDIA T4", 16)], cpu_slots=1)
+    for _ in range(4):
+        queue.submit(spec())
+        queue.submit(spec(requirements=Requirements(require_cuda=True)))
+    everything = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 16 * GIB),))
+    first = claim(queue, w, everything)
+    second = claim(queue, w, everything)
+    assert sorted([first.gpus, second.gpus]) == [[], [0]]  # the CPU slot and the GPU
+    assert queue.leases.try_claim(w.id, everything) is None  # a stale view changes nothing
 
 
 # ---- the lease protocol -----------------------------------------------------------------
@@ -240,26 +259,28 @@ def test_lease_protocol_happy_path(store: SqlStore, queue: QueueService, clock: 
     submitted = queue.submit(spec())
     lease = claim(queue, w)
     clock.advance(1)
-    queue.start(lease.job_id, lease.attempt)
+    queue.leases.start(lease.job_id, lease.attempt)
     row = job(store, submitted.id)
     assert row.status is JobStatus.RUNNING
     assert row.started_at == T0 + 1
     # A retried start (its answer was lost) is accepted and changes nothing.
     clock.advance(1)
-    queue.start(lease.job_id, lease.attempt)
+    queue.leases.start(lease.job_id, lease.attempt)
     assert job(store, submitted.id).started_at == T0 + 1
     clock.advance(-1)
 
     clock.advance(20)
-    resp = queue.heartbeat(
+    resp = queue.leases.heartbeat(
         w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
     )
     assert orders(resp) == {lease.job_id: "continue"}
     assert job(store, submitted.id).lease_expires_at == T0 + 21 + LEASE
-    assert queue.worker(w.id).status is WorkerStatus.BUSY
+    assert queue.fleet.state_of(queue.fleet.worker(w.id)).status is WorkerStatus.BUSY
 
-    queue.append_logs(lease.job_id, lease.attempt, [("stdout", "epoch 1"), ("stderr", "warn")])
-    queue.append_logs(lease.job_id, lease.attempt, [("stdout", "epoch 2")])
+    queue.leases.append_logs(
+        lease.job_id, lease.attempt, [("stdout", "epoch 1"), ("stderr", "warn")]
+    )
+    queue.leases.append_logs(lease.job_id, lease.attempt, [("stdout", "epoch 2")])
     logs = store.logs(submitted.id, after=0, limit=100)
     assert [(x.stream, x.line, x.attempt) for x in logs] == [
         ("stdout", "epoch 1", 1),
@@ -270,7 +291,7 @@ def test_lease_protocol_happy_path(store: SqlStore, queue: QueueService, clock: 
     assert [x.line for x in store.logs(submitted.id, after=logs[0].seq, limit=1)] == ["warn"]
 
     clock.advance(5)
-    done = queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    done = queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     assert done.status is JobStatus.SUCCEEDED
     assert done.attempts == 1
     assert done.exit_code == 0
@@ -289,25 +310,27 @@ def _stale_setup(
     w1 = register(queue, "w1")
     queue.submit(spec())
     old = claim(queue, w1)
-    queue.start(old.job_id, old.attempt)
-    queue.append_logs(old.job_id, old.attempt, [("stdout", "from attempt 1")])
+    queue.leases.start(old.job_id, old.attempt)
+    queue.leases.append_logs(old.job_id, old.attempt, [("stdout", "from attempt 1")])
     clock.advance(LEASE + 1)
-    assert queue.sweep()[0] == [old.job_id]
+    assert queue.leases.sweep()[0] == [old.job_id]
     w2 = register(queue, "w2")
     new = claim(queue, w2)
     assert new.job_id == old.job_id
     assert new.attempt == 2
-    queue.start(new.job_id, new.attempt)
-    queue.append_logs(new.job_id, new.attempt, [("stdout", "from attempt 2")])
+    queue.leases.start(new.job_id, new.attempt)
+    queue.leases.append_logs(new.job_id, new.attempt, [("stdout", "from attempt 2")])
     return w1, old, new
 
 
 STALE_WRITES: dict[str, Callable[[QueueService, Lease], object]] = {
-    "start": lambda q, lease: q.start(lease.job_id, lease.attempt),
-    "append_logs": lambda q, lease: q.append_logs(lease.job_id, lease.attempt, [("stdout", "x")]),
-    "finish_ok": lambda q, lease: q.finish(lease.job_id, lease.attempt, 0, None),
-    "finish_fail": lambda q, lease: q.finish(lease.job_id, lease.attempt, 1, "boom"),
-    "release": lambda q, lease: q.release(lease.job_id, lease.attempt, "drained"),
+    "start": lambda q, lease: q.leases.start(lease.job_id, lease.attempt),
+    "append_logs": lambda q, lease: q.leases.append_logs(
+        lease.job_id, lease.attempt, [("stdout", "x")]
+    ),
+    "finish_ok": lambda q, lease: q.leases.finish(lease.job_id, lease.attempt, 0, None),
+    "finish_fail": lambda q, lease: q.leases.finish(lease.job_id, lease.attempt, 1, "boom"),
+    "release": lambda q, lease: q.leases.release(lease.job_id, lease.attempt, "drained"),
 }
 
 
@@ -350,7 +373,7 @@ def test_stale_heartbeat_orders_cancel_and_extends_nothing(
     w1, old, new = _stale_setup(store, queue, clock)
     before = job(store, new.job_id)
     clock.advance(5)
-    resp = queue.heartbeat(
+    resp = queue.leases.heartbeat(
         w1.id, HeartbeatRequest(leases=[LeaseRef(job_id=old.job_id, attempt=old.attempt)])
     )
     assert orders(resp) == {old.job_id: "cancel"}
@@ -359,7 +382,7 @@ def test_stale_heartbeat_orders_cancel_and_extends_nothing(
 
 def test_unknown_job_is_not_found(queue: QueueService) -> None:
     with pytest.raises(NotFound):
-        queue.start("j-nope", 1)
+        queue.leases.start("j-nope", 1)
     with pytest.raises(NotFound):
         queue.cancel("j-nope")
 
@@ -374,8 +397,8 @@ def test_failures_retry_with_backoff_then_fail(
     submitted = queue.submit(spec(max_attempts=3))
 
     first = claim(queue, w)
-    queue.start(first.job_id, first.attempt)
-    row = queue.finish(first.job_id, first.attempt, exit_code=1, error=None)
+    queue.leases.start(first.job_id, first.attempt)
+    row = queue.leases.finish(first.job_id, first.attempt, exit_code=1, error=None)
     assert row.status is JobStatus.PENDING
     assert row.attempts == 1
     assert row.not_before == clock.now + BACKOFF
@@ -384,27 +407,29 @@ def test_failures_retry_with_backoff_then_fail(
     assert row.finished_at is None
 
     clock.advance(BACKOFF - 1)
-    assert queue.try_claim(w.id, CPU) is None  # still backing off
+    assert queue.leases.try_claim(w.id, CPU) is None  # still backing off
     clock.advance(1)
     second = claim(queue, w)
     assert second.attempt == 2
-    row = queue.finish(second.job_id, second.attempt, exit_code=137, error="CUDA out of memory")
+    row = queue.leases.finish(
+        second.job_id, second.attempt, exit_code=137, error="CUDA out of memory"
+    )
     assert row.status is JobStatus.PENDING
     assert row.attempts == 2
     assert row.not_before == clock.now + 2 * BACKOFF
 
     clock.advance(2 * BACKOFF - 1)
-    assert queue.try_claim(w.id, CPU) is None
+    assert queue.leases.try_claim(w.id, CPU) is None
     clock.advance(1)
     third = claim(queue, w)
-    queue.start(third.job_id, third.attempt)
-    row = queue.finish(third.job_id, third.attempt, exit_code=2, error="disk full")
+    queue.leases.start(third.job_id, third.attempt)
+    row = queue.leases.finish(third.job_id, third.attempt, exit_code=2, error="disk full")
     assert row.status is JobStatus.FAILED
     assert row.attempts == 3
     assert row.finished_at == clock.now
     assert row.not_before is None
     assert row.error == "disk full"
-    assert queue.try_claim(w.id, CPU) is None
+    assert queue.leases.try_claim(w.id, CPU) is None
 
     history = store.attempts(submitted.id)
     assert [a.attempt for a in history] == [1, 2, 3]
@@ -419,10 +444,10 @@ def test_success_after_a_retry_counts_both_attempts(
     w = register(queue, "w1")
     queue.submit(spec())
     first = claim(queue, w)
-    queue.finish(first.job_id, first.attempt, exit_code=1, error=None)
+    queue.leases.finish(first.job_id, first.attempt, exit_code=1, error=None)
     clock.advance(BACKOFF)
     second = claim(queue, w)
-    row = queue.finish(second.job_id, second.attempt, exit_code=0, error=None)
+    row = queue.leases.finish(second.job_id, second.attempt, exit_code=0, error=None)
     assert row.status is JobStatus.SUCCEEDED
     assert row.attempts == 2
     assert row.error is None
@@ -438,14 +463,14 @@ def test_sweep_requeues_an_expired_lease(
     w = register(queue, "silent-box")
     submitted = queue.submit(spec())
     lease = claim(queue, w)
-    queue.start(lease.job_id, lease.attempt)
+    queue.leases.start(lease.job_id, lease.attempt)
 
     clock.advance(LEASE - 1)
-    assert queue.sweep() == ([], [])
+    assert queue.leases.sweep() == ([], [])
     assert job(store, submitted.id).status is JobStatus.RUNNING
 
     clock.advance(2)
-    requeued, offline = queue.sweep()
+    requeued, offline = queue.leases.sweep()
     assert requeued == [submitted.id]
     assert offline == [w.id]
     row = job(store, submitted.id)
@@ -457,8 +482,8 @@ def test_sweep_requeues_an_expired_lease(
     assert "silent-box" in row.error
     [attempt] = store.attempts(submitted.id)
     assert attempt.outcome == "lost"
-    assert queue.worker(w.id).status is WorkerStatus.OFFLINE
-    assert queue.sweep() == ([], [])  # nothing left to expire
+    assert queue.fleet.worker(w.id).status is WorkerStatus.OFFLINE
+    assert queue.leases.sweep() == ([], [])  # nothing left to expire
     # a live worker picks the job up again as attempt 2
     again = claim(queue, register(queue, "live-box"))
     assert (again.job_id, again.attempt) == (submitted.id, 2)
@@ -471,7 +496,7 @@ def test_sweep_fails_the_job_when_no_attempts_are_left(
     submitted = queue.submit(spec(max_attempts=1))
     claim(queue, w)  # claimed, never started
     clock.advance(LEASE + 1)
-    requeued, offline = queue.sweep()
+    requeued, offline = queue.leases.sweep()
     assert requeued == [submitted.id]
     assert offline == [w.id]
     row = job(store, submitted.id)
@@ -486,16 +511,16 @@ def test_heartbeats_keep_the_lease(store: SqlStore, queue: QueueService, clock: 
     w = register(queue, "w1")
     submitted = queue.submit(spec())
     lease = claim(queue, w)
-    queue.start(lease.job_id, lease.attempt)
+    queue.leases.start(lease.job_id, lease.attempt)
     for _ in range(4):
         clock.advance(LEASE - 5)
-        resp = queue.heartbeat(
+        resp = queue.leases.heartbeat(
             w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
         )
         assert orders(resp) == {lease.job_id: "continue"}
-        assert queue.sweep() == ([], [])
+        assert queue.leases.sweep() == ([], [])
     assert job(store, submitted.id).status is JobStatus.RUNNING
-    assert queue.worker(w.id).status is WorkerStatus.BUSY
+    assert queue.fleet.state_of(queue.fleet.worker(w.id)).status is WorkerStatus.BUSY
 
 
 def test_release_does_not_count_an_attempt(
@@ -504,8 +529,8 @@ def test_release_does_not_count_an_attempt(
     w1, w2 = register(queue, "w1"), register(queue, "w2")
     submitted = queue.submit(spec(max_attempts=1))
     lease = claim(queue, w1)
-    queue.start(lease.job_id, lease.attempt)
-    row = queue.release(lease.job_id, lease.attempt, "worker drained")
+    queue.leases.start(lease.job_id, lease.attempt)
+    row = queue.leases.release(lease.job_id, lease.attempt, "worker drained")
     assert row.status is JobStatus.PENDING
     assert row.attempts == 0
     assert row.worker_id is None
@@ -513,7 +538,7 @@ def test_release_does_not_count_an_attempt(
     # claimable again at once, and the one allowed attempt is still there
     again = claim(queue, w2)
     assert again.job_id == submitted.id
-    done = queue.finish(again.job_id, again.attempt, exit_code=0, error=None)
+    done = queue.leases.finish(again.job_id, again.attempt, exit_code=0, error=None)
     assert done.status is JobStatus.SUCCEEDED
     assert done.attempts == 1
     assert [a.outcome for a in store.attempts(submitted.id)] == ["released", "succeeded"]
@@ -529,7 +554,7 @@ def test_cancel_a_pending_job(store: SqlStore, queue: QueueService, clock: FakeC
     row = queue.cancel(submitted.id)
     assert row.status is JobStatus.CANCELLED
     assert row.finished_at == clock.now
-    assert queue.try_claim(w.id, CPU) is None
+    assert queue.leases.try_claim(w.id, CPU) is None
     assert store.attempts(submitted.id) == []
 
 
@@ -537,7 +562,7 @@ def test_cancel_a_running_job(store: SqlStore, queue: QueueService, clock: FakeC
     w = register(queue, "w1")
     submitted = queue.submit(spec())
     lease = claim(queue, w)
-    queue.start(lease.job_id, lease.attempt)
+    queue.leases.start(lease.job_id, lease.attempt)
     clock.advance(3)
     row = queue.cancel(submitted.id)
     assert row.status is JobStatus.CANCELLED
@@ -545,12 +570,12 @@ def test_cancel_a_running_job(store: SqlStore, queue: QueueService, clock: FakeC
     [attempt] = store.attempts(submitted.id)
     assert attempt.outcome == "cancelled"
     # the worker hears it on its next heartbeat, and its late result is refused
-    resp = queue.heartbeat(
+    resp = queue.leases.heartbeat(
         w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
     )
     assert orders(resp) == {lease.job_id: "cancel"}
     with pytest.raises(Conflict):
-        queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+        queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     assert job(store, submitted.id).status is JobStatus.CANCELLED
 
 
@@ -558,7 +583,7 @@ def test_cancel_a_succeeded_job_is_a_conflict(store: SqlStore, queue: QueueServi
     w = register(queue, "w1")
     queue.submit(spec())
     lease = claim(queue, w)
-    done = queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    done = queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     with pytest.raises(Conflict, match="succeeded"):
         queue.cancel(done.id)
     assert job(store, done.id) == done
@@ -568,7 +593,7 @@ def test_requeue_a_failed_job(store: SqlStore, queue: QueueService) -> None:
     w = register(queue, "w1")
     submitted = queue.submit(spec(max_attempts=1))
     lease = claim(queue, w)
-    failed = queue.finish(lease.job_id, lease.attempt, exit_code=1, error=None)
+    failed = queue.leases.finish(lease.job_id, lease.attempt, exit_code=1, error=None)
     assert failed.status is JobStatus.FAILED
     row = queue.requeue(submitted.id)
     assert row.status is JobStatus.PENDING
@@ -597,9 +622,9 @@ def test_requeue_of_a_live_or_succeeded_job_is_a_conflict(
     submitted = queue.submit(spec())
     if state != "pending":
         lease = claim(queue, w)
-        queue.start(lease.job_id, lease.attempt)
+        queue.leases.start(lease.job_id, lease.attempt)
         if state == "succeeded":
-            queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+            queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     before = job(store, submitted.id)
     assert before.status.value == state
     with pytest.raises(Conflict, match=state):
@@ -638,7 +663,7 @@ def test_apply_twice_is_idempotent(store: SqlStore, queue: QueueService) -> None
     assert first.hosts == ["w1"]
 
     lease = claim(queue, w)
-    queue.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
+    queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     statuses = {j.id: j.status for j in store.list_jobs()}
 
     second = service(store, FakeClock(), queue.blobs).apply(req)
@@ -671,9 +696,9 @@ def test_host_policies_from_apply_limit_claims(store: SqlStore, queue: QueueServ
     bert_box = register(fresh, "bert-box")
     no_resnet = register(fresh, "no-resnet")
     anyone = register(fresh, "anyone")
-    assert fresh.try_claim(bert_box.id, CPU) is None
-    assert fresh.try_claim(no_resnet.id, CPU) is None
-    lease = fresh.try_claim(anyone.id, CPU)
+    assert fresh.leases.try_claim(bert_box.id, CPU) is None
+    assert fresh.leases.try_claim(no_resnet.id, CPU) is None
+    lease = fresh.leases.try_claim(anyone.id, CPU)
     assert lease is not None
     assert lease.spec.model == "resnet50"
 
@@ -691,7 +716,7 @@ def test_host_declared_capability_from_apply(store: SqlStore, queue: QueueServic
     fresh = service(store, FakeClock(), queue.blobs)
     w = register(fresh, "shared-gpu", gpus=[("NVIDIA A100-SXM4-80GB", 80)])
     free = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 80 * GIB),))
-    assert fresh.try_claim(w.id, free) is None
+    assert fresh.leases.try_claim(w.id, free) is None
 
 
 # ---- unrunnable warnings ----------------------------------------------------------------
@@ -701,7 +726,7 @@ def test_unrunnable_job_is_flagged_at_submit(queue: QueueService) -> None:
     register(queue, "laptop")
     row = queue.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
     assert row.unrunnable is not None
-    assert "requires CUDA" in row.unrunnable
+    assert "needs a GPU" in row.unrunnable
     assert "laptop" in row.unrunnable
     assert queue.job(row.id).unrunnable == row.unrunnable
     assert queue.submit(spec("cpu-ok")).unrunnable is None
@@ -809,8 +834,8 @@ def test_a_server_start_extends_leases_only_after_an_outage(
     w = register(queue, "w")
     queue.submit(spec())
     lease = claim(queue, w)
-    assert queue.after_outage() == 0, "a worker heartbeated just now: no outage"
+    assert queue.leases.after_outage() == 0, "a worker heartbeated just now: no outage"
     clock.advance(LEASE)  # nobody heartbeated for a whole lease: the service was down
-    assert queue.after_outage() == 1
+    assert queue.leases.after_outage() == 1
     assert job(store, lease.job_id).lease_expires_at == clock.now + LEASE
-    assert queue.sweep() == ([], [])
+    assert queue.leases.sweep() == ([], [])

@@ -32,6 +32,7 @@ def test_enroll_run_revoke_and_no_secret_in_any_log(fleet: Fleet) -> None:
     listed = json.loads(fleet.cli("tokens", "ls", "--json").stdout)
     box = next(t for t in listed if t["name"] == "box-1")
     assert box["pools"] == ["gpu"] and box["hint"] == token[:7] + "…"
+    box_worker = json.loads(fleet.cli("workers", "--json").stdout)[0]["id"]
     fleet.cli("tokens", "revoke", box["id"])
 
     # The job is back in the queue at once, its attempt not counted; the worker stops it
@@ -44,7 +45,9 @@ def test_enroll_run_revoke_and_no_secret_in_any_log(fleet: Fleet) -> None:
 
     audit = fleet.cli("audit", "--since", "10m", "--json").stdout
     calls = [(a["method"], a["path"], a["status"]) for a in json.loads(audit)]
-    assert ("DELETE", f"/v1/tokens/{box['id']}", 204) in calls
+    assert ("DELETE", f"/v1/tokens/{box['id']}", 200) in calls
+    events = [(a["event"], a["target"]) for a in json.loads(audit) if a["event"]]
+    assert ("worker.offline", box_worker) in events, events
 
     fleet.stop_all()
     for log in fleet.root.glob("*.log"):

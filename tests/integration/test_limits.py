@@ -28,6 +28,7 @@ from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.limits import Limits, nesting_depth, too_deep
+from gpufleet.server.polls import Poll
 from gpufleet.store import SqlStore
 from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import (
@@ -410,7 +411,7 @@ def test_the_bracket_scan_never_fails_on_garbage(body: bytes) -> None:
 @pytest.fixture
 def entered_polls(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Worker ids of the claims that got past the limits into the queue, in order."""
-    queue = app.state.gpufleet.queue
+    queue = app.state.gpufleet.queue.leases
     real = queue.poll
     seen: list[str] = []
 
@@ -419,6 +420,11 @@ def entered_polls(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(worker_id, *args, **kwargs)
 
     monkeypatch.setattr(queue, "poll", poll)
+    # A newer poll of a worker ends its older one at once (the worker's slots changed);
+    # here both must stay open, to test the cap on what piles up before that.
+    polls = app.state.gpufleet.polls
+    monkeypatch.setattr(polls, "begin", lambda worker_id: Poll())
+    monkeypatch.setattr(polls, "end", lambda worker_id, poll: True)
     return seen
 
 
@@ -511,7 +517,7 @@ def test_disconnected_and_failing_claims_give_their_slots_back(
     def broken(*_: Any, **__: Any) -> None:
         raise RuntimeError("the store fell over")
 
-    monkeypatch.setattr(app.state.gpufleet.queue, "poll", broken)
+    monkeypatch.setattr(app.state.gpufleet.queue.leases, "poll", broken)
     statuses = [client.post(url, json=CLAIM_BODY, headers=worker).status_code for _ in range(3)]
     assert statuses == [500, 500, 500]
     monkeypatch.undo()

@@ -18,6 +18,8 @@ pytestmark = TESTCLIENT_ON_HTTPX
 # What the CLI, SDK and worker rely on; a route that vanishes from here breaks them.
 EXPECTED = {
     ("GET", "/v1/health"),
+    ("POST", "/v1/workers/{worker_id}/leave"),
+    ("DELETE", "/v1/workers/{ref}"),
     ("POST", "/v1/jobs"),
     ("GET", "/v1/jobs"),
     ("GET", "/v1/jobs/{ref}"),

@@ -5,22 +5,35 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpufleet.domain.models import GpuInfo
-from gpufleet.worker.runner import build_argv, describe_exit, hyper_args, job_env
+from gpufleet.domain.models import GpuInfo, HyperStyle, hyper_flags
+from gpufleet.worker.runner import build_argv, describe_exit, job_env
 from gpufleet.worker.slots import Slots
 
+HYPER = {"epochs": 3, "batch_size": 64, "use_amp": True, "no_cache": False, "layers": [1, 2]}
 
-def test_hyperparameters_become_key_value_pairs_in_order() -> None:
-    args = hyper_args({"epochs": 3, "lr": 0.1, "amp": True, "name": "a b", "layers": [1, 2]})
-    assert args == [
+
+def test_dash_style_is_what_argparse_scripts_expect() -> None:
+    assert hyper_flags(HYPER) == [
         "--epochs",
         "3",
-        "--lr",
-        "0.1",
-        "--amp",
+        "--batch-size",
+        "64",
+        "--use-amp",
+        "--layers",
+        "[1, 2]",
+    ]
+
+
+def test_verbatim_style_passes_keys_and_values_as_written() -> None:
+    assert hyper_flags(HYPER, HyperStyle.VERBATIM) == [
+        "--epochs",
+        "3",
+        "--batch_size",
+        "64",
+        "--use_amp",
         "true",
-        "--name",
-        "a b",
+        "--no_cache",
+        "false",
         "--layers",
         "[1, 2]",
     ]
@@ -28,9 +41,9 @@ def test_hyperparameters_become_key_value_pairs_in_order() -> None:
 
 def test_argv_and_shell_commands() -> None:
     assert build_argv(["python", "t.py"], {"e": 1}, shell=False) == ["python", "t.py", "--e", "1"]
-    shell = build_argv(["echo $HOME"], {"msg": "it's"}, shell=True)
+    shell = build_argv(["echo $HOME"], {"msg": "it's", "dry_run": True}, shell=True)
     assert shell[:2] == ["/bin/sh", "-c"]
-    assert shell[2] == "echo $HOME --msg 'it'\"'\"'s'"
+    assert shell[2] == "echo $HOME --msg 'it'\"'\"'s' --dry-run"
 
 
 def test_job_env_pins_gpus_and_puts_our_python_first() -> None:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from gpufleet import __version__
 from gpufleet.cli import data, fleet, jobs
 from gpufleet.errors import GpufleetError
+from gpufleet.tokens import redact
 
 app = typer.Typer(
     name="gpufleet",
@@ -33,16 +34,18 @@ def _root(
 
 
 def main() -> None:
-    """Console entry point: errors become one clear line and a non-zero exit."""
+    """Console entry point: errors become one clear line and a non-zero exit. An error
+    never shows a token: anything token-shaped in it is cut to its hint."""
     try:
         app()
     except GpufleetError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"error: {redact(exc.message)}", file=sys.stderr)
         sys.exit(2 if exc.code in ("config_error", "manifest_error") else 1)
     except ValidationError as exc:  # a flag value the API would refuse: say which, no traceback
         for problem in exc.errors():
             where = ".".join(str(p) for p in problem["loc"]) or "value"
-            print(f"error: invalid {where}: {problem['msg']}", file=sys.stderr)
+            said = str(problem["msg"]).removeprefix("Value error, ")
+            print(f"error: invalid {where}: {redact(said)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

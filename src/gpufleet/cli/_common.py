@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TextIO, cast
 
 import typer
 from pydantic import BaseModel
@@ -16,10 +17,44 @@ from rich.console import Console
 from gpufleet import config
 from gpufleet.client import Client
 from gpufleet.errors import ConfigError
+from gpufleet.tokens import redact
+
+
+class _Redacting(io.TextIOBase):  # a TextIO for Rich: it only writes, flushes and asks
+    """A text stream that cuts anything token-shaped to its hint on its way out: what
+    the CLI shows never includes a token (``tokens create`` prints its new secret with
+    ``print``, past this)."""
+
+    def __init__(self, stream: Callable[[], TextIO]) -> None:
+        self._find = stream  # looked up at each write: tests swap sys.stdout/stderr
+
+    def _stream(self) -> TextIO:
+        # While Rich shows a live display it puts a proxy of its console in sys.stdout and
+        # sys.stderr; the stream is the one behind it, as Rich's own console finds it.
+        stream = self._find()
+        return cast(TextIO, getattr(stream, "rich_proxied_file", stream))
+
+    def write(self, text: str) -> int:
+        self._stream().write(redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream().flush()
+
+    def isatty(self) -> bool:
+        return self._stream().isatty()
+
+    def fileno(self) -> int:
+        return self._stream().fileno()
+
 
 # Off a terminal (pipes, CI logs) tables get room instead of the 80-column default.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(
+    file=cast(TextIO, _Redacting(lambda: sys.stdout)),
+    highlight=False,
+    width=None if sys.stdout.isatty() else 200,
+)
+err = Console(file=cast(TextIO, _Redacting(lambda: sys.stderr)), highlight=False, soft_wrap=True)
 
 
 def setting_help(name: str, extra: str = "") -> str:
@@ -36,6 +71,15 @@ def setting_option(name: str, *flags: str, extra: str = "") -> Any:
 
 
 CaOpt = Annotated[Path | None, setting_option("ca")]
+SessionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--session",
+        help="Talk to the server of this session string (what a worker printed; @FILE "
+        "reads it from a file) with its token: the jobs you submitted through it. "
+        "Default: GPUFLEET_SESSION, when set.",
+    ),
+]
 
 
 def resolve(**cli: Any) -> config.Resolved:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpufleet import config
-from gpufleet.cli._common import age, err, resolve, styled
+from gpufleet.cli._common import age, client, err, resolve, styled
 from gpufleet.client import Client
 from gpufleet.client.session import Session
 from gpufleet.errors import ConfigError
@@ -46,10 +46,24 @@ def gpu_summary(gpus: list[GpuModel], simulated: bool) -> str:
     return (text + (" (simulated)" if simulated else "")) if text else "-"
 
 
+def labels_text(w: WorkerOut) -> str:
+    """``k=v`` pairs, a ``*`` marking those the worker's token fixes (trustworthy)."""
+    fixed = set(w.fixed_labels)
+    return ",".join(f"{k}={v}{'*' if k in fixed else ''}" for k, v in w.labels.items()) or "-"
+
+
+def seen(w: WorkerOut) -> str:
+    """When the worker was last heard of; for an offline one, how long it has been gone."""
+    if w.status == "offline" and w.offline_since:
+        return f"gone {age(w.offline_since)}"
+    return age(w.last_heartbeat) + " ago" if w.last_heartbeat else "-"
+
+
 def worker_table(rows: list[WorkerOut], numbered: bool = False) -> Table:
     table = Table(box=None, header_style="bold")
     cols = ["#"] if numbered else []
-    cols += ["ID", "NAME", "HOST", "POOL", "STATUS", "GPUS (free/total)", "RUNNING", "SEEN"]
+    cols += ["ID", "NAME", "HOST", "POOL", "STATUS", "GPUS (free/total)", "RUNNING"]
+    cols += ["LABELS", "SEEN"]
     for col in cols:
         table.add_column(col)
     for i, w in enumerate(rows, 1):
@@ -62,10 +76,26 @@ def worker_table(rows: list[WorkerOut], numbered: bool = False) -> Table:
             styled(w.status),
             escape(gpu_summary(w.gpus, w.gpus_simulated)),
             escape(", ".join(w.running) or "-"),
-            age(w.last_heartbeat) + " ago" if w.last_heartbeat else "-",
+            escape(labels_text(w)),
+            seen(w),
         ]
         table.add_row(*cells)
     return table
+
+
+def session_client(server: str | None, ca: Path | None, session: str | None) -> Client:
+    """The client a job command uses: with a session (``--session`` STRING or @FILE, or
+    GPUFLEET_SESSION), the session's server and token, so whoever submitted through a
+    session can follow, fetch and steer those jobs with nothing else configured; else the
+    configured server and token."""
+    target = read_session(session)
+    if target is None:
+        return client(server, ca)
+    if server is not None and config.normalize_url(server) != config.normalize_url(target.server):
+        raise ConfigError(
+            f"--server {server}: the session is for {target.server}; give one or the other"
+        )
+    return client(target.server, ca, token=session_token(target))
 
 
 def session_token(target: Session) -> str:

@@ -15,7 +15,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.cli._common import CaOpt, client, err, out, print_json, setting_option, when
+from gpufleet.cli._common import (
+    CaOpt,
+    SessionOpt,
+    client,
+    err,
+    out,
+    print_json,
+    setting_option,
+    when,
+)
+from gpufleet.cli.choose import session_client
 from gpufleet.client import Client
 from gpufleet.client._transfer import Progress as Advance
 from gpufleet.domain.manifest import default_job_dest, split_dest
@@ -177,10 +187,11 @@ def download(
     ] = None,
     server: ServerOpt = None,
     ca: CaOpt = None,
+    session: SessionOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Download a job's artifact (its outputs) and unpack it."""
-    with client(server, ca) as c:
+    with session_client(server, ca, session) as c:
         dest = fetch_results(c, job, output, as_json)
         art = c.artifact(job)
     if as_json:

@@ -14,10 +14,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet import config
+from gpufleet import config, tokens
 from gpufleet.cli import install
 from gpufleet.cli._common import (
     CaOpt,
+    SessionOpt,
     client,
     day,
     err,
@@ -29,7 +30,7 @@ from gpufleet.cli._common import (
     setting_option,
     styled,
 )
-from gpufleet.cli.choose import worker_table
+from gpufleet.cli.choose import session_client, worker_table
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.wire import TokenCreate, TokenCreated
 
@@ -40,12 +41,14 @@ SimOpt = Annotated[str | None, setting_option("simulate_gpus", extra=', as "NAME
 
 config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
 tokens_app = typer.Typer(help="Create, list and revoke tokens (admin).", no_args_is_help=True)
+workers_app = typer.Typer(subcommand_metavar="[COMMAND [ARGS]...]")
 
 
 def register(app: typer.Typer) -> None:
-    for cmd in (server, workers, drain, status, capability, audit):
+    for cmd in (server, drain, status, capability, audit, whoami):
         app.command()(cmd)
     app.add_typer(install.worker_group(worker), name="worker")  # `worker` runs it, plus `install`
+    app.add_typer(workers_app, name="workers")  # `workers` lists them, plus `rm`
     app.add_typer(config_app, name="config")
     app.add_typer(tokens_app, name="tokens")
 
@@ -60,6 +63,7 @@ def server(
     lease_timeout: Annotated[float | None, setting_option("lease_timeout")] = None,
     prefer_cuda_grace: Annotated[float | None, setting_option("prefer_cuda_grace")] = None,
     retry_backoff: Annotated[float | None, setting_option("retry_backoff")] = None,
+    ephemeral_ttl: Annotated[float | None, setting_option("ephemeral_ttl")] = None,
     max_blob_size: Annotated[str | None, setting_option("max_blob_size")] = None,
     tls_cert: Annotated[Path | None, setting_option("tls_cert")] = None,
     tls_key: Annotated[Path | None, setting_option("tls_key")] = None,
@@ -75,6 +79,7 @@ def server(
         lease_timeout=lease_timeout,
         prefer_cuda_grace=prefer_cuda_grace,
         retry_backoff=retry_backoff,
+        ephemeral_ttl=ephemeral_ttl,
         max_blob_size=max_blob_size,
         tls_cert=tls_cert,
         tls_key=tls_key,
@@ -83,6 +88,7 @@ def server(
         lease_timeout=s["lease_timeout"],
         prefer_cuda_grace=s["prefer_cuda_grace"],
         retry_backoff=s["retry_backoff"],
+        ephemeral_ttl=s["ephemeral_ttl"],
     )
     serve(
         ServerOptions(
@@ -184,17 +190,23 @@ def _share_token() -> str:
             "(gpufleet tokens create --role submitter --pool POOL); tokens are never taken "
             "from the command line"
         )
-    return token
+    return tokens.clean(token, SHARE_TOKEN_ENV)
 
 
+@workers_app.callback(invoke_without_command=True)
 def workers(
+    ctx: typer.Context,
     pool: Annotated[str | None, typer.Option(help="Only this pool's workers.")] = None,
     server: ServerOpt = None,
     ca: CaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List workers: status (available, reserved, busy, draining, offline), host, GPUs with
-    free/total memory, running jobs, heartbeat age."""
+    """List workers: status (connecting, available, reserved, busy, draining, offline),
+    host, GPUs with free/total memory, running jobs, labels (* fixed by the worker's
+    token), and when it was last seen or how long it has been gone. `workers rm` forgets
+    an offline one."""
+    if ctx.invoked_subcommand is not None:
+        return
     with client(server, ca) as c:
         rows = c.workers(pool)
     if as_json:
@@ -220,8 +232,9 @@ def audit(
     ca: CaOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The audit log: every state-changing call, who made it, from where, and how it ended
-    (admin, operator)."""
+    """The audit log: every state-changing call, who made it, from where, and how it ended,
+    and the server's lifecycle events (worker registered, offline, removed; lease lost)
+    (admin, operator of every pool)."""
     start = parse_since(since) if since else None
     with client(server, ca) as c:
         rows = c.audit(start, limit, after)
@@ -229,18 +242,19 @@ def audit(
         print_json(rows)
         return
     table = Table(box=None, header_style="bold")
-    for col in ("SEQ", "WHEN", "WHO", "ROLE", "FROM", "CALL", "STATUS", "TARGET"):
-        table.add_column(col)
+    for col in ("SEQ", "WHEN", "WHO", "ROLE", "FROM", "CALL OR EVENT", "STATUS", "TARGET"):
+        table.add_column(col, overflow="fold" if col == "CALL OR EVENT" else "ellipsis")
     for a in rows:
         who = f"{a.token_name} ({a.token_id})" if a.token_id else "-"
+        what = f"{a.event}: {a.detail}" if a.event else f"{a.method} {a.path}"
         table.add_row(
             str(a.seq),
             a.at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
             escape(who),
-            a.role or "-",
+            a.role or ("server" if a.event else "-"),
             escape(a.address),
-            escape(f"{a.method} {a.path}"),
-            str(a.status),
+            escape(what),
+            "-" if a.status is None else str(a.status),
             escape(a.target or "-"),
         )
     out.print(table)
@@ -266,19 +280,41 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.astimezone()
 
 
+@workers_app.command("rm")
+def workers_rm(
+    worker_ref: Annotated[str, typer.Argument(metavar="WORKER", help="Worker id or name.")],
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Forget an offline worker (admin, operator). A worker that is not offline is
+    refused: drain it first. Its jobs' history keeps its name."""
+    with client(server, ca) as c:
+        w = c.remove_worker(worker_ref)
+    if as_json:
+        print_json(w)
+        return
+    out.print(f"{escape(w.name)} ({w.id}): removed")
+
+
 def drain(
     worker_ref: Annotated[str, typer.Argument(metavar="WORKER", help="Worker id or name.")],
     server: ServerOpt = None,
     ca: CaOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Stop giving a worker jobs; it finishes what it runs, then exits."""
+    """Stop giving a worker jobs; it finishes what it runs, then exits (and shows offline)."""
     with client(server, ca) as c:
         w = c.drain(worker_ref)
+    if as_json:
+        print_json(w)
+        return
     out.print(f"{escape(w.name)} ({w.id}): {styled(w.status)}")
 
 
 def status(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
-    """A summary of the fleet: jobs by status, workers by status, slots."""
+    """A summary of the fleet: jobs by status, workers by status, and the slots of the
+    workers not offline, with how many are free (not running a job, not held for one)."""
     with client(server, ca) as c:
         s = c.status()
     if as_json:
@@ -287,8 +323,29 @@ def status(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False)
     jobs = ", ".join(f"{n} {k}" for k, n in sorted(s.jobs.items())) or "no jobs"
     ws = ", ".join(f"{n} {k}" for k, n in sorted(s.workers.items())) or "no workers"
     out.print(
-        f"jobs: {jobs}\nworkers: {ws}\nslots: {s.cpu_slots} CPU, {s.gpus} GPU ({s.gpus_free} free)"
+        f"jobs: {jobs}\nworkers: {ws}\n"
+        f"slots of the workers not offline: {s.cpu_slots} CPU ({s.cpu_slots_free} free), "
+        f"{s.gpus} GPU ({s.gpus_free} free)\n"
+        "free: not running a job and not held for one that waits for that worker"
     )
+
+
+def whoami(
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The token this CLI uses (or the session's): its id, name, role and pools; never its
+    secret."""
+    with session_client(server, ca, session) as c:
+        me = c.whoami()
+        url = c.server
+    if as_json:
+        print_json(me)
+        return
+    pools = ", ".join(me.pools) or "every pool"
+    out.print(f"{me.id} ({escape(me.name)}): {me.role} of {escape(pools)} on {escape(url)}")
 
 
 def capability(simulate_gpus: SimOpt = None) -> None:
@@ -333,8 +390,12 @@ def _enroll_hint(server: str, pool: str, name: str) -> str:
     )
 
 
-def _show_secret(t: TokenCreated, server: str, what: str) -> None:
-    """The secret alone on stdout (for scripts), everything else on stderr."""
+def _show_secret(t: TokenCreated, server: str, what: str, as_json: bool = False) -> None:
+    """The secret alone on stdout (for scripts), everything else on stderr; or all of it
+    as JSON on stdout."""
+    if as_json:
+        sys.stdout.write(json.dumps(t.model_dump(mode="json"), indent=2) + "\n")
+        return
     scope = f", pool {', '.join(t.pools)}" if t.pools else ""
     expires = f", expires {t.expires_at:%Y-%m-%d %H:%M} UTC" if t.expires_at else ""
     err.print(f"token {t.id} ({t.role}{scope}{expires}) {what}; the secret is shown once:")
@@ -350,8 +411,16 @@ def tokens_create(
     pool: Annotated[
         list[str] | None,
         typer.Option(
-            help="Pool the token is scoped to (repeatable for a submitter; a worker token "
-            "has exactly one; default: 'default'). Admin and operator tokens see every pool."
+            help="Pool the token is scoped to (repeatable for a submitter or operator; a "
+            "worker token has exactly one; default: 'default'). An operator token without "
+            "--pool, and an admin token, act on every pool."
+        ),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="k=v (repeatable), worker tokens: a label every worker enrolled with this "
+            "token carries, whatever it declares (jobs can trust it, e.g. team=nlp)."
         ),
     ] = None,
     expires: Annotated[
@@ -359,14 +428,18 @@ def tokens_create(
     ] = None,
     server: ServerOpt = None,
     ca: CaOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the token as JSON (its secret included).")
+    ] = False,
 ) -> None:
     """Create a token and print its secret once (the server keeps only its hash); for a
     worker token, also the command that enrolls a machine."""
-    body = TokenCreate(name=name, role=role, pools=pool or [], expires_days=expires)
+    labels = parse_pairs(label or [], "--label")
+    body = TokenCreate(name=name, role=role, pools=pool or [], expires_days=expires, labels=labels)
     with client(server, ca) as c:
         t = c.create_token(body)
         url = c.server
-    _show_secret(t, url, "created")
+    _show_secret(t, url, "created", as_json)
 
 
 @tokens_app.command("ls")
@@ -379,7 +452,17 @@ def tokens_list(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = F
         print_json(rows)
         return
     table = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "ROLE", "POOLS", "STARTS", "CREATED", "EXPIRES", "REVOKED"):
+    for col in (
+        "ID",
+        "NAME",
+        "ROLE",
+        "POOLS",
+        "LABELS",
+        "STARTS",
+        "CREATED",
+        "EXPIRES",
+        "REVOKED",
+    ):
         table.add_column(col)
     for t in rows:
         table.add_row(
@@ -387,6 +470,7 @@ def tokens_list(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = F
             escape(t.name),
             t.role,
             escape(",".join(t.pools) or "(all)"),
+            escape(",".join(f"{k}={v}" for k, v in t.labels.items()) or "-"),
             escape(t.hint),
             day(t.created_at),
             day(t.expires_at),
@@ -398,17 +482,23 @@ def tokens_list(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = F
 tokens_app.command("list", hidden=True)(tokens_list)
 
 
+SecretJsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the token as JSON (its new secret included).")
+]
+
+
 @tokens_app.command("rotate")
 def tokens_rotate(
     token_id: Annotated[str, typer.Argument(help="Token id.")],
     server: ServerOpt = None,
     ca: CaOpt = None,
+    as_json: SecretJsonOpt = False,
 ) -> None:
     """Give a token a new secret (same id, role and pools); the old secret fails at once."""
     with client(server, ca) as c:
         t = c.rotate_token(token_id)
         url = c.server
-    _show_secret(t, url, "rotated")
+    _show_secret(t, url, "rotated", as_json)
 
 
 @tokens_app.command("revoke")
@@ -416,8 +506,12 @@ def tokens_revoke(
     token_id: Annotated[str, typer.Argument(help="Token id.")],
     server: ServerOpt = None,
     ca: CaOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Revoke a token at once; workers it enrolled go offline and their jobs are requeued."""
     with client(server, ca) as c:
-        c.revoke_token(token_id)
+        t = c.revoke_token(token_id)
+    if as_json:
+        print_json(t)
+        return
     out.print(f"{token_id}: revoked")

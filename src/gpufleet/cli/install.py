@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpufleet import config
+from gpufleet import config, tokens
 from gpufleet.cli._common import parse_pairs, resolve, setting_option
 from gpufleet.errors import ConfigError
 
@@ -344,9 +344,7 @@ def read_token(token_file: Path | None, server: str) -> tuple[str, str]:
             "--token-file FILE (tokens never go on the command line); create one with "
             "`gpufleet tokens create --role worker --name HOST`"
         )
-    if not token.isascii() or re.search(r"[\s\x00-\x1f\x7f]", token):
-        raise ConfigError(f"{where}: the token holds whitespace, control or non-ASCII characters")
-    return token, where
+    return tokens.clean(token, where), where
 
 
 @dataclass(frozen=True)

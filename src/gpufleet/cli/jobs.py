@@ -14,6 +14,7 @@ from rich.table import Table
 
 from gpufleet.cli._common import (
     CaOpt,
+    SessionOpt,
     client,
     duration,
     err,
@@ -25,8 +26,9 @@ from gpufleet.cli._common import (
     when,
 )
 from gpufleet.cli.choose import auto_select as auto_select_worker
-from gpufleet.cli.choose import interactive_select, read_session, session_token
+from gpufleet.cli.choose import interactive_select, read_session, session_client, session_token
 from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
+from gpufleet.cli.show import error_line, show_detail
 from gpufleet.client import Client
 from gpufleet.domain.manifest import parse_manifest
 from gpufleet.domain.models import InputKind
@@ -73,9 +75,23 @@ def submit(
     min_vram_gib: Annotated[float, typer.Option(min=0, help="Minimum VRAM per GPU, GiB.")] = 0.0,
     min_ram_gib: Annotated[float, typer.Option(min=0, help="Minimum host RAM, GiB.")] = 0.0,
     gpus: Annotated[int, typer.Option(min=0, help="Number of GPUs (implies --require-cuda).")] = 0,
-    gpu_name: Annotated[str | None, typer.Option(help="GPU name glob, e.g. 'a100*'.")] = None,
+    gpu_name: Annotated[
+        str | None, typer.Option(help="GPU name glob, e.g. 'a100*' (implies a GPU).")
+    ] = None,
+    cpu: Annotated[
+        bool,
+        typer.Option(
+            "--cpu",
+            help="Run in a CPU slot even on a chosen GPU worker (--worker, --session, "
+            "--auto-select and --select otherwise give the job one of its GPUs).",
+        ),
+    ] = False,
     label: Annotated[
-        list[str] | None, typer.Option(help="Worker label glob k=v (repeatable).")
+        list[str] | None,
+        typer.Option(
+            help="Worker label glob k=v (repeatable); a key naming a GPU (gpu_type=a100*) "
+            "implies a GPU."
+        ),
     ] = None,
     host: Annotated[
         list[str] | None, typer.Option(help="Allowed host name glob (repeatable).")
@@ -198,6 +214,7 @@ def submit(
         labels=parse_pairs(label or [], "--label"),
         allowed_hosts=host or [],
         worker=worker,
+        cpu_only=cpu,
     )
     token = session_token(target) if target is not None else None
     with client(server, ca, token=token) as c:
@@ -323,6 +340,12 @@ def apply(
         )
     for job_id, reason in result.unrunnable.items():
         err.print(f"[yellow]warning:[/yellow] {job_id}: {escape(reason)}")
+    if result.absent:
+        out.print(
+            f"{len(result.absent)} job(s) of manifest {escape(result.manifest)} are no longer "
+            f"in it; they stay (cancel those still queued to stop them): "
+            + ", ".join(result.absent)
+        )
 
 
 def job_table(rows: list[JobOut]) -> Table:
@@ -351,7 +374,7 @@ def job_table(rows: list[JobOut]) -> Table:
             when(j.started_at),
             duration(j.started_at, j.finished_at),
             "-" if j.exit_code is None else str(j.exit_code),
-            escape((j.error or "")[:80]),
+            escape(error_line(j)[:160]),
         )
     return table
 
@@ -359,14 +382,15 @@ def job_table(rows: list[JobOut]) -> Table:
 def jobs(
     server: ServerOpt = None,
     ca: CaOpt = None,
+    session: SessionOpt = None,
     status: Annotated[
         str | None, typer.Option(help="Only these statuses, comma-separated.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many jobs.")] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
-    """List jobs, oldest first."""
-    with client(server, ca) as c:
+    """List jobs, oldest first; a failed job's ERROR ends with the last line of its stderr."""
+    with session_client(server, ca, session) as c:
         rows = c.jobs(status, limit)
     if as_json:
         print_json(rows)
@@ -374,44 +398,49 @@ def jobs(
         out.print(job_table(rows))
 
 
-def show(job: JobArg, server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
-    """Show one job: spec, state, and every attempt."""
-    with client(server, ca) as c:
+def show(
+    job: JobArg,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one job: spec, state, why it failed (its stderr's last lines), what it waits
+    for, its artifact, and every attempt."""
+    with session_client(server, ca, session) as c:
         d = c.job(job)
     if as_json:
         print_json(d)
         return
-    out.print(
-        f"[bold]{d.id}[/bold] {escape(d.name)}: {styled(d.status)}"
-        f"  attempts {d.attempts}/{d.max_attempts}  priority {d.priority}"
-    )
-    out.print(f"  command: {escape(' '.join(d.spec.command))}")
-    if d.spec.hyper:
-        out.print("  hyper: " + escape(", ".join(f"{k}={v}" for k, v in d.spec.hyper.items())))
-    if d.unrunnable:
-        out.print(f"  [yellow]{escape(d.unrunnable)}[/yellow]")
-    if d.error:
-        out.print(f"  error: {escape(d.error)}")
-    for a in d.history:
-        out.print(
-            f"  attempt {a.attempt}: {escape(a.worker or '-')} gpus={a.gpus or '-'} "
-            f"{a.outcome or 'in progress'} exit={a.exit_code if a.exit_code is not None else '-'}"
-            f"{' error=' + escape(a.error) if a.error else ''}"
-        )
+    show_detail(d)
 
 
 def logs(
     job: JobArg,
     server: ServerOpt = None,
     ca: CaOpt = None,
+    session: SessionOpt = None,
     follow_: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep printing until the job ends, then say how it ended (exit code 1 "
+            "unless it succeeded).",
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Print a job's output (stdout and stderr)."""
-    with client(server, ca) as c:
-        follow(c, job, as_json, keep_going=follow_)
+    with session_client(server, ca, session) as c:
+        status = follow(c, job, as_json, keep_going=follow_)
+        if not follow_:
+            return
+        d = c.job(job)
+    said = f": {d.error}" if d.error and status != "cancelled" else ""
+    err.print(f"job {d.id} {styled(status)}{escape(said)}")
+    if status != "succeeded":
+        raise typer.Exit(1)
 
 
 def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
@@ -434,23 +463,51 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
         time.sleep(0.5)
 
 
-def cancel(job: JobArg, server: ServerOpt = None, ca: CaOpt = None) -> None:
-    """Cancel a job; a running one is killed with its whole process group."""
-    with client(server, ca) as c:
+def cancel(
+    job: JobArg,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a job; a running one is killed with its whole process group. A submitter
+    token cancels only the jobs it submitted."""
+    with session_client(server, ca, session) as c:
         j = c.cancel(job)
-    out.print(f"{j.id}: {styled(j.status)}")
+    _acted(j, as_json)
 
 
-def requeue(job: JobArg, server: ServerOpt = None, ca: CaOpt = None) -> None:
-    """Queue a failed or cancelled job again, with a fresh attempt budget."""
-    with client(server, ca) as c:
+def requeue(
+    job: JobArg,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a failed or cancelled job again, with a fresh attempt budget. A submitter
+    token requeues only the jobs it submitted."""
+    with session_client(server, ca, session) as c:
         j = c.requeue(job)
-    out.print(f"{j.id}: {styled(j.status)}")
+    _acted(j, as_json)
 
 
-def why(job: JobArg, server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
-    """Why a job waits: for every worker, the constraint that keeps it from taking it."""
-    with client(server, ca) as c:
+def _acted(j: JobOut, as_json: bool) -> None:
+    if as_json:
+        print_json(j)
+    else:
+        out.print(f"{j.id}: {styled(j.status)}")
+
+
+def why(
+    job: JobArg,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Why a job waits: what it waits for (a job it needs, a backoff), and for every worker
+    its status and a constraint that keeps it from taking the job."""
+    with session_client(server, ca, session) as c:
         w = c.why(job)
     if as_json:
         print_json(w)

@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
+from gpufleet import tokens
 from gpufleet.client._tls import transport_error
 from gpufleet.errors import BY_CODE, GpufleetError
 from gpufleet.wire import ErrorBody
@@ -76,4 +77,6 @@ def unreachable(base_url: str, exc: Exception) -> GpufleetError:
 
 
 def headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    """The Authorization header for ``token`` (surrounding whitespace dropped; whitespace
+    or control characters inside are a ConfigError that never shows the token)."""
+    return {"Authorization": f"Bearer {tokens.clean(token)}"} if token else {}

@@ -32,6 +32,7 @@ from gpufleet.wire import (
     JobOut,
     JobSpecModel,
     Lease,
+    LeaveRequest,
     LogAppend,
     LogsOut,
     ManifestApply,
@@ -149,6 +150,10 @@ class Client:
     def drain(self, ref: str) -> WorkerOut:
         return self.call(ops.drain(ref))
 
+    def remove_worker(self, ref: str) -> WorkerOut:
+        """Forget an offline worker (409 for one that is not offline)."""
+        return self.call(ops.remove_worker(ref))
+
     def status(self) -> StatusOut:
         return self.call(ops.status())
 
@@ -158,8 +163,8 @@ class Client:
     def tokens(self) -> list[TokenOut]:
         return self.call(ops.tokens())
 
-    def revoke_token(self, token_id: str) -> None:
-        self.call(ops.revoke_token(token_id))
+    def revoke_token(self, token_id: str) -> TokenOut:
+        return self.call(ops.revoke_token(token_id))
 
     def rotate_token(self, token_id: str) -> TokenCreated:
         return self.call(ops.rotate_token(token_id))
@@ -267,6 +272,9 @@ class AsyncClient:
 
     async def heartbeat(self, worker_id: str, body: HeartbeatRequest) -> HeartbeatResponse:
         return await self.call(ops.heartbeat(worker_id, body))
+
+    async def leave(self, worker_id: str, body: LeaveRequest) -> None:
+        await self.call(ops.leave(worker_id, body))
 
     async def start(self, job_id: str, body: StartRequest) -> None:
         await self.call(ops.start(job_id, body))

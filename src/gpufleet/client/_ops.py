@@ -22,6 +22,7 @@ from gpufleet.wire import (
     JobOut,
     JobSpecModel,
     Lease,
+    LeaveRequest,
     LogAppend,
     LogsOut,
     ManifestApply,
@@ -102,6 +103,14 @@ def drain(ref: str) -> Call[WorkerOut]:
     return Call("POST", f"/v1/workers/{_q(ref)}/drain", model(WorkerOut))
 
 
+def remove_worker(ref: str) -> Call[WorkerOut]:
+    return Call("DELETE", f"/v1/workers/{_q(ref)}", model(WorkerOut))
+
+
+def leave(worker_id: str, body: LeaveRequest) -> Call[None]:
+    return Call("POST", f"/v1/workers/{_q(worker_id)}/leave", nothing, body=body)
+
+
 def status() -> Call[StatusOut]:
     return Call("GET", "/v1/status", model(StatusOut))
 
@@ -114,8 +123,8 @@ def tokens() -> Call[list[TokenOut]]:
     return Call("GET", "/v1/tokens", model(list[TokenOut]))
 
 
-def revoke_token(token_id: str) -> Call[None]:
-    return Call("DELETE", f"/v1/tokens/{_q(token_id)}", nothing)
+def revoke_token(token_id: str) -> Call[TokenOut]:
+    return Call("DELETE", f"/v1/tokens/{_q(token_id)}", model(TokenOut))
 
 
 def rotate_token(token_id: str) -> Call[TokenCreated]:

@@ -89,10 +89,12 @@ class Remembered:
 
 
 def workers_sharing(path: Path, workers: list[WorkerOut], pool: str) -> list[str]:
-    """Names of the workers of ``pool`` that declared a mount holding ``path``."""
+    """Names of the workers of ``pool`` that declared a mount holding ``path``: offline
+    ones too, so a worker restarting (or one that left after a drain) does not cost a copy
+    of a shared dataset; the job then waits for a worker that has the mount."""
     names = []
     for w in workers:
-        if w.pool != pool or w.status == "offline":
+        if w.pool != pool:
             continue
         if covering_mount(str(path), w.capability.mounts) is not None:
             names.append(w.name)

@@ -13,6 +13,7 @@ import ssl
 import httpx
 
 from gpufleet.errors import ConfigError, GpufleetError, ServerUnavailable, UntrustedCertificate
+from gpufleet.tokens import redact
 
 CaPath = str | os.PathLike[str]
 
@@ -62,7 +63,14 @@ def _plain(text: object) -> str:
 
 
 def transport_error(server: str, exc: BaseException) -> GpufleetError:
-    """What a failed connection to ``server`` means, as one error a user can act on."""
+    """What a failed connection to ``server`` means, as one error a user can act on
+    (anything token-shaped in it, such as a rejected header, cut to its hint)."""
+    error = _transport_error(server, exc)
+    error.message = redact(error.message)
+    return error
+
+
+def _transport_error(server: str, exc: BaseException) -> GpufleetError:
     bad = _cause(exc, ssl.SSLCertVerificationError)
     if isinstance(bad, ssl.SSLCertVerificationError):
         head = (

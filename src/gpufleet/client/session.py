@@ -14,6 +14,7 @@ import binascii
 import json
 from dataclasses import dataclass
 
+from gpufleet import tokens
 from gpufleet.errors import ConfigError
 
 PREFIX = "gfs1_"
@@ -63,4 +64,6 @@ class Session:
         token = data.get("t")
         if token is not None and not isinstance(token, str):
             raise ConfigError("--session: the string's token is not text")
+        if token:
+            token = tokens.clean(token, "--session: the session string's token")
         return cls(data["s"], data["p"], data["w"], token or None)

@@ -7,7 +7,7 @@ import json
 import secrets
 from typing import Any
 
-from gpufleet.domain.models import JobSpec
+from gpufleet.domain.models import HyperStyle, JobSpec
 
 
 def new_job_id() -> str:
@@ -19,8 +19,12 @@ def new_worker_id() -> str:
 
 
 def identity(spec: JobSpec) -> dict[str, Any]:
-    """The fields that make a manifest job *the same job* when a manifest is re-applied."""
+    """The fields that make a manifest job *the same job* when a manifest is re-applied.
+    The hyper style changes the command line, so it counts too (only when not the default,
+    so ids made before it existed stay the same)."""
+    style = {} if spec.hyper_style == HyperStyle.DASH else {"hyper_style": spec.hyper_style.value}
     return {
+        **style,
         "manifest": spec.manifest,
         "name": spec.name,
         "model": spec.model,

@@ -5,6 +5,8 @@ A manifest looks like this::
     schema_version = 1                 # required; this gpufleet reads version 1
     name = "lab-plan"                  # required; becomes every job's ``manifest``
 
+    hyper_style = "dash"               # optional: how hyper.* become flags (see below)
+
     [defaults]                         # optional: any job field except ``name`` ...
     command = "python train.py --model {model} --seed {seed}"
     seed = 0                           # ... plus template variables (scalars or arrays)
@@ -21,7 +23,8 @@ A manifest looks like this::
     hyper.epochs = 60
 
 Job fields override ``[defaults]``; the ``hyper``, ``env`` and ``labels`` tables are merged
-key by key (the job wins). A job may override a variable declared in ``[defaults]``.
+key by key (the job wins). A job may override a variable declared in ``[defaults]``. A
+top-level ``hyper_style`` is the plan's default for it, below ``[defaults]``.
 
 A string ``command`` is a template: ``{model}``, ``{mode}``, ``{name}``, every variable and
 ``{manifest_dir}`` are substituted shell-quoted, then the line is split into argv. An array
@@ -49,10 +52,12 @@ from typing import Any, NoReturn
 from gpufleet.domain.models import (
     DeclaredCapability,
     HostPolicy,
+    HyperStyle,
     InputKind,
     JobInput,
     JobSpec,
     Requirements,
+    is_gpu_label,
 )
 from gpufleet.errors import ManifestError
 
@@ -65,7 +70,7 @@ MAX_GPUS = 64
 MAX_ATTEMPTS = 100
 MAX_TIMEOUT = 10_000_000
 
-_TOP_KEYS = ("schema_version", "name", "defaults", "hosts", "jobs")
+_TOP_KEYS = ("schema_version", "name", "hyper_style", "defaults", "hosts", "jobs")
 _MERGED_TABLES = ("hyper", "env", "labels")
 _RESERVED_VARIABLES = ("manifest_dir",)
 _FORMATTER = string.Formatter()
@@ -319,6 +324,18 @@ def _outputs(value: Any, where: _Where, field: str) -> tuple[str, ...]:
     return tuple(_rel_path(v, where, field) for v in _str_list(value, where, field))
 
 
+def _hyper_style(value: Any, where: _Where, field: str) -> HyperStyle:
+    text = _str(value, where, field)
+    styles = [s.value for s in HyperStyle]
+    if text not in styles:
+        where.fail(
+            field,
+            f'expected one of {", ".join(repr(s) for s in styles)}, got "{text[:40]}" '
+            '("dash": batch_size is --batch-size and true a bare flag; "verbatim": as written)',
+        )
+    return HyperStyle(text)
+
+
 _REQUIREMENT_FIELDS: dict[str, _Check] = {
     "require_cuda": _bool,
     "prefer_cuda": _bool,
@@ -329,6 +346,7 @@ _REQUIREMENT_FIELDS: dict[str, _Check] = {
     "labels": _str_table,
     "allowed_hosts": _str_list,
     "worker": _str,
+    "cpu_only": _bool,
 }
 _SPEC_FIELDS: dict[str, _Check] = {
     "model": _label,
@@ -344,6 +362,7 @@ _SPEC_FIELDS: dict[str, _Check] = {
     "packages": _packages,
     "inputs": _inputs,
     "outputs": _outputs,
+    "hyper_style": _hyper_style,
 }
 _JOB_FIELDS: dict[str, _Check] = {"name": _name, **_SPEC_FIELDS, **_REQUIREMENT_FIELDS}
 _ALIASES = {"gpus": "gpu_count"}
@@ -387,6 +406,8 @@ def parse_manifest(text: str, path: str = "<manifest>", *, base_dir: str | None 
     _check_top_level(data, top)
     name = _name(data["name"], top, "name")
     defaults = _parse_defaults(data.get("defaults", {}), top, _template_names(_raw_commands(data)))
+    if "hyper_style" in data and "hyper_style" not in defaults.fields:
+        defaults.fields["hyper_style"] = _hyper_style(data["hyper_style"], top, "hyper_style")
     hosts = _parse_hosts(data.get("hosts", {}), top)
     jobs = _parse_jobs(data.get("jobs", []), _Context(path, name, defaults, base_dir))
     return Plan(name=name, path=path, hosts=hosts, jobs=jobs)
@@ -468,7 +489,6 @@ def _parse_defaults(raw: Any, top: _Where, used: Collection[str]) -> _Defaults:
     return _Defaults(fields, variables)
 
 
-_GPU_WORDS = ("cuda", "gpu", "vram")
 _GPU_FIELDS = ("require_cuda", "prefer_cuda", "gpu_count", "min_vram_gib", "gpu_name")
 
 
@@ -478,7 +498,7 @@ def _check_variable_name(key: str, where: _Where, used: Collection[str]) -> None
         where.fail(key, f"{key} is a builtin template variable and cannot be set")
     known = [*_JOB_FIELDS, *_ALIASES]
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-    if key not in used and any(word in key.lower() for word in _GPU_WORDS):
+    if key not in used and is_gpu_label(key):
         # A GPU requirement under a wrong name would quietly send GPU jobs to CPUs.
         where.fail(
             key,
@@ -555,6 +575,9 @@ def _parse_job(index: int, raw: Any, ctx: _Context) -> JobSpec:
     variables = {**ctx.defaults.variables, **overrides}
     command = _build_command(merged, variables, where, ctx.base_dir)
     requirements = Requirements(**{k: merged[k] for k in _REQUIREMENT_FIELDS if k in merged})
+    problem = requirements.contradiction()
+    if problem:
+        where.fail("cpu_only", problem)
     spec = {k: merged[k] for k in _SPEC_FIELDS if k in merged and k != "command"}
     spec["inputs"] = spec.pop("packages", ()) + spec.pop("inputs", ())
     return JobSpec(

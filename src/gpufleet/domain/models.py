@@ -6,6 +6,7 @@ These are frozen dataclasses with no I/O; the wire (pydantic) types in
 
 from __future__ import annotations
 
+import json
 import os.path
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,8 +39,18 @@ ACTIVE = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
 
 
 class WorkerStatus(StrEnum):
+    """One vocabulary for a worker's state, everywhere (API, CLI, docs, database).
+
+    ``connecting`` (registered, no claim yet), ``available`` (a slot a job could take),
+    ``reserved`` (no slot free, and a job is claimed or waits for it but has not started),
+    ``busy`` (every slot runs a job), ``draining`` (finishing what it runs, taking nothing
+    new), ``offline`` (no heartbeat for a lease, or it left). The database stores the
+    lifecycle (connecting, available, busy, draining, offline); ``reserved`` is worked out
+    from the jobs a worker holds."""
+
     CONNECTING = "connecting"
-    IDLE = "idle"
+    AVAILABLE = "available"
+    RESERVED = "reserved"
     BUSY = "busy"
     DRAINING = "draining"
     OFFLINE = "offline"
@@ -54,9 +65,26 @@ class Role(StrEnum):
     WORKER = "worker"
 
 
+#: Words that make a worker label a GPU's (``gpu_type``, ``cuda_arch``, ``vram``): a job
+#: asking for such a label asks for a GPU.
+GPU_WORDS = ("gpu", "cuda", "vram")
+
+
+def is_gpu_label(key: str) -> bool:
+    """Whether a label key names a GPU property (only GPU machines would carry it)."""
+    lowered = key.lower()
+    return any(word in lowered for word in GPU_WORDS)
+
+
 @dataclass(frozen=True)
 class Requirements:
-    """Hard constraints (who *may* run a job) and the CUDA preference."""
+    """Hard constraints (who *may* run a job) and the CUDA preference.
+
+    What implies a GPU (the job then runs only on one): ``require_cuda``, ``gpu_count`` >
+    0, ``gpu_name``, a label whose key names a GPU (``gpu_type = "a100*"``), and aiming
+    the job at a worker that has GPUs (``worker``), unless ``cpu_only``. ``min_vram_gib``
+    alone does not: it applies when the job lands on a GPU. ``prefer_cuda`` takes a GPU
+    that is free, else a CPU slot after the grace window."""
 
     require_cuda: bool = False
     prefer_cuda: bool = False
@@ -67,17 +95,42 @@ class Requirements:
     labels: dict[str, str] = field(default_factory=dict)
     allowed_hosts: tuple[str, ...] = ()
     worker: str | None = None
+    cpu_only: bool = False
 
     @property
     def gpus_wanted(self) -> int:
-        """GPUs the job takes when it runs on a GPU (0: a CPU job)."""
-        if self.gpu_count > 0:
-            return self.gpu_count
-        return 1 if (self.require_cuda or self.prefer_cuda) else 0
+        """GPUs the job takes when it runs on GPUs."""
+        return max(1, self.gpu_count)
+
+    @property
+    def gpu_constraints(self) -> tuple[str, ...]:
+        """The fields that name a GPU; any one of them makes the job need a GPU."""
+        named = [
+            f
+            for f, on in (
+                ("require_cuda", self.require_cuda),
+                ("gpu_count", self.gpu_count > 0),
+                ("gpu_name", bool(self.gpu_name)),
+            )
+            if on
+        ]
+        return (*named, *(f"labels.{k}" for k in self.labels if is_gpu_label(k)))
 
     @property
     def needs_gpu(self) -> bool:
-        return self.require_cuda or self.gpu_count > 0
+        return bool(self.gpu_constraints)
+
+    def contradiction(self) -> str | None:
+        """Why these requirements cannot hold together, or None."""
+        if not self.cpu_only:
+            return None
+        gpu = [*self.gpu_constraints, *(["prefer_cuda"] if self.prefer_cuda else [])]
+        if gpu:
+            return (
+                f"cpu_only (--cpu) keeps the job in a CPU slot, but {', '.join(gpu)} "
+                "asks for a GPU; drop one of them"
+            )
+        return None
 
 
 class InputKind(StrEnum):
@@ -106,6 +159,34 @@ class JobInput:
 DEFAULT_OUTPUTS = ("outputs",)
 
 
+class HyperStyle(StrEnum):
+    """How ``hyper`` becomes flags. ``dash``: ``batch_size`` is ``--batch-size``, a true
+    boolean is a bare flag and a false one is left out (what argparse scripts expect).
+    ``verbatim``: ``--batch_size 1024 --use_amp true``, keys and values as written."""
+
+    DASH = "dash"
+    VERBATIM = "verbatim"
+
+
+def hyper_flags(hyper: dict[str, Any], style: HyperStyle = HyperStyle.DASH) -> list[str]:
+    """Hyperparameters as command-line flags, in the order given (see :class:`HyperStyle`).
+    Lists and tables are passed as JSON."""
+    out: list[str] = []
+    for key, value in hyper.items():
+        flag = "--" + (key.replace("_", "-") if style == HyperStyle.DASH else key)
+        if isinstance(value, bool):
+            if style == HyperStyle.DASH:
+                out += [flag] if value else []
+                continue
+            text = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            text = str(value)
+        else:
+            text = json.dumps(value)
+        out += [flag, text]
+    return out
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What to run and where it may run. ``command`` is an argv list unless ``shell``."""
@@ -126,6 +207,7 @@ class JobSpec:
     vars: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[JobInput, ...] = ()
     outputs: tuple[str, ...] = DEFAULT_OUTPUTS
+    hyper_style: HyperStyle = HyperStyle.DASH
 
     @property
     def dependencies(self) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ Time comes in as an argument (``now``, seconds since the epoch): nothing here re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
 from gpufleet.domain.models import (
@@ -30,6 +30,7 @@ class WorkerView:
     labels: dict[str, str] = field(default_factory=dict)
     pool: str = "default"
     policy: HostPolicy | None = None
+    cpu_slots: int = 1
 
 
 @dataclass(frozen=True)
@@ -108,13 +109,22 @@ def _gpu_fits(job: JobSpec, gpu: GpuInfo) -> bool:
     return gpu.total_mib >= req.min_vram_gib * MIB_PER_GIB
 
 
+def _must_use_gpu(job: JobSpec, worker: WorkerView) -> bool:
+    """Whether the job may run on this worker only on its GPUs: it names a GPU, or it was
+    aimed at this worker (picked for its GPUs) and the worker has some."""
+    req = job.requirements
+    if req.cpu_only:
+        return False
+    return req.needs_gpu or (req.worker is not None and bool(effective_gpus(worker)))
+
+
 def _gpu_job(job: JobSpec, worker: WorkerView) -> bool:
     """Whether the job runs on this worker's GPUs (else in a CPU slot)."""
     req = job.requirements
-    if req.gpus_wanted == 0:
-        return False
-    if req.needs_gpu:
+    if _must_use_gpu(job, worker):
         return True
+    if req.cpu_only or not req.prefer_cuda:
+        return False
     # prefer_cuda: a GPU job where a fitting GPU exists, a CPU job elsewhere.
     fitting = [g for g in effective_gpus(worker) if _gpu_fits(job, g)]
     return len(fitting) >= req.gpus_wanted
@@ -157,7 +167,7 @@ def _gpu_reason(job: JobSpec, worker: WorkerView) -> str | None:
     req = job.requirements
     gpus = effective_gpus(worker)
     if not gpus:
-        return "requires CUDA; worker has no GPU"
+        return f"needs a GPU ({', '.join(req.gpu_constraints)}); worker has none"
     if len(gpus) < req.gpus_wanted:
         return f"needs {req.gpus_wanted} GPUs; worker has {len(gpus)}"
     named = [g for g in gpus if not req.gpu_name or _glob(g.name, req.gpu_name)]
@@ -183,8 +193,10 @@ def ever_reason(job: JobSpec, worker: WorkerView) -> str | None:
     ram = effective_ram_gib(worker)
     if req.min_ram_gib > ram:
         return f"needs {req.min_ram_gib:g} GiB RAM; worker has {ram:.1f} GiB"
-    if req.needs_gpu:
+    if _must_use_gpu(job, worker):
         return _gpu_reason(job, worker)
+    if worker.cpu_slots == 0 and not (req.prefer_cuda and not req.cpu_only):
+        return "runs in a CPU slot; worker has none (--slots 0)"
     return None
 
 
@@ -222,7 +234,7 @@ def now_reason(
     if reason:
         return reason
     req = job.spec.requirements
-    if req.prefer_cuda and not req.needs_gpu and not _gpu_job(job.spec, worker):
+    if req.prefer_cuda and not _gpu_job(job.spec, worker):
         waited = now - job.created_at
         if waited < prefer_cuda_grace:
             left = prefer_cuda_grace - waited
@@ -265,10 +277,40 @@ def selection(
     prefer_cuda_grace: float,
 ) -> list[tuple[WorkerView, FreeResources, str | None]]:
     """Workers as a user choosing one sees them: those that could take the job now first,
-    the one with the most free GPU memory leading, then the rest with their reason."""
+    the one with the most free GPU memory leading, then the rest with their reason. Each is
+    judged as if the job were aimed at it, as it will be once chosen (so a GPU worker is
+    judged on a free GPU)."""
     rows = []
     for worker, free in workers:
-        verdict = now_reason(job, worker, free, now, prefer_cuda_grace)
+        aimed = replace(job.spec, requirements=replace(job.spec.requirements, worker=worker.id))
+        verdict = now_reason(replace(job, spec=aimed), worker, free, now, prefer_cuda_grace)
         rows.append((worker, free, verdict if isinstance(verdict, str) else None))
     rows.sort(key=lambda r: (r[2] is not None, -free_gpu_mib(r[1]), r[0].name))
     return rows
+
+
+def unheld(free: FreeResources, held: list[tuple[int, ...]], cpu_slots: int) -> FreeResources:
+    """What a worker said it has free, less what the server knows its jobs hold (``held``:
+    the GPUs of each claimed or running job; () a CPU slot). A poll sent before a claim
+    answered, or crossing another, can then never hand out one slot twice."""
+    taken = {g for gpus in held for g in gpus}
+    cpu_left = cpu_slots - sum(1 for gpus in held if not gpus)
+    return FreeResources(
+        cpu_slots=max(0, min(free.cpu_slots, cpu_left)),
+        gpus=tuple(g for g in free.gpus if g.index not in taken),
+    )
+
+
+def reserve(jobs: list[JobSpec], worker: WorkerView, free: FreeResources) -> FreeResources:
+    """The worker's free resources once ``jobs`` (pending jobs aimed at it, best first)
+    have each taken the slot they would get: a job aimed at a worker holds its place
+    before the worker claims it, so a second user aiming at the same slot is told."""
+    for spec in jobs:
+        got = assign(spec, worker, free)
+        if isinstance(got, str):
+            continue  # it waits anyway; it takes nothing now
+        if got.gpus:
+            free = replace(free, gpus=tuple(g for g in free.gpus if g.index not in got.gpus))
+        else:
+            free = replace(free, cpu_slots=free.cpu_slots - 1)
+    return free

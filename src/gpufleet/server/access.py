@@ -31,11 +31,18 @@ class Caller:
 
     @property
     def pools(self) -> tuple[str, ...] | None:
-        """The pools this caller is confined to; None: every pool (admin, operator). A
-        submitter or worker token without pools (none should exist) gets ``default``."""
-        if self.role in (Role.ADMIN, Role.OPERATOR):
+        """The pools this caller is confined to; None: every pool (admin, an operator of
+        every pool). A submitter or worker token without pools (none should exist) gets
+        ``default``."""
+        if self.role == Role.ADMIN or (self.role == Role.OPERATOR and not self.token.pools):
             return None
         return self.token.pools or (DEFAULT_POOL,)
+
+    @property
+    def owner(self) -> str | None:
+        """The token whose jobs alone this caller may steer (cancel, stop, requeue): a
+        submitter's own; None for an operator or admin (any job they see)."""
+        return self.id if self.role == Role.SUBMITTER else None
 
     def sees(self, pool: str) -> bool:
         return self.pools is None or pool in self.pools
@@ -68,15 +75,18 @@ class Caller:
 
 
 def check_pools(role: Role, pools: list[str]) -> list[str]:
-    """The pools a new token of ``role`` gets, or ValidationFailed naming the rule broken."""
-    if role in (Role.ADMIN, Role.OPERATOR):
+    """The pools a new token of ``role`` gets, or ValidationFailed naming the rule broken.
+    An operator token without pools acts on every pool; with pools, on those only."""
+    if role == Role.ADMIN:
         if pools:
             raise ValidationFailed(
-                f"an {role.value} token sees every pool; pools apply to submitter and "
+                "an admin token sees every pool; pools apply to operator, submitter and "
                 "worker tokens",
                 detail={"field": "pools"},
             )
         return []
+    if role == Role.OPERATOR:
+        return list(dict.fromkeys(pools))
     pools = list(dict.fromkeys(pools)) or [DEFAULT_POOL]
     if role == Role.WORKER and len(pools) != 1:
         raise ValidationFailed(

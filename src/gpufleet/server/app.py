@@ -26,15 +26,23 @@ from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import ServerState
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
-from gpufleet.server.queue import QueueService, QueueSettings
+from gpufleet.server.polls import Polls
+from gpufleet.server.queue import QueueService
+from gpufleet.server.settings import QueueSettings
 from gpufleet.store import SqlStore
+from gpufleet.tokens import redact, redact_data
 from gpufleet.wire import ErrorBody, ErrorInfo
 
 log = logging.getLogger("gpufleet.server")
 
 
 def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
-    body = ErrorBody(error=ErrorInfo(code=code, message=message, detail=detail))
+    """The one error shape. Errors echo what the client sent (a job ref, a field); one
+    shaped like a token is cut to its hint, so a token pasted in the wrong place is not
+    sent back."""
+    body = ErrorBody(
+        error=ErrorInfo(code=code, message=redact(message), detail=redact_data(detail))
+    )
     return JSONResponse(body.model_dump(mode="json"), status_code=status)
 
 
@@ -48,9 +56,15 @@ async def _on_gpufleet_error(_: Request, exc: Exception) -> JSONResponse:
     return _error(exc.status, exc.code, exc.message, exc.detail)
 
 
+def _problem(message: str) -> str:
+    return message.removeprefix("Value error, ")
+
+
 async def _on_validation(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = [{"field": _field(tuple(e["loc"])), "problem": e["msg"]} for e in exc.errors()]
+    problems = [
+        {"field": _field(tuple(e["loc"])), "problem": _problem(e["msg"])} for e in exc.errors()
+    ]
     first = problems[0] if problems else {"field": "body", "problem": "invalid"}
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     message = f"invalid request: {first['field']}: {first['problem']}{more}"
@@ -92,7 +106,7 @@ async def _sweeper(queue: QueueService, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            requeued, offline = await run_in_threadpool(queue.sweep)
+            requeued, offline = await run_in_threadpool(queue.leases.sweep)
             if loop.time() >= next_uploads:
                 next_uploads = loop.time() + UPLOAD_SWEEP_EVERY
                 expired = await run_in_threadpool(queue.blobs.uploads.expire)
@@ -118,21 +132,25 @@ def create_app(
         notifier.notify()
         store.publish_claimable()
 
-    queue = QueueService(store, settings, blobs, on_change=on_change)
-    auth = Auth(store)
     audit = AuditWriter(store)
+    queue = QueueService(store, settings, blobs, on_change=on_change, on_event=audit.event)
+    auth = Auth(store)
+    polls = Polls()
     stop_listening = threading.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        notifier.bind(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        notifier.bind(loop)
+        polls.bind(loop)
+        audit.bind(loop)
         cleaned = await run_in_threadpool(blobs.startup)
         if cleaned:
             log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
         # If no worker could heartbeat lately, the service was down (not just this replica):
         # give leases one lease_timeout from now before the first sweep, so an outage kills
         # no healthy job. With other replicas up, heartbeats are recent and nothing changes.
-        await run_in_threadpool(queue.after_outage)
+        await run_in_threadpool(queue.leases.after_outage)
         interval = max(0.05, min(settings.lease_timeout / 4, 5.0))
         task = asyncio.create_task(_sweeper(queue, interval))
         listener = None
@@ -153,6 +171,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await audit.close()
+            audit.bind_none()
 
     app = FastAPI(
         title="gpufleet",
@@ -162,7 +181,7 @@ def create_app(
     )
     limiter = CapacityLimiter(1 if store.dialect == "sqlite" else 8)
     app.state.gpufleet = ServerState(
-        queue=queue, auth=auth, notifier=notifier, claim_limiter=limiter, audit=audit
+        queue=queue, auth=auth, notifier=notifier, claim_limiter=limiter, audit=audit, polls=polls
     )
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
     app.add_exception_handler(RequestValidationError, _on_validation)

@@ -10,6 +10,11 @@ Not recorded, by design: the worker protocol's periodic calls that carry no deci
 (heartbeats, log batches, claim polls that found nothing). Their effects are in the job's
 attempts and logs; recording them would bury everything else.
 
+The server's own decisions about a worker's life are recorded as *events* (no method,
+path or status; an ``event`` and a ``detail``): ``worker.registered``, ``worker.offline``
+(no heartbeat, it stopped, or its token was revoked), ``worker.removed`` (``workers rm``,
+or an ephemeral worker past its TTL) and ``lease.lost`` (a job's worker went silent).
+
 Records are written in batches, a quarter of a second after the first of a batch and at
 shutdown, in one transaction: a row per claim written on its own would halve claim
 throughput on SQLite's single writer. A server killed outright loses at most the last
@@ -29,7 +34,8 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server.asgi import StatusWatch
-from gpufleet.store import SqlStore
+from gpufleet.store import SqlStore, TokenRow
+from gpufleet.tokens import redact
 
 log = logging.getLogger("gpufleet.audit")
 CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -39,18 +45,49 @@ _CLAIM = re.compile(r"^/v1/workers/[^/]+/claim$")
 
 def _printable(text: str) -> str:
     """A path as text a log or a database keeps: control characters (NUL, newlines)
-    escaped, so a crafted path can neither fail the insert nor forge a line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    escaped, so a crafted path can neither fail the insert nor forge a line, and anything
+    token-shaped cut to its hint."""
+    return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
 class AuditWriter:
     """Collects audit records and writes them in batches, off the event loop."""
 
-    def __init__(self, store: SqlStore, delay: float = 0.25) -> None:
+    def __init__(
+        self, store: SqlStore, delay: float = 0.25, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
         self.delay = delay
+        self.clock = clock
         self._pending: list[dict[str, Any]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def bind_none(self) -> None:
+        """The loop stops: events from now on are written at once."""
+        self._loop = None
+
+    def event(self, event: str, target: str, detail: str, token: TokenRow | None) -> None:
+        """Record a lifecycle event; callable from any thread (the sweep, sync routes).
+        Before the loop runs (or after it closed) it is written at once."""
+        values = {
+            "at": self.clock(),
+            "token_id": token.id if token else None,
+            "token_name": token.name if token else None,
+            "role": token.role if token else None,
+            "address": "-",
+            "target": target[:200],
+            "event": event,
+            "detail": _printable(detail)[:2000],
+        }
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self.store.insert_audit([values])
+            return
+        loop.call_soon_threadsafe(self.add, values)
 
     def add(self, values: dict[str, Any]) -> None:
         self._pending.append(values)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import secrets
 import threading
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from gpufleet.domain.models import Role
-from gpufleet.errors import Forbidden, NotFound, Unauthorized
+from gpufleet.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 from gpufleet.server.access import check_pools
 from gpufleet.store import SqlStore, TokenRow
 
@@ -54,11 +55,17 @@ class Auth:
         role: Role,
         pools: list[str] | None = None,
         expires_at: float | None = None,
+        labels: dict[str, str] | None = None,
     ) -> tuple[TokenRow, str]:
         """Make a token; the secret is returned here and never again. ``pools`` are checked
-        against the role (a worker token has one, a submitter's default to ``default``,
-        admin and operator tokens have none)."""
+        against the role (a worker token has one, a submitter's default to ``default``, an
+        operator's are its scope (none: every pool), an admin has none). ``labels`` (worker
+        tokens) are fixed on every worker the token enrolls."""
         pools = check_pools(role, list(pools or []))
+        if labels and role != Role.WORKER:
+            raise ValidationFailed(
+                "labels: only a worker token fixes labels", detail={"field": "labels"}
+            )
         secret = _secret()
         values = {
             "id": "t-" + secrets.token_hex(6),
@@ -70,9 +77,12 @@ class Auth:
             "revoked_at": None,
             "expires_at": expires_at,
             "hint": secret[:HINT],
+            "labels": json.dumps(labels or {}),
         }
         self.store.insert_token(values)
-        return TokenRow(**values), secret  # type: ignore[arg-type]
+        row = self.store.get_token(str(values["id"]))
+        assert row is not None
+        return row, secret
 
     def rotate(self, token_id: str) -> tuple[TokenRow, str]:
         """A new secret for an active token; the old secret stops working now."""

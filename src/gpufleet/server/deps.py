@@ -12,6 +12,7 @@ from gpufleet.server.access import Caller
 from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
 from gpufleet.server.notify import Notifier
+from gpufleet.server.polls import Polls
 from gpufleet.server.queue import QueueService
 
 
@@ -24,6 +25,7 @@ class ServerState:
     # at a time only adds lock and GIL contention, so they queue here instead.
     claim_limiter: CapacityLimiter
     audit: AuditWriter
+    polls: Polls
 
 
 def state(request: Request) -> ServerState:

@@ -1,63 +1,43 @@
-"""Queue policy: what submit, claim, heartbeat, finish and the sweep *mean*.
+"""The queue's front: submitting jobs and manifests, finding them, explaining why one
+waits, and what owners and operators may do to them (cancel, requeue).
 
 The store only persists; the lifecycle table in :mod:`gpufleet.domain.lifecycle` decides
-every state change, and :mod:`gpufleet.scheduling` decides who may run what. Time comes
-from an injected clock so the policy is testable without sleeping.
+every state change, and :mod:`gpufleet.scheduling` decides who may run what. The lease
+protocol is :class:`gpufleet.server.leases.Leases`, workers' own lifecycle
+:class:`gpufleet.server.fleet.Fleet`; one ``QueueService`` holds both. Time comes from an
+injected clock so the policy is testable without sleeping.
 """
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from gpufleet.domain.ids import manifest_job_id, new_job_id, new_worker_id
-from gpufleet.domain.lifecycle import Event, backoff_seconds, failure_event, sources, transition
-from gpufleet.domain.models import HostPolicy, JobSpec, JobStatus, WorkerStatus
+from gpufleet.domain.ids import manifest_job_id, new_job_id
+from gpufleet.domain.lifecycle import Event, sources
+from gpufleet.domain.models import JobSpec, JobStatus, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from gpufleet.scheduling.matching import (
     Assignment,
-    FreeGpu,
-    FreeResources,
     JobView,
     WorkerView,
-    effective_gpus,
     ever_reason,
     explain,
     now_reason,
-    rank_key,
 )
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.dataflow import DataFlow
-from gpufleet.store import JobRow, SqlStore, WorkerRow
+from gpufleet.server.fleet import Fleet, OnEvent, WorkerState, no_event
+from gpufleet.server.leases import Leases
+from gpufleet.server.settings import QueueSettings
+from gpufleet.store import Hold, JobRow, SqlStore
 from gpufleet.wire import (
     ApplyResult,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    HostModel,
-    JobSpecModel,
-    Lease,
-    LeaseOrder,
     ManifestApply,
-    WorkerRegister,
 )
 
 Clock = Callable[[], float]
-
-
-def printable(text: str) -> str:
-    """Job output is arbitrary bytes; a NUL cannot be stored in PostgreSQL text."""
-    return text.replace("\x00", "\ufffd")
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    lease_timeout: float = 120.0
-    prefer_cuda_grace: float = 300.0
-    retry_backoff: float = 10.0
-    candidates: int = 200
 
 
 class QueueService:
@@ -70,76 +50,29 @@ class QueueService:
         blobs: BlobService,
         clock: Clock = time.time,
         on_change: Callable[[], None] = lambda: None,
+        on_event: OnEvent = no_event,
     ) -> None:
         self.store = store
         self.settings = settings
         self.clock = clock
         self.on_change = on_change
+        self.on_event = on_event
         self.blobs = blobs
+        self.fleet = Fleet(
+            store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
+        )
         self.flow = DataFlow(store, blobs, clock, self._changed)
-        self._waiting: dict[str, tuple[WorkerView, FreeResources]] = {}
-        self._waiting_lock = threading.Lock()
-        self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
-        self._claimers: dict[str, tuple[float, WorkerRow]] = {}
+        self.leases = Leases(store, settings, self.fleet, self.flow, clock, on_change, on_event)
 
     def _changed(self) -> None:
         self.on_change()
-
-    # ---- host policies ----------------------------------------------------------------
-
-    def policies(self) -> dict[str, HostPolicy]:
-        """Host policies from the last applied manifests (cached for a second)."""
-        loaded_at, cached = self._policies
-        if time.monotonic() - loaded_at < 1.0:
-            return cached
-        fresh = {
-            name: HostModel.model_validate_json(raw).to_domain()
-            for name, raw in self.store.host_policies().items()
-        }
-        self._policies = (time.monotonic(), fresh)
-        return fresh
-
-    def view(self, w: WorkerRow) -> WorkerView:
-        return WorkerView(
-            id=w.id,
-            name=w.name,
-            status=self.worker_status(w),
-            capability=w.capability,
-            labels=w.labels,
-            pool=w.pool,
-            policy=self.policies().get(w.name),
-        )
-
-    def worker_status(self, w: WorkerRow, active: int | None = None) -> WorkerStatus:
-        if w.status == WorkerStatus.OFFLINE:
-            return WorkerStatus.OFFLINE
-        if w.drain:
-            return WorkerStatus.DRAINING
-        if active is None:
-            return w.status
-        return WorkerStatus.BUSY if active else WorkerStatus.IDLE
-
-    def availability(self, w: WorkerRow, active: list[JobRow]) -> str:
-        """What a user choosing a machine needs: available (a GPU is free, or on a machine
-        without GPUs a CPU slot), reserved (not available, and a job is claimed but not yet
-        started), busy, draining, offline, connecting."""
-        status = self.worker_status(w)
-        if status in (WorkerStatus.OFFLINE, WorkerStatus.DRAINING, WorkerStatus.CONNECTING):
-            return status.value
-        free = self.free_resources(w, active)
-        # A GPU machine is for GPU work: with every GPU taken it is busy, CPU slot or not.
-        if free.gpus or (free.cpu_slots and not effective_gpus(self.view(w))):
-            return "available"
-        if any(j.status == JobStatus.CLAIMED for j in active):
-            return "reserved"
-        return "busy"
 
     # ---- submitting -------------------------------------------------------------------
 
     def unrunnable_reason(self, spec: JobSpec, views: list[WorkerView] | None = None) -> str | None:
         """Why no registered worker could ever run ``spec`` (None: some worker could)."""
         if views is None:
-            views = [self.view(w) for w in self.store.list_workers([spec.pool])]
+            views = [self.fleet.view(w) for w in self.store.list_workers([spec.pool])]
         views = [v for v in views if v.pool == spec.pool]  # other pools are not its business
         if not views:
             return None
@@ -157,26 +90,32 @@ class QueueService:
         pool: str | None = None,
         wait_for_target: bool = True,
         readable: Sequence[str] | None = None,
+        submitted_by: str | None = None,
     ) -> JobRow:
-        """Queue ``spec`` in ``pool`` (None: its own). A job aimed at one worker
-        (requirements.worker) that cannot take it now is refused (409) unless
-        ``wait_for_target``. Its packages must be blobs the pools in ``readable`` may
-        read (None: any); the job's pool may read them from then on."""
+        """Queue ``spec`` in ``pool`` (None: its own), as submitted by the token
+        ``submitted_by``. A job aimed at one worker (requirements.worker) that cannot take
+        it now is refused (409) unless ``wait_for_target``; accepted, it holds that
+        worker's slot until the worker claims it. Its packages must be blobs the pools in
+        ``readable`` may read (None: any); the job's pool may read them from then on."""
         spec = replace(spec, pool=pool or spec.pool)
-        if spec.requirements.worker:
-            self._check_target(spec, wait_for_target)
+        hold = self._target(spec, wait_for_target) if spec.requirements.worker else None
         job_id = new_job_id()
         spec = self.flow.resolve(spec, readable=readable)
         self.flow.grant_packages([spec])
-        deps = {job_id: spec.dependencies}
         self.store.insert_jobs(
-            [(job_id, spec, self.unrunnable_reason(spec))], self.clock(), deps=deps
+            [(job_id, spec, self.unrunnable_reason(spec))],
+            self.clock(),
+            deps={job_id: spec.dependencies},
+            submitted_by=submitted_by,
+            hold=hold,
         )
         self.flow.after_insert([job_id])
         self.on_change()
         return self.job(job_id)
 
-    def _check_target(self, spec: JobSpec, wait: bool) -> None:
+    def _target(self, spec: JobSpec, wait: bool) -> Hold | None:
+        """The worker ``spec`` is aimed at must exist in its pool; unless ``wait``, it
+        must be able to start the job now, judged in the insert's own transaction."""
         ref = spec.requirements.worker
         assert ref is not None
         w = self.store.get_worker(ref)
@@ -185,30 +124,33 @@ class QueueService:
                 f"no worker {ref!r} in pool {spec.pool!r} (gpufleet workers lists them)",
                 detail={"worker": ref, "field": "requirements.worker"},
             )
-        active = self.store.active_jobs(w.id)
-        job = JobView("(new)", spec, self.clock())
-        verdict = now_reason(job, self.view(w), self.free_resources(w, active), job.created_at, 0.0)
-        state = self.availability(w, active)
-        if wait or (state == "available" and isinstance(verdict, Assignment)):
-            return
-        running = ", ".join(j.id for j in active)
-        doing = f" (running {running})" if running else ""
-        why = f": {verdict}" if isinstance(verdict, str) else ""
-        raise Conflict(
-            f"worker {w.name} is {state}{doing} and will not start this job now{why}. "
-            "See who is free with 'gpufleet workers', let the server pick with "
-            "--auto-select, or add --queue to wait for this worker",
-            detail={"worker": w.id, "status": state, "reason": why[2:] or state},
-        )
+        if wait:
+            return None
 
-    def apply(self, req: ManifestApply) -> ApplyResult:
+        def check(holding: list[JobRow]) -> None:
+            state = self.fleet.state(w, holding)
+            now = self.clock()
+            verdict = now_reason(JobView("(new)", spec, now), state.view, state.free, now, 0.0)
+            if isinstance(verdict, Assignment) and state.view.status in (
+                WorkerStatus.AVAILABLE,
+                WorkerStatus.CONNECTING,
+            ):
+                return
+            raise _not_now(state, holding, verdict)
+
+        return Hold(w, check)
+
+    def apply(
+        self,
+        req: ManifestApply,
+        pools: Sequence[str] | None = None,
+        submitted_by: str | None = None,
+    ) -> ApplyResult:
+        """Apply a manifest: new jobs are queued, pending ones take its changes, and the
+        jobs it no longer has are named (they stay until cancelled). An operator of some
+        pools (``pools``) applies jobs of those pools and hosts entries for their workers."""
         specs = [j.to_domain() for j in req.jobs]
-        for spec in specs:
-            if spec.manifest != req.name:
-                raise ValidationFailed(
-                    f"job {spec.name!r}: manifest is {spec.manifest!r}, expected {req.name!r}",
-                    detail={"job": spec.name, "field": "manifest"},
-                )
+        self._check_plan(req, specs, pools)
         ids = [manifest_job_id(s) for s in specs]
         if len(set(ids)) != len(ids):
             raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
@@ -217,13 +159,14 @@ class QueueService:
         policies = {h.name: h.model_dump_json() for h in req.hosts}
         now = self.clock()
         self.store.replace_hosts(req.name, policies, now)
-        self._policies = (0.0, {})
-        views = [self.view(w) for w in self.store.list_workers()]
+        self.fleet.policies_changed()
+        views = [self.fleet.view(w) for w in self.store.list_workers()]
         unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}
         created = self.store.insert_jobs(
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)],
             now,
             deps={i: s.dependencies for i, s in zip(ids, specs, strict=True)},
+            submitted_by=submitted_by,
         )
         self.flow.after_insert(created)
         fresh = set(created)
@@ -234,15 +177,44 @@ class QueueService:
             self.on_change()
         names = {v.name for v in views}
         changed = fresh | set(updated)
+        planned = set(ids)
         return ApplyResult(
             manifest=req.name,
             created=created,
             updated=updated,
             unchanged=[i for i in ids if i not in changed],
+            absent=[i for i, _ in self.store.manifest_jobs(req.name) if i not in planned],
             hosts=sorted(policies),
             unknown_hosts=sorted(h for h in policies if h not in names),
             unrunnable={i: r for i, r in unrunnable.items() if r and i in changed},
         )
+
+    def _check_plan(
+        self, req: ManifestApply, specs: list[JobSpec], pools: Sequence[str] | None
+    ) -> None:
+        for spec in specs:
+            if spec.manifest != req.name:
+                raise ValidationFailed(
+                    f"job {spec.name!r}: manifest is {spec.manifest!r}, expected {req.name!r}",
+                    detail={"job": spec.name, "field": "manifest"},
+                )
+            if pools is not None and spec.pool not in pools:
+                raise Forbidden(
+                    f"job {spec.name!r} is for pool {spec.pool!r}; this operator token "
+                    f"acts on pool {', '.join(pools)} only",
+                    detail={"job": spec.name, "field": "pool"},
+                )
+        if pools is None:
+            return
+        for host in req.hosts:
+            w = self.store.get_worker(host.name)
+            if w is None or w.name != host.name or w.pool not in pools:
+                raise Forbidden(
+                    f"[hosts.{host.name}]: not a worker of pool {', '.join(pools)}; a host "
+                    "policy of another pool (or of a worker not registered yet) needs an "
+                    "operator of every pool",
+                    detail={"host": host.name, "field": "hosts"},
+                )
 
     def _resolve_batch(self, specs: list[JobSpec], ids: list[str]) -> list[JobSpec]:
         """Point ``job:NAME`` inputs at ids (names of this manifest first) and refuse
@@ -280,86 +252,26 @@ class QueueService:
             raise NotFound(f"several jobs are named {ref!r}; use the job id", detail={"job": ref})
         raise NotFound(f"no job {ref!r}", detail={"job": ref})
 
-    def claimer(self, worker_id: str) -> WorkerRow:
-        """A polling worker's row, cached for a second: claims are the hot path. Changes
-        made through this service (register, heartbeat, drain) drop the cached row."""
-        hit = self._claimers.get(worker_id)
-        if hit and time.monotonic() - hit[0] < 1.0:
-            return hit[1]
-        w = self.worker(worker_id)
-        self._claimers[worker_id] = (time.monotonic(), w)
-        return w
-
-    def forget(self, worker_id: str) -> None:
-        self._claimers.pop(worker_id, None)
-
-    def worker(self, ref: str, pools: Sequence[str] | None = None) -> WorkerRow:
-        w = self.store.get_worker(ref)
-        if w is None or (pools is not None and w.pool not in pools):
-            raise NotFound(f"no worker {ref!r}", detail={"worker": ref})
-        return w
-
-    def own(self, worker_id: str, token_id: str, pools: Sequence[str] | None = None) -> WorkerRow:
-        """The worker, if ``token_id`` enrolled it: only that token may act as it. A worker
-        of a pool outside ``pools`` is unknown (404). A worker registered before workers
-        were bound to tokens is bound to the first token of its pool that acts as it."""
-        w = self.claimer(worker_id)
-        if pools is not None and w.pool not in pools:
-            raise NotFound(f"no worker {worker_id!r}", detail={"worker": worker_id})
-        if w.token_id is None and self.store.bind_worker(w.id, token_id):
-            self.forget(w.id)
-            w = self.claimer(worker_id)
-        if w.token_id != token_id:
-            raise Forbidden(
-                f"worker {w.name} ({w.id}) was enrolled with another token; "
-                "a token acts only as the workers it registered",
-                detail={"worker": w.id},
-            )
-        return w
-
-    def check_holder(
-        self, job_id: str, attempt: int, token_id: str, pools: Sequence[str] | None
-    ) -> JobRow:
-        """The job, if (job_id, attempt) is its current lease and the worker holding it was
-        enrolled with ``token_id``: 404 for a job of a pool the caller cannot see, 409 for a
-        stale lease, 403 for a lease another token's worker holds."""
-        job = self._held(job_id, attempt, pools)
-        holder = self.claimer(job.worker_id) if job.worker_id else None
-        if holder is None or holder.token_id != token_id:
-            raise Forbidden(
-                f"job {job_id} attempt {attempt} is held by worker "
-                f"{holder.name if holder else '?'}, not by a worker of this token",
-                detail={"job": job_id, "attempt": attempt},
-            )
-        return job
-
-    def free_resources(self, w: WorkerRow, active: list[JobRow]) -> FreeResources:
-        """A worker's free slots as the server sees them (for ``why``)."""
-        used_gpus = {g for j in active for g in j.gpus}
-        cpu_used = sum(1 for j in active if not j.gpus)
-        live = {g.index: g.free_mib for g in w.gpu_stats}
-        gpus = tuple(
-            FreeGpu(g.index, live.get(g.index, g.free_mib))
-            for g in effective_gpus(self.view(w))
-            if g.index not in used_gpus
-        )
-        return FreeResources(cpu_slots=max(0, w.cpu_slots - cpu_used), gpus=gpus)
-
     def why(
         self, ref: str, pools: Sequence[str] | None = None
-    ) -> tuple[JobRow, str, list[tuple[WorkerView, str | None]]]:
+    ) -> tuple[JobRow, str, list[tuple[WorkerState, str | None]]]:
         """The job, a one-line summary, and every worker's reason not to take it now (of
-        the workers in ``pools``; None: every worker)."""
+        the workers in ``pools``; None: every worker), each with its status."""
         job = self.job(ref, pools)
         now = self.clock()
-        active = self.store.active_jobs()
-        fleet = [
-            (self.view(w), self.free_resources(w, [j for j in active if j.worker_id == w.id]))
-            for w in self.store.list_workers(pools)
+        # The job does not hold a slot against itself.
+        states = [
+            self.fleet.state(s.row, [j for j in self.store.holding(s.row) if j.id != job.id])
+            if job.target
+            else s
+            for s in self.fleet.states(pools)
         ]
         jv = JobView(job.id, job.spec, job.created_at)
-        verdicts = explain(jv, fleet, now, self.settings.prefer_cuda_grace)
-        return job, self._why_summary(job, verdicts, now), verdicts
+        verdicts = explain(
+            jv, [(s.view, s.free) for s in states], now, self.settings.prefer_cuda_grace
+        )
+        rows = [(s, reason) for s, (_, reason) in zip(states, verdicts, strict=True)]
+        return job, self._why_summary(job, verdicts, now), rows
 
     def _why_summary(
         self, job: JobRow, verdicts: list[tuple[WorkerView, str | None]], now: float
@@ -367,21 +279,28 @@ class QueueService:
         if job.status != JobStatus.PENDING:
             where = f" on {job.worker_id}" if job.worker_id and job.status.active else ""
             return f"job is {job.status.value}{where}, not waiting"
+        if job.waiting:
+            unmet = [d for d in self.store.dependencies(job.id) if d.status != JobStatus.SUCCEEDED]
+            named = ", ".join(f"job:{d.name} ({d.id}, {d.status.value})" for d in unmet)
+            return f"waiting for {named or 'its dependencies'} to succeed"
         if job.not_before and job.not_before > now:
             return f"retry backoff: claimable in {job.not_before - now:.0f}s"
         if not verdicts:
             return "no workers are registered"
         ready = [v.name for v, r in verdicts if r is None]
         if ready:
-            return "claimable now by " + ", ".join(ready) + " (at their next poll)"
+            return "claimable now by " + ", ".join(ready)
         if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
             return "no registered worker could ever run this job"
-        return "waiting: every worker that could run it is busy, draining or offline"
+        return "waiting: every worker that could run it is busy, reserved, draining or offline"
 
-    # ---- operators --------------------------------------------------------------------
+    # ---- operators and owners ---------------------------------------------------------
 
-    def cancel(self, ref: str, pools: Sequence[str] | None = None) -> JobRow:
-        job = self.job(ref, pools)
+    def cancel(
+        self, ref: str, pools: Sequence[str] | None = None, owner: str | None = None
+    ) -> JobRow:
+        """Cancel a job (of ``pools``; submitted by the token ``owner`` when given)."""
+        job = self._steerable(ref, pools, owner, "cancel")
         now = self.clock()
         done = self.store.set_status(
             job.id,
@@ -404,10 +323,15 @@ class QueueService:
             job.id, cancelled.lease, finished_at=now, outcome="cancelled", error="cancelled"
         )
         self.flow.ended(cancelled, JobStatus.CANCELLED)
+        if job.target:
+            self.on_change()  # a slot it held for its worker is free for others
         return cancelled
 
-    def requeue(self, ref: str, pools: Sequence[str] | None = None) -> JobRow:
-        job = self.job(ref, pools)
+    def requeue(
+        self, ref: str, pools: Sequence[str] | None = None, owner: str | None = None
+    ) -> JobRow:
+        """Queue a failed or cancelled job again (of ``pools``; ``owner``'s when given)."""
+        job = self._steerable(ref, pools, owner, "requeue")
         self.flow.check_requeue(job)
         done = self.store.set_status(
             job.id,
@@ -421,6 +345,7 @@ class QueueService:
             started_at=None,
             exit_code=None,
             error=None,
+            stderr_tail=None,
         )
         if not done:
             raise Conflict(
@@ -432,333 +357,40 @@ class QueueService:
         self.on_change()
         return self.job(job.id)
 
-    def retire(self, token_id: str) -> list[str]:
-        """A revoked token's workers go offline and their jobs back to the queue (the
-        attempt is not counted: the job did not fail). Returns the requeued job ids."""
-        requeued = []
-        for w in self.store.list_workers():
-            if w.token_id != token_id:
-                continue
-            for job in self.store.active_jobs(w.id):
-                if self._hand_back(job, job.lease):
-                    requeued.append(job.id)
-            # drain too: a claim already past the token check cannot revive it; only
-            # registering again (with a valid token) clears it.
-            self.store.update_worker(w.id, status=WorkerStatus.OFFLINE.value, drain=True)
-            self.forget(w.id)
-        if requeued:
-            self.on_change()
-        return requeued
-
-    def drain(self, ref: str) -> WorkerRow:
-        w = self.worker(ref)
-        self.store.update_worker(w.id, drain=True)
-        self.forget(w.id)
-        return self.worker(w.id)
-
-    # ---- the worker protocol ----------------------------------------------------------
-
-    def register(
-        self, req: WorkerRegister, pool: str | None = None, token_id: str | None = None
-    ) -> WorkerRow:
-        """Register (or re-register) a worker by name into ``pool`` (None: the one it asks
-        for, else ``default``), bound to the token enrolling it."""
-        pool = pool or req.pool or "default"
-        known = self.store.get_worker(req.name)
-        if known is not None and known.name == req.name:
-            self._check_reregister(known, req.name, pool, token_id)
-        now = self.clock()
-        values = {
-            "name": req.name,
-            "pool": pool,
-            "token_id": token_id,
-            "labels": json.dumps(req.labels),
-            "capability": req.capability.model_dump_json(),
-            "cpu_slots": req.cpu_slots,
-            "ephemeral": req.ephemeral,
-            "status": WorkerStatus.IDLE.value,
-            "drain": False,
-            "gpu_stats": json.dumps([g.model_dump() for g in req.capability.gpus]),
-            "registered_at": now,
-            "last_heartbeat": now,
-        }
-        worker_id = self.store.upsert_worker(new_worker_id(), values)
-        self.forget(worker_id)
-        if req.running:
-            self.store.extend_leases(
-                [(r.job_id, r.attempt) for r in req.running],
-                now + self.settings.lease_timeout,
-                worker_id,
-            )
-        self.on_change()
-        return self.worker(worker_id)
-
-    def _check_reregister(
-        self, known: WorkerRow, name: str, pool: str, token_id: str | None
-    ) -> None:
-        """A name stays with the token that enrolled it (until that token is revoked or
-        expires), and a worker changes pool only with no job running."""
-        owner = self.store.get_token(known.token_id) if known.token_id else None
-        live = (
-            owner is not None
-            and owner.revoked_at is None
-            and (owner.expires_at is None or owner.expires_at > self.clock())
-        )
-        if live and known.token_id != token_id:
+    def _steerable(
+        self, ref: str, pools: Sequence[str] | None, owner: str | None, what: str
+    ) -> JobRow:
+        """The job, if the caller may steer it: a submitter (``owner``: its token id)
+        cancels, stops and requeues only the jobs it submitted; an operator any job of
+        its pools."""
+        job = self.job(ref, pools)
+        if owner is not None and job.submitted_by != owner:
             raise Forbidden(
-                f"worker name {name!r} is enrolled with another token; pick another "
-                "--name, or revoke that token first",
-                detail={"worker": known.id, "field": "name"},
-            )
-        if known.token_id is None and known.pool != pool:
-            raise Forbidden(
-                f"worker name {name!r} is in pool {known.pool!r}, not {pool!r}",
-                detail={"worker": known.id, "field": "pool"},
-            )
-        if known.pool != pool and self.store.active_jobs(known.id):
-            raise Conflict(
-                f"worker {name!r} runs jobs of pool {known.pool!r}; it can move to pool "
-                f"{pool!r} once they end",
-                detail={"worker": known.id, "field": "pool"},
-            )
-
-    def _better_waiting(self, job: JobView, me: WorkerView, mine: Assignment, now: float) -> bool:
-        """Whether another polling worker ranks better for ``job`` (host priority, best fit)."""
-        my_rank = rank_key(job.spec, me, mine)
-        with self._waiting_lock:
-            others = [v for k, v in self._waiting.items() if k != me.id]
-        for view, free in others:
-            # The best rank this worker could have; most of the time it cannot beat ours and
-            # the full check is skipped.
-            priority = view.policy.priority if view.policy else 0
-            if not (-priority, 0, 0) < my_rank:
-                continue
-            verdict = now_reason(job, view, free, now, self.settings.prefer_cuda_grace)
-            if isinstance(verdict, Assignment) and rank_key(job.spec, view, verdict) < my_rank:
-                return True
-        return False
-
-    def poll(
-        self,
-        worker_id: str,
-        free: FreeResources,
-        wait: float,
-        token_id: str | None = None,
-        pools: Sequence[str] | None = None,
-    ) -> Lease | None:
-        """Start a poll and try once. A worker that will wait counts as waiting, so better
-        ranked jobs are left for it; one that will not wait is nobody to leave a job for.
-        With ``token_id``, only the token that enrolled the worker may poll for it."""
-        if token_id is not None:
-            self.own(worker_id, token_id, pools)
-        if wait > 0:
-            self.wait_begin(worker_id, free)
-        else:
-            self.revive(self.claimer(worker_id))
-        return self.try_claim(worker_id, free)
-
-    def revive(self, w: WorkerRow) -> WorkerRow:
-        """A polling worker is alive, heartbeat or not."""
-        if w.status != WorkerStatus.OFFLINE:
-            return w
-        self.store.update_worker(w.id, status=WorkerStatus.IDLE.value, last_heartbeat=self.clock())
-        self.forget(w.id)
-        return self.claimer(w.id)
-
-    def wait_begin(self, worker_id: str, free: FreeResources) -> None:
-        w = self.revive(self.claimer(worker_id))
-        with self._waiting_lock:
-            self._waiting[worker_id] = (self.view(w), free)
-
-    def wait_end(self, worker_id: str) -> None:
-        with self._waiting_lock:
-            self._waiting.pop(worker_id, None)
-
-    def try_claim(self, worker_id: str, free: FreeResources) -> Lease | None:
-        """Claim the best job this worker may run now, or None."""
-        w = self.claimer(worker_id)
-        if w.drain or w.status in (WorkerStatus.OFFLINE, WorkerStatus.DRAINING):
-            return None
-        me = self.view(w)
-        now = self.clock()
-
-        def choose(job: JobRow) -> tuple[int, ...] | None:
-            jv = JobView(job.id, job.spec, job.created_at)
-            verdict = now_reason(jv, me, free, now, self.settings.prefer_cuda_grace)
-            if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
-                return None
-            return verdict.gpus
-
-        expires = now + self.settings.lease_timeout
-        claimed = self.store.claim_next(w, now, expires, choose, self.settings.candidates)
-        if claimed is None:
-            return None
-        job, lease, gpus = claimed
-        return Lease(
-            job_id=job.id,
-            attempt=lease,
-            spec=JobSpecModel.from_domain(job.spec),
-            gpus=list(gpus),
-            lease_timeout=self.settings.lease_timeout,
-            inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
-        )
-
-    def _held(self, job_id: str, attempt: int, pools: Sequence[str] | None = None) -> JobRow:
-        """The job if (job_id, attempt) is its current lease: 404 for no job (or one of a
-        pool outside ``pools``), 409 for a stale lease."""
-        job = self.store.get_job(job_id)
-        if job is None or (pools is not None and job.pool not in pools):
-            raise NotFound(f"no job {job_id!r}", detail={"job": job_id})
-        if job.lease != attempt or not job.status.active:
-            raise Conflict(
-                f"stale lease: job {job_id} attempt {attempt} is no longer yours "
-                f"(job is {job.status.value}, current attempt {job.lease}); stop it",
-                detail={"job": job_id, "attempt": attempt, "status": job.status.value},
+                f"job {job.id} was submitted by another token; a submitter may {what} only "
+                "its own jobs (an operator of the pool may act on any: gpufleet tokens "
+                "create --role operator --pool POOL)",
+                detail={"job": job.id},
             )
         return job
 
-    def start(self, job_id: str, attempt: int) -> None:
-        self._held(job_id, attempt)
-        now = self.clock()
-        if not self.store.start(job_id, attempt, now, now + self.settings.lease_timeout):
-            job = self._held(job_id, attempt)
-            if job.status == JobStatus.RUNNING:  # a retried start whose answer was lost
-                return
-            raise Conflict(
-                f"job {job_id} attempt {attempt} was already started",
-                detail={"job": job_id, "attempt": attempt},
-            )
 
-    def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
-        w = self.worker(worker_id)
-        now = self.clock()
-        held = self.store.extend_leases(
-            [(r.job_id, r.attempt) for r in req.leases], now + self.settings.lease_timeout, w.id
+def _not_now(state: WorkerState, holding: list[JobRow], verdict: Assignment | str) -> Conflict:
+    """Why a worker a job is aimed at will not start it now, and what to do instead."""
+    w = state.row
+    running = [j.id for j in holding if j.status.active]
+    waiting = [j.id for j in holding if j.status == JobStatus.PENDING]
+    doing = "; ".join(
+        part
+        for part in (
+            f"running {', '.join(running)}" if running else "",
+            f"{', '.join(waiting)} waits for it" if waiting else "",
         )
-        status = (
-            WorkerStatus.DRAINING
-            if (w.drain or req.draining)
-            else (WorkerStatus.BUSY if req.leases else WorkerStatus.IDLE)
-        )
-        values: dict[str, object] = {"last_heartbeat": now, "status": status.value}
-        if req.gpus:
-            values["gpu_stats"] = json.dumps([g.model_dump() for g in req.gpus])
-        self.store.update_worker(w.id, **values)
-        self.forget(w.id)
-        orders = [
-            LeaseOrder(
-                job_id=r.job_id,
-                attempt=r.attempt,
-                order="continue" if (r.job_id, r.attempt) in held else "cancel",
-            )
-            for r in req.leases
-        ]
-        return HeartbeatResponse(orders=orders, drain=w.drain)
-
-    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]]) -> None:
-        lines = [(stream, printable(line)) for stream, line in lines]
-        if not self.store.append_logs(job_id, attempt, lines, self.clock()):
-            self._held(job_id, attempt)
-
-    def finish(self, job_id: str, attempt: int, exit_code: int | None, error: str | None) -> JobRow:
-        """Record the end of an attempt: success, a retry after backoff, or failure."""
-        job = self._held(job_id, attempt)
-        now = self.clock()
-        used = job.attempts + 1
-        if exit_code == 0 and error is None:
-            event, outcome = Event.SUCCEED, "succeeded"
-        else:
-            event, outcome = failure_event(used, job.max_attempts), "failed"
-            error = printable(error) if error else f"exit code {exit_code}"
-        status = transition(job.status, event)
-        not_before = (
-            now + backoff_seconds(used, self.settings.retry_backoff)
-            if event == Event.RETRY
-            else None
-        )
-        ok = self.store.finish(
-            job,
-            attempt,
-            sources(event),
-            status,
-            now=now,
-            attempts=used,
-            outcome=outcome,
-            exit_code=exit_code,
-            error=error,
-            not_before=not_before,
-        )
-        if not ok:
-            self._held(job_id, attempt)
-            raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
-        if status == JobStatus.PENDING:
-            self.on_change()
-        finished = self.job(job_id)
-        if status.terminal:
-            self.flow.ended(finished, status)
-        return finished
-
-    def attach_artifact(self, job_id: str, attempt: int, sha256: str) -> None:
-        self.flow.attach(self._held(job_id, attempt), attempt, sha256)
-
-    def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
-        """A draining worker hands a job back; the attempt is not counted."""
-        job = self._held(job_id, attempt)
-        if not self._hand_back(job, attempt):
-            self._held(job_id, attempt)
-        self.on_change()
-        return self.job(job_id)
-
-    def _hand_back(self, job: JobRow, attempt: int) -> bool:
-        return self.store.finish(
-            job,
-            attempt,
-            sources(Event.RELEASE),
-            JobStatus.PENDING,
-            now=self.clock(),
-            attempts=job.attempts,
-            outcome="released",
-            error=job.error,
-        )
-
-    def after_outage(self) -> int:
-        """At server start: if no worker heartbeated within a third of the lease, extend
-        every active lease by one lease timeout. Returns how many were extended."""
-        now = self.clock()
-        beats = [w.last_heartbeat for w in self.store.list_workers() if w.last_heartbeat]
-        if beats and now - max(beats) < self.settings.lease_timeout / 3:
-            return 0
-        return self.store.extend_all_leases(now + self.settings.lease_timeout)
-
-    def sweep(self) -> tuple[list[str], list[str]]:
-        """Expire leases of silent workers and mark those workers offline."""
-        now = self.clock()
-        names = {w.id: w.name for w in self.store.list_workers()}
-        requeued: list[str] = []
-        for job in self.store.expired_leases(now):
-            used = job.attempts + 1
-            event = failure_event(used, job.max_attempts, lost=True)
-            who = names.get(job.worker_id or "", job.worker_id)
-            error = f"lease expired: worker {who} stopped heartbeating"
-            if self.store.finish(
-                job,
-                job.lease,
-                sources(event),
-                transition(job.status, event),
-                now=now,
-                attempts=used,
-                outcome="lost",
-                error=error,
-                expired_before=now,
-            ):
-                requeued.append(job.id)
-                if event == Event.LOSE_FINAL:
-                    self.flow.ended(job, JobStatus.FAILED)
-        if self.store.refresh_waiting():  # dependencies met by another replica
-            self.on_change()
-        offline = self.store.mark_offline(now - self.settings.lease_timeout)
-        for worker_id in offline:
-            self.forget(worker_id)
-        if requeued:
-            self.on_change()
-        return requeued, offline
+        if part
+    )
+    why = f": {verdict}" if isinstance(verdict, str) else ""
+    return Conflict(
+        f"worker {w.name} is {state.status.value}{f' ({doing})' if doing else ''} and will not "
+        f"start this job now{why}. See who is free with 'gpufleet workers', let the server "
+        "pick with --auto-select, or add --queue to wait for this worker",
+        detail={"worker": w.id, "status": state.status.value, "reason": why[2:] or "busy"},
+    )

@@ -62,8 +62,8 @@ def _declared(request: Request) -> int | None:
 
 
 def _readable(request: Request, caller: Caller, sha256: str) -> bool:
-    """Whether the caller may read the blob: admins and operators read every blob; a
-    submitter or worker those its pools uploaded or use (see ``blob_pools``)."""
+    """Whether the caller may read the blob: admins and operators of every pool read
+    every blob; other callers those their pools uploaded or use (see ``blob_pools``)."""
     pools = caller.pools
     return pools is None or _blobs(request).store.blob_readable(sha256, pools)
 

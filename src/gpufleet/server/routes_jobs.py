@@ -14,8 +14,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet import __version__
-from gpufleet.domain.models import JobStatus, Role
-from gpufleet.errors import NotFound, ValidationFailed
+from gpufleet.domain.models import JobStatus, Role, WorkerStatus
+from gpufleet.errors import Forbidden, NotFound, ValidationFailed
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
@@ -85,7 +85,7 @@ def submit(
     pool = spec.pool or caller.default_pool()
     caller.may_use(pool)
     job = state(request).queue.submit(
-        spec.to_domain(), pool, wait_for_target=queue, readable=caller.pools
+        spec.to_domain(), pool, wait_for_target=queue, readable=caller.pools, submitted_by=caller.id
     )
     note(request, job.id)
     return SubmitResult(job=views.job_out(job, _names(request)), warning=job.unrunnable)
@@ -138,8 +138,9 @@ def job_artifact(ref: str, request: Request, caller: Reader) -> ArtifactOut:
 @router.post("/jobs/{ref}/cancel", response_model=JobOut, tags=["jobs"])
 def cancel_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     """Cancel a job; a running one is killed (its whole process group) within a heartbeat.
-    A submitter cancels jobs of its pools only."""
-    job = state(request).queue.cancel(ref, caller.pools)
+    A submitter cancels only the jobs it submitted (403 for others of its pools); an
+    operator any job of its pools."""
+    job = state(request).queue.cancel(ref, caller.pools, caller.owner)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -147,8 +148,8 @@ def cancel_job(ref: str, request: Request, caller: Submitter) -> JobOut:
 @router.post("/jobs/{ref}/requeue", response_model=JobOut, tags=["jobs"])
 def requeue_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     """Put a failed or cancelled job back in the queue with a fresh attempt budget.
-    A submitter requeues jobs of its pools only."""
-    job = state(request).queue.requeue(ref, caller.pools)
+    A submitter requeues only the jobs it submitted; an operator any job of its pools."""
+    job = state(request).queue.requeue(ref, caller.pools, caller.owner)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -163,8 +164,8 @@ def why_job(ref: str, request: Request, caller: Reader) -> WhyOut:
         status=job.status.value,
         summary=summary,
         workers=[
-            WhyWorker(worker_id=v.id, name=v.name, status=v.status.value, reason=r)
-            for v, r in verdicts
+            WhyWorker(worker_id=s.row.id, name=s.row.name, status=s.status.value, reason=r)
+            for s, r in verdicts
         ],
     )
 
@@ -190,34 +191,40 @@ def job_logs(
 
 
 @router.post("/manifests", response_model=ApplyResult, tags=["jobs"])
-def apply_manifest(plan: ManifestApply, request: Request, _: Operator) -> ApplyResult:
-    """Apply a parsed manifest: new jobs are queued, existing ones keep their status."""
+def apply_manifest(plan: ManifestApply, request: Request, caller: Operator) -> ApplyResult:
+    """Apply a parsed manifest: new jobs are queued, existing ones keep their status;
+    ``absent`` names the jobs of this manifest the plan no longer has. An operator of some
+    pools applies jobs of those pools (a job without one goes to its default) and host
+    entries for their workers."""
     note(request, plan.name)
-    return state(request).queue.apply(plan)
+    if caller.pools is not None:
+        pool = caller.default_pool()
+        jobs = [j if j.pool else j.model_copy(update={"pool": pool}) for j in plan.jobs]
+        plan = plan.model_copy(update={"jobs": jobs})
+    return state(request).queue.apply(plan, caller.pools, caller.id)
 
 
 @router.get("/status", response_model=StatusOut, tags=["fleet"])
 def fleet_status(request: Request, caller: Reader) -> StatusOut:
-    """Jobs by status, workers by status, slots (a submitter: of its pools)."""
+    """Jobs by status, workers by status, and the slots of the workers not offline: all
+    of them, and those free (no job holds or waits for them). A submitter: of its pools."""
     q = state(request).queue
-    active = q.store.active_jobs()
     workers: dict[str, int] = {}
-    gpus = gpus_free = cpu = 0
-    for w in q.store.list_workers(caller.pools):
-        mine = [j for j in active if j.worker_id == w.id]
-        status = q.availability(w, mine)
-        workers[status] = workers.get(status, 0) + 1
-        if status != "offline":
-            free = q.free_resources(w, mine)
-            gpus += len(w.capability.gpus)
-            gpus_free += len(free.gpus)
-            cpu += w.cpu_slots
+    gpus = gpus_free = cpu = cpu_free = 0
+    for s in q.fleet.states(caller.pools):
+        workers[s.status.value] = workers.get(s.status.value, 0) + 1
+        if s.status != WorkerStatus.OFFLINE:
+            gpus += len(s.row.capability.gpus)
+            gpus_free += len(s.free.gpus)
+            cpu += s.row.cpu_slots
+            cpu_free += s.free.cpu_slots
     return StatusOut(
         jobs=q.store.job_counts(caller.pools),
         workers=workers,
         gpus=gpus,
         gpus_free=gpus_free,
         cpu_slots=cpu,
+        cpu_slots_free=cpu_free,
     )
 
 
@@ -226,7 +233,7 @@ def create_token(body: TokenCreate, request: Request, _: Admin) -> TokenCreated:
     """Create a token. The secret is in this response only; the server keeps its hash."""
     st = state(request)
     expires = st.queue.clock() + body.expires_days * DAY if body.expires_days else None
-    row, secret = st.auth.create(body.name, Role(body.role), body.pools, expires)
+    row, secret = st.auth.create(body.name, Role(body.role), body.pools, expires, body.labels)
     note(request, row.id)
     return TokenCreated(**views.token_out(row).model_dump(), token=secret)
 
@@ -245,20 +252,21 @@ def rotate_token(token_id: str, request: Request, _: Admin) -> TokenCreated:
     return TokenCreated(**views.token_out(row).model_dump(), token=secret)
 
 
-@router.delete("/tokens/{token_id}", status_code=204, tags=["tokens"])
-def revoke_token(token_id: str, request: Request, _: Admin) -> None:
+@router.delete("/tokens/{token_id}", response_model=TokenOut, tags=["tokens"])
+def revoke_token(token_id: str, request: Request, _: Admin) -> TokenOut:
     """Revoke a token now. Workers it enrolled go offline; their jobs are requeued without
-    counting the attempt."""
+    counting the attempt. Returns the token as it is now (revoked)."""
     st = state(request)
-    st.auth.revoke(token_id)
+    row = st.auth.revoke(token_id)
     note(request, token_id)
-    st.queue.retire(token_id)
+    st.queue.leases.retire(token_id)
+    return views.token_out(row)
 
 
 @router.get("/audit", response_model=list[AuditOut], tags=["audit"])
 async def audit_log(
     request: Request,
-    _: Operator,
+    caller: Operator,
     since: Annotated[
         datetime | None, Query(description="only records at or after this time (ISO 8601)")
     ] = None,
@@ -267,8 +275,14 @@ async def audit_log(
         int, Query(ge=0, le=2**63 - 1, description="only records past this seq (paging)")
     ] = 0,
 ) -> list[AuditOut]:
-    """State-changing calls, oldest first: who (token), from where, what, and the status.
-    A full page ends before the newest: ask again with ``after`` = the last ``seq``."""
+    """State-changing calls, oldest first: who (token), from where, what, and the status;
+    and lifecycle events (``event``: worker.registered, worker.offline, worker.removed,
+    lease.lost). A full page ends before the newest: ask again with ``after`` = the last
+    ``seq``. The log spans every pool: an operator of some pools may not read it."""
+    if caller.pools is not None:
+        raise Forbidden(
+            "the audit log spans every pool; it takes an admin or an operator of every pool"
+        )
     st = state(request)
     await st.audit.flush()  # what was recorded a moment ago is in the answer
     start = since.timestamp() if since else 0.0

@@ -8,30 +8,33 @@ the lease (404: a job of another pool; 409: a stale lease; 403: another token's 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from dataclasses import replace
 from typing import Annotated
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from gpufleet.errors import NotFound
 from gpufleet.scheduling.matching import FreeGpu, FreeResources, JobView, free_gpu_mib, selection
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
+from gpufleet.server.polls import Polls, wait_either
 from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
     Candidate,
     ClaimRequest,
+    ErrorBody,
+    ErrorInfo,
     FinishRequest,
     HeartbeatRequest,
     HeartbeatResponse,
     JobOut,
     Lease,
+    LeaveRequest,
     LogAppend,
     ReleaseRequest,
     SelectRequest,
@@ -47,10 +50,8 @@ Operator = Annotated[Caller, Depends(deps.operator)]
 
 
 def _worker_out(request: Request, worker_id: str) -> WorkerOut:
-    q = state(request).queue
-    w = q.worker(worker_id)
-    running = q.store.active_jobs(w.id)
-    return views.worker_out(w, q.availability(w, running), running)
+    fleet = state(request).queue.fleet
+    return views.worker_out(fleet.state_of(fleet.worker(worker_id)))
 
 
 @router.get("/workers", response_model=list[WorkerOut], tags=["fleet"])
@@ -60,37 +61,27 @@ def list_workers(
     pool: Annotated[str | None, Query(description="only this pool's workers")] = None,
 ) -> list[WorkerOut]:
     """Workers (a submitter: of its pools), with live GPU memory and status."""
-    q = state(request).queue
-    active = q.store.active_jobs()
     pools = caller.pools if pool is None else [p for p in [pool] if caller.sees(p)]
-    out = []
-    for w in q.store.list_workers(pools):
-        mine = [j for j in active if j.worker_id == w.id]
-        out.append(views.worker_out(w, q.availability(w, mine), mine))
-    return out
+    return [views.worker_out(s) for s in state(request).queue.fleet.states(pools)]
 
 
 @router.post("/workers/select", response_model=list[Candidate], tags=["fleet"])
 def select_workers(body: SelectRequest, request: Request, caller: Reader) -> list[Candidate]:
     """The workers of the job's pool as a user choosing one sees them: those that could
     start the job now first, the one with the most free GPU memory leading; the others
-    with the reason they cannot. ``requirements.worker`` is ignored here."""
+    with the reason they cannot. Each is judged as if the job were aimed at it (a GPU
+    worker on a free GPU, unless ``cpu_only``); ``requirements.worker`` is ignored."""
     q = state(request).queue
     pool = body.spec.pool or caller.default_pool()
     caller.may_use(pool)
     spec = body.spec.to_domain()
     spec = replace(spec, pool=pool, requirements=replace(spec.requirements, worker=None))
-    active = q.store.active_jobs()
-    rows = q.store.list_workers([pool])
-    mine = {w.id: [j for j in active if j.worker_id == w.id] for w in rows}
-    fleet = [(q.view(w), q.free_resources(w, mine[w.id])) for w in rows]
-    by_id = {w.id: w for w in rows}
+    states = {s.row.id: s for s in q.fleet.states([pool])}
+    fleet = [(s.view, s.free) for s in states.values()]
     ranked = selection(JobView("(new)", spec, q.clock()), fleet, q.clock(), 0.0)
     return [
         Candidate(
-            worker=views.worker_out(
-                by_id[v.id], q.availability(by_id[v.id], mine[v.id]), mine[v.id]
-            ),
+            worker=views.worker_out(states[v.id]),
             fits=reason is None,
             reason=reason,
             free_gpu_mib=free_gpu_mib(free),
@@ -101,53 +92,95 @@ def select_workers(body: SelectRequest, request: Request, caller: Reader) -> lis
 
 @router.get("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])
 def show_worker(ref: str, request: Request, caller: Reader) -> WorkerOut:
-    w = state(request).queue.worker(ref, caller.pools)
+    w = state(request).queue.fleet.worker(ref, caller.pools)
     return _worker_out(request, w.id)
 
 
 @router.post("/workers/{ref}/drain", response_model=WorkerOut, tags=["fleet"])
-def drain_worker(ref: str, request: Request, _: Operator) -> WorkerOut:
+def drain_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
     """Stop giving the worker jobs; it finishes what it runs, then exits."""
-    w = state(request).queue.drain(ref)
+    w = state(request).queue.fleet.drain(ref, caller.pools)
     note(request, w.id)
     return _worker_out(request, w.id)
+
+
+@router.delete("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])
+def remove_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
+    """Forget an offline worker (409 for one that is not offline: drain it first). Its
+    jobs' history keeps its name. Returns the worker as it was."""
+    fleet = state(request).queue.fleet
+    w = fleet.remove(ref, caller.pools, caller.token)
+    note(request, w.id)
+    return views.worker_out(fleet.state(w, []))
 
 
 @router.post("/workers", response_model=WorkerOut, status_code=201, tags=["worker protocol"])
 def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> WorkerOut:
     """Register (or re-register) a worker by name; jobs it still runs keep their leases.
     A worker token registers workers of its own pool only, and a name enrolled with
-    another token is refused."""
+    another token is refused. Labels the token fixes (``tokens create --label``) are the
+    worker's whatever it declares; declaring another value for one is refused (403)."""
     queue = state(request).queue
     pool = body.pool or caller.default_pool()
     caller.may_use(pool)
-    w = queue.register(body, pool, caller.id)
+    w = queue.fleet.register(body, pool, caller.token)
+    if body.running:
+        queue.leases.keep([(r.job_id, r.attempt) for r in body.running], w.id)
     note(request, w.id)
     out = _worker_out(request, w.id)
     out.lease_timeout = queue.settings.lease_timeout
     return out
 
 
+def _shutting_down() -> JSONResponse:
+    body = ErrorBody(
+        error=ErrorInfo(
+            code="server_unavailable",
+            message="the server is shutting down; poll again in a moment",
+        )
+    )
+    return JSONResponse(
+        body.model_dump(mode="json"),
+        status_code=503,
+        headers={"Retry-After": "1", "Connection": "close"},
+    )
+
+
+def _empty(polls: Polls) -> Response:
+    """Nothing to run: a stopping server also closes the connection, so the worker's next
+    poll does not reach it."""
+    return Response(status_code=204, headers={"Connection": "close"} if polls.stopping else None)
+
+
 @router.post(
     "/workers/{worker_id}/claim",
     response_model=Lease,
-    responses={204: {"description": "nothing to run within the wait"}},
+    responses={
+        204: {"description": "nothing to run within the wait (or a newer poll came)"},
+        503: {"model": ErrorBody, "description": "the server is shutting down; retry"},
+    },
     tags=["worker protocol"],
 )
 async def claim(
     worker_id: str, body: ClaimRequest, request: Request, caller: Worker
 ) -> Lease | Response:
-    """Long-poll for a job that fits the free slots; a lease, or 204 after ``wait`` seconds."""
+    """Long-poll for a job that fits the free slots; a lease, or 204 after ``wait`` seconds.
+    A newer poll of the same worker (sent when one of its slots freed) ends this one: it
+    answers 204 at once, and the newer one claims with the worker's current slots."""
     st = state(request)
+    if st.polls.stopping:
+        return _shutting_down()
     free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
+    leases = st.queue.leases
     if free.cpu_slots == 0 and not free.gpus:
-        await to_thread.run_sync(st.queue.own, worker_id, caller.id, caller.pools)
+        await to_thread.run_sync(st.queue.fleet.own, worker_id, caller.id, caller.pools)
         return Response(status_code=204)
     deadline = time.monotonic() + body.wait
+    poll = st.polls.begin(worker_id)
     try:
         wake = st.notifier.current()
         lease = await to_thread.run_sync(
-            st.queue.poll,
+            leases.poll,
             worker_id,
             free,
             body.wait,
@@ -159,24 +192,26 @@ async def claim(
             if lease is not None:
                 if await request.is_disconnected():  # nobody will run it: hand it back
                     await to_thread.run_sync(
-                        st.queue.release, lease.job_id, lease.attempt, "worker went away"
+                        leases.release, lease.job_id, lease.attempt, "worker went away"
                     )
                     return Response(status_code=204)
                 # Serialized here, once: the hot path skips FastAPI's second validation pass.
                 note(request, lease.job_id)
                 return Response(lease.model_dump_json(), media_type="application/json")
             left = deadline - time.monotonic()
-            if left <= 0 or await request.is_disconnected():
-                return Response(status_code=204)
+            if poll.over.is_set() or left <= 0 or await request.is_disconnected():
+                return _empty(st.polls)
             # Re-check at least every second: backoffs and grace windows end without a wake.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), min(left, 1.0))
+            await wait_either(wake, poll.over, min(left, 1.0))
+            if poll.over.is_set():
+                return _empty(st.polls)
             wake = st.notifier.current()
             lease = await to_thread.run_sync(
-                st.queue.try_claim, worker_id, free, limiter=st.claim_limiter
+                leases.try_claim, worker_id, free, limiter=st.claim_limiter
             )
     finally:
-        st.queue.wait_end(worker_id)
+        if st.polls.end(worker_id, poll):
+            leases.wait_end(worker_id)
 
 
 @router.post(
@@ -187,32 +222,43 @@ def heartbeat(
 ) -> HeartbeatResponse:
     """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
     q = state(request).queue
-    q.own(worker_id, caller.id, caller.pools)
-    return q.heartbeat(worker_id, body)
+    q.fleet.own(worker_id, caller.id, caller.pools)
+    return q.leases.heartbeat(worker_id, body)
+
+
+@router.post("/workers/{worker_id}/leave", status_code=204, tags=["worker protocol"])
+def leave(worker_id: str, body: LeaveRequest, request: Request, caller: Worker) -> None:
+    """The worker stops (drained, its one job done, a signal): it is offline from now.
+    A job it still held goes back to the queue without counting the attempt."""
+    q = state(request).queue
+    q.fleet.own(worker_id, caller.id, caller.pools)
+    q.leases.leave(worker_id, body.reason)
 
 
 def _holder(request: Request, caller: Caller, job_id: str, attempt: int) -> None:
-    state(request).queue.check_holder(job_id, attempt, caller.id, caller.pools)
+    state(request).queue.leases.check_holder(job_id, attempt, caller.id, caller.pools)
 
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
 def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
     _holder(request, caller, job_id, body.attempt)
-    state(request).queue.start(job_id, body.attempt)
+    state(request).queue.leases.start(job_id, body.attempt)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
 def append_output(job_id: str, body: LogAppend, request: Request, caller: Worker) -> None:
     _holder(request, caller, job_id, body.attempt)
     lines = [(ln.stream, ln.line) for ln in body.lines]
-    state(request).queue.append_logs(job_id, body.attempt, lines)
+    state(request).queue.leases.append_logs(job_id, body.attempt, lines)
 
 
 @router.post("/jobs/{job_id}/finish", response_model=JobOut, tags=["worker protocol"])
 def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worker) -> JobOut:
-    """End an attempt: exit code 0 succeeds; anything else retries or fails."""
+    """End an attempt: exit code 0 succeeds; anything else retries or fails, keeping the
+    last lines of the attempt's stderr (``stderr_tail``)."""
     _holder(request, caller, job_id, body.attempt)
-    job = state(request).queue.finish(job_id, body.attempt, body.exit_code, body.error)
+    leases = state(request).queue.leases
+    job = leases.finish(job_id, body.attempt, body.exit_code, body.error, body.stderr_tail)
     return views.job_out(job, {})
 
 
@@ -220,7 +266,7 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
 def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Worker) -> JobOut:
     """A draining worker hands the job back; the attempt is not counted."""
     _holder(request, caller, job_id, body.attempt)
-    return views.job_out(state(request).queue.release(job_id, body.attempt, body.reason), {})
+    return views.job_out(state(request).queue.leases.release(job_id, body.attempt, body.reason), {})
 
 
 @router.post("/jobs/{job_id}/artifact", status_code=204, tags=["workers"])
@@ -231,4 +277,4 @@ def attach_artifact(job_id: str, body: ArtifactAttach, request: Request, caller:
     q = state(request).queue
     if caller.pools is not None and not q.store.blob_readable(body.sha256, caller.pools):
         raise NotFound(f"no blob {body.sha256}", detail={"blob": body.sha256})
-    q.attach_artifact(job_id, body.attempt, body.sha256)
+    q.leases.attach_artifact(job_id, body.attempt, body.sha256)

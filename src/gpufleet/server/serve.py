@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
 import sys
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -17,9 +20,10 @@ from gpufleet.server.app import create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.limits import Limits
-from gpufleet.server.queue import QueueSettings
+from gpufleet.server.settings import QueueSettings
 from gpufleet.store import SqlStore
 from gpufleet.store.blobfiles import BlobFiles
+from gpufleet.tokens import redact
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,63 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Redacting(logging.Formatter):
+    """Another formatter's output, with anything token-shaped cut to its hint (tracebacks
+    included: an exception's message may quote a request)."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(self.inner.format(record))
+
+
+def redact_logs() -> None:
+    """Every handler the server's logs go through redacts tokens (run after uvicorn set
+    its logging up)."""
+    for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access", "gpufleet"):
+        for handler in logging.getLogger(name).handlers:
+            if not isinstance(handler.formatter, _Redacting):
+                handler.setFormatter(_Redacting(handler.formatter))
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which tells the open claim polls first when a signal asks it to
+    stop (they answer at once, so none is cut off), and exits 0 after a clean stop rather
+    than dying of the signal it handled."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.on_stop()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()  # handled: a clean stop is exit code 0
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _warn_if_open(host: str, tls: ssl.SSLContext | None) -> None:
+    """Tokens travel in every request: beyond loopback, plain http shows them to the
+    network."""
+    if tls is None and host not in LOOPBACK and not host.startswith("127."):
+        print(
+            f"warning: listening on {host} without TLS: every request's token crosses the "
+            "network in clear text. Serve HTTPS with --tls-cert FILE --tls-key FILE (see "
+            "docs/operate.md, TLS), or keep --host 127.0.0.1 behind a TLS proxy",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def serve(opts: ServerOptions) -> None:
     """Serve until SIGINT/SIGTERM. Prints the URL (and a fresh admin token, once)."""
     tls = tls_context(opts.tls_cert, opts.tls_key)  # a bad file stops us before anything
@@ -127,24 +188,29 @@ def serve(opts: ServerOptions) -> None:
             f"Admin token created, saved to {where} (mode 0600){note}", file=sys.stderr, flush=True
         )
     print(f"gpufleet server listening on {url} (database: {store.dialect})", flush=True)
+    _warn_if_open(opts.host, tls)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     blobs = BlobService(
         store, BlobFiles(opts.data_dir / "blobs"), BlobSettings(max_size=opts.max_blob_size)
     )
+    app = create_app(store, opts.queue, blobs, opts.limits)
     config = uvicorn.Config(
-        create_app(store, opts.queue, blobs, opts.limits),
+        app,
         log_level="warning",
         access_log=False,
         loop="uvloop",
         http="httptools",
-        timeout_graceful_shutdown=3,
+        # Polls answer at once when told to stop; this bounds the other requests in flight
+        # (an upload cut here keeps what arrived, and resumes).
+        timeout_graceful_shutdown=10,
         # The context checked above is the one served (uvicorn would load the files again,
         # and prompt on the terminal for a key's passphrase).
         ssl_context_factory=None if tls is None else lambda _config, _default: tls,
     )
+    redact_logs()
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _Server(config, app.state.gpufleet.polls.request_stop).run(sockets=[sock])
     finally:
         store.close()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from gpufleet.domain.models import JobStatus
-from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.domain.models import JobStatus, WorkerStatus
+from gpufleet.server.fleet import WorkerState
+from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, TokenRow
 from gpufleet.store.rows import ArtifactRow, BlobRow
 from gpufleet.wire import (
     ArtifactFile,
@@ -50,6 +51,8 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         manifest=job.manifest,
         not_before=ts(job.not_before) if job.status == JobStatus.PENDING else None,
         waiting=job.waiting if job.status == JobStatus.PENDING else 0,
+        submitted_by=job.submitted_by,
+        stderr_tail=list(job.stderr_tail),
     )
 
 
@@ -65,6 +68,7 @@ def attempt_out(a: AttemptRow) -> AttemptOut:
         exit_code=a.exit_code,
         outcome=a.outcome,
         error=a.error,
+        stderr_tail=list(a.stderr_tail),
     )
 
 
@@ -105,19 +109,22 @@ def blob_out(b: BlobRow) -> BlobOut:
     return BlobOut(sha256=b.sha256, size=b.size, created_at=ts(b.created_at))
 
 
-def worker_out(w: WorkerRow, status: str, running: list[JobRow]) -> WorkerOut:
+def worker_out(state: WorkerState) -> WorkerOut:
+    w = state.row
     live = {g.index: g for g in w.gpu_stats}
     gpus = [GpuModel.from_domain(live.get(g.index, g)) for g in w.capability.gpus]
     return WorkerOut(
         id=w.id,
         name=w.name,
-        status=status,
+        status=state.status.value,
         pool=w.pool,
         labels=w.labels,
+        fixed_labels=sorted(w.fixed_labels),
+        offline_since=ts(w.offline_since) if state.status == WorkerStatus.OFFLINE else None,
         gpus=gpus,
         gpus_simulated=w.capability.gpus_simulated,
         slots={"cpu": w.cpu_slots, "gpu": len(w.capability.gpus)},
-        running=[j.id for j in running],
+        running=[j.id for j in state.running],
         ephemeral=w.ephemeral,
         registered_at=ts(w.registered_at),
         last_heartbeat=ts(w.last_heartbeat),
@@ -136,6 +143,7 @@ def token_out(t: TokenRow) -> TokenOut:
         role=t.role,
         pools=list(t.pools),
         hint=t.hint + "…" if t.hint else "",
+        labels=t.labels,
         created_at=ts(t.created_at),
         expires_at=ts(t.expires_at),
         revoked_at=ts(t.revoked_at),

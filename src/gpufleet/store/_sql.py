@@ -13,6 +13,7 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus, WorkerStatus
+from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._data import DataOps
-from gpufleet.store.rows import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.store._fleet import FleetOps
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow
 from gpufleet.wire import JobSpecModel
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -74,6 +76,7 @@ _PENDING_UPDATE = (
         max_attempts=bindparam("max_attempts"),
         pool=bindparam("pool"),
         unrunnable=bindparam("unrunnable"),
+        target=bindparam("target"),
     )
 )
 _ATTEMPT_INSERT = t.attempts.insert().values(
@@ -108,7 +111,22 @@ def _spec_json(spec: JobSpec) -> str:
     return JobSpecModel.from_domain(spec).model_dump_json()
 
 
-class SqlStore(DataOps):
+@dataclass(frozen=True)
+class Hold:
+    """Insert only if ``check`` accepts ``worker``'s jobs (those it runs and those aimed at
+    it that wait), read in the insert's own transaction with the worker's row locked: two
+    submits aimed at one worker cannot both find it free. ``check`` raises to refuse."""
+
+    worker: WorkerRow
+    check: Callable[[list[JobRow]], None]
+
+
+#: Given the GPUs each of a worker's claimed or running jobs holds, how to choose a job:
+#: the GPUs to claim it on, or None to pass.
+Chooser = Callable[[JobRow], Sequence[int] | None]
+
+
+class SqlStore(DataOps, FleetOps):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
     def __init__(self, url: str) -> None:
@@ -206,9 +224,16 @@ class SqlStore(DataOps):
     # ---- jobs -------------------------------------------------------------------------
 
     def _job_values(
-        self, job_id: str, spec: JobSpec, now: float, unrunnable: str | None
+        self,
+        job_id: str,
+        spec: JobSpec,
+        now: float,
+        unrunnable: str | None,
+        submitted_by: str | None,
     ) -> dict[str, Any]:
         return {
+            "submitted_by": submitted_by,
+            "target": spec.requirements.worker,
             "id": job_id,
             "name": spec.name,
             "status": JobStatus.PENDING.value,
@@ -230,19 +255,26 @@ class SqlStore(DataOps):
         jobs: Sequence[tuple[str, JobSpec, str | None]],
         now: float,
         deps: Mapping[str, Sequence[str]] | None = None,
+        submitted_by: str | None = None,
+        hold: Hold | None = None,
     ) -> list[str]:
         """Insert the jobs whose id is new; existing ones are left alone. Returns new ids.
         ``deps`` names the jobs each new job waits for; it is counted in the same
-        transaction, so a new job is never claimable before its dependencies are met."""
+        transaction, so a new job is never claimable before its dependencies are met.
+        ``submitted_by`` is the token submitting them; ``hold`` a check made first."""
         if not jobs:
             return []
         ids = [j[0] for j in jobs]
         with self._write() as conn:
+            if hold is not None:
+                hold.check(self._holding(conn, hold.worker))
             have: set[str] = set()
             for chunk in range(0, len(ids), 500):
                 q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))
                 have.update(conn.scalars(q))
-            fresh = [self._job_values(i, s, now, u) for i, s, u in jobs if i not in have]
+            fresh = [
+                self._job_values(i, s, now, u, submitted_by) for i, s, u in jobs if i not in have
+            ]
             if not fresh:
                 return []
             # A concurrent apply may have inserted some meanwhile: those are skipped, and
@@ -278,6 +310,7 @@ class SqlStore(DataOps):
                 "max_attempts": wanted[i][1].max_attempts,
                 "pool": wanted[i][1].pool,
                 "unrunnable": wanted[i][2],
+                "target": wanted[i][1].requirements.worker,
             }
             for i, old in current.items()
             if old != wanted[i][0]
@@ -286,6 +319,49 @@ class SqlStore(DataOps):
             with self._write() as conn:
                 conn.execute(_PENDING_UPDATE, rows)
         return [str(r["jid"]) for r in rows]
+
+    def _lock_worker(self, conn: Connection, worker_id: str) -> None:
+        """Serialize this transaction with others about the same worker (PostgreSQL; on
+        SQLite the one writer already does)."""
+        if self.dialect == "postgresql":
+            w = t.workers.c
+            conn.execute(select(w.id).where(w.id == worker_id).with_for_update())
+
+    @staticmethod
+    def _holding_query(worker: WorkerRow) -> Any:
+        """The jobs ``worker`` runs or has claimed, and the pending ones aimed at it, the
+        pending ones in the order they would be claimed."""
+        j = t.jobs.c
+        runs = (j.worker_id == worker.id) & j.status.in_([s.value for s in ACTIVE])
+        aimed = j.target.in_([worker.id, worker.name]) & (j.status == JobStatus.PENDING.value)
+        return select(t.jobs).where(runs | aimed).order_by(j.priority.desc(), j.created_at, j.id)
+
+    def _holding(self, conn: Connection, worker: WorkerRow) -> list[JobRow]:
+        self._lock_worker(conn, worker.id)
+        return [JobRow.from_row(r) for r in conn.execute(self._holding_query(worker)).all()]
+
+    def holding(self, worker: WorkerRow) -> list[JobRow]:
+        """What a submit aimed at ``worker`` is checked against (outside a write)."""
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(self._holding_query(worker)).all()]
+
+    def aimed_jobs(self) -> list[JobRow]:
+        """Pending jobs aimed at a worker, in the order they would be claimed."""
+        j = t.jobs.c
+        q = (
+            select(t.jobs)
+            .where(j.target.is_not(None) & (j.status == JobStatus.PENDING.value))
+            .order_by(j.priority.desc(), j.created_at, j.id)
+        )
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
+    def manifest_jobs(self, manifest: str) -> list[tuple[str, str]]:
+        """Every job of ``manifest``: (id, status)."""
+        j = t.jobs.c
+        q = select(j.id, j.status).where(j.manifest == manifest).order_by(j.created_at, j.id)
+        with self._read() as conn:
+            return [(str(i), str(st)) for i, st in conn.execute(q).all()]
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self._read() as conn:
@@ -356,14 +432,23 @@ class SqlStore(DataOps):
         worker: WorkerRow,
         now: float,
         expires: float,
-        choose: Callable[[JobRow], Sequence[int] | None],
+        plan: Callable[[list[tuple[int, ...]]], Chooser | None],
         limit: int = 200,
     ) -> tuple[JobRow, int, tuple[int, ...]] | None:
-        """Claim the first claimable job ``choose`` accepts (it returns the GPUs to use, or
-        None to pass). Returns (job, new lease number, gpus), or None."""
+        """Claim the first claimable job the chooser accepts. ``plan`` gets the GPUs each
+        of the worker's claimed or running jobs holds (() a CPU slot), read in this
+        transaction with the worker's row locked, and returns the chooser (None: nothing is
+        free): it gives the GPUs to claim a job on, or None to pass. Returns (job, new
+        lease, gpus), or None."""
         seen, last = 0, None
+        j = t.jobs.c
+        held_q = select(j.gpus).where(
+            (j.worker_id == worker.id) & j.status.in_([s.value for s in ACTIVE])
+        )
         with self._write() as conn:
-            while seen < limit:
+            self._lock_worker(conn, worker.id)
+            choose = plan([tuple(json.loads(g)) for g in conn.scalars(held_q)])
+            while choose is not None and seen < limit:
                 page = self._page(conn, worker.pool, now, last)
                 for job in page:
                     gpus = choose(job)
@@ -467,14 +552,18 @@ class SqlStore(DataOps):
         error: str | None = None,
         not_before: float | None = None,
         expired_before: float | None = None,
+        stderr_tail: Sequence[str] = (),
     ) -> bool:
         """End an attempt: move the job to ``status`` if ``lease`` still holds it (and, for
-        the sweep, only if the lease is still expired: a heartbeat may have just landed)."""
+        the sweep, only if the lease is still expired: a heartbeat may have just landed).
+        ``stderr_tail`` is the attempt's last stderr lines, kept with its error."""
+        tail = json.dumps(list(stderr_tail)) if stderr_tail else None
         values: dict[str, Any] = {
             "status": status.value,
             "attempts": attempts,
             "exit_code": exit_code,
             "error": error,
+            "stderr_tail": tail,
             "lease_expires_at": None,
             "not_before": not_before,
         }
@@ -496,6 +585,7 @@ class SqlStore(DataOps):
                 exit_code=exit_code,
                 outcome=outcome,
                 error=error,
+                stderr_tail=tail,
             )
         return True
 
@@ -559,144 +649,3 @@ class SqlStore(DataOps):
         q = select(t.job_logs).where(c.job_id == job_id, c.seq > after).order_by(c.seq).limit(limit)
         with self._read() as conn:
             return [LogRow.from_row(r) for r in conn.execute(q).all()]
-
-    # ---- workers ----------------------------------------------------------------------
-
-    def upsert_worker(self, worker_id: str, values: dict[str, Any]) -> str:
-        """Register a worker; a name seen before keeps its id. Returns the id."""
-        w = t.workers.c
-        with self._write() as conn:
-            existing = conn.execute(select(w.id).where(w.name == values["name"])).scalar()
-            if existing:
-                conn.execute(update(t.workers).where(w.id == existing).values(**values))
-                return str(existing)
-            conn.execute(t.workers.insert().values(id=worker_id, **values))
-            return worker_id
-
-    def get_worker(self, worker_id: str) -> WorkerRow | None:
-        """A worker by id, else by name (an id wins over a name that looks like one)."""
-        w = t.workers.c
-        with self._read() as conn:
-            row = conn.execute(select(t.workers).where(w.id == worker_id)).first()
-            if row is None:
-                row = conn.execute(select(t.workers).where(w.name == worker_id)).first()
-        return WorkerRow.from_row(row) if row else None
-
-    def list_workers(self, pools: Sequence[str] | None = None) -> list[WorkerRow]:
-        """Workers by name (of ``pools``; None: every pool)."""
-        q = select(t.workers).order_by(t.workers.c.name)
-        if pools is not None:
-            q = q.where(t.workers.c.pool.in_(pools))
-        with self._read() as conn:
-            rows = conn.execute(q).all()
-        return [WorkerRow.from_row(r) for r in rows]
-
-    def update_worker(self, worker_id: str, **values: Any) -> bool:
-        with self._write() as conn:
-            res = conn.execute(
-                update(t.workers).where(t.workers.c.id == worker_id).values(**values)
-            )
-            return res.rowcount == 1
-
-    def bind_worker(self, worker_id: str, token_id: str) -> bool:
-        """Bind a worker not bound to any token yet (registered before tokens owned
-        workers) to ``token_id``; False if some token already holds it."""
-        w = t.workers.c
-        with self._write() as conn:
-            res = conn.execute(
-                update(t.workers)
-                .where((w.id == worker_id) & w.token_id.is_(None))
-                .values(token_id=token_id)
-            )
-            return res.rowcount == 1
-
-    def mark_offline(self, before: float) -> list[str]:
-        w = t.workers.c
-        where = (w.status != WorkerStatus.OFFLINE.value) & (w.last_heartbeat < before)
-        with self._write() as conn:
-            ids = list(conn.scalars(select(w.id).where(where)))
-            if ids:
-                conn.execute(
-                    update(t.workers).where(w.id.in_(ids)).values(status=WorkerStatus.OFFLINE.value)
-                )
-            return ids
-
-    # ---- hosts ------------------------------------------------------------------------
-
-    def replace_hosts(self, manifest: str, policies: dict[str, str], now: float) -> None:
-        """The manifest's hosts replace what that manifest said before."""
-        h = t.hosts.c
-        with self._write() as conn:
-            conn.execute(t.hosts.delete().where(h.manifest == manifest))
-            for name, policy in policies.items():
-                conn.execute(t.hosts.delete().where(h.name == name))
-                conn.execute(
-                    t.hosts.insert().values(
-                        name=name, manifest=manifest, policy=policy, updated_at=now
-                    )
-                )
-
-    def host_policies(self) -> dict[str, str]:
-        with self._read() as conn:
-            return {n: p for n, p in conn.execute(select(t.hosts.c.name, t.hosts.c.policy)).all()}
-
-    # ---- tokens -----------------------------------------------------------------------
-
-    def insert_token(self, values: dict[str, Any]) -> None:
-        with self._write() as conn:
-            conn.execute(t.tokens.insert().values(**values))
-
-    def token_by_hash(self, digest: str) -> TokenRow | None:
-        with self._read() as conn:
-            row = conn.execute(select(t.tokens).where(t.tokens.c.hash == digest)).first()
-        return TokenRow.from_row(row) if row else None
-
-    def list_tokens(self) -> list[TokenRow]:
-        with self._read() as conn:
-            rows = conn.execute(select(t.tokens).order_by(t.tokens.c.created_at)).all()
-        return [TokenRow.from_row(r) for r in rows]
-
-    def revoke_token(self, token_id: str, now: float) -> bool:
-        c = t.tokens.c
-        with self._write() as conn:
-            res = conn.execute(
-                update(t.tokens)
-                .where((c.id == token_id) & c.revoked_at.is_(None))
-                .values(revoked_at=now)
-            )
-            return res.rowcount == 1
-
-    def get_token(self, token_id: str) -> TokenRow | None:
-        with self._read() as conn:
-            row = conn.execute(select(t.tokens).where(t.tokens.c.id == token_id)).first()
-        return TokenRow.from_row(row) if row else None
-
-    def rotate_token(self, token_id: str, digest: str, hint: str) -> bool:
-        """Give an active token a new secret; the old one stops matching at once."""
-        c = t.tokens.c
-        with self._write() as conn:
-            res = conn.execute(
-                update(t.tokens)
-                .where((c.id == token_id) & c.revoked_at.is_(None))
-                .values(hash=digest, hint=hint)
-            )
-            return res.rowcount == 1
-
-    def insert_audit(self, rows: list[dict[str, Any]]) -> None:
-        """Append audit records, in one transaction."""
-        with self._write() as conn:
-            conn.execute(t.audit.insert(), rows)
-
-    def audit(self, since: float, limit: int, after: int = 0) -> list[AuditRow]:
-        """The first ``limit`` audit records at or after ``since`` and past sequence
-        number ``after``, oldest first: page on with the last one's ``seq``."""
-        a = t.audit.c
-        q = select(t.audit).where((a.at >= since) & (a.seq > after)).order_by(a.seq).limit(limit)
-        with self._read() as conn:
-            return [AuditRow.from_row(r) for r in conn.execute(q).all()]
-
-    def count_tokens(self, role: str) -> int:
-        c = t.tokens.c
-        q = select(func.count()).select_from(t.tokens).where(c.role == role, c.revoked_at.is_(None))
-        with self._read() as conn:
-            return int(conn.execute(q).scalar_one())

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Self
 
 from gpufleet.domain.models import Capability, GpuInfo, JobSpec, JobStatus, WorkerStatus
 from gpufleet.wire import CapabilityModel, GpuModel, JobSpecModel
+
+
+def _lines(text: str | None) -> tuple[str, ...]:
+    return tuple(json.loads(text)) if text else ()
 
 
 class _Columns:
@@ -44,6 +48,9 @@ class JobRow:
     error: str | None
     unrunnable: str | None
     waiting: int = 0
+    submitted_by: str | None = None
+    target: str | None = None
+    stderr_tail: tuple[str, ...] = ()
 
     @cached_property
     def spec(self) -> JobSpec:
@@ -56,6 +63,7 @@ class JobRow:
         m["spec_json"] = m.pop("spec")
         m["status"] = JobStatus(m["status"])
         m["gpus"] = tuple(json.loads(m["gpus"]))
+        m["stderr_tail"] = _lines(m.get("stderr_tail"))
         return cls(**m)
 
 
@@ -72,11 +80,13 @@ class AttemptRow:
     exit_code: int | None
     outcome: str | None
     error: str | None
+    stderr_tail: tuple[str, ...] = ()
 
     @classmethod
     def from_row(cls, r: Any) -> AttemptRow:
         m = dict(r._mapping)
         m["gpus"] = tuple(json.loads(m["gpus"]))
+        m["stderr_tail"] = _lines(m.get("stderr_tail"))
         return cls(**m)
 
 
@@ -95,6 +105,8 @@ class WorkerRow:
     registered_at: float
     last_heartbeat: float | None
     token_id: str | None = None
+    offline_since: float | None = None
+    fixed_labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, r: Any) -> WorkerRow:
@@ -115,6 +127,8 @@ class WorkerRow:
             registered_at=m["registered_at"],
             last_heartbeat=m["last_heartbeat"],
             token_id=m["token_id"],
+            offline_since=m["offline_since"],
+            fixed_labels=json.loads(m["fixed_labels"] or "{}"),
         )
 
 
@@ -129,11 +143,24 @@ class TokenRow(_Columns):
     revoked_at: float | None
     expires_at: float | None = None
     hint: str = ""
+    labels_json: str = "{}"
+
+    @classmethod
+    def from_row(cls, r: Any) -> TokenRow:
+        m = dict(r._mapping)
+        m["labels_json"] = m.pop("labels", None) or "{}"
+        return cls(**m)
 
     @property
     def pools(self) -> tuple[str, ...]:
-        """The pools the token is scoped to; empty: every pool (admin, operator)."""
+        """The pools the token is scoped to; empty: every pool (a token of every pool)."""
         return tuple(p for p in (self.pool or "").split(",") if p)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Labels a worker enrolled with this token carries, whatever it declares."""
+        found: dict[str, str] = json.loads(self.labels_json)
+        return found
 
 
 @dataclass(frozen=True)
@@ -144,10 +171,12 @@ class AuditRow(_Columns):
     token_name: str | None
     role: str | None
     address: str
-    method: str
-    path: str
-    status: int
+    method: str | None
+    path: str | None
+    status: int | None
     target: str | None
+    event: str | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)

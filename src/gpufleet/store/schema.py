@@ -48,6 +48,12 @@ jobs = Table(
     Column("unrunnable", Text),
     # Dependencies (job:NAME inputs) not yet succeeded; only a job at 0 is claimable.
     Column("waiting", Integer, nullable=False, default=0),
+    # The token that submitted it: a submitter steers only its own jobs.
+    Column("submitted_by", String(64)),
+    # The worker (id or name) the job is aimed at, if any: it holds that worker's slot.
+    Column("target", String(200)),
+    # The last lines the latest attempt wrote to stderr (JSON list), to say why it failed.
+    Column("stderr_tail", Text),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -59,6 +65,7 @@ Index(
     jobs.c.id,
 )
 Index("ix_jobs_worker", jobs.c.worker_id, jobs.c.status)
+Index("ix_jobs_target", jobs.c.target, jobs.c.status)
 
 attempts = Table(
     "attempts",
@@ -74,6 +81,7 @@ attempts = Table(
     Column("exit_code", Integer),
     Column("outcome", String(32)),
     Column("error", Text),
+    Column("stderr_tail", Text),
 )
 
 workers = Table(
@@ -93,6 +101,10 @@ workers = Table(
     Column("last_heartbeat", Float),
     # The token that enrolled the worker: only that token may act as this worker.
     Column("token_id", String(64)),
+    # When it went offline (no heartbeat, or it left); None while online.
+    Column("offline_since", Float),
+    # Labels its token fixes (JSON object); the worker cannot change them.
+    Column("fixed_labels", Text, nullable=False, default="{}"),
 )
 
 hosts = Table(
@@ -129,10 +141,14 @@ tokens = Table(
     Column("expires_at", Float),
     # The secret's first characters, so a leaked token can be told apart; never more.
     Column("hint", String(16), nullable=False, default=""),
+    # Labels a worker enrolled with this token carries, whatever it says (JSON object).
+    Column("labels", Text, nullable=False, default="{}"),
 )
 
 # Every state-changing call: who (token), from where, what (method, path, target), how it
-# ended (status). Denied calls are recorded too.
+# ended (status). Denied calls are recorded too. Lifecycle events the server decides itself
+# (a worker registered, went offline, was removed; a lease lost) have an ``event`` instead
+# of a method, path and status.
 audit = Table(
     "audit",
     metadata,
@@ -142,10 +158,12 @@ audit = Table(
     Column("token_name", String(200)),
     Column("role", String(16)),
     Column("address", String(64), nullable=False),
-    Column("method", String(8), nullable=False),
-    Column("path", String(2000), nullable=False),
-    Column("status", Integer, nullable=False),
+    Column("method", String(8)),
+    Column("path", String(2000)),
+    Column("status", Integer),
     Column("target", String(200)),
+    Column("event", String(32)),
+    Column("detail", Text),
 )
 Index("ix_audit_at", audit.c.at)
 

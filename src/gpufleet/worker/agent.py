@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 from gpufleet import archive
 from gpufleet.client import AsyncClient, Client
 from gpufleet.client.session import Session
-from gpufleet.domain.models import DEFAULT_OUTPUTS, Capability
+from gpufleet.domain.models import DEFAULT_OUTPUTS, Capability, HyperStyle
 from gpufleet.errors import (
     ConfigError,
     Conflict,
@@ -32,7 +33,10 @@ from gpufleet.errors import (
     ServerUnavailable,
     Unauthorized,
 )
+from gpufleet.tokens import redact
 from gpufleet.wire import (
+    STDERR_TAIL_CHARS,
+    STDERR_TAIL_LINES,
     ArtifactAttach,
     CapabilityModel,
     ClaimRequest,
@@ -41,6 +45,7 @@ from gpufleet.wire import (
     HeartbeatRequest,
     Lease,
     LeaseRef,
+    LeaveRequest,
     LogAppend,
     LogLine,
     ReleaseRequest,
@@ -56,6 +61,7 @@ from gpufleet.worker.runner import (
     describe_exit,
     job_env,
     kill_leftovers,
+    oom_kills,
 )
 from gpufleet.worker.slots import Slots
 from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
@@ -95,6 +101,13 @@ class Running:
     lines: list[LogLine] = field(default_factory=list)
     stop_reason: str | None = None  # set when we kill it: "cancel", "lost", "drain", "timeout"
     killing: bool = False
+    # The job's last stderr lines: what a failed job says about why (shown by `show`).
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+
+    def on_line(self, stream: str, line: str) -> None:
+        self.lines.append(LogLine(stream=stream, line=line))
+        if stream == "stderr":
+            self.tail.append(line[:STDERR_TAIL_CHARS])
 
 
 def take_batch(lines: list[LogLine]) -> tuple[list[LogLine], list[LogLine]]:
@@ -115,8 +128,14 @@ def is_secret_env(name: str) -> bool:
     return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
 
 
+class Stopped(GpufleetError):
+    """The worker was told to stop while it waited for the server, with nothing to hand
+    back or report: it stops instead of retrying."""
+
+
 def say(msg: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+    """A line of the worker's log (never a token: anything token-shaped is cut)."""
+    print(f"{time.strftime('%H:%M:%S')} {redact(msg)}", flush=True)
 
 
 class Agent:
@@ -142,8 +161,9 @@ class Agent:
         self.announced = False
         self.locked_out = False
         self.draining = False
+        self.drain_why = ""
+        self.stopping = asyncio.Event()  # set when the drain begins: wakes retry waits
         self.drain_deadline: float | None = None
-        self.claimed_once = False
         self.tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -162,7 +182,11 @@ class Agent:
         if left:
             say(f"killed {left} process(es) a previous worker left running in {self.opts.work_dir}")
         try:
-            await self.register()
+            try:
+                await self.register()
+            except Stopped:
+                say(f"worker {self.opts.name} stopped before the server answered")
+                return 0
             tasks = [
                 asyncio.create_task(self.heartbeat_loop()),
                 asyncio.create_task(self.claim_loop()),
@@ -174,12 +198,23 @@ class Agent:
             if self.locked_out:
                 say(f"worker {self.opts.name} stopped: its token was refused")
                 return 1
-            await self.send_heartbeat()
+            await self.goodbye()
             say(f"worker {self.opts.name} drained; exiting")
             return 0
         finally:
             await self.client.aclose()
             self.data.close()
+
+    async def goodbye(self) -> None:
+        """Tell the server this worker stops, so it shows offline at once (not draining
+        until its lease runs out). Bounded: a server that does not answer is not waited
+        for."""
+        try:
+            await asyncio.wait_for(
+                self.client.leave(self.worker_id, LeaveRequest(reason=self.drain_why)), 5.0
+            )
+        except (GpufleetError, TimeoutError) as exc:
+            say(f"could not tell the server this worker stops ({exc}); it shows offline later")
 
     def on_signal(self) -> None:
         if self.draining:
@@ -192,7 +227,9 @@ class Agent:
         if not self.draining:
             jobs = len(self.running)
             say(f"draining ({why}): no new jobs; {jobs} running job(s) may finish")
+            self.drain_why = why
         self.draining = True
+        self.stopping.set()
         if grace is not None:
             deadline = time.monotonic() + grace
             self.drain_deadline = min(deadline, self.drain_deadline or deadline)
@@ -237,10 +274,14 @@ class Agent:
                 if self.shutdown_overdue():
                     say(f"giving up {what}: the server is away and this worker is shutting down")
                     raise
+                if self.draining and not self.running:
+                    raise Stopped(f"stopping: nothing runs, so {what} is not retried") from exc
                 if not warned:
                     say(f"server unreachable during {what}: {exc.message}; retrying")
                     warned = True
-            await asyncio.sleep(delay * (0.5 + random.random()))
+            # A drain (a signal) wakes the wait: a worker with nothing running stops at once.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), delay * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
 
     async def register(self) -> None:
@@ -358,36 +399,72 @@ class Agent:
         )
 
     async def claim_loop(self) -> None:
-        while not self.draining:
-            if not self.slots.any_free():
-                self.slots.changed.clear()
-                await self.slots.changed.wait()
-                continue
-            try:
-                lease = await self.retrying(
-                    "claim", lambda: self.client.claim(self.worker_id, self.claim_body())
-                )
-            except NotFound:
-                await self.register()
-                continue
-            except (Unauthorized, Forbidden) as exc:
-                self.lock_out(exc)
-                return
-            except GpufleetError as exc:
-                say(f"claim refused: {exc.message}")
-                await asyncio.sleep(2.0)
-                continue
-            if lease is None:
-                continue
-            if self.draining:
-                await self.hand_back(lease, "worker is draining")
-                return
-            self.slots.take(lease.gpus)
-            self.lease_timeout = lease.lease_timeout
-            run = self.running[(lease.job_id, lease.attempt)] = Running(lease)
-            self.spawn(self.run_job(run))
-            if self.opts.ephemeral:
-                self.begin_drain(None, "ephemeral worker took its one job")
+        """Keep a long poll open while a slot is free. When a slot frees during a poll,
+        send a new poll at once with the fresh slots: the server ends the old one (it
+        answers empty), so a freed GPU is taken within the dispatch latency. At most two
+        polls are open (the old one answering, and the new one)."""
+        polls: set[asyncio.Task[Lease | None]] = set()
+        stale = True  # the open poll's slots are out of date (or there is none)
+        try:
+            while not self.draining:
+                if self.slots.changed.is_set():
+                    self.slots.changed.clear()
+                    stale = True
+                if (stale or not polls) and self.slots.any_free() and len(polls) < 2:
+                    polls.add(asyncio.create_task(self.poll(self.claim_body())))
+                    stale = False
+                if not polls:  # nothing free: wait for a slot
+                    await self.slots.changed.wait()
+                    continue
+                waiter = asyncio.ensure_future(self.slots.changed.wait())
+                waits: set[asyncio.Future[Any]] = {*polls, *([waiter] if len(polls) < 2 else [])}
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                for task in [t for t in done if t in polls]:
+                    polls.discard(task)
+                    if not await self.answered(task):
+                        return
+        finally:
+            for task in polls:
+                task.cancel()
+
+    async def poll(self, body: ClaimRequest) -> Lease | None:
+        return await self.retrying("claim", lambda: self.client.claim(self.worker_id, body))
+
+    async def answered(self, task: asyncio.Task[Lease | None]) -> bool:
+        """Act on a finished poll; False when this worker must stop claiming."""
+        try:
+            lease = task.result()
+        except NotFound:
+            await self.register()
+            return True
+        except (Unauthorized, Forbidden) as exc:
+            self.lock_out(exc)
+            return False
+        except Stopped:
+            return False
+        except GpufleetError as exc:
+            say(f"claim refused: {exc.message}")
+            await asyncio.sleep(2.0)
+            return True
+        if lease is not None:
+            await self.accept(lease)
+        return True
+
+    async def accept(self, lease: Lease) -> None:
+        if self.draining:
+            await self.hand_back(lease, "worker is draining")
+            return
+        if not self.slots.fits(lease.gpus):  # the server takes held slots out; never here
+            say(f"job {lease.job_id}: its slot is taken here; handing it back")
+            await self.hand_back(lease, "slot already taken on the worker")
+            return
+        self.slots.take(lease.gpus)
+        self.lease_timeout = lease.lease_timeout
+        run = self.running[(lease.job_id, lease.attempt)] = Running(lease)
+        self.spawn(self.run_job(run))
+        if self.opts.ephemeral:
+            self.begin_drain(None, "ephemeral worker took its one job")
 
     async def hand_back(self, lease: Lease, reason: str) -> None:
         with contextlib.suppress(GpufleetError):
@@ -423,7 +500,7 @@ class Agent:
 
     async def execute(self, run: Running) -> tuple[int | None, str | None]:
         lease, spec = run.lease, run.lease.spec
-        argv = build_argv(spec.command, spec.hyper, spec.shell)
+        argv = build_argv(spec.command, spec.hyper, spec.shell, HyperStyle(spec.hyper_style))
         extra = {
             "GPUFLEET_JOB_ID": lease.job_id,
             "GPUFLEET_ATTEMPT": str(lease.attempt),
@@ -445,7 +522,7 @@ class Agent:
                 argv,
                 workdir,
                 env,
-                lambda s, ln: run.lines.append(LogLine(stream=s, line=ln)),
+                run.on_line,
             )
         except OSError as exc:
             return None, f"could not start {argv[0]!r}: {exc.strerror or exc}"
@@ -465,6 +542,7 @@ class Agent:
         except Conflict:
             await self.stop_job(run, "lost")
         flusher = asyncio.create_task(self.flush_loop(run))
+        kills = oom_kills()
         code = await run.proc.wait(spec.timeout)
         if code is None:
             say(f"job {lease.job_id}: timed out after {spec.timeout:g}s; killing its process group")
@@ -475,7 +553,8 @@ class Agent:
         with contextlib.suppress(asyncio.CancelledError):
             await flusher
         error = f"timed out after {spec.timeout:g}s" if run.stop_reason == "timeout" else None
-        error = error or describe_exit(code)
+        ours = run.stop_reason is not None  # we signalled it: not the kernel
+        error = error or describe_exit(code, oom=not ours and oom_kills() > kills)
         if run.stop_reason in (None, "timeout"):
             failed = await self.collect(run, workdir)
             if failed:
@@ -582,7 +661,10 @@ class Agent:
                 )
                 say(f"job {lease.job_id}: handed back to the queue (attempt not counted)")
                 return
-            body = FinishRequest(attempt=lease.attempt, exit_code=exit_code, error=error)
+            tail = list(run.tail) if (exit_code != 0 or error) else []
+            body = FinishRequest(
+                attempt=lease.attempt, exit_code=exit_code, error=error, stderr_tail=tail
+            )
             out = await self.retrying("finish", lambda: self.client.finish(lease.job_id, body))
             say(
                 f"job {lease.job_id} ({lease.spec.name}) finished: "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -16,6 +15,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from gpufleet.domain.models import HyperStyle, hyper_flags
 
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
@@ -34,25 +35,14 @@ def _die_with_worker() -> None:
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def hyper_args(hyper: Mapping[str, Any]) -> list[str]:
-    """Hyperparameters as ``--key value`` pairs, in the order given."""
-    out: list[str] = []
-    for key, value in hyper.items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (str, int, float)):
-            text = str(value)
-        else:
-            text = json.dumps(value)
-        out += [f"--{key}", text]
-    return out
-
-
-def build_argv(command: list[str], hyper: Mapping[str, Any], shell: bool) -> list[str]:
+def build_argv(
+    command: list[str], hyper: dict[str, Any], shell: bool, style: HyperStyle = HyperStyle.DASH
+) -> list[str]:
+    flags = hyper_flags(hyper, style)
     if shell:
-        line = " ".join([command[0], *(shlex.quote(a) for a in hyper_args(hyper))])
+        line = " ".join([command[0], *(shlex.quote(a) for a in flags)])
         return ["/bin/sh", "-c", line]
-    return [*command, *hyper_args(hyper)]
+    return [*command, *flags]
 
 
 def job_env(
@@ -157,17 +147,46 @@ def _emit(raw: bytes, stream: str, on_line: OnLine) -> None:
         on_line(stream, text[start : start + MAX_LINE])
 
 
-def describe_exit(code: int) -> str | None:
-    """None for success, else why the process ended in words."""
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(code: int, oom: bool = False) -> str | None:
+    """None for success, else why the process ended in words. ``oom``: the kernel's OOM
+    killer killed a process while the job ran (see :func:`oom_kills`)."""
     if code == 0:
         return None
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}"
+        said = f"killed by {_signal_name(-code)}"
+        if oom and -code == signal.SIGKILL:
+            said += ": out of memory (the kernel's OOM killer killed it)"
+        return said
+    if 128 < code <= 128 + 64:  # a shell reports a child killed by signal N as 128+N
+        said = f"exit code {code} (128+{_signal_name(code - 128)}: a process it ran was killed)"
+        if oom and code - 128 == signal.SIGKILL:
+            said += "; out of memory (the kernel's OOM killer ran)"
+        return said
     return f"exit code {code}"
+
+
+VMSTAT = Path("/proc/vmstat")
+
+
+def oom_kills(vmstat: Path = VMSTAT) -> int:
+    """How many processes the kernel's OOM killer has killed since boot (Linux 4.13+; 0
+    where it cannot tell). Read before and after a job: a job that died of SIGKILL while
+    it grew means it ran out of memory."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def kill_leftovers(work_dir: Path) -> int:

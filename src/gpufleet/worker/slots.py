@@ -1,4 +1,7 @@
-"""A worker's slots: one per GPU plus CPU slots; which are free right now."""
+"""A worker's slots: one per GPU plus CPU slots; which are free right now.
+
+``changed`` is set whenever a slot frees (and when the worker starts to drain), so the
+claim loop can send a poll with the fresh slots at once."""
 
 from __future__ import annotations
 
@@ -25,6 +28,12 @@ class Slots:
             FreeGpuModel(index=i, free_mib=free_mib.get(i, self.gpus[i].free_mib))
             for i in sorted(self.gpus_free)
         ]
+
+    def fits(self, gpus: list[int]) -> bool:
+        """Whether a lease on ``gpus`` (none: a CPU slot) has its slot free here."""
+        if gpus:
+            return set(gpus) <= self.gpus_free
+        return self.cpu_free > 0
 
     def take(self, gpus: list[int]) -> None:
         if gpus:

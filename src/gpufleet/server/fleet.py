@@ -1,0 +1,355 @@
+"""The fleet: each worker's life (registered, available, draining, offline, removed) and
+what it can take now, in one vocabulary.
+
+A worker's status, as the API, the CLI and the docs say it:
+
+- ``connecting``: registered, has not polled or heartbeated yet;
+- ``available``: a job could start on it now (a free GPU; on a machine without GPUs, a
+  free CPU slot);
+- ``reserved``: nothing free, and a job is claimed but not started, or waits for it;
+- ``busy``: every slot runs a job;
+- ``draining``: runs what it has, takes nothing new;
+- ``offline``: no heartbeat for a lease, or it stopped. An offline ephemeral worker is
+  forgotten after ``ephemeral_ttl``; a persistent one stays until ``workers rm``.
+
+Lifecycle events (registered, offline, removed) go to the audit log through ``on_event``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpufleet.domain.ids import new_worker_id
+from gpufleet.domain.models import ACTIVE, HostPolicy, JobStatus, WorkerStatus
+from gpufleet.errors import Conflict, Forbidden, NotFound
+from gpufleet.scheduling.matching import (
+    FreeGpu,
+    FreeResources,
+    WorkerView,
+    effective_gpus,
+    reserve,
+)
+from gpufleet.store import JobRow, SqlStore, TokenRow, WorkerRow
+from gpufleet.wire import HostModel, WorkerRegister
+
+Clock = Callable[[], float]
+#: (event, target id, detail, the token that caused it if any) -> recorded in the audit log
+OnEvent = Callable[[str, str, str, TokenRow | None], None]
+
+
+def no_event(event: str, target: str, detail: str, token: TokenRow | None) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """A worker as a user sees it now: its status, what it runs, what it has free (after
+    the jobs aimed at it took theirs)."""
+
+    row: WorkerRow
+    view: WorkerView
+    status: WorkerStatus
+    running: list[JobRow]
+    free: FreeResources
+
+
+class Fleet:
+    """Workers and host policies; one per server process."""
+
+    def __init__(
+        self,
+        store: SqlStore,
+        lease_timeout: float,
+        ephemeral_ttl: float,
+        clock: Clock = time.time,
+        on_event: OnEvent = no_event,
+    ) -> None:
+        self.store = store
+        self.lease_timeout = lease_timeout
+        self.ephemeral_ttl = ephemeral_ttl
+        self.clock = clock
+        self.on_event = on_event
+        self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
+        self._claimers: dict[str, tuple[float, WorkerRow]] = {}
+
+    # ---- host policies and views ------------------------------------------------------
+
+    def policies(self) -> dict[str, HostPolicy]:
+        """Host policies from the last applied manifests (cached for a second)."""
+        loaded_at, cached = self._policies
+        if time.monotonic() - loaded_at < 1.0:
+            return cached
+        fresh = {
+            name: HostModel.model_validate_json(raw).to_domain()
+            for name, raw in self.store.host_policies().items()
+        }
+        self._policies = (time.monotonic(), fresh)
+        return fresh
+
+    def policies_changed(self) -> None:
+        self._policies = (0.0, {})
+
+    def view(self, w: WorkerRow) -> WorkerView:
+        return WorkerView(
+            id=w.id,
+            name=w.name,
+            status=self.lifecycle(w),
+            capability=w.capability,
+            labels=w.labels,
+            pool=w.pool,
+            policy=self.policies().get(w.name),
+            cpu_slots=w.cpu_slots,
+        )
+
+    @staticmethod
+    def lifecycle(w: WorkerRow) -> WorkerStatus:
+        """The stored part of the status: offline, draining, connecting or available."""
+        if w.status == WorkerStatus.OFFLINE:
+            return WorkerStatus.OFFLINE
+        if w.drain or w.status == WorkerStatus.DRAINING:
+            return WorkerStatus.DRAINING
+        if w.status == WorkerStatus.CONNECTING:
+            return WorkerStatus.CONNECTING
+        return WorkerStatus.AVAILABLE
+
+    def free_resources(self, w: WorkerRow, active: list[JobRow]) -> FreeResources:
+        """A worker's slots that no claimed or running job holds, with live GPU memory."""
+        used_gpus = {g for j in active for g in j.gpus}
+        cpu_used = sum(1 for j in active if not j.gpus)
+        live = {g.index: g.free_mib for g in w.gpu_stats}
+        gpus = tuple(
+            FreeGpu(g.index, live.get(g.index, g.free_mib))
+            for g in effective_gpus(self.view(w))
+            if g.index not in used_gpus
+        )
+        return FreeResources(cpu_slots=max(0, w.cpu_slots - cpu_used), gpus=gpus)
+
+    def state(self, w: WorkerRow, holding: list[JobRow]) -> WorkerState:
+        """``w``'s state, given the jobs it holds: those claimed or running on it, and the
+        pending jobs aimed at it (which hold their slot before it claims them)."""
+        view = self.view(w)
+        running = [j for j in holding if j.status in ACTIVE and j.worker_id == w.id]
+        aimed = [j.spec for j in holding if j.status == JobStatus.PENDING]
+        free = reserve(aimed, view, self.free_resources(w, running))
+        status = view.status
+        if status in (WorkerStatus.AVAILABLE, WorkerStatus.CONNECTING):
+            status = self._load(view, free, running, bool(aimed)) or status
+        return WorkerState(w, view, status, running, free)
+
+    @staticmethod
+    def _load(
+        view: WorkerView, free: FreeResources, running: list[JobRow], aimed: bool
+    ) -> WorkerStatus | None:
+        # A GPU machine is for GPU work: with every GPU taken it is busy, CPU slot or not.
+        if free.gpus or (free.cpu_slots and not effective_gpus(view)):
+            return None
+        if aimed or any(j.status == JobStatus.CLAIMED for j in running):
+            return WorkerStatus.RESERVED
+        return WorkerStatus.BUSY
+
+    def states(self, pools: Sequence[str] | None = None) -> list[WorkerState]:
+        """Every worker (of ``pools``; None: all) with its state, in two queries."""
+        rows = self.store.list_workers(pools)
+        active = self.store.active_jobs()
+        aimed = self.store.aimed_jobs()
+        out = []
+        for w in rows:
+            mine = [j for j in active if j.worker_id == w.id]
+            mine += [j for j in aimed if j.target in (w.id, w.name)]
+            out.append(self.state(w, mine))
+        return out
+
+    def state_of(self, w: WorkerRow) -> WorkerState:
+        return self.state(w, self.store.holding(w))
+
+    # ---- lookups ----------------------------------------------------------------------
+
+    def worker(self, ref: str, pools: Sequence[str] | None = None) -> WorkerRow:
+        w = self.store.get_worker(ref)
+        if w is None or (pools is not None and w.pool not in pools):
+            raise NotFound(f"no worker {ref!r}", detail={"worker": ref})
+        return w
+
+    def claimer(self, worker_id: str) -> WorkerRow:
+        """A polling worker's row, cached for a second: claims are the hot path. Changes
+        made through this service (register, heartbeat, drain) drop the cached row."""
+        hit = self._claimers.get(worker_id)
+        if hit and time.monotonic() - hit[0] < 1.0:
+            return hit[1]
+        w = self.worker(worker_id)
+        self._claimers[worker_id] = (time.monotonic(), w)
+        return w
+
+    def forget(self, worker_id: str) -> None:
+        self._claimers.pop(worker_id, None)
+
+    def own(self, worker_id: str, token_id: str, pools: Sequence[str] | None = None) -> WorkerRow:
+        """The worker, if ``token_id`` enrolled it: only that token may act as it. A worker
+        of a pool outside ``pools`` is unknown (404). A worker registered before workers
+        were bound to tokens is bound to the first token of its pool that acts as it."""
+        w = self.claimer(worker_id)
+        if pools is not None and w.pool not in pools:
+            raise NotFound(f"no worker {worker_id!r}", detail={"worker": worker_id})
+        if w.token_id is None and self.store.bind_worker(w.id, token_id):
+            self.forget(w.id)
+            w = self.claimer(worker_id)
+        if w.token_id != token_id:
+            raise Forbidden(
+                f"worker {w.name} ({w.id}) was enrolled with another token; "
+                "a token acts only as the workers it registered",
+                detail={"worker": w.id},
+            )
+        return w
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def register(self, req: WorkerRegister, pool: str, token: TokenRow | None) -> WorkerRow:
+        """Register (or re-register) a worker by name into ``pool``, bound to the token
+        enrolling it and carrying the labels that token fixes."""
+        known = self.store.get_worker(req.name)
+        if known is not None and known.name == req.name:
+            self._check_reregister(known, req.name, pool, token.id if token else None)
+        fixed = token.labels if token else {}
+        labels = {**_declared(req, fixed), **fixed}
+        now = self.clock()
+        values = {
+            "name": req.name,
+            "pool": pool,
+            "token_id": token.id if token else None,
+            "labels": json.dumps(labels),
+            "fixed_labels": json.dumps(fixed),
+            "capability": req.capability.model_dump_json(),
+            "cpu_slots": req.cpu_slots,
+            "ephemeral": req.ephemeral,
+            "status": WorkerStatus.CONNECTING.value,
+            "drain": False,
+            "gpu_stats": json.dumps([g.model_dump() for g in req.capability.gpus]),
+            "registered_at": now,
+            "last_heartbeat": now,
+            "offline_since": None,
+        }
+        worker_id, returned = self.store.upsert_worker(new_worker_id(), values)
+        self.forget(worker_id)
+        if returned:
+            gpus = len(req.capability.gpus)
+            kind = "ephemeral" if req.ephemeral else "persistent"
+            self.on_event(
+                "worker.registered",
+                worker_id,
+                f"{req.name} in pool {pool}: {kind}, {gpus} GPU(s), {req.cpu_slots} CPU slot(s)",
+                token,
+            )
+        return self.worker(worker_id)
+
+    def _check_reregister(
+        self, known: WorkerRow, name: str, pool: str, token_id: str | None
+    ) -> None:
+        """A name stays with the token that enrolled it (until that token is revoked or
+        expires), and a worker changes pool only with no job running."""
+        owner = self.store.get_token(known.token_id) if known.token_id else None
+        live = (
+            owner is not None
+            and owner.revoked_at is None
+            and (owner.expires_at is None or owner.expires_at > self.clock())
+        )
+        if live and known.token_id != token_id:
+            raise Forbidden(
+                f"worker name {name!r} is enrolled with another token; pick another "
+                "--name, or revoke that token first",
+                detail={"worker": known.id, "field": "name"},
+            )
+        if known.token_id is None and known.pool != pool:
+            raise Forbidden(
+                f"worker name {name!r} is in pool {known.pool!r}, not {pool!r}",
+                detail={"worker": known.id, "field": "pool"},
+            )
+        if known.pool != pool and self.store.active_jobs(known.id):
+            raise Conflict(
+                f"worker {name!r} runs jobs of pool {known.pool!r}; it can move to pool "
+                f"{pool!r} once they end",
+                detail={"worker": known.id, "field": "pool"},
+            )
+
+    def revive(self, w: WorkerRow) -> WorkerRow:
+        """A polling worker is alive (and past connecting), heartbeat or not."""
+        if w.status not in (WorkerStatus.OFFLINE, WorkerStatus.CONNECTING):
+            return w
+        values = {"status": WorkerStatus.AVAILABLE.value, "offline_since": None}
+        self.store.update_worker(w.id, last_heartbeat=self.clock(), **values)
+        self.forget(w.id)
+        return self.claimer(w.id)
+
+    def beat(self, w: WorkerRow, draining: bool, gpu_stats: str | None) -> None:
+        """Record a heartbeat: alive now, draining or not, and its GPUs' live memory."""
+        status = WorkerStatus.DRAINING if (w.drain or draining) else WorkerStatus.AVAILABLE
+        values: dict[str, object] = {
+            "last_heartbeat": self.clock(),
+            "status": status.value,
+            "offline_since": None,
+        }
+        if gpu_stats is not None:
+            values["gpu_stats"] = gpu_stats
+        self.store.update_worker(w.id, **values)
+        self.forget(w.id)
+
+    def leave(self, w: WorkerRow, reason: str) -> None:
+        """The worker stopped on purpose (drained, its one job done, a signal)."""
+        if self.store.leave(w.id, self.clock()):
+            self.on_event("worker.offline", w.id, f"{w.name} stopped: {reason}", None)
+        self.forget(w.id)
+
+    def drain(self, ref: str, pools: Sequence[str] | None = None) -> WorkerRow:
+        w = self.worker(ref, pools)
+        self.store.update_worker(w.id, drain=True)
+        self.forget(w.id)
+        return self.worker(w.id)
+
+    def remove(self, ref: str, pools: Sequence[str] | None, by: TokenRow) -> WorkerRow:
+        """Forget an offline worker (its jobs' history keeps its name); 409 unless it is
+        offline, so a running machine is never orphaned."""
+        w = self.worker(ref, pools)
+        state = self.state_of(w)
+        if state.status != WorkerStatus.OFFLINE or not self.store.delete_worker(w.id):
+            raise Conflict(
+                f"worker {w.name} is {state.status.value}; only an offline worker can be "
+                "removed: drain it (gpufleet drain) and let it stop, or stop its process",
+                detail={"worker": w.id, "status": state.status.value},
+            )
+        self.forget(w.id)
+        self.on_event("worker.removed", w.id, f"{w.name} removed by {by.name}", by)
+        return w
+
+    def sweep(self) -> list[str]:
+        """Workers silent for a lease go offline; ephemeral ones offline for longer than
+        ``ephemeral_ttl`` are forgotten. Returns the ids that went offline."""
+        now = self.clock()
+        offline = self.store.mark_offline(now - self.lease_timeout)
+        for worker_id in offline:
+            self.forget(worker_id)
+            self.on_event(
+                "worker.offline", worker_id, f"no heartbeat for {self.lease_timeout:g}s", None
+            )
+        for worker_id in self.store.delete_gone_ephemeral(now - self.ephemeral_ttl):
+            self.forget(worker_id)
+            self.on_event(
+                "worker.removed",
+                worker_id,
+                f"ephemeral, offline for over {self.ephemeral_ttl:g}s (--ephemeral-ttl)",
+                None,
+            )
+        return offline
+
+
+def _declared(req: WorkerRegister, fixed: dict[str, str]) -> dict[str, str]:
+    """The labels a worker declares; one its token fixes may only repeat the same value."""
+    for key, value in req.labels.items():
+        if key in fixed and fixed[key] != value:
+            raise Forbidden(
+                f"label {key}={value}: this worker's token fixes {key}={fixed[key]} (set by an "
+                f"admin with tokens create --label); drop {key} from --labels",
+                detail={"worker": req.name, "field": f"labels.{key}"},
+            )
+    return dict(req.labels)

@@ -1,0 +1,367 @@
+"""The lease protocol: claims, start, heartbeats, logs, finish, release, and the sweep of
+leases whose worker went silent.
+
+A claim hands a worker a lease (job id, attempt); every later write carries it and is
+applied by a conditional update, so a stale lease changes nothing (409) and a job is
+recorded as finished once. The states each write moves a job to come from the one table
+in :mod:`gpufleet.domain.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+
+from gpufleet.domain.lifecycle import Event, backoff_seconds, failure_event, sources, transition
+from gpufleet.domain.models import JobStatus, WorkerStatus
+from gpufleet.errors import Conflict, Forbidden, NotFound
+from gpufleet.scheduling.matching import (
+    Assignment,
+    FreeResources,
+    JobView,
+    WorkerView,
+    now_reason,
+    rank_key,
+    unheld,
+)
+from gpufleet.server.dataflow import DataFlow
+from gpufleet.server.fleet import Fleet, OnEvent
+from gpufleet.server.settings import QueueSettings
+from gpufleet.store import JobRow, SqlStore
+from gpufleet.store._sql import Chooser
+from gpufleet.wire import HeartbeatRequest, HeartbeatResponse, JobSpecModel, Lease, LeaseOrder
+
+
+def printable(text: str) -> str:
+    """Job output is arbitrary bytes; a NUL cannot be stored in PostgreSQL text."""
+    return text.replace("\x00", "\ufffd")
+
+
+class Leases:
+    """Claims and every lease-carrying write; one per server process."""
+
+    def __init__(
+        self,
+        store: SqlStore,
+        settings: QueueSettings,
+        fleet: Fleet,
+        flow: DataFlow,
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
+        on_event: OnEvent,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.fleet = fleet
+        self.flow = flow
+        self.clock = clock
+        self.on_change = on_change
+        self.on_event = on_event
+        self._waiting: dict[str, tuple[WorkerView, FreeResources]] = {}
+        self._waiting_lock = threading.Lock()
+
+    def check_holder(
+        self, job_id: str, attempt: int, token_id: str, pools: Sequence[str] | None
+    ) -> JobRow:
+        """The job, if (job_id, attempt) is its current lease and the worker holding it was
+        enrolled with ``token_id``: 404 for a job of a pool the caller cannot see, 409 for a
+        stale lease, 403 for a lease another token's worker holds."""
+        job = self._held(job_id, attempt, pools)
+        holder = self.fleet.claimer(job.worker_id) if job.worker_id else None
+        if holder is None or holder.token_id != token_id:
+            raise Forbidden(
+                f"job {job_id} attempt {attempt} is held by worker "
+                f"{holder.name if holder else '?'}, not by a worker of this token",
+                detail={"job": job_id, "attempt": attempt},
+            )
+        return job
+
+    def retire(self, token_id: str) -> list[str]:
+        """A revoked token's workers go offline and their jobs back to the queue (the
+        attempt is not counted: the job did not fail). Returns the requeued job ids."""
+        requeued = []
+        now = self.clock()
+        for w in self.store.list_workers():
+            if w.token_id != token_id:
+                continue
+            for job in self.store.active_jobs(w.id):
+                if self._hand_back(job, job.lease):
+                    requeued.append(job.id)
+            # drain too: a claim already past the token check cannot revive it; only
+            # registering again (with a valid token) clears it.
+            if w.status != WorkerStatus.OFFLINE:
+                self.on_event("worker.offline", w.id, f"{w.name}: its token was revoked", None)
+            values = {"status": WorkerStatus.OFFLINE.value, "offline_since": now}
+            self.store.update_worker(w.id, drain=True, **values)
+            self.fleet.forget(w.id)
+        if requeued:
+            self.on_change()
+        return requeued
+
+    # ---- the worker protocol ----------------------------------------------------------
+
+    def _better_waiting(self, job: JobView, me: WorkerView, mine: Assignment, now: float) -> bool:
+        """Whether another polling worker ranks better for ``job`` (host priority, best fit)."""
+        my_rank = rank_key(job.spec, me, mine)
+        with self._waiting_lock:
+            others = [v for k, v in self._waiting.items() if k != me.id]
+        for view, free in others:
+            # The best rank this worker could have; most of the time it cannot beat ours and
+            # the full check is skipped.
+            priority = view.policy.priority if view.policy else 0
+            if not (-priority, 0, 0) < my_rank:
+                continue
+            verdict = now_reason(job, view, free, now, self.settings.prefer_cuda_grace)
+            if isinstance(verdict, Assignment) and rank_key(job.spec, view, verdict) < my_rank:
+                return True
+        return False
+
+    def poll(
+        self,
+        worker_id: str,
+        free: FreeResources,
+        wait: float,
+        token_id: str | None = None,
+        pools: Sequence[str] | None = None,
+    ) -> Lease | None:
+        """Start a poll and try once. A worker that will wait counts as waiting, so better
+        ranked jobs are left for it; one that will not wait is nobody to leave a job for.
+        With ``token_id``, only the token that enrolled the worker may poll for it."""
+        if token_id is not None:
+            self.fleet.own(worker_id, token_id, pools)
+        if wait > 0:
+            self.wait_begin(worker_id, free)
+        else:
+            self.fleet.revive(self.fleet.claimer(worker_id))
+        return self.try_claim(worker_id, free)
+
+    def wait_begin(self, worker_id: str, free: FreeResources) -> None:
+        w = self.fleet.revive(self.fleet.claimer(worker_id))
+        with self._waiting_lock:
+            self._waiting[worker_id] = (self.fleet.view(w), free)
+
+    def wait_end(self, worker_id: str) -> None:
+        with self._waiting_lock:
+            self._waiting.pop(worker_id, None)
+
+    def try_claim(self, worker_id: str, free: FreeResources) -> Lease | None:
+        """Claim the best job this worker may run now, or None. ``free`` is what the worker
+        said it has free; slots the server knows its jobs hold are taken out of it (read
+        with the claim), so a poll that crossed a claim cannot hand a slot out twice."""
+        w = self.fleet.claimer(worker_id)
+        if w.drain or w.status in (WorkerStatus.OFFLINE, WorkerStatus.DRAINING):
+            return None
+        me = self.fleet.view(w)
+        now = self.clock()
+
+        def plan(held: list[tuple[int, ...]]) -> Chooser | None:
+            mine = unheld(free, held, w.cpu_slots)
+            if not (mine.cpu_slots or mine.gpus):
+                return None
+
+            def choose(job: JobRow) -> tuple[int, ...] | None:
+                jv = JobView(job.id, job.spec, job.created_at)
+                verdict = now_reason(jv, me, mine, now, self.settings.prefer_cuda_grace)
+                if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
+                    return None
+                return verdict.gpus
+
+            return choose
+
+        expires = now + self.settings.lease_timeout
+        claimed = self.store.claim_next(w, now, expires, plan, self.settings.candidates)
+        if claimed is None:
+            return None
+        job, lease, gpus = claimed
+        return Lease(
+            job_id=job.id,
+            attempt=lease,
+            spec=JobSpecModel.from_domain(job.spec),
+            gpus=list(gpus),
+            lease_timeout=self.settings.lease_timeout,
+            inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
+        )
+
+    def _job(self, job_id: str) -> JobRow:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}", detail={"job": job_id})
+        return job
+
+    def _held(self, job_id: str, attempt: int, pools: Sequence[str] | None = None) -> JobRow:
+        """The job if (job_id, attempt) is its current lease: 404 for no job (or one of a
+        pool outside ``pools``), 409 for a stale lease."""
+        job = self.store.get_job(job_id)
+        if job is None or (pools is not None and job.pool not in pools):
+            raise NotFound(f"no job {job_id!r}", detail={"job": job_id})
+        if job.lease != attempt or not job.status.active:
+            raise Conflict(
+                f"stale lease: job {job_id} attempt {attempt} is no longer yours "
+                f"(job is {job.status.value}, current attempt {job.lease}); stop it",
+                detail={"job": job_id, "attempt": attempt, "status": job.status.value},
+            )
+        return job
+
+    def start(self, job_id: str, attempt: int) -> None:
+        self._held(job_id, attempt)
+        now = self.clock()
+        if not self.store.start(job_id, attempt, now, now + self.settings.lease_timeout):
+            job = self._held(job_id, attempt)
+            if job.status == JobStatus.RUNNING:  # a retried start whose answer was lost
+                return
+            raise Conflict(
+                f"job {job_id} attempt {attempt} was already started",
+                detail={"job": job_id, "attempt": attempt},
+            )
+
+    def keep(self, leases: Sequence[tuple[str, int]], worker_id: str) -> None:
+        """A worker registering again still runs these jobs: their leases live on."""
+        self.store.extend_leases(leases, self.clock() + self.settings.lease_timeout, worker_id)
+
+    def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
+        w = self.fleet.worker(worker_id)
+        now = self.clock()
+        held = self.store.extend_leases(
+            [(r.job_id, r.attempt) for r in req.leases], now + self.settings.lease_timeout, w.id
+        )
+        stats = json.dumps([g.model_dump() for g in req.gpus]) if req.gpus else None
+        self.fleet.beat(w, req.draining, stats)
+        orders = [
+            LeaseOrder(
+                job_id=r.job_id,
+                attempt=r.attempt,
+                order="continue" if (r.job_id, r.attempt) in held else "cancel",
+            )
+            for r in req.leases
+        ]
+        return HeartbeatResponse(orders=orders, drain=w.drain)
+
+    def leave(self, worker_id: str, reason: str) -> None:
+        """A worker stops: it is offline now, and a job it still held goes back to the
+        queue without counting the attempt (it should have handed it back)."""
+        w = self.fleet.worker(worker_id)
+        returned = [j for j in self.store.active_jobs(w.id) if self._hand_back(j, j.lease)]
+        self.fleet.leave(w, reason)
+        if returned:
+            self.on_change()
+
+    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]]) -> None:
+        lines = [(stream, printable(line)) for stream, line in lines]
+        if not self.store.append_logs(job_id, attempt, lines, self.clock()):
+            self._held(job_id, attempt)
+
+    def finish(
+        self,
+        job_id: str,
+        attempt: int,
+        exit_code: int | None,
+        error: str | None,
+        stderr_tail: Sequence[str] = (),
+    ) -> JobRow:
+        """Record the end of an attempt: success, a retry after backoff, or failure. A
+        failed attempt keeps the last lines of its stderr, to say why."""
+        job = self._held(job_id, attempt)
+        now = self.clock()
+        used = job.attempts + 1
+        if exit_code == 0 and error is None:
+            event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
+        else:
+            event, outcome = failure_event(used, job.max_attempts), "failed"
+            error = printable(error) if error else f"exit code {exit_code}"
+        status = transition(job.status, event)
+        not_before = (
+            now + backoff_seconds(used, self.settings.retry_backoff)
+            if event == Event.RETRY
+            else None
+        )
+        ok = self.store.finish(
+            job,
+            attempt,
+            sources(event),
+            status,
+            now=now,
+            attempts=used,
+            outcome=outcome,
+            exit_code=exit_code,
+            error=error,
+            not_before=not_before,
+            stderr_tail=[printable(line) for line in stderr_tail],
+        )
+        if not ok:
+            self._held(job_id, attempt)
+            raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
+        if status == JobStatus.PENDING:
+            self.on_change()
+        finished = self._job(job_id)
+        if status.terminal:
+            self.flow.ended(finished, status)
+        return finished
+
+    def attach_artifact(self, job_id: str, attempt: int, sha256: str) -> None:
+        self.flow.attach(self._held(job_id, attempt), attempt, sha256)
+
+    def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
+        """A draining worker hands a job back; the attempt is not counted."""
+        job = self._held(job_id, attempt)
+        if not self._hand_back(job, attempt):
+            self._held(job_id, attempt)
+        self.on_change()
+        return self._job(job_id)
+
+    def _hand_back(self, job: JobRow, attempt: int) -> bool:
+        return self.store.finish(
+            job,
+            attempt,
+            sources(Event.RELEASE),
+            JobStatus.PENDING,
+            now=self.clock(),
+            attempts=job.attempts,
+            outcome="released",
+            error=job.error,
+            stderr_tail=job.stderr_tail,
+        )
+
+    def after_outage(self) -> int:
+        """At server start: if no worker heartbeated within a third of the lease, extend
+        every active lease by one lease timeout. Returns how many were extended."""
+        now = self.clock()
+        beats = [w.last_heartbeat for w in self.store.list_workers() if w.last_heartbeat]
+        if beats and now - max(beats) < self.settings.lease_timeout / 3:
+            return 0
+        return self.store.extend_all_leases(now + self.settings.lease_timeout)
+
+    def sweep(self) -> tuple[list[str], list[str]]:
+        """Expire leases of silent workers, mark those workers offline, forget ephemeral
+        workers gone for longer than their TTL."""
+        now = self.clock()
+        names = {w.id: w.name for w in self.store.list_workers()}
+        requeued: list[str] = []
+        for job in self.store.expired_leases(now):
+            used = job.attempts + 1
+            event = failure_event(used, job.max_attempts, lost=True)
+            who = names.get(job.worker_id or "", job.worker_id)
+            error = f"lease expired: worker {who} stopped heartbeating"
+            if self.store.finish(
+                job,
+                job.lease,
+                sources(event),
+                transition(job.status, event),
+                now=now,
+                attempts=used,
+                outcome="lost",
+                error=error,
+                expired_before=now,
+            ):
+                requeued.append(job.id)
+                then = "failed: no attempts left" if event == Event.LOSE_FINAL else "requeued"
+                detail = f"attempt {job.lease} on worker {who}: no heartbeat; {then}"
+                self.on_event("lease.lost", job.id, detail, None)
+                if event == Event.LOSE_FINAL:
+                    self.flow.ended(job, JobStatus.FAILED)
+        if self.store.refresh_waiting():  # dependencies met by another replica
+            self.on_change()
+        offline = self.fleet.sweep()
+        if requeued:
+            self.on_change()
+        return requeued, offline

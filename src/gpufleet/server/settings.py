@@ -1,0 +1,19 @@
+"""The queue's settings, shared by the services that run it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """``lease_timeout``: seconds a lease lives without a heartbeat; ``prefer_cuda_grace``:
+    seconds a job preferring CUDA waits for a GPU; ``retry_backoff``: base seconds between
+    attempts; ``candidates``: jobs a claim looks at, at most; ``ephemeral_ttl``: seconds an
+    offline ephemeral worker is kept before it is forgotten."""
+
+    lease_timeout: float = 120.0
+    prefer_cuda_grace: float = 300.0
+    retry_backoff: float = 10.0
+    candidates: int = 200
+    ephemeral_ttl: float = 3600.0

@@ -1,0 +1,201 @@
+"""Fleet records: workers, host policies, tokens and the audit log.
+
+A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock. Every
+change is a conditional update or delete, so two server processes doing the same duty at
+once do it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+
+from gpufleet.domain.models import WorkerStatus
+from gpufleet.store import schema as t
+from gpufleet.store.rows import AuditRow, TokenRow, WorkerRow
+
+_W = t.workers.c
+_OFFLINE = WorkerStatus.OFFLINE.value
+
+
+class FleetOps:
+    """Record operations of the fleet: workers, hosts, tokens, audit."""
+
+    def _write(self) -> AbstractContextManager[Connection]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[Connection]:
+        raise NotImplementedError
+
+    # ---- workers ----------------------------------------------------------------------
+
+    def upsert_worker(self, worker_id: str, values: dict[str, Any]) -> tuple[str, bool]:
+        """Register a worker; a name seen before keeps its id. Returns the id, and whether
+        it came back (new, or offline before) rather than re-registering while online."""
+        with self._write() as conn:
+            known = conn.execute(select(_W.id, _W.status).where(_W.name == values["name"])).first()
+            if known:
+                conn.execute(update(t.workers).where(_W.id == known.id).values(**values))
+                return str(known.id), known.status == _OFFLINE
+            conn.execute(t.workers.insert().values(id=worker_id, **values))
+            return worker_id, True
+
+    def get_worker(self, worker_id: str) -> WorkerRow | None:
+        """A worker by id, else by name (an id wins over a name that looks like one)."""
+        with self._read() as conn:
+            row = conn.execute(select(t.workers).where(_W.id == worker_id)).first()
+            if row is None:
+                row = conn.execute(select(t.workers).where(_W.name == worker_id)).first()
+        return WorkerRow.from_row(row) if row else None
+
+    def list_workers(self, pools: Sequence[str] | None = None) -> list[WorkerRow]:
+        """Workers by name (of ``pools``; None: every pool)."""
+        q = select(t.workers).order_by(_W.name)
+        if pools is not None:
+            q = q.where(_W.pool.in_(pools))
+        with self._read() as conn:
+            rows = conn.execute(q).all()
+        return [WorkerRow.from_row(r) for r in rows]
+
+    def update_worker(self, worker_id: str, **values: Any) -> bool:
+        with self._write() as conn:
+            res = conn.execute(update(t.workers).where(_W.id == worker_id).values(**values))
+            return res.rowcount == 1
+
+    def bind_worker(self, worker_id: str, token_id: str) -> bool:
+        """Bind a worker not bound to any token yet (registered before tokens owned
+        workers) to ``token_id``; False if some token already holds it."""
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.workers)
+                .where((_W.id == worker_id) & _W.token_id.is_(None))
+                .values(token_id=token_id)
+            )
+            return res.rowcount == 1
+
+    def mark_offline(self, before: float) -> list[str]:
+        """Workers silent since before ``before`` go offline, gone since their last beat."""
+        where = (_W.status != _OFFLINE) & (_W.last_heartbeat < before)
+        with self._write() as conn:
+            ids = list(conn.scalars(select(_W.id).where(where)))
+            if ids:
+                conn.execute(
+                    update(t.workers)
+                    .where(_W.id.in_(ids) & (_W.status != _OFFLINE))
+                    .values(status=_OFFLINE, offline_since=_W.last_heartbeat)
+                )
+            return ids
+
+    def leave(self, worker_id: str, now: float) -> bool:
+        """A worker that stopped on purpose is offline from now; False if it already was."""
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.workers)
+                .where((_W.id == worker_id) & (_W.status != _OFFLINE))
+                .values(status=_OFFLINE, offline_since=now)
+            )
+            return res.rowcount == 1
+
+    def delete_worker(self, worker_id: str) -> bool:
+        """Forget an offline worker; False if it is not (or no longer) offline."""
+        with self._write() as conn:
+            res = conn.execute(
+                t.workers.delete().where((_W.id == worker_id) & (_W.status == _OFFLINE))
+            )
+            return res.rowcount == 1
+
+    def delete_gone_ephemeral(self, before: float) -> list[str]:
+        """Forget ephemeral workers offline since before ``before``; their ids."""
+        where = (_W.status == _OFFLINE) & _W.ephemeral & (_W.offline_since < before)
+        with self._write() as conn:
+            ids = list(conn.scalars(select(_W.id).where(where)))
+            if ids:
+                conn.execute(t.workers.delete().where(_W.id.in_(ids) & where))
+            return ids
+
+    # ---- hosts ------------------------------------------------------------------------
+
+    def replace_hosts(self, manifest: str, policies: dict[str, str], now: float) -> None:
+        """The manifest's hosts replace what that manifest said before."""
+        h = t.hosts.c
+        with self._write() as conn:
+            conn.execute(t.hosts.delete().where(h.manifest == manifest))
+            for name, policy in policies.items():
+                conn.execute(t.hosts.delete().where(h.name == name))
+                conn.execute(
+                    t.hosts.insert().values(
+                        name=name, manifest=manifest, policy=policy, updated_at=now
+                    )
+                )
+
+    def host_policies(self) -> dict[str, str]:
+        with self._read() as conn:
+            return {n: p for n, p in conn.execute(select(t.hosts.c.name, t.hosts.c.policy)).all()}
+
+    # ---- tokens -----------------------------------------------------------------------
+
+    def insert_token(self, values: dict[str, Any]) -> None:
+        with self._write() as conn:
+            conn.execute(t.tokens.insert().values(**values))
+
+    def token_by_hash(self, digest: str) -> TokenRow | None:
+        with self._read() as conn:
+            row = conn.execute(select(t.tokens).where(t.tokens.c.hash == digest)).first()
+        return TokenRow.from_row(row) if row else None
+
+    def list_tokens(self) -> list[TokenRow]:
+        with self._read() as conn:
+            rows = conn.execute(select(t.tokens).order_by(t.tokens.c.created_at)).all()
+        return [TokenRow.from_row(r) for r in rows]
+
+    def revoke_token(self, token_id: str, now: float) -> bool:
+        c = t.tokens.c
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.tokens)
+                .where((c.id == token_id) & c.revoked_at.is_(None))
+                .values(revoked_at=now)
+            )
+            return res.rowcount == 1
+
+    def get_token(self, token_id: str) -> TokenRow | None:
+        with self._read() as conn:
+            row = conn.execute(select(t.tokens).where(t.tokens.c.id == token_id)).first()
+        return TokenRow.from_row(row) if row else None
+
+    def rotate_token(self, token_id: str, digest: str, hint: str) -> bool:
+        """Give an active token a new secret; the old one stops matching at once."""
+        c = t.tokens.c
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.tokens)
+                .where((c.id == token_id) & c.revoked_at.is_(None))
+                .values(hash=digest, hint=hint)
+            )
+            return res.rowcount == 1
+
+    def count_tokens(self, role: str) -> int:
+        c = t.tokens.c
+        q = select(func.count()).select_from(t.tokens).where(c.role == role, c.revoked_at.is_(None))
+        with self._read() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    # ---- audit ------------------------------------------------------------------------
+
+    def insert_audit(self, rows: list[dict[str, Any]]) -> None:
+        """Append audit records (calls and events, each with the fields it has), in one
+        transaction."""
+        keys = [c.name for c in t.audit.columns if c.name != "seq"]
+        with self._write() as conn:
+            conn.execute(t.audit.insert(), [{k: r.get(k) for k in keys} for r in rows])
+
+    def audit(self, since: float, limit: int, after: int = 0) -> list[AuditRow]:
+        """The first ``limit`` audit records at or after ``since`` and past sequence
+        number ``after``, oldest first: page on with the last one's ``seq``."""
+        a = t.audit.c
+        q = select(t.audit).where((a.at >= since) & (a.seq > after)).order_by(a.seq).limit(limit)
+        with self._read() as conn:
+            return [AuditRow.from_row(r) for r in conn.execute(q).all()]
