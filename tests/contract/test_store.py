@@ -5,6 +5,7 @@ Time comes from a fake clock the tests advance; nothing here sleeps.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Sequence
@@ -839,3 +840,44 @@ def test_a_server_start_extends_leases_only_after_an_outage(
     assert queue.leases.after_outage() == 1
     assert job(store, lease.job_id).lease_expires_at == clock.now + LEASE
     assert queue.leases.sweep() == ([], [])
+
+
+def test_a_worker_s_life_is_swept_and_every_step_is_an_event(
+    store: SqlStore, clock: FakeClock, blobs: BlobService
+) -> None:
+    events: list[tuple[str, str]] = []
+    settings = dataclasses.replace(SETTINGS, ephemeral_ttl=60.0)
+    q = QueueService(
+        store,
+        settings,
+        blobs,
+        clock=lambda: clock.now,
+        on_event=lambda event, target, detail, token: events.append((event, target)),
+    )
+    cap = CapabilityModel(hostname="h", cores=1, ram_mib=GIB)
+    once = q.fleet.register(
+        WorkerRegister(name="once", capability=cap, ephemeral=True), "default", None
+    )
+    keep = register(q, "keep")
+    submitted = q.submit(spec())
+    lease = claim(q, keep)
+    clock.advance(LEASE + 1)
+    requeued, offline = q.leases.sweep()
+    assert requeued == [submitted.id] and set(offline) == {once.id, keep.id}
+    assert q.fleet.worker(keep.id).offline_since == T0  # gone since its last sign of life
+    clock.advance(61)
+    q.leases.sweep()
+    with pytest.raises(NotFound):
+        q.fleet.worker(once.id)  # ephemeral, gone past its TTL: forgotten
+    assert q.fleet.worker(keep.id).status is WorkerStatus.OFFLINE  # persistent: stays
+    q.leases.sweep()  # a second sweep (or a second replica) changes nothing more
+    assert sorted(events) == sorted(
+        [
+            ("worker.registered", once.id),
+            ("worker.registered", keep.id),
+            ("lease.lost", lease.job_id),
+            ("worker.offline", once.id),
+            ("worker.offline", keep.id),
+            ("worker.removed", once.id),
+        ]
+    )

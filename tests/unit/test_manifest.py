@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpufleet.domain.ids import manifest_job_id
 from gpufleet.domain.manifest import Plan, parse_manifest
-from gpufleet.domain.models import DeclaredCapability
+from gpufleet.domain.models import DeclaredCapability, HyperStyle
 from gpufleet.errors import ManifestError
 from gpufleet.wire import HostModel, JobSpecModel
 
@@ -503,3 +503,30 @@ def test_a_default_that_reads_like_a_gpu_requirement_must_be_a_real_field() -> N
         'command = "python t.py --gpus {gpu_list}"\ngpu_list = "0,1"\n[[jobs]]\nname = "a"\n'
     )
     assert parse_manifest(used, "plan.toml").jobs[0].command[-1] == "0,1"
+
+
+def test_hyper_style_is_dash_unless_the_plan_or_the_job_says_verbatim() -> None:
+    assert parse(one_job("hyper.batch_size = 1")).jobs[0].hyper_style == HyperStyle.DASH
+    plan = parse(
+        f'{HEAD}hyper_style = "verbatim"\n[defaults]\ncommand = "run"\n'
+        '[[jobs]]\nname = "a"\n[[jobs]]\nname = "b"\nhyper_style = "dash"\n'
+    )
+    assert [j.hyper_style for j in plan.jobs] == [HyperStyle.VERBATIM, HyperStyle.DASH]
+    in_defaults = parse(one_job("", 'command = "run"\nhyper_style = "verbatim"'))
+    assert in_defaults.jobs[0].hyper_style == HyperStyle.VERBATIM
+    bad = error(one_job('hyper_style = "snake"'))
+    assert bad.detail["field"] == "hyper_style" and "'dash', 'verbatim'" in str(bad)
+
+
+def test_the_hyper_style_is_part_of_a_jobs_identity_only_when_it_is_not_the_default() -> None:
+    dash = parse(one_job("hyper.lr = 0.1")).jobs[0]
+    said = parse(one_job('hyper.lr = 0.1\nhyper_style = "dash"')).jobs[0]
+    verbatim = parse(one_job('hyper.lr = 0.1\nhyper_style = "verbatim"')).jobs[0]
+    assert manifest_job_id(dash) == manifest_job_id(said) != manifest_job_id(verbatim)
+
+
+def test_cpu_only_with_a_gpu_requirement_names_the_job_and_the_field() -> None:
+    err = error(one_job('cpu_only = true\ngpu_name = "a100*"'))
+    assert err.detail == {"file": "lab.toml", "job": "j", "field": "cpu_only"}
+    assert "gpu_name asks for a GPU" in str(err)
+    assert parse(one_job('cpu_only = true\nworker = "gpu-box"')).jobs[0].requirements.cpu_only

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from gpufleet.domain.models import GpuInfo, HyperStyle, hyper_flags
-from gpufleet.worker.runner import build_argv, describe_exit, job_env
+from gpufleet.worker.runner import build_argv, describe_exit, job_env, oom_kills
 from gpufleet.worker.slots import Slots
 
 HYPER = {"epochs": 3, "batch_size": 64, "use_amp": True, "no_cache": False, "layers": [1, 2]}
@@ -61,6 +61,23 @@ def test_exit_codes_in_words() -> None:
     assert describe_exit(0) is None
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(-9) == "killed by SIGKILL"
+
+
+def test_an_oom_kill_and_a_shell_reported_signal_say_so() -> None:
+    assert describe_exit(-9, oom=True) == (
+        "killed by SIGKILL: out of memory (the kernel's OOM killer killed it)"
+    )
+    assert describe_exit(-15, oom=True) == "killed by SIGTERM"  # not the OOM killer's signal
+    assert describe_exit(137) == ("exit code 137 (128+SIGKILL: a process it ran was killed)")
+    assert describe_exit(137, oom=True).endswith("out of memory (the kernel's OOM killer ran)")
+    assert describe_exit(300) == "exit code 300"
+
+
+def test_oom_kills_reads_the_kernels_counter(tmp_path: Path) -> None:
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 12\noom_kill 7\npgfault 3\n")
+    assert oom_kills(vmstat) == 7
+    assert oom_kills(tmp_path / "missing") == 0  # not Linux, or an old kernel: unknown
 
 
 def test_slots_hand_out_gpus_and_cpu_and_take_them_back() -> None:

@@ -1,0 +1,120 @@
+"""A worker's life through the API (leave, remove, labels its token fixes), what a failed
+attempt keeps, and a worker's slot held by the job aimed at it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from gpufleet.domain.models import Role
+from gpufleet.server.auth import Auth
+from gpufleet.store import SqlStore
+from tests.integration.helpers import (
+    TESTCLIENT_ON_HTTPX,
+    assert_error,
+    bearer,
+    claim,
+    gpu,
+    register,
+    submit,
+)
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+pytestmark = TESTCLIENT_ON_HTTPX
+
+
+def _events(client: TestClient, admin: dict[str, str]) -> list[tuple[str, str]]:
+    rows = client.get("/v1/audit", headers=admin).json()
+    return [(a["event"], a["target"]) for a in rows if a["event"]]
+
+
+def test_a_worker_that_leaves_is_offline_at_once_and_can_then_be_removed(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    w = register(client, worker, "box")
+    assert w["status"] == "connecting"
+    assert_error(client.delete(f"/v1/workers/{w['id']}", headers=admin), 409, None, "offline")
+    held = submit(client, admin, name="held")
+    assert claim(client, worker, w["id"])["job_id"] == held
+    r = client.post(f"/v1/workers/{w['id']}/leave", json={"reason": "drained"}, headers=worker)
+    assert r.status_code == 204, r.text
+    gone = client.get(f"/v1/workers/{w['id']}", headers=admin).json()
+    assert gone["status"] == "offline" and gone["offline_since"]
+    job = client.get(f"/v1/jobs/{held}", headers=admin).json()  # it held a job: back, free
+    assert job["status"] == "pending" and job["attempts"] == 0
+    removed = client.delete(f"/v1/workers/{w['id']}", headers=admin)
+    assert removed.status_code == 200 and removed.json()["name"] == "box"
+    assert_error(client.get(f"/v1/workers/{w['id']}", headers=admin), 404)
+    events = _events(client, admin)
+    for kind in ("worker.registered", "worker.offline", "worker.removed"):
+        assert (kind, w["id"]) in events, events
+
+
+def test_labels_a_worker_token_fixes_are_the_workers_whatever_it_says(
+    client: TestClient, store: SqlStore, admin: dict[str, str]
+) -> None:
+    token = Auth(store).create("nlp-box", Role.WORKER, ["default"], labels={"team": "nlp"})[1]
+    headers = bearer(token)
+    refused = client.post(
+        "/v1/workers",
+        json={
+            "name": "liar",
+            "labels": {"team": "cv"},
+            "capability": {"hostname": "h", "cores": 1, "ram_mib": 1024},
+        },
+        headers=headers,
+    )
+    assert_error(refused, 403, "forbidden", "team=cv", "fixes team=nlp")
+    assert_error(client.get("/v1/workers/liar", headers=admin), 404)
+    w = register(client, headers, "nlp-box", labels={"team": "nlp", "site": "lab"})
+    assert w["labels"] == {"team": "nlp", "site": "lab"} and w["fixed_labels"] == ["team"]
+    quiet = register(client, headers, "quiet-box")  # declares nothing: still carries it
+    assert quiet["labels"] == {"team": "nlp"}
+
+
+def _finish(client: TestClient, worker: dict[str, str], job: str, **body: Any) -> Any:
+    r = client.post(f"/v1/jobs/{job}/finish", json={"attempt": 1, **body}, headers=worker)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_failed_attempt_keeps_the_end_of_its_stderr_until_requeued(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    w = register(client, worker, "box")
+    job = submit(client, admin, max_attempts=1)
+    claim(client, worker, w["id"])
+    tail = ["Traceback (most recent call last):", "ValueError: bad\x00input"]
+    done = _finish(client, worker, job, exit_code=3, stderr_tail=tail)
+    assert done["status"] == "failed" and done["error"] == "exit code 3"
+    detail = client.get(f"/v1/jobs/{job}", headers=admin).json()
+    assert detail["stderr_tail"] == [tail[0], "ValueError: bad\ufffdinput"]
+    assert detail["history"][0]["stderr_tail"] == detail["stderr_tail"]
+    too_many = {"attempt": 1, "exit_code": 1, "stderr_tail": ["x"] * 21}
+    assert_error(client.post(f"/v1/jobs/{job}/finish", json=too_many, headers=worker), 422)
+    again = client.post(f"/v1/jobs/{job}/requeue", headers=admin).json()
+    assert again["status"] == "pending" and again["stderr_tail"] == []
+
+
+@pytest.mark.parametrize("queue", [False, True])
+def test_a_job_aimed_at_a_worker_holds_its_slot(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str], queue: bool
+) -> None:
+    w = register(client, worker, "gpu-small", gpus=[gpu(0, 12)], cpu_slots=1)
+    client.post(f"/v1/workers/{w['id']}/claim", json={"cpu_slots": 1, "wait": 0}, headers=worker)
+    body = {"name": "mine", "command": ["t"], "requirements": {"worker": "gpu-small"}}
+    first = client.post("/v1/jobs", json=body, headers=admin, params={"queue": queue})
+    assert first.status_code == 201, first.text
+    listed = client.get(f"/v1/workers/{w['id']}", headers=admin).json()
+    assert listed["status"] == "reserved"
+    second = client.post("/v1/jobs", json=body, headers=admin)
+    error = assert_error(second, 409, "conflict", "gpu-small is reserved", "--queue")
+    assert first.json()["job"]["id"] in error["message"]
+    # a CPU job may still have the CPU slot; cancelling the first frees the GPU
+    cpu = {**body, "requirements": {"worker": "gpu-small", "cpu_only": True}}
+    assert client.post("/v1/jobs", json=cpu, headers=admin).status_code == 201
+    client.post(f"/v1/jobs/{first.json()['job']['id']}/cancel", headers=admin)
+    assert client.post("/v1/jobs", json=body, headers=admin).status_code == 201
