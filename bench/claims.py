@@ -66,9 +66,12 @@ def run(db: str | None, jobs: int, workers: int, wait: float) -> tuple[list[str]
         f.start_server(db)
         token = f.token()
         cap = CapabilityModel(hostname="bench", cores=8, ram_mib=32768)
+        # The claimers never finish what they claim; the server takes a worker's claimed
+        # jobs out of its free slots, so each gets slots enough to hold its whole share.
+        slots = min(1024, -(-jobs // workers) + 1)
         with Client(f.url, token, timeout=300) as c:
             ids = [
-                c.register(WorkerRegister(name=f"sim-{i}", capability=cap)).id
+                c.register(WorkerRegister(name=f"sim-{i}", capability=cap, cpu_slots=slots)).id
                 for i in range(workers)
             ]
             specs = [

@@ -120,7 +120,9 @@ class RequirementsModel(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> RequirementsModel:
-        problem = self.to_domain().contradiction()
+        # Only cpu_only can contradict the rest; every stored job is parsed with this model,
+        # so the common case costs one attribute read.
+        problem = self.to_domain().contradiction() if self.cpu_only else None
         if problem:
             raise ValueError(problem)
         return self

@@ -65,7 +65,15 @@ Index(
     jobs.c.id,
 )
 Index("ix_jobs_worker", jobs.c.worker_id, jobs.c.status)
-Index("ix_jobs_target", jobs.c.target, jobs.c.status)
+# Partial: only jobs aimed at a worker are in it, so the claims of every other job (a
+# status change each) do not pay for keeping it.
+Index(
+    "ix_jobs_target",
+    jobs.c.target,
+    jobs.c.status,
+    sqlite_where=jobs.c.target.is_not(None),
+    postgresql_where=jobs.c.target.is_not(None),
+)
 
 attempts = Table(
     "attempts",

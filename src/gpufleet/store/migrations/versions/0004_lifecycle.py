@@ -22,7 +22,15 @@ def upgrade() -> None:
         batch.add_column(sa.Column("submitted_by", sa.String(64)))
         batch.add_column(sa.Column("target", sa.String(200)))
         batch.add_column(sa.Column("stderr_tail", sa.Text))
-    op.create_index("ix_jobs_target", "jobs", ["target", "status"])
+    # Partial: only jobs aimed at a worker are in it, so other claims do not pay for it.
+    aimed = sa.text("target IS NOT NULL")
+    op.create_index(
+        "ix_jobs_target",
+        "jobs",
+        ["target", "status"],
+        sqlite_where=aimed,
+        postgresql_where=aimed,
+    )
     with op.batch_alter_table("attempts") as batch:
         batch.add_column(sa.Column("stderr_tail", sa.Text))
     with op.batch_alter_table("workers") as batch:
