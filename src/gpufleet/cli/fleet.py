@@ -32,7 +32,7 @@ from gpufleet.cli._common import (
 )
 from gpufleet.cli.choose import session_client, worker_table
 from gpufleet.errors import ConfigError, GpufleetError
-from gpufleet.wire import TokenCreate, TokenCreated
+from gpufleet.wire import TokenCreate, TokenCreated, WorkerOut
 
 SHARE_TOKEN_ENV = "GPUFLEET_SHARE_TOKEN"
 ServerOpt = Annotated[str | None, setting_option("server")]
@@ -280,36 +280,34 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.astimezone()
 
 
+WorkerArg = Annotated[str, typer.Argument(metavar="WORKER", help="Worker id or name.")]
+
+
+def _acted(w: WorkerOut, as_json: bool, what: str) -> None:
+    if as_json:
+        print_json(w)
+    else:
+        out.print(f"{escape(w.name)} ({w.id}): {what}")
+
+
 @workers_app.command("rm")
 def workers_rm(
-    worker_ref: Annotated[str, typer.Argument(metavar="WORKER", help="Worker id or name.")],
-    server: ServerOpt = None,
-    ca: CaOpt = None,
-    as_json: JsonOpt = False,
+    worker_ref: WorkerArg, server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Forget an offline worker (admin, operator). A worker that is not offline is
     refused: drain it first. Its jobs' history keeps its name."""
     with client(server, ca) as c:
         w = c.remove_worker(worker_ref)
-    if as_json:
-        print_json(w)
-        return
-    out.print(f"{escape(w.name)} ({w.id}): removed")
+    _acted(w, as_json, "removed")
 
 
 def drain(
-    worker_ref: Annotated[str, typer.Argument(metavar="WORKER", help="Worker id or name.")],
-    server: ServerOpt = None,
-    ca: CaOpt = None,
-    as_json: JsonOpt = False,
+    worker_ref: WorkerArg, server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Stop giving a worker jobs; it finishes what it runs, then exits (and shows offline)."""
     with client(server, ca) as c:
         w = c.drain(worker_ref)
-    if as_json:
-        print_json(w)
-        return
-    out.print(f"{escape(w.name)} ({w.id}): {styled(w.status)}")
+    _acted(w, as_json, styled(w.status))
 
 
 def status(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
