@@ -292,6 +292,12 @@ class JobOut(BaseModel):
         description=f"the last stderr lines (at most {STDERR_TAIL_LINES}) of the latest "
         "attempt, when it failed: what went wrong, in the job's own words",
     )
+    stop_requested_at: datetime | None = Field(
+        None, description="when `gpufleet stop` asked it to finish early"
+    )
+    stopped_early: bool = Field(
+        False, description="it was asked to stop and exited 0: succeeded, with its outputs"
+    )
 
 
 class JobDetail(JobOut):
@@ -535,11 +541,25 @@ class HeartbeatRequest(Strict):
 class LeaseOrder(BaseModel):
     job_id: str
     attempt: int
-    order: Literal["continue", "cancel"]
+    order: Literal["continue", "cancel", "stop"]
+    grace: float | None = Field(
+        None, description="stop: seconds after SIGINT before SIGTERM, then SIGKILL"
+    )
+
+
+class StopRequest(Strict):
+    grace: float = Field(
+        60.0,
+        ge=0,
+        le=7 * 86400,
+        description="seconds the job has after SIGINT to finish and exit; then SIGTERM, "
+        "and SIGKILL 3 s later",
+    )
 
 
 class HeartbeatResponse(BaseModel):
-    """Per reported lease: keep running it, or kill it (cancelled, or the lease is stale)."""
+    """Per reported lease: keep running it, kill it (cancelled, or the lease is stale), or
+    ask it to finish early (stop: SIGINT, then after ``grace`` SIGTERM and SIGKILL)."""
 
     orders: list[LeaseOrder]
     drain: bool = False

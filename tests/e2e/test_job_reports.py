@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Fleet
+from tests.e2e.conftest import Fleet, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -124,3 +124,56 @@ def test_why_names_the_job_it_waits_for(fleet: Fleet) -> None:
     assert re.search(rf"job {prep} .*cancelled", followed.stderr.strip().splitlines()[-1])
     done = fleet.cli("logs", "-f", train_id, check=False)
     assert done.returncode != 0 and "failed" in done.stderr
+
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(60)"
+)
+TRAINER = """
+import os, signal, sys, time
+os.makedirs("outputs", exist_ok=True)
+asked = []
+signal.signal(signal.SIGINT, lambda *_: asked.append(True))
+for epoch in range(600):
+    if asked:
+        open("outputs/model.txt", "w").write(f"weights after {epoch} epochs")
+        print("saved at epoch", epoch, flush=True)
+        sys.exit(0)
+    print("epoch", epoch, flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_stop_lets_a_job_finish_early_and_keep_what_it_made(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1", "--slots", "2", heartbeat=5.0)  # a log batch carries the stop
+    trainer = fleet.cli("submit", "--", PY, "-c", TRAINER).stdout.split()[-1]
+    stubborn = fleet.cli("submit", "--", PY, "-c", STUBBORN).stdout.split()[-1]
+    fleet.wait_status(stubborn, "running")
+    with fleet.client() as c:
+        wait_for(lambda: "epoch 3" in fleet.cli("logs", trainer).stdout, 20, "a few epochs")
+        wait_for(lambda: c.logs(stubborn).lines, 20, "the stubborn job's first line")
+
+    asked = json.loads(fleet.cli("stop", trainer, "--json").stdout)
+    assert asked["status"] == "running" and asked["stop_requested_at"]
+    done = fleet.wait_status(trainer, "succeeded", "failed", timeout=30)
+    assert done["status"] == "succeeded" and done["stopped_early"], done
+    assert done["history"][0]["outcome"] == "stopped"
+    assert "saved at epoch" in fleet.cli("logs", trainer).stdout
+    assert "stopped early" in fleet.cli("show", trainer).stdout
+    fleet.cli("download", trainer, "-o", str(tmp_path / "model"))
+    assert (tmp_path / "model" / "outputs" / "model.txt").read_text().startswith("weights after")
+
+    # A job that ignores SIGINT gets SIGTERM after the grace, fails, and is not retried.
+    fleet.cli("stop", stubborn, "--grace", "1")
+    failed = fleet.wait_status(stubborn, "failed", timeout=30)
+    assert failed["error"] == "killed by SIGTERM" and failed["attempts"] == 1, failed
+    assert not failed["stopped_early"]
+
+    # Nothing runs to stop in a pending or finished job.
+    pending = fleet.cli("submit", "--gpus", "1", "--", "true").stdout.split()[-1]
+    refused = fleet.cli("stop", pending, check=False)
+    assert refused.returncode != 0 and "cancel it instead" in refused.stderr
+    refused = fleet.cli("stop", trainer, check=False)
+    assert refused.returncode != 0 and "it has ended" in refused.stderr

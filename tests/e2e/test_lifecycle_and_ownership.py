@@ -134,9 +134,10 @@ def test_a_submitter_steers_only_the_jobs_it_submitted(fleet: Fleet) -> None:
     assert (
         shown["submitted_by"] == json.loads(fleet.cli("whoami", "--json", env=alice).stdout)["id"]
     )
-    refused = fleet.cli("cancel", job, env=bob, check=False)
-    assert refused.returncode != 0 and "submitted by another token" in refused.stderr
-    assert fleet.job(job)["status"] == "running"
+    for steer in ("cancel", "stop"):
+        refused = fleet.cli(steer, job, env=bob, check=False)
+        assert refused.returncode != 0 and "submitted by another token" in refused.stderr
+    assert fleet.job(job)["status"] == "running" and not fleet.job(job)["stop_requested_at"]
 
     cancelled = json.loads(fleet.cli("cancel", job, "--json", env=alice).stdout)
     assert cancelled["status"] == "cancelled"
@@ -177,6 +178,10 @@ def test_a_session_string_carries_the_whole_journey(fleet: Fleet, tmp_path: Path
     assert "shared" in fleet.cli("why", job, env=bare).stdout
     fleet.cli("download", job, "-o", str(tmp_path / "got"), env=bare)
     assert (tmp_path / "got" / "outputs" / "model.txt").read_text() == "weights"
+    long_job = fleet.cli("submit", *LONG, env=bare).stdout.split()[-1]
+    fleet.wait_status(long_job, "running")
+    fleet.cli("stop", long_job, "--grace", "1", env=bare)  # SIGINT: Python's default dies
+    assert fleet.wait_status(long_job, "failed")["error"] == "killed by SIGINT"
     long_job = fleet.cli("submit", *LONG, env=bare).stdout.split()[-1]
     fleet.wait_status(long_job, "running")
     fleet.cli("cancel", long_job, env=bare)

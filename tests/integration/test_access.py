@@ -157,6 +157,12 @@ TABLE: list[tuple[str, str, str, Any, int]] = [
     ("sub_a2", "GET", "/v1/jobs/{pending_a}", None, 200),
     ("sub_a2", "POST", "/v1/jobs/{pending_a}/cancel", None, 403),
     ("sub_a2", "POST", "/v1/jobs/{pending_a}/requeue", None, 403),
+    ("sub_a2", "POST", "/v1/jobs/{pending_a}/stop", None, 403),
+    ("sub_a", "POST", "/v1/jobs/{pending_a}/stop", None, 409),  # pending: nothing to stop
+    ("sub_a", "POST", "/v1/jobs/{pending_b}/stop", None, 404),
+    ("worker_a1", "POST", "/v1/jobs/{held}/stop", None, 403),
+    ("admin", "POST", "/v1/jobs/{held}/stop", {"grace": -1}, 422),
+    ("admin", "POST", "/v1/jobs/{held}/stop", {"grace": 5}, 200),
     ("sub_a", "DELETE", "/v1/workers/{wa1}", None, 403),
     # An operator of pool a steers pool a; pool b's objects and the audit log are not its.
     ("op_a", "POST", "/v1/jobs/{pending_a}/cancel", None, 200),

@@ -118,3 +118,27 @@ def test_a_job_aimed_at_a_worker_holds_its_slot(
     assert client.post("/v1/jobs", json=cpu, headers=admin).status_code == 201
     client.post(f"/v1/jobs/{first.json()['job']['id']}/cancel", headers=admin)
     assert client.post("/v1/jobs", json=body, headers=admin).status_code == 201
+
+
+def test_a_stopped_job_is_told_by_heartbeat_and_log_batch_and_ends_once(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    w = register(client, worker, "box", cpu_slots=2)
+    jobs = [submit(client, admin, name=n) for n in ("keeps", "dies")]
+    leases = [claim(client, worker, w["id"]) for _ in jobs]
+    for lease in leases:
+        client.post(f"/v1/jobs/{lease['job_id']}/start", json={"attempt": 1}, headers=worker)
+        r = client.post(f"/v1/jobs/{lease['job_id']}/stop", json={"grace": 7}, headers=admin)
+        assert r.status_code == 200 and r.json()["stop_requested_at"], r.text
+    beat = {"leases": [{"job_id": j, "attempt": 1} for j in jobs]}
+    orders = client.post(f"/v1/workers/{w['id']}/heartbeat", json=beat, headers=worker).json()
+    assert {(o["order"], o["grace"]) for o in orders["orders"]} == {("stop", 7.0)}
+    logs = {"attempt": 1, "lines": [{"line": "saving"}]}
+    r = client.post(f"/v1/jobs/{jobs[0]}/output", json=logs, headers=worker)
+    assert r.status_code == 204 and r.headers["gpufleet-stop"] == "7"
+    kept = _finish(client, worker, jobs[0], exit_code=0)
+    assert kept["status"] == "succeeded" and kept["stopped_early"]
+    died = _finish(client, worker, jobs[1], exit_code=-2, error="killed by SIGINT")
+    assert died["status"] == "failed" and died["attempts"] == 1  # attempts left: not retried
+    again = client.post(f"/v1/jobs/{jobs[1]}/requeue", headers=admin).json()
+    assert again["stop_requested_at"] is None and not again["stopped_early"]

@@ -49,7 +49,7 @@ JobArg = Annotated[str, typer.Argument(help="Job id (or a name that only one job
 
 def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_interspersed_args": False})(submit)
-    for cmd in (apply, jobs, show, logs, cancel, requeue, why):
+    for cmd in (apply, jobs, show, logs, stop, cancel, requeue, why):
         app.command()(cmd)
 
 
@@ -475,6 +475,34 @@ def cancel(
     with session_client(server, ca, session) as c:
         j = c.cancel(job)
     _acted(j, as_json)
+
+
+def stop(
+    job: JobArg,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            min=0,
+            help="Seconds the job has after SIGINT to save and exit; then SIGTERM, and "
+            "SIGKILL 3 s later.",
+        ),
+    ] = 60.0,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask a running job to finish early and keep what it made: its process group gets
+    SIGINT (a training script saves its model and exits), its outputs are kept, and it
+    ends succeeded (stopped early) if it exits 0. `cancel` kills and keeps nothing. A
+    submitter token stops only the jobs it submitted."""
+    with session_client(server, ca, session) as c:
+        j = c.stop(job, grace)
+    if as_json:
+        print_json(j)
+    else:
+        out.print(f"{j.id}: {styled(j.status)}, asked to stop (SIGINT; SIGTERM after {grace:g}s)")
 
 
 def requeue(

@@ -35,6 +35,10 @@ def show_detail(d: JobDetail) -> None:
         out.print(f"  on: {escape(d.worker)}{gpus}, started {when(d.started_at)}")
     if d.submitted_by:
         out.print(f"  submitted by token {d.submitted_by}")
+    if d.stopped_early:
+        out.print("  [green]stopped early[/green] (gpufleet stop), outputs kept")
+    elif d.stop_requested_at and d.status in ("claimed", "running"):
+        out.print(f"  asked to stop at {when(d.stop_requested_at)}")
     if d.unrunnable:
         out.print(f"  [yellow]{escape(d.unrunnable)}[/yellow]")
     _inputs(d)

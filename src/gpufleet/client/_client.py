@@ -130,6 +130,11 @@ class Client:
     def requeue(self, ref: str) -> JobOut:
         return self.call(ops.requeue(ref))
 
+    def stop(self, ref: str, grace: float = 60.0) -> JobOut:
+        """Ask a running job to finish early and keep its outputs: SIGINT, then after
+        ``grace`` seconds SIGTERM and SIGKILL."""
+        return self.call(ops.stop(ref, grace))
+
     def why(self, ref: str) -> WhyOut:
         return self.call(ops.why(ref))
 
@@ -215,8 +220,8 @@ class Client:
     def start(self, job_id: str, body: StartRequest) -> None:
         self.call(ops.start(job_id, body))
 
-    def output(self, job_id: str, body: LogAppend) -> None:
-        self.call(ops.output(job_id, body))
+    def output(self, job_id: str, body: LogAppend) -> float | None:
+        return self.call(ops.output(job_id, body))
 
     def finish(self, job_id: str, body: FinishRequest) -> JobOut:
         return self.call(ops.finish(job_id, body))
@@ -279,8 +284,9 @@ class AsyncClient:
     async def start(self, job_id: str, body: StartRequest) -> None:
         await self.call(ops.start(job_id, body))
 
-    async def output(self, job_id: str, body: LogAppend) -> None:
-        await self.call(ops.output(job_id, body))
+    async def output(self, job_id: str, body: LogAppend) -> float | None:
+        """Append output lines; the stop grace (seconds) when the job was asked to stop."""
+        return await self.call(ops.output(job_id, body))
 
     async def finish(self, job_id: str, body: FinishRequest) -> JobOut:
         return await self.call(ops.finish(job_id, body))

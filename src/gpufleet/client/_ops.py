@@ -6,6 +6,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+
 from gpufleet.client._api import Call, model, nothing
 from gpufleet.wire import (
     ApplyResult,
@@ -30,6 +32,7 @@ from gpufleet.wire import (
     SelectRequest,
     StartRequest,
     StatusOut,
+    StopRequest,
     SubmitResult,
     TokenCreate,
     TokenCreated,
@@ -71,6 +74,10 @@ def job(ref: str) -> Call[JobDetail]:
 
 def cancel(ref: str) -> Call[JobOut]:
     return Call("POST", f"/v1/jobs/{_q(ref)}/cancel", model(JobOut))
+
+
+def stop(ref: str, grace: float) -> Call[JobOut]:
+    return Call("POST", f"/v1/jobs/{_q(ref)}/stop", model(JobOut), body=StopRequest(grace=grace))
 
 
 def requeue(ref: str) -> Call[JobOut]:
@@ -163,8 +170,18 @@ def start(job_id: str, body: StartRequest) -> Call[None]:
     return Call("POST", f"/v1/jobs/{_q(job_id)}/start", nothing, body=body)
 
 
-def output(job_id: str, body: LogAppend) -> Call[None]:
-    return Call("POST", f"/v1/jobs/{_q(job_id)}/output", nothing, body=body)
+def _stop_grace(resp: httpx.Response) -> float | None:
+    """The ``Gpufleet-Stop`` answer to a log batch: the job was asked to stop."""
+    raw = resp.headers.get("gpufleet-stop")
+    try:
+        return None if raw is None else float(raw)
+    except ValueError:
+        return None
+
+
+def output(job_id: str, body: LogAppend) -> Call[float | None]:
+    """Append output lines; the stop grace (seconds) when the job was asked to stop."""
+    return Call("POST", f"/v1/jobs/{_q(job_id)}/output", _stop_grace, body=body)
 
 
 def finish(job_id: str, body: FinishRequest) -> Call[JobOut]:

@@ -227,14 +227,19 @@ class Leases:
         )
         stats = json.dumps([g.model_dump() for g in req.gpus]) if req.gpus else None
         self.fleet.beat(w, req.draining, stats)
-        orders = [
-            LeaseOrder(
-                job_id=r.job_id,
-                attempt=r.attempt,
-                order="continue" if (r.job_id, r.attempt) in held else "cancel",
-            )
-            for r in req.leases
-        ]
+        stops = self.store.stops(held)
+        orders = []
+        for r in req.leases:
+            if (r.job_id, r.attempt) not in held:
+                orders.append(LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="cancel"))
+            elif r.job_id in stops:
+                orders.append(
+                    LeaseOrder(
+                        job_id=r.job_id, attempt=r.attempt, order="stop", grace=stops[r.job_id]
+                    )
+                )
+            else:
+                orders.append(LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="continue"))
         return HeartbeatResponse(orders=orders, drain=w.drain)
 
     def leave(self, worker_id: str, reason: str) -> None:
@@ -246,10 +251,16 @@ class Leases:
         if returned:
             self.on_change()
 
-    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]]) -> None:
+    def append_logs(
+        self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]]
+    ) -> float | None:
+        """Append output lines; the stop grace when the job has been asked to stop (the
+        worker learns it here, within a second of a stop, as well as at its heartbeat)."""
         lines = [(stream, printable(line)) for stream, line in lines]
-        if not self.store.append_logs(job_id, attempt, lines, self.clock()):
+        done, stop = self.store.append_logs(job_id, attempt, lines, self.clock())
+        if not done:
             self._held(job_id, attempt)
+        return stop
 
     def finish(
         self,
@@ -264,11 +275,16 @@ class Leases:
         job = self._held(job_id, attempt)
         now = self.clock()
         used = job.attempts + 1
+        stopped = job.stop_requested_at is not None
         if exit_code == 0 and error is None:
             event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
         else:
-            event, outcome = failure_event(used, job.max_attempts), "failed"
+            # A job asked to stop that did not exit 0 failed; it is not tried again.
+            event = Event.FAIL if stopped else failure_event(used, job.max_attempts)
+            outcome = "failed"
             error = printable(error) if error else f"exit code {exit_code}"
+        if stopped:
+            outcome = "stopped"
         status = transition(job.status, event)
         not_before = (
             now + backoff_seconds(used, self.settings.retry_backoff)
@@ -287,6 +303,7 @@ class Leases:
             error=error,
             not_before=not_before,
             stderr_tail=[printable(line) for line in stderr_tail],
+            stopped_early=stopped and event == Event.SUCCEED,
         )
         if not ok:
             self._held(job_id, attempt)

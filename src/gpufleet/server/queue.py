@@ -327,6 +327,28 @@ class QueueService:
             self.on_change()  # a slot it held for its worker is free for others
         return cancelled
 
+    def stop(
+        self,
+        ref: str,
+        pools: Sequence[str] | None = None,
+        owner: str | None = None,
+        grace: float = 60.0,
+    ) -> JobRow:
+        """Ask a claimed or running job to finish early and keep what it made: its worker
+        sends it SIGINT at its next heartbeat or log upload, and SIGTERM then SIGKILL if it
+        is still running ``grace`` seconds later. Asking again changes nothing."""
+        job = self._steerable(ref, pools, owner, "stop")
+        if job.status.active and job.stop_requested_at is None:
+            self.store.request_stop(job.id, self.clock(), grace)
+            job = self.job(job.id)
+        if not job.status.active:
+            advice = "cancel it instead" if job.status == JobStatus.PENDING else "it has ended"
+            raise Conflict(
+                f"job {job.id} is {job.status.value}: nothing runs to stop early ({advice})",
+                detail={"job": job.id, "status": job.status.value},
+            )
+        return job
+
     def requeue(
         self, ref: str, pools: Sequence[str] | None = None, owner: str | None = None
     ) -> JobRow:
@@ -346,6 +368,9 @@ class QueueService:
             exit_code=None,
             error=None,
             stderr_tail=None,
+            stop_requested_at=None,
+            stop_grace=None,
+            stopped_early=False,
         )
         if not done:
             raise Conflict(

@@ -31,6 +31,7 @@ from gpufleet.wire import (
     LogsOut,
     ManifestApply,
     StatusOut,
+    StopRequest,
     SubmitResult,
     TokenCreate,
     TokenCreated,
@@ -141,6 +142,21 @@ def cancel_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     A submitter cancels only the jobs it submitted (403 for others of its pools); an
     operator any job of its pools."""
     job = state(request).queue.cancel(ref, caller.pools, caller.owner)
+    note(request, job.id)
+    return views.job_out(job, _names(request))
+
+
+@router.post("/jobs/{ref}/stop", response_model=JobOut, tags=["jobs"])
+def stop_job(
+    ref: str, request: Request, caller: Submitter, body: StopRequest | None = None
+) -> JobOut:
+    """Ask a claimed or running job to finish early and keep what it made: its worker
+    sends SIGINT to the job's process group, then, if it still runs after ``grace``
+    seconds, SIGTERM and SIGKILL. Its outputs are kept; it ends succeeded
+    (``stopped_early``) if it exits 0, failed otherwise, and is not retried. A pending or
+    finished job is 409 (cancel a pending one). A submitter stops only its own jobs."""
+    grace = (body or StopRequest()).grace
+    job = state(request).queue.stop(ref, caller.pools, caller.owner, grace)
     note(request, job.id)
     return views.job_out(job, _names(request))
 

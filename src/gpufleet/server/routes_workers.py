@@ -44,6 +44,7 @@ from gpufleet.wire import (
 )
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
+STOP_HEADER = "Gpufleet-Stop"
 Worker = Annotated[Caller, Depends(deps.worker)]
 Reader = Annotated[Caller, Depends(deps.reader)]
 Operator = Annotated[Caller, Depends(deps.operator)]
@@ -246,10 +247,16 @@ def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
-def append_output(job_id: str, body: LogAppend, request: Request, caller: Worker) -> None:
+def append_output(
+    job_id: str, body: LogAppend, request: Request, caller: Worker, response: Response
+) -> None:
+    """Append output lines. When the job has been asked to stop, the answer carries
+    ``Gpufleet-Stop: GRACE`` (seconds), so the worker learns it within a log batch."""
     _holder(request, caller, job_id, body.attempt)
     lines = [(ln.stream, ln.line) for ln in body.lines]
-    state(request).queue.leases.append_logs(job_id, body.attempt, lines)
+    stop = state(request).queue.leases.append_logs(job_id, body.attempt, lines)
+    if stop is not None:
+        response.headers[STOP_HEADER] = f"{stop:g}"
 
 
 @router.post("/jobs/{job_id}/finish", response_model=JobOut, tags=["worker protocol"])

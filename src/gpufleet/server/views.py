@@ -53,6 +53,8 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         waiting=job.waiting if job.status == JobStatus.PENDING else 0,
         submitted_by=job.submitted_by,
         stderr_tail=list(job.stderr_tail),
+        stop_requested_at=ts(job.stop_requested_at),
+        stopped_early=job.stopped_early,
     )
 
 

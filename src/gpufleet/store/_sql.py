@@ -573,6 +573,7 @@ class SqlStore(DataOps, FleetOps):
         not_before: float | None = None,
         expired_before: float | None = None,
         stderr_tail: Sequence[str] = (),
+        stopped_early: bool = False,
     ) -> bool:
         """End an attempt: move the job to ``status`` if ``lease`` still holds it (and, for
         the sweep, only if the lease is still expired: a heartbeat may have just landed).
@@ -584,6 +585,7 @@ class SqlStore(DataOps, FleetOps):
             "exit_code": exit_code,
             "error": error,
             "stderr_tail": tail,
+            "stopped_early": stopped_early,
             "lease_expires_at": None,
             "not_before": not_before,
         }
@@ -625,6 +627,30 @@ class SqlStore(DataOps, FleetOps):
             res = conn.execute(update(t.jobs).where(where).values(status=status.value, **values))
             return res.rowcount == 1
 
+    def request_stop(self, job_id: str, now: float, grace: float) -> bool:
+        """Mark a claimed or running job as asked to stop (once)."""
+        j = t.jobs.c
+        where = (
+            (j.id == job_id)
+            & j.status.in_([s.value for s in ACTIVE])
+            & j.stop_requested_at.is_(None)
+        )
+        with self._write() as conn:
+            res = conn.execute(
+                update(t.jobs).where(where).values(stop_requested_at=now, stop_grace=grace)
+            )
+            return res.rowcount == 1
+
+    def stops(self, leases: Iterable[tuple[str, int]]) -> dict[str, float]:
+        """Of these leases, the jobs asked to stop: job id -> grace seconds."""
+        ids = [job_id for job_id, _ in leases]
+        if not ids:
+            return {}
+        j = t.jobs.c
+        q = select(j.id, j.stop_grace).where(j.id.in_(ids) & j.stop_requested_at.is_not(None))
+        with self._read() as conn:
+            return {str(i): float(g or 0.0) for i, g in conn.execute(q).all()}
+
     def attempts(self, job_id: str) -> list[AttemptRow]:
         a = t.attempts.c
         with self._read() as conn:
@@ -645,15 +671,18 @@ class SqlStore(DataOps, FleetOps):
 
     def append_logs(
         self, job_id: str, lease: int, lines: Sequence[tuple[str, str]], now: float
-    ) -> bool:
-        """Append output lines if the lease still holds the job."""
+    ) -> tuple[bool, float | None]:
+        """Append output lines if the lease still holds the job. Returns whether it did,
+        and the stop grace when the job has been asked to stop (read in the same go)."""
         j = t.jobs.c
         with self._write() as conn:
             held = conn.execute(
-                select(j.id).where(self._lease_where(job_id, lease, ACTIVE))
+                select(j.stop_requested_at, j.stop_grace).where(
+                    self._lease_where(job_id, lease, ACTIVE)
+                )
             ).first()
             if held is None:
-                return False
+                return False, None
             if lines:
                 conn.execute(
                     t.job_logs.insert(),
@@ -662,7 +691,7 @@ class SqlStore(DataOps, FleetOps):
                         for s, ln in lines
                     ],
                 )
-        return True
+        return True, (None if held.stop_requested_at is None else float(held.stop_grace or 0))
 
     def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
         c = t.job_logs.c

@@ -51,6 +51,9 @@ class JobRow:
     submitted_by: str | None = None
     target: str | None = None
     stderr_tail: tuple[str, ...] = ()
+    stop_requested_at: float | None = None
+    stop_grace: float | None = None
+    stopped_early: bool = False
 
     @cached_property
     def spec(self) -> JobSpec:
@@ -64,6 +67,7 @@ class JobRow:
         m["status"] = JobStatus(m["status"])
         m["gpus"] = tuple(json.loads(m["gpus"]))
         m["stderr_tail"] = _lines(m.get("stderr_tail"))
+        m["stopped_early"] = bool(m.get("stopped_early"))
         return cls(**m)
 
 

@@ -54,6 +54,11 @@ jobs = Table(
     Column("target", String(200)),
     # The last lines the latest attempt wrote to stderr (JSON list), to say why it failed.
     Column("stderr_tail", Text),
+    # `gpufleet stop`: when it was asked, and how long the job may take before SIGTERM.
+    Column("stop_requested_at", Float),
+    Column("stop_grace", Float),
+    # It ended after a stop with exit code 0: succeeded, early.
+    Column("stopped_early", Boolean, nullable=False, default=False),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(

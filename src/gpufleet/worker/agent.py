@@ -99,7 +99,8 @@ class Running:
     lease: Lease
     proc: JobProcess | None = None
     lines: list[LogLine] = field(default_factory=list)
-    stop_reason: str | None = None  # set when we kill it: "cancel", "lost", "drain", "timeout"
+    # set when we end it: "cancel", "lost", "drain", "timeout"; "stop": asked to finish early
+    stop_reason: str | None = None
     killing: bool = False
     # The job's last stderr lines: what a failed job says about why (shown by `show`).
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
@@ -360,9 +361,13 @@ class Agent:
             return
         for o in resp.orders:
             run = self.running.get((o.job_id, o.attempt))
-            if o.order == "cancel" and run is not None and run.stop_reason is None:
-                say(f"job {o.job_id}: the server says stop (cancelled or lease lost)")
+            if run is None:
+                continue
+            if o.order == "cancel" and run.stop_reason in (None, "stop"):
+                say(f"job {o.job_id}: the server says kill it (cancelled or lease lost)")
                 await self.stop_job(run, "cancel")
+            elif o.order == "stop":
+                self.stop_early(run, o.grace if o.grace is not None else 60.0)
         if resp.drain:
             self.begin_drain(None, "operator")
 
@@ -555,7 +560,7 @@ class Agent:
         error = f"timed out after {spec.timeout:g}s" if run.stop_reason == "timeout" else None
         ours = run.stop_reason is not None  # we signalled it: not the kernel
         error = error or describe_exit(code, oom=not ours and oom_kills() > kills)
-        if run.stop_reason in (None, "timeout"):
+        if run.stop_reason in (None, "timeout", "stop"):  # a stopped job keeps its outputs
             failed = await self.collect(run, workdir)
             if failed:
                 error = f"{error}; {failed}" if error else failed
@@ -618,13 +623,35 @@ class Agent:
         if await proc.wait(grace) is None:
             proc.signal_group(signal.SIGKILL)
 
+    def stop_early(self, run: Running, grace: float) -> None:
+        """``gpufleet stop``: ask the job to finish and keep what it made. SIGINT to its
+        process group now; SIGTERM after ``grace`` seconds if it still runs, SIGKILL 3 s
+        later. Its outputs are collected and its result reported as usual. Once per job."""
+        if run.stop_reason is not None:
+            return
+        run.stop_reason = "stop"
+        say(
+            f"job {run.lease.job_id}: asked to stop early; SIGINT now, SIGTERM after {grace:g}s "
+            "if it still runs"
+        )
+        if run.proc is not None:
+            run.proc.signal_group(signal.SIGINT)
+            self.spawn(self._escalate(run.proc, grace))
+
+    async def _escalate(self, proc: JobProcess, grace: float) -> None:
+        if await proc.wait(grace) is None:
+            proc.signal_group(signal.SIGTERM)
+            await self._kill_later(proc)
+
     async def flush(self, run: Running) -> None:
         while run.lines:
             batch, run.lines = take_batch(run.lines)
             body = LogAppend(attempt=run.lease.attempt, lines=batch)
-            await self.retrying(
+            stop = await self.retrying(
                 "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60
             )
+            if stop is not None and run.proc is not None and run.proc.proc.returncode is None:
+                self.stop_early(run, stop)
 
     async def flush_loop(self, run: Running) -> None:
         while True:

@@ -1,6 +1,7 @@
 """Worker lifecycle and who owns what: who submitted a job, the worker a job is aimed at,
-the end of a failed attempt's stderr, when a worker went offline, labels a worker token
-fixes, lifecycle events in the audit log, and one word for an idle worker (available).
+the end of a failed attempt's stderr, a stop asked of a running job, when a worker went
+offline, labels a worker token fixes, lifecycle events in the audit log, and one word for
+an idle worker (available).
 
 Revision ID: 0004
 Revises: 0003
@@ -22,6 +23,11 @@ def upgrade() -> None:
         batch.add_column(sa.Column("submitted_by", sa.String(64)))
         batch.add_column(sa.Column("target", sa.String(200)))
         batch.add_column(sa.Column("stderr_tail", sa.Text))
+        batch.add_column(sa.Column("stop_requested_at", sa.Float))
+        batch.add_column(sa.Column("stop_grace", sa.Float))
+        batch.add_column(
+            sa.Column("stopped_early", sa.Boolean, nullable=False, server_default=sa.false())
+        )
     # Partial: only jobs aimed at a worker are in it, so other claims do not pay for it.
     aimed = sa.text("target IS NOT NULL")
     op.create_index(
@@ -82,6 +88,9 @@ def downgrade() -> None:
         batch.drop_column("stderr_tail")
     op.drop_index("ix_jobs_target", "jobs")
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("stopped_early")
+        batch.drop_column("stop_grace")
+        batch.drop_column("stop_requested_at")
         batch.drop_column("stderr_tail")
         batch.drop_column("target")
         batch.drop_column("submitted_by")
