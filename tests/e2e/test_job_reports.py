@@ -23,7 +23,7 @@ def test_a_failed_job_shows_the_end_of_its_stderr(fleet: Fleet) -> None:
     fleet.start_server()
     fleet.start_worker("w1", "--slots", "3")
     script = (
-        "import sys; print('loading data.csv'); "
+        "import sys; print('loading data.csv [bold]as text[/bold]'); "
         "print('Traceback (most recent call last):', file=sys.stderr); "
         "print('ValueError: column label is missing', file=sys.stderr); sys.exit(3)"
     )
@@ -43,7 +43,7 @@ def test_a_failed_job_shows_the_end_of_its_stderr(fleet: Fleet) -> None:
         "Traceback (most recent call last):",
         "ValueError: column label is missing",
     ]
-    assert "loading data.csv" not in job["stderr_tail"]  # stdout is not stderr
+    assert not any("loading" in line for line in job["stderr_tail"])  # stdout is not stderr
     assert job["history"][0]["stderr_tail"] == job["stderr_tail"]
     shown = fleet.cli("show", failed).stdout
     assert "ValueError: column label is missing" in shown, shown
@@ -53,6 +53,11 @@ def test_a_failed_job_shows_the_end_of_its_stderr(fleet: Fleet) -> None:
     row = next(line for line in table.splitlines() if failed in line)
     assert "ValueError: column label is missing" in " ".join(table.split()), table
     assert "exit code 3" in row
+
+    watched = fleet.cli("watch", failed, check=False)  # it has ended: one view, exit 1
+    assert watched.returncode == 1
+    assert "loading data.csv [bold]as text[/bold]" in watched.stdout  # shown, not styled
+    assert "ValueError: column label is missing" in watched.stdout
 
     assert fleet.wait_status(timed, "failed")["error"] == "timed out after 1s"
     assert "timed out after 1s" in fleet.cli("show", timed).stdout

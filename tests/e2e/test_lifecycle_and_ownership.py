@@ -174,6 +174,8 @@ def test_a_session_string_carries_the_whole_journey(fleet: Fleet, tmp_path: Path
     job = fleet.cli("submit", "--", sys.executable, "-c", script, env=bare).stdout.split()[-1]
     followed = fleet.cli("logs", "-f", job, env=bare)
     assert "trained" in followed.stdout
+    watched = fleet.cli("watch", job, env=bare).stdout
+    assert job in watched and "succeeded" in watched and "trained" in watched, watched
     assert json.loads(fleet.cli("show", job, "--json", env=bare).stdout)["worker"] == "shared"
     assert "shared" in fleet.cli("why", job, env=bare).stdout
     fleet.cli("download", job, "-o", str(tmp_path / "got"), env=bare)

@@ -29,6 +29,7 @@ from gpufleet.cli.choose import auto_select as auto_select_worker
 from gpufleet.cli.choose import interactive_select, read_session, session_client, session_token
 from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
 from gpufleet.cli.show import error_line, show_detail
+from gpufleet.cli.watch import watch
 from gpufleet.client import Client
 from gpufleet.domain.manifest import parse_manifest
 from gpufleet.domain.models import InputKind
@@ -49,7 +50,7 @@ JobArg = Annotated[str, typer.Argument(help="Job id (or a name that only one job
 
 def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_interspersed_args": False})(submit)
-    for cmd in (apply, jobs, show, logs, stop, cancel, requeue, why):
+    for cmd in (apply, jobs, show, logs, watch, stop, cancel, requeue, why):
         app.command()(cmd)
 
 
