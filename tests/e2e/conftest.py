@@ -187,11 +187,16 @@ class Fleet:
         return json.loads(self.cli("show", job_id, "--json", *trust).stdout)
 
     def wait_status(self, job_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
+        """The job once it is in one of ``statuses``, as `gpufleet show --json` prints it
+        (read through the SDK: a CLI start per poll would only slow the tests)."""
         with self.client() as c:
-            wait_for(
-                lambda: c.job(job_id).status in statuses, timeout, f"{job_id} to be {statuses}"
+            found = wait_for(
+                lambda: (d := c.job(job_id)).status in statuses and d,
+                timeout,
+                f"{job_id} to be {statuses}",
             )
-        return self.job(job_id)
+            detail: dict[str, Any] = found.model_dump(mode="json")
+        return detail
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

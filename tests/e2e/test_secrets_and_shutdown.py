@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -113,8 +114,9 @@ def test_secrets_stay_out_of_every_error_path(fleet: Fleet, tmp_path: Path) -> N
         (["jobs"], {"GPUFLEET_SERVER": secret}),
         (["jobs"], {"GPUFLEET_SESSION": secret}),
     ]
-    for args, env in calls:
-        res = fleet.cli(*args, env=env, check=False)
+    with ThreadPoolExecutor(4) as pool:  # 20 CLI starts: four at a time
+        results = list(pool.map(lambda call: fleet.cli(*call[0], env=call[1], check=False), calls))
+    for (args, _), res in zip(calls, results, strict=True):
         assert res.returncode != 0, (args, res.stdout)
         assert res.stderr.strip(), args
         assert not _leaks(secret, res.stdout, res.stderr), (args, res.stdout, res.stderr)

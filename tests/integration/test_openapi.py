@@ -19,6 +19,7 @@ pytestmark = TESTCLIENT_ON_HTTPX
 EXPECTED = {
     ("GET", "/v1/health"),
     ("POST", "/v1/workers/{worker_id}/leave"),
+    ("POST", "/v1/jobs/{ref}/stop"),
     ("DELETE", "/v1/workers/{ref}"),
     ("POST", "/v1/jobs"),
     ("GET", "/v1/jobs"),
