@@ -19,15 +19,18 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("submitted_by", sa.String(64)))
-        batch.add_column(sa.Column("target", sa.String(200)))
-        batch.add_column(sa.Column("stderr_tail", sa.Text))
-        batch.add_column(sa.Column("stop_requested_at", sa.Float))
-        batch.add_column(sa.Column("stop_grace", sa.Float))
-        batch.add_column(
-            sa.Column("stopped_early", sa.Boolean, nullable=False, server_default=sa.false())
-        )
+    # Plain ADD COLUMN, not a batch: on SQLite a batch may rebuild the table, and the
+    # rebuilt claim index (ix_jobs_queue) would lose its "priority DESC", making every
+    # claim sort the whole queue.
+    for column in (
+        sa.Column("submitted_by", sa.String(64)),
+        sa.Column("target", sa.String(200)),
+        sa.Column("stderr_tail", sa.Text),
+        sa.Column("stop_requested_at", sa.Float),
+        sa.Column("stop_grace", sa.Float),
+        sa.Column("stopped_early", sa.Boolean, nullable=False, server_default=sa.false()),
+    ):
+        op.add_column("jobs", column)
     # Partial: only jobs aimed at a worker are in it, so other claims do not pay for it.
     aimed = sa.text("target IS NOT NULL")
     op.create_index(
@@ -94,3 +97,8 @@ def downgrade() -> None:
         batch.drop_column("stderr_tail")
         batch.drop_column("target")
         batch.drop_column("submitted_by")
+    # A rebuilt table's claim index may have lost its order: make it again, as 0001 did.
+    op.drop_index("ix_jobs_queue", "jobs")
+    op.create_index(
+        "ix_jobs_queue", "jobs", ["status", "pool", sa.text("priority DESC"), "created_at", "id"]
+    )
