@@ -506,6 +506,11 @@ class ClaimRequest(Strict):
     cpu_slots: int = Field(0, ge=0, le=1024)
     gpus: list[FreeGpuModel] = Field(default_factory=list)
     wait: float = Field(25.0, ge=0, le=60)
+    supersede: bool = Field(
+        False,
+        description="this poll replaces one the worker has open (a slot freed): end that "
+        "one, on whichever server replica holds it",
+    )
 
 
 class StagedInput(BaseModel):

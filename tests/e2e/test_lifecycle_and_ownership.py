@@ -214,3 +214,23 @@ def test_commands_that_act_answer_in_json(fleet: Fleet) -> None:
     status = fleet.cli("status").stdout
     assert "free" in status and "not running a job" in status, status
     fleet.cli("cancel", job)  # the worker then stops at once, not after a drain
+
+
+def test_two_processes_polling_as_one_worker_back_off_and_are_told(fleet: Fleet) -> None:
+    """The same --name and token on two machines (a cloned image): each new poll ends
+    the other's. They must not spin on each other, and the log must say why."""
+    fleet.start_server()
+    token = _token(fleet, "clone", "--role", "worker")
+    twins = []
+    for n in range(2):
+        argv = [PYTHON, "-m", "gpufleet", "worker", "--name", "twin", "--heartbeat", "0.5"]
+        argv += ["--work-dir", str(fleet.root / "work" / f"twin{n}")]
+        env = {**fleet.env, "GPUFLEET_TOKEN": token}
+        twins.append(Proc(argv, env, fleet.root / f"twin{n}.log"))
+        fleet.procs.append(twins[-1])
+    for twin in twins:
+        wait_for(lambda t=twin: "registered" in t.text(), 30, "a twin to register")
+    said = "another process may be polling as this worker"
+    wait_for(lambda: all(said in t.text() for t in twins), 30, "both twins to say why")
+    job = fleet.cli("submit", "--", "true").stdout.split()[-1]
+    assert fleet.wait_status(job, "succeeded")["worker"] == "twin"  # still works

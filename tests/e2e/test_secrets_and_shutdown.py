@@ -6,7 +6,13 @@ Real server and worker processes; every process is stopped by the fixture.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pty
+import re
+import select
 import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -177,3 +183,38 @@ def test_a_server_beyond_loopback_without_tls_warns(fleet: Fleet) -> None:
     # On loopback there is nothing to warn about.
     fleet.start_server()
     assert fleet.server is not None and "TLS" not in fleet.server.text()
+
+
+def test_a_session_holding_a_token_is_shown_on_a_terminal_and_kept_in_a_file(
+    fleet: Fleet,
+) -> None:
+    """Asked for on a terminal, the secret session string is printed whole there (a
+    terminal is not a log) and written to a 0600 file; either one sends jobs."""
+    fleet.start_server()
+    share = fleet.cli("tokens", "create", "--name", "share", "--role", "submitter").stdout
+    primary, secondary = pty.openpty()
+    argv = [PYTHON, "-m", "gpufleet", "worker", "--name", "tty", "--share-token"]
+    argv += ["--work-dir", str(fleet.root / "work" / "tty")]
+    env = {**fleet.env, "GPUFLEET_SHARE_TOKEN": share.strip()}
+    proc = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary
+    )
+    os.close(secondary)
+    shown = bytearray()
+    try:
+        deadline = time.monotonic() + 30
+        while b"also in" not in shown and time.monotonic() < deadline:
+            ready, _, _ = select.select([primary], [], [], 0.2)
+            if ready:
+                with contextlib.suppress(OSError):
+                    shown.extend(os.read(primary, 65536))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        os.close(primary)
+    text = shown.decode(errors="replace")
+    found = re.search(r"keep it secret\): (gfs1_\S+)", text)
+    assert found and "…" not in found.group(1), text
+    session_file = fleet.root / "work" / "tty" / "session"
+    assert session_file.read_text().strip() == found.group(1)
+    assert session_file.stat().st_mode & 0o777 == 0o600

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 
 if TYPE_CHECKING:
-    import httpx
+    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
 # starlette 1.x warns once, when `starlette.testclient` is first imported, that it runs on
@@ -86,3 +89,30 @@ def claim(client: TestClient, headers: dict[str, str], worker: str) -> dict[str,
     assert r.status_code == 200, (r.status_code, r.text)
     lease: dict[str, Any] = r.json()
     return lease
+
+
+# ---- calls on the app's own event loop (concurrent requests in one test) -----------------
+
+
+def on_loop(client: TestClient, fn: Callable[[], Awaitable[Any]], timeout: float = 20) -> Any:
+    """Run ``fn`` on the app's event loop (where its lifespan runs), bounded in time."""
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(fn(), timeout)
+
+    assert client.portal is not None
+    return client.portal.call(bounded)
+
+
+def asgi(app: FastAPI, address: str = "127.0.0.1") -> httpx.AsyncClient:
+    """An async client calling ``app`` in-process as if from ``address``."""
+    transport = httpx.ASGITransport(app=app, client=(address, 40000))
+    return httpx.AsyncClient(transport=transport, base_url="http://gpufleet.test")
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)

@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +33,13 @@ from gpufleet.store import SqlStore
 from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import (
     TESTCLIENT_ON_HTTPX,
+    asgi,
     assert_error,
     bearer,
     job_body,
+    on_loop,
     register,
+    until,
     worker_body,
 )
 
@@ -85,22 +88,6 @@ def app(
     return create_app(store, settings, blobs, limits)
 
 
-def on_loop(client: TestClient, fn: Callable[[], Awaitable[Any]], timeout: float = 20) -> Any:
-    """Run ``fn`` on the app's event loop (where its lifespan runs), bounded in time."""
-
-    async def bounded() -> Any:
-        return await asyncio.wait_for(fn(), timeout)
-
-    assert client.portal is not None
-    return client.portal.call(bounded)
-
-
-def asgi(app: FastAPI, address: str = "127.0.0.1") -> httpx.AsyncClient:
-    """An async client calling ``app`` in-process as if from ``address``."""
-    transport = httpx.ASGITransport(app=app, client=(address, 40000))
-    return httpx.AsyncClient(transport=transport, base_url="http://gpufleet.test")
-
-
 def get_from(client: TestClient, address: str, path: str, headers: dict[str, str]) -> Any:
     async def go() -> httpx.Response:
         async with asgi(client.app, address) as c:  # type: ignore[arg-type]
@@ -111,14 +98,6 @@ def get_from(client: TestClient, address: str, path: str, headers: dict[str, str
 
 def new_token(store: SqlStore, role: Role = Role.ADMIN) -> dict[str, str]:
     return bearer(Auth(store).create(f"t-{role.value}", role)[1])
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def trip(client: TestClient, count: int = 21) -> None:

@@ -157,7 +157,7 @@ def create_app(
         if store.dialect == "postgresql":  # wake polls held by this replica on others' changes
             listener = threading.Thread(
                 target=store.listen_claimable,
-                args=(notifier.notify, stop_listening, auth.forget),
+                args=(notifier.notify, stop_listening, auth.forget, polls.superseded_elsewhere),
                 daemon=True,
             )
             listener.start()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpufleet.domain.ids import new_worker_id
 from gpufleet.domain.models import ACTIVE, HostPolicy, JobStatus, WorkerStatus
@@ -30,6 +30,7 @@ from gpufleet.scheduling.matching import (
     FreeResources,
     WorkerView,
     effective_gpus,
+    ever_reason,
     reserve,
 )
 from gpufleet.store import JobRow, SqlStore, TokenRow, WorkerRow
@@ -54,6 +55,7 @@ class WorkerState:
     status: WorkerStatus
     running: list[JobRow]
     free: FreeResources
+    waiting: list[JobRow] = field(default_factory=list)  # aimed at it, holding a slot
 
 
 class Fleet:
@@ -132,12 +134,23 @@ class Fleet:
         pending jobs aimed at it (which hold their slot before it claims them)."""
         view = self.view(w)
         running = [j for j in holding if j.status in ACTIVE and j.worker_id == w.id]
-        aimed = [j.spec for j in holding if j.status == JobStatus.PENDING]
-        free = reserve(aimed, view, self.free_resources(w, running))
+        waiting = [j for j in holding if self._holds_slot(j, view)]
+        free = reserve([j.spec for j in waiting], view, self.free_resources(w, running))
         status = view.status
         if status in (WorkerStatus.AVAILABLE, WorkerStatus.CONNECTING):
-            status = self._load(view, free, running, bool(aimed)) or status
-        return WorkerState(w, view, status, running, free)
+            status = self._load(view, free, running, bool(waiting)) or status
+        return WorkerState(w, view, status, running, free, waiting)
+
+    def _holds_slot(self, job: JobRow, view: WorkerView) -> bool:
+        """A pending job aimed at the worker holds a slot only if the worker would claim
+        it now: of its pool, its dependencies met, out of backoff, and one it may run."""
+        return (
+            job.status == JobStatus.PENDING
+            and job.pool == view.pool
+            and job.waiting == 0
+            and (job.not_before is None or job.not_before <= self.clock())
+            and ever_reason(job.spec, view) is None
+        )
 
     @staticmethod
     def _load(
@@ -213,7 +226,7 @@ class Fleet:
         if known is not None and known.name == req.name:
             self._check_reregister(known, req.name, pool, token.id if token else None)
         fixed = token.labels if token else {}
-        labels = {**_declared(req, fixed), **fixed}
+        labels = {**_declared(req, fixed, self._controlled(pool, fixed), pool), **fixed}
         now = self.clock()
         values = {
             "name": req.name,
@@ -243,6 +256,22 @@ class Fleet:
                 token,
             )
         return self.worker(worker_id)
+
+    def _controlled(self, pool: str, own: dict[str, str]) -> set[str]:
+        """Label keys a live worker token of ``pool`` fixes, other than the caller's own:
+        in this pool only workers enrolled with such a token carry them, so a job asking
+        for one can trust it."""
+        now = self.clock()
+        return {
+            key
+            for t in self.store.list_tokens()
+            if t.role == "worker"
+            and pool in t.pools
+            and t.revoked_at is None
+            and (t.expires_at is None or t.expires_at > now)
+            for key in t.labels
+            if key not in own
+        }
 
     def _check_reregister(
         self, known: WorkerRow, name: str, pool: str, token_id: str | None
@@ -277,13 +306,21 @@ class Fleet:
         """A polling worker is alive (and past connecting), heartbeat or not."""
         if w.status not in (WorkerStatus.OFFLINE, WorkerStatus.CONNECTING):
             return w
+        if w.status == WorkerStatus.OFFLINE:
+            self.on_event("worker.online", w.id, f"{w.name} polls again", None)
         values = {"status": WorkerStatus.AVAILABLE.value, "offline_since": None}
         self.store.update_worker(w.id, last_heartbeat=self.clock(), **values)
         self.forget(w.id)
         return self.claimer(w.id)
 
     def beat(self, w: WorkerRow, draining: bool, gpu_stats: str | None) -> None:
-        """Record a heartbeat: alive now, draining or not, and its GPUs' live memory."""
+        """Record a heartbeat: alive now, draining or not, and its GPUs' live memory. A
+        worker offline until now is back (an event)."""
+        if w.status == WorkerStatus.OFFLINE:
+            gone = self.clock() - (w.offline_since or self.clock())
+            self.on_event(
+                "worker.online", w.id, f"{w.name} heartbeats again after {gone:.0f}s", None
+            )
         status = WorkerStatus.DRAINING if (w.drain or draining) else WorkerStatus.AVAILABLE
         values: dict[str, object] = {
             "last_heartbeat": self.clock(),
@@ -309,8 +346,16 @@ class Fleet:
 
     def remove(self, ref: str, pools: Sequence[str] | None, by: TokenRow) -> WorkerRow:
         """Forget an offline worker (its jobs' history keeps its name); 409 unless it is
-        offline, so a running machine is never orphaned."""
+        offline, so a running machine is never orphaned, and while jobs are aimed at it
+        (they could never be claimed by a worker registered again: it gets a new id)."""
         w = self.worker(ref, pools)
+        aimed = [j.id for j in self.store.holding(w) if j.status == JobStatus.PENDING]
+        if aimed:
+            raise Conflict(
+                f"jobs {', '.join(aimed)} are aimed at worker {w.name} and wait for it; cancel "
+                "them (or let the worker come back) before removing it",
+                detail={"worker": w.id, "jobs": aimed},
+            )
         state = self.state_of(w)
         if state.status != WorkerStatus.OFFLINE or not self.store.delete_worker(w.id):
             raise Conflict(
@@ -343,13 +388,23 @@ class Fleet:
         return offline
 
 
-def _declared(req: WorkerRegister, fixed: dict[str, str]) -> dict[str, str]:
-    """The labels a worker declares; one its token fixes may only repeat the same value."""
+def _declared(
+    req: WorkerRegister, fixed: dict[str, str], controlled: set[str], pool: str
+) -> dict[str, str]:
+    """The labels a worker declares. One its token fixes may only repeat the same value;
+    one another worker token of the pool fixes is not the worker's to declare."""
     for key, value in req.labels.items():
         if key in fixed and fixed[key] != value:
             raise Forbidden(
                 f"label {key}={value}: this worker's token fixes {key}={fixed[key]} (set by an "
                 f"admin with tokens create --label); drop {key} from --labels",
+                detail={"worker": req.name, "field": f"labels.{key}"},
+            )
+        if key not in fixed and key in controlled:
+            raise Forbidden(
+                f"label {key}={value}: in pool {pool!r}, {key} is fixed by worker tokens "
+                f"(tokens create --label {key}=...), and only workers enrolled with one carry "
+                f"it; drop {key} from --labels, or enroll this worker with such a token",
                 detail={"worker": req.name, "field": f"labels.{key}"},
             )
     return dict(req.labels)

@@ -327,6 +327,11 @@ class Leases:
         return self._job(job_id)
 
     def _hand_back(self, job: JobRow, attempt: int) -> bool:
+        """Put a job its worker gives up (drained, left, token revoked) back in the queue,
+        the attempt not counted. A job asked to stop ends instead: failed, for it did not
+        finish, and running it again from the start is not what a stop asked for."""
+        if job.stop_requested_at is not None:
+            return self._end_stopped(job, attempt, "its worker handed it back")
         return self.store.finish(
             job,
             attempt,
@@ -336,8 +341,23 @@ class Leases:
             attempts=job.attempts,
             outcome="released",
             error=job.error,
-            stderr_tail=job.stderr_tail,
         )
+
+    def _end_stopped(self, job: JobRow, attempt: int, why: str) -> bool:
+        """A job asked to stop whose attempt ended without a result: failed, not retried."""
+        ended = self.store.finish(
+            job,
+            attempt,
+            sources(Event.FAIL),
+            transition(job.status, Event.FAIL),
+            now=self.clock(),
+            attempts=job.attempts + 1,
+            outcome="stopped",
+            error=f"asked to stop; {why} before it ended",
+        )
+        if ended:
+            self.flow.ended(self._job(job.id), JobStatus.FAILED)
+        return ended
 
     def after_outage(self) -> int:
         """At server start: if no worker heartbeated within a third of the lease, extend
@@ -357,6 +377,8 @@ class Leases:
         for job in self.store.expired_leases(now):
             used = job.attempts + 1
             event = failure_event(used, job.max_attempts, lost=True)
+            if job.stop_requested_at is not None:  # asked to stop: not run again
+                event = Event.LOSE_FINAL
             who = names.get(job.worker_id or "", job.worker_id)
             error = f"lease expired: worker {who} stopped heartbeating"
             if self.store.finish(
@@ -375,7 +397,7 @@ class Leases:
                 detail = f"attempt {job.lease} on worker {who}: no heartbeat; {then}"
                 self.on_event("lease.lost", job.id, detail, None)
                 if event == Event.LOSE_FINAL:
-                    self.flow.ended(job, JobStatus.FAILED)
+                    self.flow.ended(self._job(job.id), JobStatus.FAILED)
         if self.store.refresh_waiting():  # dependencies met by another replica
             self.on_change()
         offline = self.fleet.sweep()

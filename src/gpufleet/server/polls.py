@@ -11,14 +11,20 @@ When the server is told to stop, every open poll answers empty at once, and a po
 arrives while it stops is refused with 503 and ``Retry-After``: the shutdown never has to
 cut a waiting request off.
 
-Everything here runs on the event loop; :meth:`Polls.request_stop` may be called from a
-signal handler or another thread.
+With several server replicas (PostgreSQL), a worker's new poll may reach another
+replica than its open one; a worker says when its poll replaces one it has open
+(``supersede``), and that replica publishes it (NOTIFY) so the other ends its poll too.
+
+Everything here runs on the event loop; :meth:`Polls.request_stop` and
+:meth:`Polls.superseded_elsewhere` may be called from a signal handler or another thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+from collections.abc import Callable
 
 
 class Poll:
@@ -33,6 +39,7 @@ class Polls:
         self._open: dict[str, Poll] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
+        self.replica = secrets.token_hex(6)  # tells this process's notices from others
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -65,9 +72,22 @@ class Polls:
 
     def request_stop(self) -> None:
         """:meth:`stop`, from any thread or a signal handler."""
+        self._soon(self.stop)
+
+    def superseded_elsewhere(self, worker_id: str, replica: str) -> None:
+        """Another replica got a newer poll of ``worker_id``: end the one open here."""
+        if replica != self.replica:
+            self._soon(lambda: self._end_open(worker_id))
+
+    def _end_open(self, worker_id: str) -> None:
+        poll = self._open.get(worker_id)
+        if poll is not None:
+            poll.over.set()
+
+    def _soon(self, callback: Callable[[], None]) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.stop)
+            loop.call_soon_threadsafe(callback)
 
 
 async def wait_either(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:

@@ -136,7 +136,7 @@ class QueueService:
                 WorkerStatus.CONNECTING,
             ):
                 return
-            raise _not_now(state, holding, verdict)
+            raise _not_now(state, verdict)
 
         return Hold(w, check)
 
@@ -154,11 +154,14 @@ class QueueService:
         ids = [manifest_job_id(s) for s in specs]
         if len(set(ids)) != len(ids):
             raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
-        specs = self._resolve_batch(specs, ids)
+        self._check_ids(req.name, ids, pools)
+        specs = self._resolve_batch(specs, ids, pools)
         self.flow.grant_packages(specs)
         policies = {h.name: h.model_dump_json() for h in req.hosts}
         now = self.clock()
-        self.store.replace_hosts(req.name, policies, now)
+        # A pool's operator replaces only what the manifest said about its own workers.
+        mine = None if pools is None else [w.name for w in self.store.list_workers(pools)]
+        self.store.replace_hosts(req.name, policies, now, within=mine)
         self.fleet.policies_changed()
         views = [self.fleet.view(w) for w in self.store.list_workers()]
         unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}
@@ -183,7 +186,7 @@ class QueueService:
             created=created,
             updated=updated,
             unchanged=[i for i in ids if i not in changed],
-            absent=[i for i, _ in self.store.manifest_jobs(req.name) if i not in planned],
+            absent=[i for i, _ in self.store.manifest_jobs(req.name, pools) if i not in planned],
             hosts=sorted(policies),
             unknown_hosts=sorted(h for h in policies if h not in names),
             unrunnable={i: r for i, r in unrunnable.items() if r and i in changed},
@@ -204,6 +207,7 @@ class QueueService:
                     f"acts on pool {', '.join(pools)} only",
                     detail={"job": spec.name, "field": "pool"},
                 )
+            self._check_aim(spec)
         if pools is None:
             return
         for host in req.hosts:
@@ -216,9 +220,36 @@ class QueueService:
                     detail={"host": host.name, "field": "hosts"},
                 )
 
-    def _resolve_batch(self, specs: list[JobSpec], ids: list[str]) -> list[JobSpec]:
+    def _check_aim(self, spec: JobSpec) -> None:
+        """A manifest job aimed at a worker names one of its own pool (or one not
+        registered yet): one of another pool could never run it, and would look held."""
+        ref = spec.requirements.worker
+        w = self.store.get_worker(ref) if ref else None
+        if w is not None and w.pool != spec.pool:
+            raise ValidationFailed(
+                f"job {spec.name!r}: no worker {ref!r} in pool {spec.pool!r} (gpufleet "
+                "workers lists them)",
+                detail={"job": spec.name, "field": "worker"},
+            )
+
+    def _check_ids(self, manifest: str, ids: list[str], pools: Sequence[str] | None) -> None:
+        """A job's id is its identity, not its pool: a pool's operator may not apply a
+        plan whose jobs exist in another pool (it would rewrite them)."""
+        if pools is None:
+            return
+        if any(pool not in pools for pool in self.store.pools_of(ids).values()):
+            raise Forbidden(
+                f"manifest {manifest!r} has jobs in a pool this operator token does not act "
+                "on; give this plan another name",
+                detail={"field": "name"},
+            )
+
+    def _resolve_batch(
+        self, specs: list[JobSpec], ids: list[str], pools: Sequence[str] | None = None
+    ) -> list[JobSpec]:
         """Point ``job:NAME`` inputs at ids (names of this manifest first) and refuse
-        jobs that would wait for each other."""
+        jobs that would wait for each other. Packages must be blobs ``pools`` may read
+        (None: any), as for a submit."""
         by_name: dict[str, list[str]] = {}
         for job_id, spec in zip(ids, specs, strict=True):
             by_name.setdefault(spec.name, []).append(job_id)
@@ -231,7 +262,7 @@ class QueueService:
                         detail={"job": spec.name, "field": "inputs"},
                     )
         batch = {name: found[0] for name, found in by_name.items()}
-        resolved = [self.flow.resolve(s, batch) for s in specs]
+        resolved = [self.flow.resolve(s, batch, readable=pools) for s in specs]
         names = {i: s.name for i, s in zip(ids, specs, strict=True)}
         deps = {i: s.dependencies for i, s in zip(ids, resolved, strict=True)}
         self.flow.check_cycles(deps, names)
@@ -309,6 +340,7 @@ class QueueService:
             finished_at=now,
             lease_expires_at=None,
             error="cancelled",
+            stderr_tail=None,
         )
         if not done:
             raise Conflict(
@@ -399,11 +431,12 @@ class QueueService:
         return job
 
 
-def _not_now(state: WorkerState, holding: list[JobRow], verdict: Assignment | str) -> Conflict:
-    """Why a worker a job is aimed at will not start it now, and what to do instead."""
+def _not_now(state: WorkerState, verdict: Assignment | str) -> Conflict:
+    """Why a worker a job is aimed at will not start it now, and what to do instead (the
+    jobs named are of the worker's own pool)."""
     w = state.row
-    running = [j.id for j in holding if j.status.active]
-    waiting = [j.id for j in holding if j.status == JobStatus.PENDING]
+    running = [j.id for j in state.running]
+    waiting = [j.id for j in state.waiting]
     doing = "; ".join(
         part
         for part in (

@@ -177,18 +177,16 @@ async def claim(
         await to_thread.run_sync(st.queue.fleet.own, worker_id, caller.id, caller.pools)
         return Response(status_code=204)
     deadline = time.monotonic() + body.wait
+    wake = st.notifier.current()
+    # The first try checks that this token enrolled the worker; only then may the poll end
+    # an older one of the same worker (here, and on other replicas when it says so).
+    lease = await to_thread.run_sync(
+        leases.poll, worker_id, free, body.wait, caller.id, caller.pools, limiter=st.claim_limiter
+    )
     poll = st.polls.begin(worker_id)
+    if body.supersede:
+        await to_thread.run_sync(st.queue.store.publish_superseded, worker_id, st.polls.replica)
     try:
-        wake = st.notifier.current()
-        lease = await to_thread.run_sync(
-            leases.poll,
-            worker_id,
-            free,
-            body.wait,
-            caller.id,
-            caller.pools,
-            limiter=st.claim_limiter,
-        )
         while True:
             if lease is not None:
                 if await request.is_disconnected():  # nobody will run it: hand it back

@@ -7,7 +7,7 @@ once do it once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -77,17 +77,18 @@ class FleetOps:
             return res.rowcount == 1
 
     def mark_offline(self, before: float) -> list[str]:
-        """Workers silent since before ``before`` go offline, gone since their last beat."""
+        """Workers silent since before ``before`` go offline, gone since their last beat.
+        Returns the ids this call changed (another replica's sweep, or a heartbeat landing
+        meanwhile, changes the answer, not the outcome)."""
         where = (_W.status != _OFFLINE) & (_W.last_heartbeat < before)
+        stmt = (
+            update(t.workers)
+            .where(where)
+            .values(status=_OFFLINE, offline_since=_W.last_heartbeat)
+            .returning(_W.id)
+        )
         with self._write() as conn:
-            ids = list(conn.scalars(select(_W.id).where(where)))
-            if ids:
-                conn.execute(
-                    update(t.workers)
-                    .where(_W.id.in_(ids) & (_W.status != _OFFLINE))
-                    .values(status=_OFFLINE, offline_since=_W.last_heartbeat)
-                )
-            return ids
+            return [str(i) for i in conn.scalars(stmt)]
 
     def leave(self, worker_id: str, now: float) -> bool:
         """A worker that stopped on purpose is offline from now; False if it already was."""
@@ -111,18 +112,25 @@ class FleetOps:
         """Forget ephemeral workers offline since before ``before``; their ids."""
         where = (_W.status == _OFFLINE) & _W.ephemeral & (_W.offline_since < before)
         with self._write() as conn:
-            ids = list(conn.scalars(select(_W.id).where(where)))
-            if ids:
-                conn.execute(t.workers.delete().where(_W.id.in_(ids) & where))
-            return ids
+            return [str(i) for i in conn.scalars(t.workers.delete().where(where).returning(_W.id))]
 
     # ---- hosts ------------------------------------------------------------------------
 
-    def replace_hosts(self, manifest: str, policies: dict[str, str], now: float) -> None:
-        """The manifest's hosts replace what that manifest said before."""
+    def replace_hosts(
+        self,
+        manifest: str,
+        policies: dict[str, str],
+        now: float,
+        within: Collection[str] | None = None,
+    ) -> None:
+        """The manifest's hosts replace what that manifest said before: about every host,
+        or only about the hosts named in ``within``."""
         h = t.hosts.c
         with self._write() as conn:
-            conn.execute(t.hosts.delete().where(h.manifest == manifest))
+            stale = h.manifest == manifest
+            if within is not None:
+                stale = stale & h.name.in_(list(within))
+            conn.execute(t.hosts.delete().where(stale))
             for name, policy in policies.items():
                 conn.execute(t.hosts.delete().where(h.name == name))
                 conn.execute(

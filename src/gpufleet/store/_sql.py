@@ -41,6 +41,7 @@ _MIGRATIONS = Path(__file__).with_name("migrations")
 CLAIM_PAGE = 4
 CHANNEL = "gpufleet_claimable"
 TOKENS_CHANGED = "tokens"  # a NOTIFY payload on CHANNEL: drop cached tokens
+SUPERSEDED = "poll"  # "poll REPLICA WORKER_ID": that worker polls anew; end its open poll
 _J = t.jobs.c
 # Hot-path statements are built once; SQLAlchemy then only binds parameters.
 _CLAIM_UPDATE = (
@@ -82,6 +83,13 @@ _PENDING_UPDATE = (
 # The GPUs each claimed or running job of a worker holds ("[]": a CPU slot). Every claim
 # reads it, so it goes to the driver as it is: Core's execution path costs more than the
 # query (40 us against 17 us on SQLite).
+# Pending jobs aimed at a worker (by id or name), claimable now, in claim order: the
+# worker takes them before the rest of its pool's queue (they hold its slot).
+_AIMED_SQL = (
+    "SELECT id FROM jobs WHERE target IN ({mark}, {mark}) AND status = 'pending' "
+    "AND pool = {mark} AND waiting = 0 AND (not_before IS NULL OR not_before <= {mark}) "
+    "ORDER BY priority DESC, created_at, id LIMIT 8"
+)
 _HELD_SQL = (
     "SELECT gpus, COUNT(*) FROM jobs WHERE worker_id = {mark} AND status IN ({statuses}) "
     "GROUP BY gpus"
@@ -150,6 +158,8 @@ class SqlStore(DataOps, FleetOps):
             self._lock = None
         self.dialect = self.engine.dialect.name
         self._page_q = self._page_statement()
+        mark = "?" if self.dialect == "sqlite" else "%s"
+        self._aimed_sql = _AIMED_SQL.format(mark=mark)
         self._held_sql = _HELD_SQL.format(
             mark="?" if self.dialect == "sqlite" else "%s",
             statuses=", ".join(f"'{s.value}'" for s in sorted(ACTIVE)),
@@ -206,15 +216,22 @@ class SqlStore(DataOps, FleetOps):
             with self.engine.begin() as conn:
                 conn.exec_driver_sql(f"NOTIFY {CHANNEL}, '{TOKENS_CHANGED}'")
 
+    def publish_superseded(self, worker_id: str, replica: str) -> None:
+        """Tell other replicas that ``worker_id`` sent a poll replacing its open one."""
+        if self.dialect == "postgresql":
+            with self.engine.begin() as conn:
+                conn.execute(select(func.pg_notify(CHANNEL, f"{SUPERSEDED} {replica} {worker_id}")))
+
     def listen_claimable(
         self,
         on_notify: Callable[[], None],
         stop: threading.Event,
         on_tokens: Callable[[], None] | None = None,
+        on_superseded: Callable[[str, str], None] | None = None,
     ) -> None:
         """Call ``on_notify`` for every NOTIFY from any replica (``on_tokens`` for a token
-        change) until ``stop`` is set. Blocks: run it in a thread. Reconnects after a lost
-        connection."""
+        change, ``on_superseded(worker_id, replica)`` for a worker's new poll) until
+        ``stop`` is set. Blocks: run it in a thread. Reconnects after a lost connection."""
         import psycopg
 
         conninfo = make_url(self.url).set(drivername="postgresql").render_as_string(False)
@@ -224,9 +241,14 @@ class SqlStore(DataOps, FleetOps):
                     conn.execute(f"LISTEN {CHANNEL}")
                     while not stop.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            if note.payload == TOKENS_CHANGED:
+                            kind, _, rest = note.payload.partition(" ")
+                            if kind == TOKENS_CHANGED:
                                 if on_tokens is not None:
                                     on_tokens()
+                            elif kind == SUPERSEDED:
+                                replica, _, worker_id = rest.partition(" ")
+                                if on_superseded is not None:
+                                    on_superseded(worker_id, replica)
                             else:
                                 on_notify()
             except psycopg.Error:
@@ -331,17 +353,32 @@ class SqlStore(DataOps, FleetOps):
                 conn.execute(_PENDING_UPDATE, rows)
         return [str(r["jid"]) for r in rows]
 
+    def _driver_rows(self, conn: Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """Rows of a hot-path query run on the driver's own cursor (SQLAlchemy's execution
+        path costs more than these queries do)."""
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
+    def _aimed(self, conn: Connection, worker: WorkerRow, now: float) -> list[JobRow]:
+        """The pending jobs aimed at ``worker`` that are claimable now, in claim order."""
+        params = (worker.id, worker.name, worker.pool, now)
+        ids = [row[0] for row in self._driver_rows(conn, self._aimed_sql, params)]
+        if not ids:
+            return []
+        j = t.jobs.c
+        q = select(t.jobs).where(j.id.in_(ids)).order_by(j.priority.desc(), j.created_at, j.id)
+        return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
     def _held(self, conn: Connection, worker_id: str) -> list[tuple[int, ...]]:
         """The GPUs each of the worker's claimed and running jobs holds (() a CPU slot),
         through the driver's own cursor: every claim asks, and SQLAlchemy's execution path
         costs more than the query. Grouped in the database: a worker holding many CPU
         jobs is one row."""
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.execute(self._held_sql, (worker_id,))
-            rows = cursor.fetchall()
-        finally:
-            cursor.close()
+        rows = self._driver_rows(conn, self._held_sql, (worker_id,))
         return [tuple(json.loads(gpus)) for gpus, count in rows for _ in range(int(count))]
 
     def _lock_worker(self, conn: Connection, worker_id: str) -> None:
@@ -380,12 +417,26 @@ class SqlStore(DataOps, FleetOps):
         with self._read() as conn:
             return [JobRow.from_row(r) for r in conn.execute(q).all()]
 
-    def manifest_jobs(self, manifest: str) -> list[tuple[str, str]]:
-        """Every job of ``manifest``: (id, status)."""
+    def manifest_jobs(
+        self, manifest: str, pools: Sequence[str] | None = None
+    ) -> list[tuple[str, str]]:
+        """Every job of ``manifest`` (of ``pools``; None: every pool): (id, status)."""
         j = t.jobs.c
         q = select(j.id, j.status).where(j.manifest == manifest).order_by(j.created_at, j.id)
+        if pools is not None:
+            q = q.where(j.pool.in_(pools))
         with self._read() as conn:
             return [(str(i), str(st)) for i, st in conn.execute(q).all()]
+
+    def pools_of(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The pool of each of these jobs that exists: id -> pool."""
+        j = t.jobs.c
+        found: dict[str, str] = {}
+        with self._read() as conn:
+            for at in range(0, len(job_ids), 500):
+                q = select(j.id, j.pool).where(j.id.in_(job_ids[at : at + 500]))
+                found.update({str(i): str(p) for i, p in conn.execute(q).all()})
+        return found
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self._read() as conn:
@@ -459,16 +510,22 @@ class SqlStore(DataOps, FleetOps):
         plan: Callable[[list[tuple[int, ...]]], Chooser | None],
         limit: int = 200,
     ) -> tuple[JobRow, int, tuple[int, ...]] | None:
-        """Claim the first claimable job the chooser accepts. ``plan`` gets the GPUs each
-        of the worker's claimed or running jobs holds (() a CPU slot), read in this
-        transaction with the worker's row locked, and returns the chooser (None: nothing is
-        free): it gives the GPUs to claim a job on, or None to pass. Returns (job, new
-        lease, gpus), or None."""
+        """Claim the first claimable job the chooser accepts: first the jobs aimed at this
+        worker, then the pool's queue. ``plan`` gets the GPUs each of the worker's claimed
+        or running jobs holds (() a CPU slot), read in this transaction with the worker's
+        row locked, and returns the chooser (None: nothing is free): it gives the GPUs to
+        claim a job on, or None to pass. Returns (job, new lease, gpus), or None."""
         seen, last = 0, None
         with self._write() as conn:
             self._lock_worker(conn, worker.id)
             choose = plan(self._held(conn, worker.id))
-            while choose is not None and seen < limit:
+            if choose is None:
+                return None
+            for job in self._aimed(conn, worker, now):
+                gpus = choose(job)
+                if gpus is not None and self._claim_row(conn, job, worker, gpus, now, expires):
+                    return job, job.lease + 1, tuple(gpus)
+            while seen < limit:
                 page = self._page(conn, worker.pool, now, last)
                 for job in page:
                     gpus = choose(job)

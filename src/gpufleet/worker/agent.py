@@ -102,6 +102,7 @@ class Running:
     # set when we end it: "cancel", "lost", "drain", "timeout"; "stop": asked to finish early
     stop_reason: str | None = None
     killing: bool = False
+    stop_grace: float = 60.0  # a stop: seconds after SIGINT before SIGTERM
     # The job's last stderr lines: what a failed job says about why (shown by `show`).
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
 
@@ -127,6 +128,15 @@ def is_secret_env(name: str) -> bool:
     see: its token, a share token, a session string, a token file's path."""
     upper = name.upper()
     return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
+
+
+@dataclass
+class Poll:
+    """One of this worker's claim polls: when it was sent, and whether a newer one of
+    ours replaced it (its empty answer is then expected)."""
+
+    sent: float
+    replaced: bool = False
 
 
 class Stopped(GpufleetError):
@@ -165,6 +175,7 @@ class Agent:
         self.drain_why = ""
         self.stopping = asyncio.Event()  # set when the drain begins: wakes retry waits
         self.drain_deadline: float | None = None
+        self.early_polls = 0  # polls in a row that someone else ended early
         self.tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -316,8 +327,8 @@ class Agent:
 
     async def announce(self, worker_id: str, pool: str) -> None:
         """Print the session string that sends a user's jobs to this worker. One with a
-        token in it is a secret: it goes to the terminal only, else to a file only the
-        worker's user can read."""
+        token in it is a secret: it goes to a file only the worker's user can read, and,
+        on a terminal, to the terminal (never to a log)."""
         token = None
         if self.opts.share_token:
             token = self.opts.share_token
@@ -329,7 +340,7 @@ class Agent:
                     f"{pool!r} only; it is a {me.role} token of {scope}"
                 )
         text = Session(self.opts.server, pool, worker_id, token).encode()
-        if token is None or sys.stdout.isatty():
+        if token is None:
             say(f"session: {text}")
             say(f"send a job here: gpufleet submit --session {text} -- COMMAND")
             return
@@ -338,6 +349,12 @@ class Agent:
         with os.fdopen(fd, "w") as f:
             f.write(text + "\n")
         os.chmod(path, 0o600)
+        if sys.stdout.isatty():
+            # Deliberately past say()'s redaction: the operator asked for this secret, and
+            # a terminal is not a log. Passed on, it is taken from a file or the environment.
+            print(f"session (holds a token; keep it secret): {text}", flush=True)
+            say(f"it is also in {path}: gpufleet submit --session @FILE -- COMMAND")
+            return
         say(f"session string (it holds a token, so it is not printed here): {path}")
 
     async def share_check(self) -> WhoAmI:
@@ -395,12 +412,13 @@ class Agent:
 
     # ---- claiming ----------------------------------------------------------------------
 
-    def claim_body(self) -> ClaimRequest:
+    def claim_body(self, supersede: bool = False) -> ClaimRequest:
         live = live_gpus(self.capability)
         return ClaimRequest(
             cpu_slots=self.slots.cpu_free,
             gpus=self.slots.free_gpus(live),
             wait=self.opts.claim_wait,
+            supersede=supersede,
         )
 
     async def claim_loop(self) -> None:
@@ -408,7 +426,7 @@ class Agent:
         send a new poll at once with the fresh slots: the server ends the old one (it
         answers empty), so a freed GPU is taken within the dispatch latency. At most two
         polls are open (the old one answering, and the new one)."""
-        polls: set[asyncio.Task[Lease | None]] = set()
+        polls: dict[asyncio.Task[Lease | None], Poll] = {}
         stale = True  # the open poll's slots are out of date (or there is none)
         try:
             while not self.draining:
@@ -416,7 +434,10 @@ class Agent:
                     self.slots.changed.clear()
                     stale = True
                 if (stale or not polls) and self.slots.any_free() and len(polls) < 2:
-                    polls.add(asyncio.create_task(self.poll(self.claim_body())))
+                    for old in polls.values():
+                        old.replaced = True
+                    body = self.claim_body(supersede=bool(polls))
+                    polls[asyncio.create_task(self.poll(body))] = Poll(time.monotonic())
                     stale = False
                 if not polls:  # nothing free: wait for a slot
                     await self.slots.changed.wait()
@@ -426,8 +447,7 @@ class Agent:
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 for task in [t for t in done if t in polls]:
-                    polls.discard(task)
-                    if not await self.answered(task):
+                    if not await self.answered(task, polls.pop(task)):
                         return
         finally:
             for task in polls:
@@ -436,7 +456,7 @@ class Agent:
     async def poll(self, body: ClaimRequest) -> Lease | None:
         return await self.retrying("claim", lambda: self.client.claim(self.worker_id, body))
 
-    async def answered(self, task: asyncio.Task[Lease | None]) -> bool:
+    async def answered(self, task: asyncio.Task[Lease | None], poll: Poll) -> bool:
         """Act on a finished poll; False when this worker must stop claiming."""
         try:
             lease = task.result()
@@ -453,8 +473,33 @@ class Agent:
             await asyncio.sleep(2.0)
             return True
         if lease is not None:
+            self.early_polls = 0
             await self.accept(lease)
+        elif not poll.replaced and self.ended_early(poll):
+            await self.after_early_end()
+        else:
+            self.early_polls = 0
         return True
+
+    def ended_early(self, poll: Poll) -> bool:
+        """An empty answer well before the poll's wait that this worker did not cause."""
+        wait = self.opts.claim_wait
+        return wait >= 2 and time.monotonic() - poll.sent < wait / 2
+
+    async def after_early_end(self) -> None:
+        """Someone else ended this worker's poll (a server stopping, or another process
+        polling as this worker): wait a moment before the next, longer each time, so two
+        processes sharing one worker never spin on each other."""
+        self.early_polls += 1
+        if self.early_polls == 3:
+            say(
+                f"polls of worker {self.opts.name} keep ending early: another process may be "
+                "polling as this worker (the same --name with the same token); give each "
+                "worker process its own --name"
+            )
+        delay = min(5.0, 0.25 * 2 ** (self.early_polls - 1))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), delay)
 
     async def accept(self, lease: Lease) -> None:
         if self.draining:
@@ -531,6 +576,8 @@ class Agent:
             )
         except OSError as exc:
             return None, f"could not start {argv[0]!r}: {exc.strerror or exc}"
+        if run.stop_reason == "stop":  # asked to stop while it was being started
+            self._interrupt(run)
         where = f"GPUs {lease.gpus}" if lease.gpus else "a CPU slot"
         say(
             f"job {lease.job_id} ({spec.name}) attempt {lease.attempt} started on {where}, "
@@ -611,7 +658,7 @@ class Agent:
         process already ended keeps its result."""
         if run.proc is not None and run.proc.proc.returncode is not None:
             return
-        if run.stop_reason is None:
+        if run.stop_reason in (None, "stop"):  # a kill overrides a stop: nothing is kept
             run.stop_reason = reason
         if run.killing or run.proc is None:
             return
@@ -629,14 +676,18 @@ class Agent:
         later. Its outputs are collected and its result reported as usual. Once per job."""
         if run.stop_reason is not None:
             return
-        run.stop_reason = "stop"
+        run.stop_reason, run.stop_grace = "stop", grace
         say(
             f"job {run.lease.job_id}: asked to stop early; SIGINT now, SIGTERM after {grace:g}s "
             "if it still runs"
         )
-        if run.proc is not None:
-            run.proc.signal_group(signal.SIGINT)
-            self.spawn(self._escalate(run.proc, grace))
+        if run.proc is not None:  # else as soon as its process has started
+            self._interrupt(run)
+
+    def _interrupt(self, run: Running) -> None:
+        assert run.proc is not None
+        run.proc.signal_group(signal.SIGINT)
+        self.spawn(self._escalate(run.proc, run.stop_grace))
 
     async def _escalate(self, proc: JobProcess, grace: float) -> None:
         if await proc.wait(grace) is None:

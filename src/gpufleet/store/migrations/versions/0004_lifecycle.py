@@ -58,13 +58,16 @@ def upgrade() -> None:
 
 def _backfill() -> None:
     """``idle`` is ``available`` now; an offline worker has been gone since its last beat;
-    a pending job aimed at a worker is found by that worker."""
+    a job aimed at a worker is found by that worker (pending now, or again later)."""
     bind = op.get_bind()
     bind.execute(sa.text("UPDATE workers SET status = 'available' WHERE status = 'idle'"))
     bind.execute(
         sa.text("UPDATE workers SET offline_since = last_heartbeat WHERE status = 'offline'")
     )
-    rows = bind.execute(sa.text("SELECT id, spec FROM jobs WHERE status = 'pending'")).all()
+    rows = bind.execute(
+        # (the colon is escaped: text() would take ":null" for a bound parameter)
+        sa.text(r"""SELECT id, spec FROM jobs WHERE spec NOT LIKE '%"worker"\:null%'""")
+    ).all()
     table = sa.table("jobs", sa.column("id"), sa.column("target"))
     for job_id, spec in rows:
         target = (json.loads(spec).get("requirements") or {}).get("worker")
