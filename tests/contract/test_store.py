@@ -898,3 +898,10 @@ def test_claims_read_the_queue_in_the_order_of_its_index(store: SqlStore) -> Non
         ).all()
     steps = " | ".join(str(row[-1]) for row in plan)
     assert "ix_jobs_queue" in steps and "TEMP B-TREE" not in steps, steps
+    # The jobs aimed at the claiming worker come from the small partial index, not from a
+    # walk of the whole queue (which made every claim cost O(pending jobs)).
+    with store.engine.connect() as conn:
+        aimed = conn.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {store._claimer_sql}", ("w-1", "w-1", "box", "default", T0)
+        ).all()
+    assert "ix_jobs_target" in " | ".join(str(row[-1]) for row in aimed), aimed

@@ -80,19 +80,36 @@ _PENDING_UPDATE = (
         target=bindparam("target"),
     )
 )
-# The GPUs each claimed or running job of a worker holds ("[]": a CPU slot). Every claim
-# reads it, so it goes to the driver as it is: Core's execution path costs more than the
-# query (40 us against 17 us on SQLite).
-# Pending jobs aimed at a worker (by id or name), claimable now, in claim order: the
-# worker takes them before the rest of its pool's queue (they hold its slot).
-_AIMED_SQL = (
-    "SELECT id FROM jobs WHERE target IN ({mark}, {mark}) AND status = 'pending' "
-    "AND pool = {mark} AND waiting = 0 AND (not_before IS NULL OR not_before <= {mark}) "
-    "ORDER BY priority DESC, created_at, id LIMIT 8"
+# What a claim reads about its worker first, in one statement (on PostgreSQL one round
+# trip, which also locks the worker's row): the GPUs its claimed and running jobs hold,
+# grouped ('[]': a CPU slot, with how many), and the pending jobs aimed at it that are
+# claimable now, in claim order (it takes those before its pool's queue). The aimed jobs
+# come from the small partial index; left to itself SQLite would walk the pool's whole
+# queue (ix_jobs_queue matches two equalities and the order). Run on the driver's own
+# cursor: SQLAlchemy's execution path costs more than the query.
+_HELD = (
+    "SELECT gpus, COUNT(*) AS n FROM jobs WHERE worker_id = {wid} "
+    "AND status IN ('claimed', 'running') GROUP BY gpus"
 )
-_HELD_SQL = (
-    "SELECT gpus, COUNT(*) FROM jobs WHERE worker_id = {mark} AND status IN ({statuses}) "
-    "GROUP BY gpus"
+_AIMED = (
+    "SELECT id, priority, created_at FROM jobs {hint}WHERE target IN ({wid}, {wname}) "
+    "AND status = 'pending' AND pool = {pool} AND waiting = 0 "
+    "AND (not_before IS NULL OR not_before <= {now}) ORDER BY priority DESC, created_at, id "
+    "LIMIT 8"
+)
+_CLAIMER_SQLITE = (
+    "SELECT (SELECT json_group_array(json_array(gpus, n)) FROM ("
+    + _HELD.format(wid="?")
+    + ")), (SELECT json_group_array(id) FROM ("
+    + _AIMED.format(hint="INDEXED BY ix_jobs_target ", wid="?", wname="?", pool="?", now="?")
+    + "))"
+)
+_CLAIMER_POSTGRES = (
+    "SELECT (SELECT json_agg(json_build_array(h.gpus, h.n)) FROM ("
+    + _HELD.format(wid="w.id")
+    + ") h), (SELECT json_agg(a.id ORDER BY a.priority DESC, a.created_at, a.id) FROM ("
+    + _AIMED.format(hint="", wid="w.id", wname="w.name", pool="w.pool", now="%s")
+    + ") a) FROM workers w WHERE w.id = %s FOR UPDATE OF w"
 )
 _ATTEMPT_INSERT = t.attempts.insert().values(
     job_id=bindparam("jid"),
@@ -120,6 +137,15 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _json_list(value: Any) -> list[Any]:
+    """A JSON array from the database: text on SQLite, decoded already by psycopg; NULL
+    (an aggregate over no rows) is empty."""
+    if value is None:
+        return []
+    found: list[Any] = value if isinstance(value, list) else json.loads(value)
+    return found
 
 
 def _spec_json(spec: JobSpec) -> str:
@@ -158,12 +184,7 @@ class SqlStore(DataOps, FleetOps):
             self._lock = None
         self.dialect = self.engine.dialect.name
         self._page_q = self._page_statement()
-        mark = "?" if self.dialect == "sqlite" else "%s"
-        self._aimed_sql = _AIMED_SQL.format(mark=mark)
-        self._held_sql = _HELD_SQL.format(
-            mark="?" if self.dialect == "sqlite" else "%s",
-            statuses=", ".join(f"'{s.value}'" for s in sorted(ACTIVE)),
-        )
+        self._claimer_sql = _CLAIMER_SQLITE if self.dialect == "sqlite" else _CLAIMER_POSTGRES
 
     # ---- plumbing ---------------------------------------------------------------------
 
@@ -363,23 +384,32 @@ class SqlStore(DataOps, FleetOps):
         finally:
             cursor.close()
 
-    def _aimed(self, conn: Connection, worker: WorkerRow, now: float) -> list[JobRow]:
-        """The pending jobs aimed at ``worker`` that are claimable now, in claim order."""
-        params = (worker.id, worker.name, worker.pool, now)
-        ids = [row[0] for row in self._driver_rows(conn, self._aimed_sql, params)]
+    def _claimer(
+        self, conn: Connection, worker: WorkerRow, now: float
+    ) -> tuple[list[tuple[int, ...]], list[str]]:
+        """The GPUs each of the worker's claimed and running jobs holds (() a CPU slot),
+        and the ids of the pending jobs aimed at it that are claimable now, best first.
+        On PostgreSQL the worker's row is locked until the transaction ends."""
+        if self.dialect == "sqlite":
+            params: tuple[Any, ...] = (worker.id, worker.id, worker.name, worker.pool, now)
+        else:
+            params = (now, worker.id)
+        rows = self._driver_rows(conn, self._claimer_sql, params)
+        held_raw, aimed_raw = rows[0] if rows else (None, None)
+        held = [
+            tuple(json.loads(gpus))
+            for gpus, count in _json_list(held_raw)
+            for _ in range(int(count))
+        ]
+        return held, [str(i) for i in _json_list(aimed_raw)]
+
+    def _aimed(self, conn: Connection, ids: list[str]) -> list[JobRow]:
+        """The jobs ``ids`` (aimed at the claiming worker), in claim order."""
         if not ids:
             return []
         j = t.jobs.c
         q = select(t.jobs).where(j.id.in_(ids)).order_by(j.priority.desc(), j.created_at, j.id)
         return [JobRow.from_row(r) for r in conn.execute(q).all()]
-
-    def _held(self, conn: Connection, worker_id: str) -> list[tuple[int, ...]]:
-        """The GPUs each of the worker's claimed and running jobs holds (() a CPU slot),
-        through the driver's own cursor: every claim asks, and SQLAlchemy's execution path
-        costs more than the query. Grouped in the database: a worker holding many CPU
-        jobs is one row."""
-        rows = self._driver_rows(conn, self._held_sql, (worker_id,))
-        return [tuple(json.loads(gpus)) for gpus, count in rows for _ in range(int(count))]
 
     def _lock_worker(self, conn: Connection, worker_id: str) -> None:
         """Serialize this transaction with others about the same worker (PostgreSQL; on
@@ -517,11 +547,11 @@ class SqlStore(DataOps, FleetOps):
         claim a job on, or None to pass. Returns (job, new lease, gpus), or None."""
         seen, last = 0, None
         with self._write() as conn:
-            self._lock_worker(conn, worker.id)
-            choose = plan(self._held(conn, worker.id))
+            held, aimed = self._claimer(conn, worker, now)
+            choose = plan(held)
             if choose is None:
                 return None
-            for job in self._aimed(conn, worker, now):
+            for job in self._aimed(conn, aimed):
                 gpus = choose(job)
                 if gpus is not None and self._claim_row(conn, job, worker, gpus, now, expires):
                     return job, job.lease + 1, tuple(gpus)
