@@ -7,6 +7,7 @@ once do it once.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -21,14 +22,16 @@ _W = t.workers.c
 _OFFLINE = WorkerStatus.OFFLINE.value
 
 
-class FleetOps:
+class FleetOps(ABC):
     """Record operations of the fleet: workers, hosts, tokens, audit."""
 
+    @abstractmethod
     def _write(self) -> AbstractContextManager[Connection]:
-        raise NotImplementedError
+        """A connection in a write transaction (the store's one writer on SQLite)."""
 
+    @abstractmethod
     def _read(self) -> AbstractContextManager[Connection]:
-        raise NotImplementedError
+        """A connection for reading."""
 
     # ---- workers ----------------------------------------------------------------------
 
