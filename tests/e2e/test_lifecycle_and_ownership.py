@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.config import load_token
 from tests.e2e.conftest import PYTHON, Fleet, Proc, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -113,9 +114,13 @@ def test_labels_an_admin_fixes_cannot_be_changed_by_the_worker(fleet: Fleet) -> 
     fleet.start_worker("nlp-box", "--labels", "site=lab", env_extra={"GPUFLEET_TOKEN": token})
     row = _workers(fleet)["nlp-box"]
     assert row["labels"] == {"team": "nlp", "site": "lab"} and row["fixed_labels"] == ["team"]
-    fleet.start_worker("other", "--labels", "team=nlp")  # self-declared: not trusted
+    # Once a token fixes team in the pool, another worker cannot just say team=nlp.
+    other = _bare_worker(fleet, "other", load_token(fleet.url) or "", "--labels", "team=nlp")
+    assert other.popen.wait(30) != 0
+    assert "fixed by worker tokens" in " ".join(other.text().split()), other.text()
+    fleet.start_worker("plain", "--labels", "site=lab")  # keys no token fixes are its own
     job = fleet.cli("submit", "--label", "team=nlp", "--", "true").stdout.split()[-1]
-    assert fleet.wait_status(job, "succeeded")["worker"] in ("nlp-box", "other")
+    assert fleet.wait_status(job, "succeeded")["worker"] == "nlp-box"
     listed = fleet.cli("workers").stdout
     assert re.search(r"nlp-box .*team=nlp\*", listed), listed
 
