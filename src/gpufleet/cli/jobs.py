@@ -32,7 +32,7 @@ from gpufleet.cli.show import error_line, show_detail
 from gpufleet.cli.watch import watch
 from gpufleet.client import Client
 from gpufleet.domain.manifest import parse_manifest
-from gpufleet.domain.models import InputKind
+from gpufleet.domain.models import InputKind, JobStatus
 from gpufleet.errors import ConfigError, ManifestError, NotFound
 from gpufleet.wire import (
     HostModel,
@@ -458,8 +458,7 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
         after = page.next
         if page.lines and len(page.lines) >= 10_000:
             continue
-        ended = page.status in ("succeeded", "failed", "cancelled")
-        if not keep_going or (ended and not page.lines):
+        if not keep_going or (JobStatus(page.status).terminal and not page.lines):
             return page.status
         time.sleep(0.5)
 

@@ -21,6 +21,13 @@ def error_line(j: JobOut) -> str:
     return j.error or ""
 
 
+def placement(j: JobOut) -> str:
+    """Where on its worker a job runs: "GPU 0", "GPUs 0,1" or "a CPU slot"."""
+    if not j.gpus:
+        return "a CPU slot"
+    return f"GPU{'s' if len(j.gpus) > 1 else ''} {','.join(map(str, j.gpus))}"
+
+
 def show_detail(d: JobDetail) -> None:
     out.print(
         f"[bold]{d.id}[/bold] {escape(d.name)}: {styled(d.status)}"
@@ -31,8 +38,7 @@ def show_detail(d: JobDetail) -> None:
         shown = ", ".join(f"{k}={v}" for k, v in d.spec.hyper.items())
         out.print(f"  hyper ({d.spec.hyper_style}): {escape(shown)}")
     if d.worker:
-        gpus = f" GPUs {','.join(map(str, d.gpus))}" if d.gpus else " (a CPU slot)"
-        out.print(f"  on: {escape(d.worker)}{gpus}, started {when(d.started_at)}")
+        out.print(f"  on: {escape(d.worker)} ({placement(d)}), started {when(d.started_at)}")
     if d.submitted_by:
         out.print(f"  submitted by token {d.submitted_by}")
     if d.stopped_early:

@@ -20,9 +20,9 @@ from rich.text import Text
 
 from gpufleet.cli._common import CaOpt, SessionOpt, duration, out, setting_option, styled
 from gpufleet.cli.choose import session_client
+from gpufleet.cli.show import placement
+from gpufleet.domain.models import JobStatus
 from gpufleet.wire import JobDetail, LogEntry
-
-ENDED = ("succeeded", "failed", "cancelled")
 
 
 def watch(
@@ -47,7 +47,7 @@ def watch(
                 after = page.next
                 d = c.job(d.id)
                 live.update(view(d, tail))
-                if d.status in ENDED and not page.lines:
+                if JobStatus(d.status).terminal and not page.lines:
                     break
                 time.sleep(1.0)
     if d.status != "succeeded":
@@ -55,10 +55,7 @@ def watch(
 
 
 def view(d: JobDetail, tail: deque[LogEntry]) -> RenderableType:
-    where = ""
-    if d.worker:
-        gpus = f" GPU {','.join(map(str, d.gpus))}" if d.gpus else " (CPU slot)"
-        where = f"  on {escape(d.worker)}{gpus}"
+    where = f"  on {escape(d.worker)} ({placement(d)})" if d.worker else ""
     took = f"  {duration(d.started_at, d.finished_at)}" if d.started_at else ""
     attempt = d.history[-1].attempt if d.history else 0  # the one running, or the last
     head = (
@@ -68,7 +65,7 @@ def view(d: JobDetail, tail: deque[LogEntry]) -> RenderableType:
     parts: list[RenderableType] = [Text.from_markup(head)]
     if d.stopped_early:
         parts.append(Text("stopped early; outputs kept", style="green"))
-    elif d.stop_requested_at and d.status not in ENDED:
+    elif d.stop_requested_at and not JobStatus(d.status).terminal:
         parts.append(Text("asked to stop", style="yellow"))
     if d.error:
         parts.append(Text(f"error: {d.error}", style="red"))

@@ -171,7 +171,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await audit.close()
-            audit.bind_none()
+            audit.bind(None)
 
     app = FastAPI(
         title="gpufleet",

@@ -63,12 +63,9 @@ class AuditWriter:
         self._flusher: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+    def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The loop events are batched on; None (the loop stops): written at once."""
         self._loop = loop
-
-    def bind_none(self) -> None:
-        """The loop stops: events from now on are written at once."""
-        self._loop = None
 
     def event(self, event: str, target: str, detail: str, token: TokenRow | None) -> None:
         """Record a lifecycle event; callable from any thread (the sweep, sync routes).

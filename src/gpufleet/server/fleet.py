@@ -164,14 +164,19 @@ class Fleet:
         return WorkerStatus.BUSY
 
     def states(self, pools: Sequence[str] | None = None) -> list[WorkerState]:
-        """Every worker (of ``pools``; None: all) with its state, in two queries."""
+        """Every worker (of ``pools``; None: all) with its state, in three queries."""
         rows = self.store.list_workers(pools)
-        active = self.store.active_jobs()
-        aimed = self.store.aimed_jobs()
+        holding: dict[str, list[JobRow]] = {}
+        for j in self.store.active_jobs():
+            holding.setdefault(j.worker_id or "", []).append(j)
+        aimed: dict[str, list[JobRow]] = {}
+        for j in self.store.aimed_jobs():
+            aimed.setdefault(j.target or "", []).append(j)
         out = []
         for w in rows:
-            mine = [j for j in active if j.worker_id == w.id]
-            mine += [j for j in aimed if j.target in (w.id, w.name)]
+            mine = holding.get(w.id, []) + aimed.get(w.id, [])
+            if w.name != w.id:
+                mine += aimed.get(w.name, [])
             out.append(self.state(w, mine))
         return out
 
@@ -265,10 +270,7 @@ class Fleet:
         return {
             key
             for t in self.store.list_tokens()
-            if t.role == "worker"
-            and pool in t.pools
-            and t.revoked_at is None
-            and (t.expires_at is None or t.expires_at > now)
+            if t.role == "worker" and pool in t.pools and t.live(now)
             for key in t.labels
             if key not in own
         }
@@ -279,12 +281,7 @@ class Fleet:
         """A name stays with the token that enrolled it (until that token is revoked or
         expires), and a worker changes pool only with no job running."""
         owner = self.store.get_token(known.token_id) if known.token_id else None
-        live = (
-            owner is not None
-            and owner.revoked_at is None
-            and (owner.expires_at is None or owner.expires_at > self.clock())
-        )
-        if live and known.token_id != token_id:
+        if owner is not None and owner.live(self.clock()) and known.token_id != token_id:
             raise Forbidden(
                 f"worker name {name!r} is enrolled with another token; pick another "
                 "--name, or revoke that token first",

@@ -372,9 +372,10 @@ class Leases:
         """Expire leases of silent workers, mark those workers offline, forget ephemeral
         workers gone for longer than their TTL."""
         now = self.clock()
-        names = {w.id: w.name for w in self.store.list_workers()}
+        expired = self.store.expired_leases(now)
+        names = {w.id: w.name for w in self.store.list_workers()} if expired else {}
         requeued: list[str] = []
-        for job in self.store.expired_leases(now):
+        for job in expired:
             used = job.attempts + 1
             event = failure_event(used, job.max_attempts, lost=True)
             if job.stop_requested_at is not None:  # asked to stop: not run again

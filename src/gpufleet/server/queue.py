@@ -31,7 +31,7 @@ from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, OnEvent, WorkerState, no_event
 from gpufleet.server.leases import Leases
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import Hold, JobRow, SqlStore
+from gpufleet.store import Hold, JobRow, SqlStore, WorkerRow
 from gpufleet.wire import (
     ApplyResult,
     ManifestApply,
@@ -121,8 +121,7 @@ class QueueService:
         w = self.store.get_worker(ref)
         if w is None or w.pool != spec.pool:
             raise NotFound(
-                f"no worker {ref!r} in pool {spec.pool!r} (gpufleet workers lists them)",
-                detail={"worker": ref, "field": "requirements.worker"},
+                _no_worker(ref, spec.pool), detail={"worker": ref, "field": "requirements.worker"}
             )
         if wait:
             return None
@@ -150,7 +149,8 @@ class QueueService:
         jobs it no longer has are named (they stay until cancelled). An operator of some
         pools (``pools``) applies jobs of those pools and hosts entries for their workers."""
         specs = [j.to_domain() for j in req.jobs]
-        self._check_plan(req, specs, pools)
+        workers = self.store.list_workers()
+        self._check_plan(req, specs, pools, workers)
         ids = [manifest_job_id(s) for s in specs]
         if len(set(ids)) != len(ids):
             raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
@@ -160,10 +160,10 @@ class QueueService:
         policies = {h.name: h.model_dump_json() for h in req.hosts}
         now = self.clock()
         # A pool's operator replaces only what the manifest said about its own workers.
-        mine = None if pools is None else [w.name for w in self.store.list_workers(pools)]
+        mine = None if pools is None else [w.name for w in workers if w.pool in pools]
         self.store.replace_hosts(req.name, policies, now, within=mine)
         self.fleet.policies_changed()
-        views = [self.fleet.view(w) for w in self.store.list_workers()]
+        views = [self.fleet.view(w) for w in workers]
         unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}
         created = self.store.insert_jobs(
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)],
@@ -193,7 +193,11 @@ class QueueService:
         )
 
     def _check_plan(
-        self, req: ManifestApply, specs: list[JobSpec], pools: Sequence[str] | None
+        self,
+        req: ManifestApply,
+        specs: list[JobSpec],
+        pools: Sequence[str] | None,
+        workers: list[WorkerRow],
     ) -> None:
         for spec in specs:
             if spec.manifest != req.name:
@@ -207,30 +211,18 @@ class QueueService:
                     f"acts on pool {', '.join(pools)} only",
                     detail={"job": spec.name, "field": "pool"},
                 )
-            self._check_aim(spec)
+            _check_aim(spec, workers)
         if pools is None:
             return
+        pooled = {w.name for w in workers if w.pool in pools}
         for host in req.hosts:
-            w = self.store.get_worker(host.name)
-            if w is None or w.name != host.name or w.pool not in pools:
+            if host.name not in pooled:
                 raise Forbidden(
                     f"[hosts.{host.name}]: not a worker of pool {', '.join(pools)}; a host "
                     "policy of another pool (or of a worker not registered yet) needs an "
                     "operator of every pool",
                     detail={"host": host.name, "field": "hosts"},
                 )
-
-    def _check_aim(self, spec: JobSpec) -> None:
-        """A manifest job aimed at a worker names one of its own pool (or one not
-        registered yet): one of another pool could never run it, and would look held."""
-        ref = spec.requirements.worker
-        w = self.store.get_worker(ref) if ref else None
-        if w is not None and w.pool != spec.pool:
-            raise ValidationFailed(
-                f"job {spec.name!r}: no worker {ref!r} in pool {spec.pool!r} (gpufleet "
-                "workers lists them)",
-                detail={"job": spec.name, "field": "worker"},
-            )
 
     def _check_ids(self, manifest: str, ids: list[str], pools: Sequence[str] | None) -> None:
         """A job's id is its identity, not its pool: a pool's operator may not apply a
@@ -429,6 +421,27 @@ class QueueService:
                 detail={"job": job.id},
             )
         return job
+
+
+def _no_worker(ref: str, pool: str) -> str:
+    return f"no worker {ref!r} in pool {pool!r} (gpufleet workers lists them)"
+
+
+def _check_aim(spec: JobSpec, workers: list[WorkerRow]) -> None:
+    """A manifest job aimed at a worker names one of its own pool (or one not registered
+    yet): one of another pool could never run it, and would look held. The worker is
+    found as :meth:`SqlStore.get_worker` finds it: by id, else by name."""
+    ref = spec.requirements.worker
+    if not ref:
+        return
+    w = next((w for w in workers if w.id == ref), None) or next(
+        (w for w in workers if w.name == ref), None
+    )
+    if w is not None and w.pool != spec.pool:
+        raise ValidationFailed(
+            f"job {spec.name!r}: {_no_worker(ref, spec.pool)}",
+            detail={"job": spec.name, "field": "worker"},
+        )
 
 
 def _not_now(state: WorkerState, verdict: Assignment | str) -> Conflict:

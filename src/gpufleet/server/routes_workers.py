@@ -22,6 +22,7 @@ from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
 from gpufleet.server.polls import Polls, wait_either
+from gpufleet.store import WorkerRow
 from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
@@ -50,9 +51,8 @@ Reader = Annotated[Caller, Depends(deps.reader)]
 Operator = Annotated[Caller, Depends(deps.operator)]
 
 
-def _worker_out(request: Request, worker_id: str) -> WorkerOut:
-    fleet = state(request).queue.fleet
-    return views.worker_out(fleet.state_of(fleet.worker(worker_id)))
+def _worker_out(request: Request, w: WorkerRow) -> WorkerOut:
+    return views.worker_out(state(request).queue.fleet.state_of(w))
 
 
 @router.get("/workers", response_model=list[WorkerOut], tags=["fleet"])
@@ -94,7 +94,7 @@ def select_workers(body: SelectRequest, request: Request, caller: Reader) -> lis
 @router.get("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])
 def show_worker(ref: str, request: Request, caller: Reader) -> WorkerOut:
     w = state(request).queue.fleet.worker(ref, caller.pools)
-    return _worker_out(request, w.id)
+    return _worker_out(request, w)
 
 
 @router.post("/workers/{ref}/drain", response_model=WorkerOut, tags=["fleet"])
@@ -102,7 +102,7 @@ def drain_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
     """Stop giving the worker jobs; it finishes what it runs, then exits."""
     w = state(request).queue.fleet.drain(ref, caller.pools)
     note(request, w.id)
-    return _worker_out(request, w.id)
+    return _worker_out(request, w)
 
 
 @router.delete("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])
@@ -128,7 +128,7 @@ def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> W
     if body.running:
         queue.leases.keep([(r.job_id, r.attempt) for r in body.running], w.id)
     note(request, w.id)
-    out = _worker_out(request, w.id)
+    out = _worker_out(request, w)
     out.lease_timeout = queue.settings.lease_timeout
     return out
 

@@ -321,6 +321,7 @@ class SqlStore(DataOps, FleetOps):
         ids = [j[0] for j in jobs]
         with self._write() as conn:
             if hold is not None:
+                self._lock_worker(conn, hold.worker.id)
                 hold.check(self._holding(conn, hold.worker))
             have: set[str] = set()
             for chunk in range(0, len(ids), 500):
@@ -418,23 +419,19 @@ class SqlStore(DataOps, FleetOps):
             w = t.workers.c
             conn.execute(select(w.id).where(w.id == worker_id).with_for_update())
 
-    @staticmethod
-    def _holding_query(worker: WorkerRow) -> Any:
+    def _holding(self, conn: Connection, worker: WorkerRow) -> list[JobRow]:
         """The jobs ``worker`` runs or has claimed, and the pending ones aimed at it, the
         pending ones in the order they would be claimed."""
         j = t.jobs.c
         runs = (j.worker_id == worker.id) & j.status.in_([s.value for s in ACTIVE])
         aimed = j.target.in_([worker.id, worker.name]) & (j.status == JobStatus.PENDING.value)
-        return select(t.jobs).where(runs | aimed).order_by(j.priority.desc(), j.created_at, j.id)
-
-    def _holding(self, conn: Connection, worker: WorkerRow) -> list[JobRow]:
-        self._lock_worker(conn, worker.id)
-        return [JobRow.from_row(r) for r in conn.execute(self._holding_query(worker)).all()]
+        q = select(t.jobs).where(runs | aimed).order_by(j.priority.desc(), j.created_at, j.id)
+        return [JobRow.from_row(r) for r in conn.execute(q).all()]
 
     def holding(self, worker: WorkerRow) -> list[JobRow]:
         """What a submit aimed at ``worker`` is checked against (outside a write)."""
         with self._read() as conn:
-            return [JobRow.from_row(r) for r in conn.execute(self._holding_query(worker)).all()]
+            return self._holding(conn, worker)
 
     def aimed_jobs(self) -> list[JobRow]:
         """Pending jobs aimed at a worker, in the order they would be claimed."""

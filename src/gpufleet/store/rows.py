@@ -160,6 +160,10 @@ class TokenRow(_Columns):
         """The pools the token is scoped to; empty: every pool (a token of every pool)."""
         return tuple(p for p in (self.pool or "").split(",") if p)
 
+    def live(self, now: float) -> bool:
+        """Neither revoked nor expired at ``now``."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
     @property
     def labels(self) -> dict[str, str]:
         """Labels a worker enrolled with this token carries, whatever it declares."""
