@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -122,8 +123,23 @@ def test_why_names_the_job_it_waits_for(fleet: Fleet) -> None:
     assert "job:prep" in summary and prep in summary and "running" in summary, summary
     assert "job:prep" in fleet.cli("why", train_id).stdout
 
-    # Following a job that gets cancelled ends with its status, and a non-zero exit.
-    fleet.cli("cancel", prep)
+    # Following a job that gets cancelled while it is followed ends with its status, and
+    # a non-zero exit.
+    argv = [PY, "-m", "gpufleet", "logs", "-f", prep]
+    following = subprocess.Popen(
+        argv, env=fleet.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            following.wait(2)  # the job runs: it keeps following
+        fleet.cli("cancel", prep)
+        _, said = following.communicate(timeout=30)
+    finally:
+        following.kill()
+        following.wait(10)
+    assert following.returncode != 0
+    assert re.search(rf"job {prep} .*cancelled", said.strip().splitlines()[-1]), said
+    # ... as does following one already cancelled.
     followed = fleet.cli("logs", "-f", prep, check=False)
     assert followed.returncode != 0
     assert re.search(rf"job {prep} .*cancelled", followed.stderr.strip().splitlines()[-1])

@@ -8,9 +8,11 @@ import json
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gpufleet.config import load_token
@@ -237,5 +239,13 @@ def test_two_processes_polling_as_one_worker_back_off_and_are_told(fleet: Fleet)
         wait_for(lambda t=twin: "registered" in t.text(), 30, "a twin to register")
     said = "another process may be polling as this worker"
     wait_for(lambda: all(said in t.text() for t in twins), 30, "both twins to say why")
+    # Backing off, they leave the server idle: twins ending each other's polls at once
+    # would keep it claiming flat out.
+    assert fleet.server is not None
+    server = psutil.Process(fleet.server.popen.pid)
+    before = sum(server.cpu_times()[:2])
+    time.sleep(3.0)
+    used = sum(server.cpu_times()[:2]) - before
+    assert used < 0.5, f"the server spent {used:.2f}s of CPU in 3s on the twins' polls"
     job = fleet.cli("submit", "--", "true").stdout.split()[-1]
     assert fleet.wait_status(job, "succeeded")["worker"] == "twin"  # still works

@@ -88,7 +88,9 @@ def test_a_pool_operator_replaces_only_its_own_workers_host_policies(
     register(client, _token(store, "wb", Role.WORKER, "b"), "box-b", pool="b")
     register(client, _token(store, "wa", Role.WORKER, "a"), "box-a", pool="a")
     hosts = [{"name": "box-b", "deny_jobs": ["train"]}, {"name": "box-a", "priority": 3}]
-    assert client.post("/v1/manifests", json={"name": "lab", "hosts": hosts}, headers=admin)
+    first = client.post("/v1/manifests", json={"name": "lab", "hosts": hosts}, headers=admin)
+    assert first.status_code == 200, first.text
+    assert set(store.host_policies()) == {"box-a", "box-b"}
     again = client.post("/v1/manifests", json={"name": "lab", "hosts": []}, headers=op_a)
     assert again.status_code == 200, again.text
     assert set(store.host_policies()) == {"box-b"}  # box-a's went; pool b's stays
@@ -201,7 +203,7 @@ def test_a_job_asked_to_stop_ends_when_its_worker_hands_it_back(
     assert ended["history"][0]["outcome"] == "stopped"
 
 
-def test_release_and_cancel_leave_no_stale_stderr_tail(
+def test_a_cancel_leaves_no_stale_stderr_tail(
     client: TestClient, admin: dict[str, str], worker: dict[str, str]
 ) -> None:
     w = register(client, worker, "box")

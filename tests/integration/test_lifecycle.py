@@ -142,3 +142,23 @@ def test_a_stopped_job_is_told_by_heartbeat_and_log_batch_and_ends_once(
     assert died["status"] == "failed" and died["attempts"] == 1  # attempts left: not retried
     again = client.post(f"/v1/jobs/{jobs[1]}/requeue", headers=admin).json()
     assert again["stop_requested_at"] is None and not again["stopped_early"]
+
+
+def test_status_counts_the_slots_of_workers_not_offline_and_which_are_free(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """``free``: no job runs on the slot and none aimed at the worker holds it."""
+    w = register(client, worker, "gpu2", gpus=[gpu(0), gpu(1)], cpu_slots=2)
+    gone = register(client, worker, "laptop", cpu_slots=4)
+    client.post(f"/v1/workers/{gone['id']}/leave", json={"reason": "x"}, headers=worker)
+    submit(client, admin, name="on-gpu", requirements={"require_cuda": True})
+    free = [{"index": i, "free_mib": 8 * 1024} for i in (0, 1)]
+    poll = {"cpu_slots": 2, "gpus": free, "wait": 0}
+    lease = client.post(f"/v1/workers/{w['id']}/claim", json=poll, headers=worker).json()
+    assert len(lease["gpus"]) == 1, lease
+    aimed = {"name": "aimed", "command": ["t"], "requirements": {"worker": "gpu2"}}
+    assert client.post("/v1/jobs", json=aimed, headers=admin).status_code == 201
+    status = client.get("/v1/status", headers=admin).json()
+    assert status["workers"] == {"reserved": 1, "offline": 1}, status
+    assert (status["gpus"], status["gpus_free"]) == (2, 0), status
+    assert (status["cpu_slots"], status["cpu_slots_free"]) == (2, 2), status
