@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobSpec, JobStatus, Requirements, Role, WorkerStatus
 from gpufleet.errors import Conflict, NotFound, Unauthorized
 from gpufleet.scheduling.matching import FreeGpu, FreeResources
@@ -907,3 +908,104 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
         ).all()
     assert "ix_jobs_target" in " | ".join(str(row[-1]) for row in aimed), aimed
     store.close()
+
+
+# ---- dependency cascades ----------------------------------------------------------------
+
+
+def test_a_failure_fails_a_chain_of_5000_dependents_at_once(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w = register(queue, "w1")
+    root = queue.submit(spec("root", max_attempts=1))
+    ids = [f"chain-{i:04d}" for i in range(5000)]
+    before = [root.id, *ids[:-1]]
+    store.insert_jobs(
+        [(i, spec(f"step{n}"), None) for n, i in enumerate(ids)],
+        clock.now,
+        deps={i: [d] for i, d in zip(ids, before, strict=True)},
+    )
+    assert job(store, ids[0]).waiting == 1
+    lease = claim(queue, w)
+    assert lease.job_id == root.id  # the chain waits; nothing of it is claimable
+
+    clock.advance(5)
+    queue.leases.finish(root.id, lease.attempt, 3, None)
+
+    rows = store.list_jobs(limit=6000)
+    assert {r.status for r in rows} == {JobStatus.FAILED}
+    first, second, last = job(store, ids[0]), job(store, ids[1]), job(store, ids[-1])
+    assert first.error == f"dependency root ({root.id}) failed: exit code 3"
+    assert second.error is not None
+    assert second.error.startswith(f"dependency step0 ({ids[0]}) failed: dependency root")
+    assert last.error is not None
+    assert last.error.startswith(f"dependency step4998 ({ids[-2]}) failed")
+    assert last.finished_at == clock.now
+
+
+def test_a_lost_lease_fails_dependents_naming_the_final_status(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    w = register(queue, "gone-box")
+    root = queue.submit(spec("prep", max_attempts=1))
+    store.insert_jobs(
+        [("after-prep", spec("train"), None)], clock.now, deps={"after-prep": [root.id]}
+    )
+    claim(queue, w)
+    clock.advance(LEASE + 1)
+    assert queue.leases.sweep()[0] == [root.id]
+    dependent = job(store, "after-prep")
+    assert dependent.status is JobStatus.FAILED
+    assert dependent.error is not None
+    assert dependent.error.startswith(f"dependency prep ({root.id}) failed: lease expired")
+    assert "running" not in dependent.error and "claimed" not in dependent.error
+
+
+def test_a_job_submitted_after_its_dependency_failed_fails_at_once(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    root = queue.submit(spec("prep"))
+    queue.cancel(root.id)
+    store.insert_jobs(
+        [("a", spec("a"), None), ("b", spec("b"), None)],
+        clock.now,
+        deps={"a": [root.id], "b": ["a"]},
+    )
+    assert job(store, "a").error == f"dependency prep ({root.id}) cancelled: cancelled"
+    assert job(store, "b").status is JobStatus.FAILED
+    assert job(store, "b").error == "dependency a (a) failed: " + str(job(store, "a").error)
+
+
+def test_a_crash_during_the_cascade_leaves_the_finish_undone_too(
+    store: SqlStore, queue: QueueService, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finish and the failures it causes are one transaction: a crash half way
+    through leaves the job held by its lease and every dependent pending, so the
+    worker's retried finish (or the sweep) does it all again."""
+    w = register(queue, "w1")
+    root = queue.submit(spec("root", max_attempts=1))
+    ids = ["d1", "d2", "d3"]
+    store.insert_jobs(
+        [(i, spec(i), None) for i in ids],
+        clock.now,
+        deps={"d1": [root.id], "d2": ["d1"], "d3": ["d2"]},
+    )
+    lease = claim(queue, w)
+    real = lifecycle.dependency_failed
+    calls = []
+
+    def crash_on_the_second(job: Any, dep: Any, now: float) -> Any:
+        calls.append(job.id)
+        if len(calls) == 2:
+            raise RuntimeError("the server died here")
+        return real(job, dep, now)
+
+    monkeypatch.setattr(lifecycle, "dependency_failed", crash_on_the_second)
+    with pytest.raises(RuntimeError):
+        queue.leases.finish(root.id, lease.attempt, 1, None)
+    assert job(store, root.id).status is JobStatus.CLAIMED
+    assert [job(store, i).status for i in ids] == [JobStatus.PENDING] * 3
+
+    monkeypatch.setattr(lifecycle, "dependency_failed", real)
+    queue.leases.finish(root.id, lease.attempt, 1, None)
+    assert [job(store, i).status for i in ids] == [JobStatus.FAILED] * 3

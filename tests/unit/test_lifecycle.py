@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import (
     COUNTED,
     TRANSITIONS,
@@ -13,6 +18,7 @@ from gpufleet.domain.lifecycle import (
     backoff_seconds,
     failure_event,
     sources,
+    target,
     transition,
 )
 from gpufleet.domain.models import ACTIVE, TERMINAL, JobStatus
@@ -21,29 +27,25 @@ from gpufleet.errors import InvalidTransition
 P, C, R = JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING
 S, F, X = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 
-# Written out by hand from DESIGN.md "Job lifecycle", independently of TRANSITIONS.
-ALLOWED = {
-    (P, Event.CLAIM): C,
-    (C, Event.START): R,
-    (R, Event.SUCCEED): S,
-    (C, Event.SUCCEED): S,
-    (R, Event.RETRY): P,
-    (C, Event.RETRY): P,
-    (R, Event.FAIL): F,
-    (C, Event.FAIL): F,
-    (C, Event.LOSE): P,
-    (R, Event.LOSE): P,
-    (C, Event.LOSE_FINAL): F,
-    (R, Event.LOSE_FINAL): F,
-    (C, Event.RELEASE): P,
-    (R, Event.RELEASE): P,
-    (P, Event.CANCEL): X,
-    (C, Event.CANCEL): X,
-    (R, Event.CANCEL): X,
-    (F, Event.REQUEUE): P,
-    (X, Event.REQUEUE): P,
-    (P, Event.DEPENDENCY_FAILED): F,
-}
+ROOT = Path(__file__).resolve().parents[2]
+EDGE = re.compile(r"^([a-z]+(?:\s*\|\s*[a-z]+)*)\s+--([a-z_]+)-->\s+([a-z]+)")
+
+
+def drawn_table() -> dict[tuple[JobStatus, Event], JobStatus]:
+    """The edges drawn in docs/core.md ("A job's states"), read independently of the code."""
+    text = (ROOT / "docs" / "core.md").read_text()
+    block = text.split("```text\n", 1)[1].split("```", 1)[0]
+    table = {}
+    for line in block.splitlines():
+        found = EDGE.match(line)
+        assert found, f"docs/core.md: not an edge: {line!r}"
+        froms, event, to = found.groups()
+        for src in froms.split("|"):
+            table[(JobStatus(src.strip()), Event(event))] = JobStatus(to)
+    return table
+
+
+ALLOWED = drawn_table()
 ALL_PAIRS = [(s, e) for s in JobStatus for e in Event]
 
 
@@ -54,6 +56,16 @@ def test_allowed_transition(status: JobStatus, event: Event) -> None:
 
 def test_the_table_allows_nothing_more() -> None:
     assert TRANSITIONS == ALLOWED
+
+
+def test_the_drawing_has_every_event_and_status() -> None:
+    assert {e for _, e in ALLOWED} == set(Event)
+    assert {s for s, _ in ALLOWED} | set(ALLOWED.values()) == set(JobStatus)
+
+
+@pytest.mark.parametrize("event", list(Event), ids=str)
+def test_each_event_leads_to_one_status(event: Event) -> None:
+    assert {dst for (_, ev), dst in ALLOWED.items() if ev is event} == {target(event)}
 
 
 @pytest.mark.parametrize(
@@ -183,3 +195,105 @@ def test_random_event_sequences_stay_in_the_state_machine(events: list[Event]) -
         if event is Event.CLAIM:
             assert status is P
         status = nxt
+
+
+# ---- the changes computed from the table ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str = "j1"
+    name: str = "train"
+    status: JobStatus = P
+    lease: int = 0
+    attempts: int = 0
+    max_attempts: int = 3
+    error: str | None = None
+    stop_requested_at: float | None = None
+
+
+def test_a_claim_moves_to_the_next_lease_and_opens_its_attempt() -> None:
+    change = lifecycle.claim(Job(lease=4), "w-1", "box", (1,), now=10.0, expires=40.0)
+    assert (change.sources, change.status, change.lease) == ({P}, C, 4)
+    assert change.fields["lease"] == 5 and change.attempt == 5
+    assert change.fields["gpus"] == (1,) and change.fields["lease_expires_at"] == 40.0
+    assert change.opens == {
+        "worker_id": "w-1",
+        "gpus": (1,),
+        "worker_name": "box",
+        "claimed_at": 10.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("job", "exit_code", "event", "not_before"),
+    [
+        (Job(status=R, lease=1), 0, Event.SUCCEED, None),
+        (Job(status=R, lease=1), 2, Event.RETRY, 110.0),
+        (Job(status=R, lease=2, attempts=1), 2, Event.RETRY, 120.0),
+        (Job(status=R, lease=3, attempts=2), 2, Event.FAIL, None),
+        (Job(status=R, lease=1, stop_requested_at=5.0), 0, Event.SUCCEED, None),
+        (Job(status=R, lease=1, stop_requested_at=5.0), 1, Event.FAIL, None),
+    ],
+)
+def test_a_finish_is_decided_from_the_exit_and_the_attempts_left(
+    job: Job, exit_code: int, event: Event, not_before: float | None
+) -> None:
+    change = lifecycle.finish(job, exit_code, None, ["boom"], now=100.0, backoff_base=10.0)
+    assert change.event is event
+    assert change.status is transition(job.status, event)
+    assert change.lease == job.lease
+    assert change.fields["not_before"] == not_before
+    assert change.fields["attempts"] == job.attempts + 1
+    assert change.fields["stopped_early"] is (
+        event is Event.SUCCEED and job.stop_requested_at is not None
+    )
+    failed = event is not Event.SUCCEED
+    assert change.fields["error"] == (
+        "exit code 1" if exit_code == 1 else "exit code 2" if failed else None
+    )
+    assert change.fields["stderr_tail"] == (("boom",) if failed else None)
+    assert change.record is not None
+    assert change.record["outcome"] == (
+        "stopped" if job.stop_requested_at else "succeeded" if not failed else "failed"
+    )
+    if change.status is P:
+        assert change.fields["worker_id"] is None and change.fields["gpus"] == ()
+    else:
+        assert change.fields["finished_at"] == 100.0
+
+
+def test_a_lost_lease_counts_an_attempt_and_applies_only_while_expired() -> None:
+    change = lifecycle.lose(Job(status=R, lease=2, attempts=1), now=50.0, who="box")
+    assert (change.event, change.status, change.expired_before) == (Event.LOSE, P, 50.0)
+    assert change.fields["attempts"] == 2
+    assert change.fields["error"] == "lease expired: worker box stopped heartbeating"
+    last = lifecycle.lose(Job(status=R, lease=3, attempts=2), now=50.0, who="box")
+    assert last.event is Event.LOSE_FINAL and last.status is F
+    stopped = lifecycle.lose(Job(status=R, lease=1, stop_requested_at=1.0), now=50.0, who="box")
+    assert stopped.status is F
+
+
+def test_a_release_does_not_count_unless_the_job_was_asked_to_stop() -> None:
+    change = lifecycle.release(Job(status=R, lease=2, attempts=1, error="old"), 9.0, "drained")
+    assert (change.event, change.status) == (Event.RELEASE, P)
+    assert change.fields["attempts"] == 1 and change.fields["error"] == "old"
+    stopped = lifecycle.release(Job(status=R, lease=2, stop_requested_at=1.0), 9.0, "drained")
+    assert (stopped.event, stopped.status) == (Event.FAIL, F)
+    assert stopped.fields["error"] == "asked to stop; drained before it ended"
+
+
+def test_cancel_requeue_and_a_failed_dependency() -> None:
+    cancel = lifecycle.cancel(Job(status=R, lease=2), 7.0)
+    assert (cancel.sources, cancel.status, cancel.lease) == ({P, C, R}, X, 2)
+    assert cancel.record == {"finished_at": 7.0, "outcome": "cancelled", "error": "cancelled"}
+    requeue = lifecycle.requeue(Job(status=F, lease=3, attempts=3))
+    assert (requeue.sources, requeue.status, requeue.lease) == ({F, X}, P, 3)
+    assert requeue.fields["attempts"] == 0 and "lease" not in requeue.fields
+    dep = Job(id="d1", name="prep", status=F, error="exit code 1")
+    failed = lifecycle.dependency_failed(Job(), dep, 8.0)
+    assert (failed.sources, failed.status) == ({P}, F)
+    assert failed.fields == {
+        "finished_at": 8.0,
+        "error": "dependency prep (d1) failed: exit code 1",
+    }

@@ -1,28 +1,28 @@
-"""The job state machine: one table of allowed transitions, and nothing else decides them.
+"""The job state machine: one table of allowed transitions, and every status change
+computed from it here.
 
-::
-
-    pending --claim--> claimed --start--> running --succeed--> succeeded
-       ^                  |                  |--retry (attempts left)--> pending (after backoff)
-       |                  |                  |--fail (no attempts left)-> failed
-       |                  +-- lose (lease expired) / release (drained) --> pending
-       +-- requeue (operator) <-- failed | cancelled
-    any non-terminal --cancel--> cancelled
-    pending --dependency failed (a job:NAME input failed or was cancelled)--> failed
-
-A lost lease counts as an attempt (and may fail the job when none are left); a release
-by a draining worker does not.
+The table is drawn in ``docs/core.md`` (its test reads the drawing). A lost lease counts
+as an attempt (and may fail the job when none are left); a release by a draining worker
+does not. Each function below turns one event into a :class:`Change`: the status it
+moves to (from the table), the statuses and lease it may move from, and the fields it
+sets. A store applies a change as one conditional update and decides nothing itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Protocol
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.errors import InvalidTransition
 
 P, C, R = JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING
 S, F, X = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
+
+#: Where every job starts.
+INITIAL = P
 
 
 class Event(StrEnum):
@@ -94,3 +94,229 @@ def backoff_seconds(attempts_used: int, base: float, cap: float = 600.0) -> floa
     if attempts_used <= 0 or base <= 0:
         return 0.0
     return float(min(cap, base * (2 ** (attempts_used - 1))))
+
+
+def target(event: Event) -> JobStatus:
+    """The one status ``event`` leads to, from whichever status it is allowed in."""
+    (found,) = {dst for (_, ev), dst in TRANSITIONS.items() if ev == event}
+    return found
+
+
+class JobState(Protocol):
+    """What a change needs to know of a job (a stored job row has it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> JobStatus: ...
+    @property
+    def lease(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def stop_requested_at(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class Change:
+    """One status change of one job, decided here. A store applies it only if the job is
+    still in one of ``sources`` with lease ``lease`` (and, for a reaped lease, still
+    expired before ``expired_before``): it sets ``status`` and ``fields``, opens the
+    claim's attempt record (``opens``) or sets ``record`` on the attempt still open.
+    Nothing else changes a job's status."""
+
+    job_id: str
+    event: Event
+    lease: int
+    fields: Mapping[str, object] = field(default_factory=dict)
+    opens: Mapping[str, object] | None = None
+    record: Mapping[str, object] | None = None
+    expired_before: float | None = None
+
+    @property
+    def sources(self) -> frozenset[JobStatus]:
+        return sources(self.event)
+
+    @property
+    def status(self) -> JobStatus:
+        return target(self.event)
+
+    @property
+    def attempt(self) -> int:
+        """The attempt record the change opens or updates."""
+        return self.lease + 1 if self.event == Event.CLAIM else self.lease
+
+
+#: What a job loses when it goes back to the queue: no worker holds it.
+_UNHELD: dict[str, object] = {
+    "worker_id": None,
+    "gpus": (),
+    "started_at": None,
+    "lease_expires_at": None,
+}
+
+
+def claim(
+    job: JobState, worker_id: str, worker_name: str, gpus: Sequence[int], now: float, expires: float
+) -> Change:
+    """A worker claims a pending job: a new lease (the attempt number) on ``gpus``."""
+    held = {"worker_id": worker_id, "gpus": tuple(gpus)}
+    fields = {
+        **held,
+        "lease": job.lease + 1,
+        "claimed_at": now,
+        "started_at": None,
+        "finished_at": None,
+        "exit_code": None,
+        "lease_expires_at": expires,
+    }
+    opens = {**held, "worker_name": worker_name, "claimed_at": now}
+    return Change(job.id, Event.CLAIM, job.lease, fields, opens=opens)
+
+
+def start(job_id: str, lease: int, now: float, expires: float) -> Change:
+    """The worker started the claimed job's process."""
+    fields = {"started_at": now, "lease_expires_at": expires}
+    return Change(job_id, Event.START, lease, fields, record={"started_at": now})
+
+
+def _ended(
+    job: JobState,
+    event: Event,
+    now: float,
+    *,
+    attempts: int,
+    outcome: str,
+    error: str | None,
+    exit_code: int | None = None,
+    stderr_tail: Sequence[str] = (),
+    **extra: object,
+) -> Change:
+    """An attempt ends with ``event``: the job's fields and the attempt's record."""
+    tail = tuple(stderr_tail) or None
+    said = {"exit_code": exit_code, "error": error, "stderr_tail": tail}
+    fields: dict[str, object] = {
+        **said,
+        "attempts": attempts,
+        "lease_expires_at": None,
+        "not_before": None,
+        "stopped_early": False,
+        **extra,
+    }
+    if target(event).terminal:
+        fields["finished_at"] = now
+    else:
+        fields.update(_UNHELD)
+    record = {**said, "finished_at": now, "outcome": outcome}
+    return Change(job.id, event, job.lease, fields, record=record)
+
+
+def finish(
+    job: JobState,
+    exit_code: int | None,
+    error: str | None,
+    stderr_tail: Sequence[str],
+    now: float,
+    backoff_base: float,
+) -> Change:
+    """The worker reports how the attempt ended: success, a retry after a backoff while
+    attempts are left, or failure. A job asked to stop that did not exit 0 failed and is
+    not tried again; one that exited 0 succeeded early."""
+    used = job.attempts + 1
+    stopped = job.stop_requested_at is not None
+    if exit_code == 0 and error is None:
+        event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
+    else:
+        event = Event.FAIL if stopped else failure_event(used, job.max_attempts)
+        outcome, error = "failed", error or f"exit code {exit_code}"
+    not_before = now + backoff_seconds(used, backoff_base) if event == Event.RETRY else None
+    return _ended(
+        job,
+        event,
+        now,
+        attempts=used,
+        outcome="stopped" if stopped else outcome,
+        error=error,
+        exit_code=exit_code,
+        stderr_tail=stderr_tail,
+        not_before=not_before,
+        stopped_early=stopped and event == Event.SUCCEED,
+    )
+
+
+def lose(job: JobState, now: float, who: str | None) -> Change:
+    """The job's lease expired (its worker went silent): an attempt used, and the job
+    back in the queue while attempts are left (never, when it was asked to stop). Applied
+    only if the lease is still expired at ``now``: a heartbeat may just have landed."""
+    used = job.attempts + 1
+    event = failure_event(used, job.max_attempts, lost=True)
+    if job.stop_requested_at is not None:
+        event = Event.LOSE_FINAL
+    error = f"lease expired: worker {who} stopped heartbeating"
+    change = _ended(job, event, now, attempts=used, outcome="lost", error=error)
+    return replace(change, expired_before=now)
+
+
+def release(job: JobState, now: float, why: str) -> Change:
+    """The worker hands the job back (drained, left, its token revoked): back in the
+    queue, the attempt not counted. A job asked to stop ends instead, failed: running it
+    again from the start is not what a stop asked for."""
+    if job.stop_requested_at is not None:
+        error = f"asked to stop; {why} before it ended"
+        return _ended(
+            job, Event.FAIL, now, attempts=job.attempts + 1, outcome="stopped", error=error
+        )
+    return _ended(
+        job,
+        Event.RELEASE,
+        now,
+        attempts=job.attempts,
+        outcome="released",
+        error=job.error,
+    )
+
+
+def cancel(job: JobState, now: float) -> Change:
+    """An owner or operator cancels a job that has not ended."""
+    fields = {
+        "finished_at": now,
+        "lease_expires_at": None,
+        "error": "cancelled",
+        "stderr_tail": None,
+    }
+    record = {"finished_at": now, "outcome": "cancelled", "error": "cancelled"}
+    return Change(job.id, Event.CANCEL, job.lease, fields, record=record)
+
+
+def requeue(job: JobState) -> Change:
+    """An operator queues a failed or cancelled job again, with a fresh attempt budget
+    (its attempt number, the lease, goes on counting up; the history keeps every one)."""
+    fields = {
+        **_UNHELD,
+        "attempts": 0,
+        "not_before": None,
+        "finished_at": None,
+        "exit_code": None,
+        "error": None,
+        "stderr_tail": None,
+        "stop_requested_at": None,
+        "stop_grace": None,
+        "stopped_early": False,
+    }
+    return Change(job.id, Event.REQUEUE, job.lease, fields)
+
+
+def dependency_failed(job: JobState, dep: JobState, now: float) -> Change:
+    """A pending job whose dependency ``dep`` ended without success fails too, naming the
+    dependency's final status (and its error)."""
+    reason = f"dependency {dep.name} ({dep.id}) {dep.status.value}"
+    if dep.error:
+        reason += f": {dep.error}"
+    fields = {"finished_at": now, "error": reason[:2000]}
+    return Change(job.id, Event.DEPENDENCY_FAILED, job.lease, fields)

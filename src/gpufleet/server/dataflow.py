@@ -12,7 +12,6 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from gpufleet.domain.lifecycle import Event, sources
 from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
 from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
 from gpufleet.server.blobs import BlobService
@@ -137,42 +136,6 @@ class DataFlow:
         for node in deps:
             visit(node, [])
 
-    def after_insert(self, job_ids: Sequence[str]) -> None:
-        """Jobs just created whose dependency already failed fail at once."""
-        for job_id in job_ids:
-            for dep in self.store.dependencies(job_id):
-                if dep.status in FAILED_DEP:
-                    self._fail(job_id, dep)
-                    break
-
-    # ---- state changes ----------------------------------------------------------------
-
-    def ended(self, job: JobRow, status: JobStatus) -> None:
-        """React to a job reaching ``status``: release or fail the jobs waiting on it."""
-        if status == JobStatus.SUCCEEDED:
-            waiting = [j.id for j in self.store.dependents(job.id)]
-            if waiting and self.store.refresh_waiting(waiting):
-                self.on_change()
-        elif status in FAILED_DEP:
-            for dependent in self.store.dependents(job.id):
-                self._fail(dependent.id, job)
-
-    def _fail(self, job_id: str, dep: JobRow) -> None:
-        reason = f"dependency {dep.name} ({dep.id}) {dep.status.value}"
-        if dep.error:
-            reason += f": {dep.error}"
-        failed = self.store.set_status(
-            job_id,
-            sources(Event.DEPENDENCY_FAILED),
-            JobStatus.FAILED,
-            finished_at=self.clock(),
-            error=reason[:2000],
-        )
-        if failed:
-            cascaded = self.store.get_job(job_id)
-            if cascaded is not None:
-                self.ended(cascaded, JobStatus.FAILED)
-
     def check_requeue(self, job: JobRow) -> None:
         """A job can come back only when none of its dependencies failed."""
         for dep in self.store.dependencies(job.id):
@@ -182,9 +145,6 @@ class DataFlow:
                     f"{dep.status.value}; requeue that job first",
                     detail={"job": job.id, "dependency": dep.id},
                 )
-
-    def after_requeue(self, job_id: str) -> None:
-        self.store.refresh_waiting([job_id])
 
     # ---- claim time -------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 
-from gpufleet.domain.lifecycle import Event, backoff_seconds, failure_event, sources, transition
+from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound
 from gpufleet.scheduling.matching import (
@@ -86,7 +86,7 @@ class Leases:
             if w.token_id != token_id:
                 continue
             for job in self.store.active_jobs(w.id):
-                if self._hand_back(job, job.lease):
+                if self._hand_back(job):
                     requeued.append(job.id)
             # drain too: a claim already past the token check cannot revive it; only
             # registering again (with a valid token) clears it.
@@ -206,7 +206,8 @@ class Leases:
     def start(self, job_id: str, attempt: int) -> None:
         self._held(job_id, attempt)
         now = self.clock()
-        if not self.store.start(job_id, attempt, now, now + self.settings.lease_timeout):
+        change = lifecycle.start(job_id, attempt, now, now + self.settings.lease_timeout)
+        if self.store.start(change) is None:
             job = self._held(job_id, attempt)
             if job.status == JobStatus.RUNNING:  # a retried start whose answer was lost
                 return
@@ -246,7 +247,7 @@ class Leases:
         """A worker stops: it is offline now, and a job it still held goes back to the
         queue without counting the attempt (it should have handed it back)."""
         w = self.fleet.worker(worker_id)
-        returned = [j for j in self.store.active_jobs(w.id) if self._hand_back(j, j.lease)]
+        returned = [j for j in self.store.active_jobs(w.id) if self._hand_back(j)]
         self.fleet.leave(w, reason)
         if returned:
             self.on_change()
@@ -273,47 +274,18 @@ class Leases:
         """Record the end of an attempt: success, a retry after backoff, or failure. A
         failed attempt keeps the last lines of its stderr, to say why."""
         job = self._held(job_id, attempt)
-        now = self.clock()
-        used = job.attempts + 1
-        stopped = job.stop_requested_at is not None
-        if exit_code == 0 and error is None:
-            event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
-        else:
-            # A job asked to stop that did not exit 0 failed; it is not tried again.
-            event = Event.FAIL if stopped else failure_event(used, job.max_attempts)
-            outcome = "failed"
-            error = printable(error) if error else f"exit code {exit_code}"
-        if stopped:
-            outcome = "stopped"
-        status = transition(job.status, event)
-        not_before = (
-            now + backoff_seconds(used, self.settings.retry_backoff)
-            if event == Event.RETRY
-            else None
+        tail = [printable(line) for line in stderr_tail]
+        said = printable(error) if error else None
+        change = lifecycle.finish(
+            job, exit_code, said, tail, self.clock(), self.settings.retry_backoff
         )
-        ok = self.store.finish(
-            job,
-            attempt,
-            sources(event),
-            status,
-            now=now,
-            attempts=used,
-            outcome=outcome,
-            exit_code=exit_code,
-            error=error,
-            not_before=not_before,
-            stderr_tail=[printable(line) for line in stderr_tail],
-            stopped_early=stopped and event == Event.SUCCEED,
-        )
-        if not ok:
+        done = self.store.finish(change)
+        if done is None:
             self._held(job_id, attempt)
             raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
-        if status == JobStatus.PENDING:
+        if change.status == JobStatus.PENDING or done.released:
             self.on_change()
-        finished = self._job(job_id)
-        if status.terminal:
-            self.flow.ended(finished, status)
-        return finished
+        return done.job
 
     def attach_artifact(self, job_id: str, attempt: int, sha256: str) -> None:
         self.flow.attach(self._held(job_id, attempt), attempt, sha256)
@@ -321,43 +293,16 @@ class Leases:
     def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
         """A draining worker hands a job back; the attempt is not counted."""
         job = self._held(job_id, attempt)
-        if not self._hand_back(job, attempt):
+        if not self._hand_back(job):
             self._held(job_id, attempt)
         self.on_change()
         return self._job(job_id)
 
-    def _hand_back(self, job: JobRow, attempt: int) -> bool:
+    def _hand_back(self, job: JobRow) -> bool:
         """Put a job its worker gives up (drained, left, token revoked) back in the queue,
-        the attempt not counted. A job asked to stop ends instead: failed, for it did not
-        finish, and running it again from the start is not what a stop asked for."""
-        if job.stop_requested_at is not None:
-            return self._end_stopped(job, attempt, "its worker handed it back")
-        return self.store.finish(
-            job,
-            attempt,
-            sources(Event.RELEASE),
-            JobStatus.PENDING,
-            now=self.clock(),
-            attempts=job.attempts,
-            outcome="released",
-            error=job.error,
-        )
-
-    def _end_stopped(self, job: JobRow, attempt: int, why: str) -> bool:
-        """A job asked to stop whose attempt ended without a result: failed, not retried."""
-        ended = self.store.finish(
-            job,
-            attempt,
-            sources(Event.FAIL),
-            transition(job.status, Event.FAIL),
-            now=self.clock(),
-            attempts=job.attempts + 1,
-            outcome="stopped",
-            error=f"asked to stop; {why} before it ended",
-        )
-        if ended:
-            self.flow.ended(self._job(job.id), JobStatus.FAILED)
-        return ended
+        the attempt not counted (a job asked to stop fails instead)."""
+        change = lifecycle.release(job, self.clock(), "its worker handed it back")
+        return self.store.release(change) is not None
 
     def after_outage(self) -> int:
         """At server start: if no worker heartbeated within a third of the lease, extend
@@ -376,29 +321,15 @@ class Leases:
         names = {w.id: w.name for w in self.store.list_workers()} if expired else {}
         requeued: list[str] = []
         for job in expired:
-            used = job.attempts + 1
-            event = failure_event(used, job.max_attempts, lost=True)
-            if job.stop_requested_at is not None:  # asked to stop: not run again
-                event = Event.LOSE_FINAL
             who = names.get(job.worker_id or "", job.worker_id)
-            error = f"lease expired: worker {who} stopped heartbeating"
-            if self.store.finish(
-                job,
-                job.lease,
-                sources(event),
-                transition(job.status, event),
-                now=now,
-                attempts=used,
-                outcome="lost",
-                error=error,
-                expired_before=now,
-            ):
-                requeued.append(job.id)
-                then = "failed: no attempts left" if event == Event.LOSE_FINAL else "requeued"
-                detail = f"attempt {job.lease} on worker {who}: no heartbeat; {then}"
-                self.on_event("lease.lost", job.id, detail, None)
-                if event == Event.LOSE_FINAL:
-                    self.flow.ended(self._job(job.id), JobStatus.FAILED)
+            change = lifecycle.lose(job, now, who)
+            if self.store.reap(change) is None:
+                continue
+            requeued.append(job.id)
+            final = change.status == JobStatus.FAILED
+            then = "failed: no attempts left" if final else "requeued"
+            detail = f"attempt {job.lease} on worker {who}: no heartbeat; {then}"
+            self.on_event("lease.lost", job.id, detail, None)
         if self.store.refresh_waiting():  # dependencies met by another replica
             self.on_change()
         offline = self.fleet.sweep()

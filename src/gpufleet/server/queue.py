@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from gpufleet.domain import lifecycle
 from gpufleet.domain.ids import manifest_job_id, new_job_id
-from gpufleet.domain.lifecycle import Event, sources
 from gpufleet.domain.models import JobSpec, JobStatus, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from gpufleet.scheduling.matching import (
@@ -109,7 +109,6 @@ class QueueService:
             submitted_by=submitted_by,
             hold=hold,
         )
-        self.flow.after_insert([job_id])
         self.on_change()
         return self.job(job_id)
 
@@ -171,7 +170,6 @@ class QueueService:
             deps={i: s.dependencies for i, s in zip(ids, specs, strict=True)},
             submitted_by=submitted_by,
         )
-        self.flow.after_insert(created)
         fresh = set(created)
         updated = self.store.update_pending(
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True) if i not in fresh]
@@ -324,32 +322,20 @@ class QueueService:
     ) -> JobRow:
         """Cancel a job (of ``pools``; submitted by the token ``owner`` when given)."""
         job = self._steerable(ref, pools, owner, "cancel")
-        now = self.clock()
-        done = self.store.set_status(
-            job.id,
-            sources(Event.CANCEL),
-            JobStatus.CANCELLED,
-            finished_at=now,
-            lease_expires_at=None,
-            error="cancelled",
-            stderr_tail=None,
-        )
-        if not done:
+        for _ in range(3):  # a claim or a start may slip in between the read and the change
+            done = self.store.cancel(lifecycle.cancel(job, self.clock()))
+            if done is not None or job.status.terminal:
+                break
+            job = self.job(job.id)
+        if done is None:
             raise Conflict(
                 f"job {job.id} is {job.status.value}; "
                 "only a pending, claimed or running job can be cancelled",
                 detail={"job": job.id, "status": job.status.value},
             )
-        # The job's current attempt, read after the change: a claim may have slipped in
-        # between our read and the cancel.
-        cancelled = self.job(job.id)
-        self.store.end_open_attempt(
-            job.id, cancelled.lease, finished_at=now, outcome="cancelled", error="cancelled"
-        )
-        self.flow.ended(cancelled, JobStatus.CANCELLED)
         if job.target:
             self.on_change()  # a slot it held for its worker is free for others
-        return cancelled
+        return done.job
 
     def stop(
         self,
@@ -379,32 +365,15 @@ class QueueService:
         """Queue a failed or cancelled job again (of ``pools``; ``owner``'s when given)."""
         job = self._steerable(ref, pools, owner, "requeue")
         self.flow.check_requeue(job)
-        done = self.store.set_status(
-            job.id,
-            sources(Event.REQUEUE),
-            JobStatus.PENDING,
-            attempts=0,
-            not_before=None,
-            worker_id=None,
-            gpus="[]",
-            finished_at=None,
-            started_at=None,
-            exit_code=None,
-            error=None,
-            stderr_tail=None,
-            stop_requested_at=None,
-            stop_grace=None,
-            stopped_early=False,
-        )
-        if not done:
+        done = self.store.requeue(lifecycle.requeue(job))
+        if done is None:
             raise Conflict(
                 f"job {job.id} is {job.status.value}; "
                 "only a failed or cancelled job can be requeued",
                 detail={"job": job.id, "status": job.status.value},
             )
-        self.flow.after_requeue(job.id)
         self.on_change()
-        return self.job(job.id)
+        return done.job
 
     def _steerable(
         self, ref: str, pools: Sequence[str] | None, owner: str | None, what: str

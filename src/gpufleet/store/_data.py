@@ -7,6 +7,7 @@ A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,17 +19,20 @@ from gpufleet.store import schema as t
 from gpufleet.store.rows import ArtifactRow, BlobRow, JobRow
 
 
-class DataOps:
+class DataOps(ABC):
     """Record operations of the data plane."""
 
+    @abstractmethod
     def _write(self) -> AbstractContextManager[Connection]:
-        raise NotImplementedError
+        """A connection in a write transaction (the store's one writer on SQLite)."""
 
+    @abstractmethod
     def _read(self) -> AbstractContextManager[Connection]:
-        raise NotImplementedError
+        """A connection for reading."""
 
+    @abstractmethod
     def _insert(self, table: Any) -> Any:
-        raise NotImplementedError
+        """The dialect's INSERT (with ON CONFLICT) for ``table``."""
 
     # ---- blobs ------------------------------------------------------------------------
 
@@ -162,16 +166,6 @@ class DataOps:
         one). Counting, not decrementing, makes it safe to repeat. Returns rows changed."""
         with self._write() as conn:
             return self.recount_waiting(conn, job_ids)
-
-    def dependents(self, dep_id: str) -> list[JobRow]:
-        """Jobs still pending that need ``dep_id``'s artifact."""
-        d = t.job_deps.c
-        q = select(t.jobs).where(
-            t.jobs.c.id.in_(select(d.job_id).where(d.dep_id == dep_id)),
-            t.jobs.c.status == JobStatus.PENDING.value,
-        )
-        with self._read() as conn:
-            return [JobRow.from_row(r) for r in conn.execute(q).all()]
 
     def dependencies(self, job_id: str) -> list[JobRow]:
         d = t.job_deps.c

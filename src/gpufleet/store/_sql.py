@@ -30,8 +30,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from gpufleet.domain import lifecycle
 from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
 from gpufleet.store import schema as t
+from gpufleet.store._changes import ChangeOps
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow
@@ -43,26 +45,6 @@ CHANNEL = "gpufleet_claimable"
 TOKENS_CHANGED = "tokens"  # a NOTIFY payload on CHANNEL: drop cached tokens
 SUPERSEDED = "poll"  # "poll REPLICA WORKER_ID": that worker polls anew; end its open poll
 _J = t.jobs.c
-# Hot-path statements are built once; SQLAlchemy then only binds parameters.
-_CLAIM_UPDATE = (
-    update(t.jobs)
-    .where(
-        (_J.id == bindparam("jid"))
-        & (_J.lease == bindparam("old"))
-        & (_J.status == JobStatus.PENDING.value)
-    )
-    .values(
-        status=JobStatus.CLAIMED.value,
-        lease=bindparam("new"),
-        worker_id=bindparam("wid"),
-        gpus=bindparam("gpus"),
-        claimed_at=bindparam("now"),
-        started_at=None,
-        finished_at=None,
-        exit_code=None,
-        lease_expires_at=bindparam("expires"),
-    )
-)
 # Only a job still pending with the spec we compared against is changed.
 _PENDING_UPDATE = (
     update(t.jobs)
@@ -110,14 +92,6 @@ _CLAIMER_POSTGRES = (
     + ") h), (SELECT json_agg(a.id ORDER BY a.priority DESC, a.created_at, a.id) FROM ("
     + _AIMED.format(hint="", wid="w.id", wname="w.name", pool="w.pool", now="%s")
     + ") a) FROM workers w WHERE w.id = %s FOR UPDATE OF w"
-)
-_ATTEMPT_INSERT = t.attempts.insert().values(
-    job_id=bindparam("jid"),
-    attempt=bindparam("new"),
-    worker_id=bindparam("wid"),
-    worker_name=bindparam("wname"),
-    gpus=bindparam("gpus"),
-    claimed_at=bindparam("now"),
 )
 
 
@@ -167,7 +141,7 @@ class Hold:
 Chooser = Callable[[JobRow], Sequence[int] | None]
 
 
-class SqlStore(DataOps, FleetOps):
+class SqlStore(DataOps, ChangeOps, FleetOps):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
     def __init__(self, url: str) -> None:
@@ -290,7 +264,7 @@ class SqlStore(DataOps, FleetOps):
             "target": spec.requirements.worker,
             "id": job_id,
             "name": spec.name,
-            "status": JobStatus.PENDING.value,
+            "status": lifecycle.INITIAL.value,
             "spec": _spec_json(spec),
             "priority": spec.priority,
             "pool": spec.pool,
@@ -340,6 +314,7 @@ class SqlStore(DataOps, FleetOps):
             if mine:
                 self.insert_deps(conn, mine)
                 self.recount_waiting(conn, list(mine))
+                self.fail_on_failed_deps(conn, list(mine), now)
             return [v["id"] for v in fresh if v["id"] in inserted]
 
     def update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]:
@@ -577,47 +552,8 @@ class SqlStore(DataOps, FleetOps):
         expires: float,
     ) -> bool:
         """Compare-and-set one pending job to claimed and open its attempt record."""
-        gpus_json = json.dumps(list(gpus))
-        params = {
-            "jid": job.id,
-            "old": job.lease,
-            "new": job.lease + 1,
-            "wid": worker.id,
-            "gpus": gpus_json,
-            "now": now,
-            "expires": expires,
-        }
-        if conn.execute(_CLAIM_UPDATE, params).rowcount != 1:
-            return False
-        conn.execute(_ATTEMPT_INSERT, {**params, "wname": worker.name})
-        return True
-
-    def start(self, job_id: str, lease: int, now: float, expires: float) -> bool:
-        where = self._lease_where(job_id, lease, [JobStatus.CLAIMED])
-        with self._write() as conn:
-            values = {
-                "status": JobStatus.RUNNING.value,
-                "started_at": now,
-                "lease_expires_at": expires,
-            }
-            if conn.execute(update(t.jobs).where(where).values(**values)).rowcount != 1:
-                return False
-            self._update_attempt(conn, job_id, lease, started_at=now)
-        return True
-
-    def _update_attempt(self, conn: Connection, job_id: str, lease: int, **values: Any) -> None:
-        a = t.attempts.c
-        conn.execute(
-            update(t.attempts).where((a.job_id == job_id) & (a.attempt == lease)).values(**values)
-        )
-
-    def end_open_attempt(self, job_id: str, lease: int, **values: Any) -> None:
-        """Record how an attempt ended when the job row was changed another way (cancel);
-        an attempt already ended keeps its record."""
-        a = t.attempts.c
-        where = (a.job_id == job_id) & (a.attempt == lease) & a.finished_at.is_(None)
-        with self._write() as conn:
-            conn.execute(update(t.attempts).where(where).values(**values))
+        change = lifecycle.claim(job, worker.id, worker.name, gpus, now, expires)
+        return self.apply_change(conn, change)
 
     def extend_leases(
         self, leases: Iterable[tuple[str, int]], expires: float, worker_id: str
@@ -642,74 +578,11 @@ class SqlStore(DataOps, FleetOps):
                 update(t.jobs).where(where).values(lease_expires_at=expires)
             ).rowcount
 
-    def finish(
-        self,
-        job: JobRow,
-        lease: int,
-        sources: Iterable[JobStatus],
-        status: JobStatus,
-        *,
-        now: float,
-        attempts: int,
-        outcome: str,
-        exit_code: int | None = None,
-        error: str | None = None,
-        not_before: float | None = None,
-        expired_before: float | None = None,
-        stderr_tail: Sequence[str] = (),
-        stopped_early: bool = False,
-    ) -> bool:
-        """End an attempt: move the job to ``status`` if ``lease`` still holds it (and, for
-        the sweep, only if the lease is still expired: a heartbeat may have just landed).
-        ``stderr_tail`` is the attempt's last stderr lines, kept with its error."""
-        tail = json.dumps(list(stderr_tail)) if stderr_tail else None
-        values: dict[str, Any] = {
-            "status": status.value,
-            "attempts": attempts,
-            "exit_code": exit_code,
-            "error": error,
-            "stderr_tail": tail,
-            "stopped_early": stopped_early,
-            "lease_expires_at": None,
-            "not_before": not_before,
-        }
-        if status.terminal:
-            values["finished_at"] = now
-        else:  # back to pending: no worker holds it
-            values.update(worker_id=None, gpus="[]", started_at=None)
-        with self._write() as conn:
-            where = self._lease_where(job.id, lease, sources)
-            if expired_before is not None:
-                where = where & (t.jobs.c.lease_expires_at < expired_before)
-            if conn.execute(update(t.jobs).where(where).values(**values)).rowcount != 1:
-                return False
-            self._update_attempt(
-                conn,
-                job.id,
-                lease,
-                finished_at=now,
-                exit_code=exit_code,
-                outcome=outcome,
-                error=error,
-                stderr_tail=tail,
-            )
-        return True
-
     def expired_leases(self, now: float) -> list[JobRow]:
         j = t.jobs.c
         q = select(t.jobs).where(j.status.in_([s.value for s in ACTIVE]), j.lease_expires_at < now)
         with self._read() as conn:
             return [JobRow.from_row(r) for r in conn.execute(q).all()]
-
-    def set_status(
-        self, job_id: str, sources: Iterable[JobStatus], status: JobStatus, **values: Any
-    ) -> bool:
-        """An operator's change (cancel, requeue): conditional on the current status only."""
-        j = t.jobs.c
-        where = (j.id == job_id) & j.status.in_([s.value for s in sources])
-        with self._write() as conn:
-            res = conn.execute(update(t.jobs).where(where).values(status=status.value, **values))
-            return res.rowcount == 1
 
     def request_stop(self, job_id: str, now: float, grace: float) -> bool:
         """Mark a claimed or running job as asked to stop (once)."""

@@ -62,7 +62,10 @@ class JobRow:
 
     @classmethod
     def from_row(cls, r: Any) -> JobRow:
-        m = dict(r._mapping)
+        return cls.from_mapping(dict(r._mapping))
+
+    @classmethod
+    def from_mapping(cls, m: dict[str, Any]) -> JobRow:
         m["spec_json"] = m.pop("spec")
         m["status"] = JobStatus(m["status"])
         m["gpus"] = tuple(json.loads(m["gpus"]))

@@ -1,0 +1,265 @@
+"""Status changes: each one decided in :mod:`gpufleet.domain.lifecycle`, applied here as
+one conditional update on (status, lease), with every consequence in the same
+transaction.
+
+A mixin of :class:`gpufleet.store.SqlStore`. The store decides no status: a
+:class:`~gpufleet.domain.lifecycle.Change` names the statuses and lease it may come from,
+the status it goes to and the fields it sets. What follows from a job ending is part of
+the same transaction: the jobs waiting on a job that succeeded are recounted (and become
+claimable), and the jobs waiting on one that failed or was cancelled fail too, walked
+down the chain iteratively, each naming its dependency's final status.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, literal_column, or_, select, update
+
+from gpufleet.domain import lifecycle
+from gpufleet.domain.lifecycle import Change, Event
+from gpufleet.domain.models import JobStatus
+from gpufleet.store import schema as t
+from gpufleet.store.rows import JobRow
+
+_J, _A, _D = t.jobs.c, t.attempts.c, t.job_deps.c
+#: Fields kept as JSON text.
+_JSON = frozenset({"gpus", "stderr_tail"})
+_FAILS_DEPENDENTS = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A change that took: the job as it is now, the dependents failed with it (ids), and
+    how many waiting jobs it made claimable."""
+
+    job: JobRow
+    failed: list[str] = field(default_factory=list)
+    released: int = 0
+
+
+def encode(values: Mapping[str, object]) -> dict[str, Any]:
+    """Field values as columns hold them (tuples of GPUs or lines as JSON text)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in _JSON and value is not None:
+            value = json.dumps(list(value))  # type: ignore[call-overload]
+        out[key] = value
+    return out
+
+
+@cache
+def _statement(event: Event, keys: tuple[str, ...], expired: bool) -> Any:
+    """The conditional update of a change of this shape, built once."""
+    where = (
+        (_J.id == bindparam("_id"))
+        & (_J.lease == bindparam("_lease"))
+        & or_(
+            *(_J.status == literal_column(f"'{s.value}'") for s in sorted(lifecycle.sources(event)))
+        )
+    )
+    if expired:
+        where = where & (_J.lease_expires_at < bindparam("_expired"))
+    values: dict[str, Any] = {
+        "status": lifecycle.target(event).value,
+        **{k: bindparam(k) for k in keys},
+    }
+    return update(t.jobs).where(where).values(values)
+
+
+@cache
+def _record_statement(keys: tuple[str, ...]) -> Any:
+    """The update of an attempt record still open, built once per shape."""
+    where = (
+        (_A.job_id == bindparam("_id"))
+        & (_A.attempt == bindparam("_attempt"))
+        & _A.finished_at.is_(None)
+    )
+    return update(t.attempts).where(where).values({k: bindparam(k) for k in keys})
+
+
+class ChangeOps(ABC):
+    """Applies the lifecycle's changes: claim, start, finish, release, reap, cancel,
+    requeue, and the dependency failures they cause."""
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Connection]:
+        """A connection in a write transaction (the store's one writer on SQLite)."""
+
+    @abstractmethod
+    def recount_waiting(self, conn: Connection, job_ids: Sequence[str] | None) -> int:
+        """Recount the unmet dependencies of these pending jobs; how many changed."""
+
+    # ---- the operations, each one named for what it does ------------------------------
+
+    def start(self, change: Change) -> Applied | None:
+        """The claimed job's process started (``lifecycle.start``)."""
+        return self._commit(change, {Event.START})
+
+    def finish(self, change: Change) -> Applied | None:
+        """The worker says how the attempt ended (``lifecycle.finish``)."""
+        return self._commit(change, {Event.SUCCEED, Event.RETRY, Event.FAIL})
+
+    def release(self, change: Change) -> Applied | None:
+        """The worker hands the job back (``lifecycle.release``)."""
+        return self._commit(change, {Event.RELEASE, Event.FAIL})
+
+    def reap(self, change: Change) -> Applied | None:
+        """An expired lease is lost (``lifecycle.lose``): only if it is expired still."""
+        return self._commit(change, {Event.LOSE, Event.LOSE_FINAL})
+
+    def cancel(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.CANCEL})
+
+    def requeue(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.REQUEUE})
+
+    # ---- how -------------------------------------------------------------------------
+
+    def _commit(self, change: Change, allowed: set[Event]) -> Applied | None:
+        if change.event not in allowed:
+            raise ValueError(f"{change.event.value} is not this operation's change")
+        with self._write() as conn:
+            if not self.apply_change(conn, change):
+                return None
+            return self.after(conn, change)
+
+    def apply_change(self, conn: Connection, change: Change) -> bool:
+        """Apply ``change`` if the job is still where it expects; whether it was."""
+        keys = tuple(sorted(change.fields))
+        stmt = _statement(change.event, keys, change.expired_before is not None)
+        params = {
+            **encode(change.fields),
+            "_id": change.job_id,
+            "_lease": change.lease,
+            "_expired": change.expired_before,
+        }
+        if conn.execute(stmt, params).rowcount != 1:
+            return False
+        if change.opens is not None:
+            values: dict[str, object] = {
+                "job_id": change.job_id,
+                "attempt": change.attempt,
+                **change.opens,
+            }
+            conn.execute(t.attempts.insert(), encode(values))
+        if change.record:
+            rkeys = tuple(sorted(change.record))
+            where = {"_id": change.job_id, "_attempt": change.attempt}
+            conn.execute(_record_statement(rkeys), {**encode(change.record), **where})
+        return True
+
+    def after(self, conn: Connection, change: Change) -> Applied:
+        """What follows from ``change`` (applied in ``conn``): dependents released by a
+        success or a requeue, or failed down the chain by a failure or a cancel."""
+        job = _row(conn, change.job_id)
+        status = change.status
+        if status == JobStatus.SUCCEEDED:
+            return Applied(job, released=self.recount_waiting(conn, _dependents(conn, job.id)))
+        if status in _FAILS_DEPENDENTS:
+            return Applied(job, failed=self.fail_dependents(conn, job, job.finished_at or 0.0))
+        if change.event == Event.REQUEUE:
+            self.recount_waiting(conn, [job.id])
+        return Applied(job)
+
+    def fail_dependents(self, conn: Connection, job: JobRow, now: float) -> list[str]:
+        """Fail every pending job that waits on ``job`` (failed or cancelled), and those
+        waiting on them: the pending jobs below it are read in one recursive query and
+        walked breadth first (no recursion in Python, a chain of any length), and each
+        fails naming the dependency that failed it, with that one's final status.
+        Returns the ids failed, nearest first."""
+        below: dict[str, list[JobRow]] = {}
+        for dep_id, waiting in _pending_below(conn, job.id):
+            below.setdefault(dep_id, []).append(waiting)
+        changes: list[Change] = []
+        ended, seen = [job], {job.id}
+        while ended:
+            dep = ended.pop(0)
+            for waiting in below.get(dep.id, ()):
+                if waiting.id in seen:
+                    continue  # it waits on two that failed: the first one reached names it
+                seen.add(waiting.id)
+                change = lifecycle.dependency_failed(waiting, dep, now)
+                changes.append(change)
+                ended.append(replace(waiting, status=change.status, **change.fields))  # type: ignore[arg-type]
+        if not self._apply_all(conn, changes):
+            return [c.job_id for c in changes if self.apply_change(conn, c)]
+        return [c.job_id for c in changes]
+
+    def _apply_all(self, conn: Connection, changes: list[Change]) -> bool:
+        """Apply changes of one shape in one batch; False (nothing applied) unless every
+        one took, as when a job below was changed meanwhile."""
+        if not changes:
+            return True
+        first = changes[0]
+        stmt = _statement(first.event, tuple(sorted(first.fields)), False)
+        rows = [{**encode(c.fields), "_id": c.job_id, "_lease": c.lease} for c in changes]
+        with conn.begin_nested() as nested:
+            if conn.execute(stmt, rows).rowcount == len(rows):
+                return True
+            nested.rollback()
+        return False
+
+    def fail_on_failed_deps(self, conn: Connection, job_ids: Sequence[str], now: float) -> None:
+        """Jobs just inserted that need a job which already failed or was cancelled fail
+        at once (and the jobs of the same batch waiting on them). One query finds them."""
+        dep = t.jobs.alias("dep")
+        q = (
+            select(_D.job_id, dep)
+            .join(dep, dep.c.id == _D.dep_id)
+            .where(
+                _D.job_id.in_(list(job_ids)),
+                dep.c.status.in_(sorted(s.value for s in _FAILS_DEPENDENTS)),
+            )
+            .order_by(_D.job_id, dep.c.id)
+        )
+        failed_deps: dict[str, JobRow] = {}
+        for r in conn.execute(q).all():
+            m = dict(r._mapping)
+            failed_deps.setdefault(str(m.pop("job_id")), JobRow.from_mapping(m))
+        for job_id, failed in failed_deps.items():
+            job = _row(conn, job_id)
+            if job.status != JobStatus.PENDING:
+                continue  # failed already, below an earlier one of the batch
+            if self.apply_change(conn, lifecycle.dependency_failed(job, failed, now)):
+                self.fail_dependents(conn, _row(conn, job_id), now)
+
+
+def _row(conn: Connection, job_id: str) -> JobRow:
+    return JobRow.from_row(conn.execute(select(t.jobs).where(_J.id == job_id)).one())
+
+
+def _dependents(conn: Connection, dep_id: str) -> list[str]:
+    return [str(i) for i in conn.scalars(select(_D.job_id).where(_D.dep_id == dep_id))]
+
+
+def _pending_below(conn: Connection, job_id: str) -> list[tuple[str, JobRow]]:
+    """(dependency id, pending job waiting on it) for every pending job below ``job_id``
+    in the dependency graph, in one recursive query."""
+    base = select(_D.job_id, _D.dep_id).where(_D.dep_id == job_id)
+    down = base.cte("down", recursive=True)
+    step = (
+        select(_D.job_id, _D.dep_id)
+        .join(down, _D.dep_id == down.c.job_id)
+        .join(t.jobs, _J.id == down.c.job_id)
+        .where(_J.status == JobStatus.PENDING.value)
+    )
+    down = down.union(step)
+    q = (
+        select(down.c.dep_id, t.jobs)
+        .join(t.jobs, _J.id == down.c.job_id)
+        .where(_J.status == JobStatus.PENDING.value)
+        .order_by(_J.id, down.c.dep_id)
+    )
+    out = []
+    for r in conn.execute(q).all():
+        m = dict(r._mapping)
+        dep_id = m.pop("dep_id")
+        out.append((str(dep_id), JobRow.from_mapping(m)))
+    return out
