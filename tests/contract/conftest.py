@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.store import SqlStore
+from gpufleet.store import SqlStore, Store
+from gpufleet.store.memory import MemoryStore
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
-    """A migrated store on a fresh database (PostgreSQL: a fresh schema; skips without one)."""
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A store of each kind: in memory, and migrated on a fresh database (PostgreSQL: a
+    fresh schema; skips without one)."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/s.db"
     else:

@@ -22,7 +22,8 @@ from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.queue import QueueService
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import JobRow, SqlStore, WorkerRow
+from gpufleet.store import JobRow, SqlStore, StaleClaim, WorkerRow
+from gpufleet.store._claims import _VIEW_SQLITE
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.wire import (
     CapabilityModel,
@@ -891,8 +892,8 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
     depend on the table's size, PostgreSQL's does."""
     store = SqlStore(f"sqlite:///{tmp_path}/plan.db")
     store.migrate()
-    params = {"pool": "default", "now": T0, "p": 2**31 - 1, "c": -1.0, "i": ""}
-    compiled = store._page_q.compile(store.engine)
+    params = {"pool": "default", "now": T0, "p": 2**31 - 1, "c": -1.0, "i": "", "n": 8}
+    compiled = store.page_q.compile(store.engine)
     with store.engine.connect() as conn:
         plan = conn.exec_driver_sql(
             f"EXPLAIN QUERY PLAN {compiled}",
@@ -904,7 +905,7 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
     # walk of the whole queue (which made every claim cost O(pending jobs)).
     with store.engine.connect() as conn:
         aimed = conn.exec_driver_sql(
-            f"EXPLAIN QUERY PLAN {store._claimer_sql}", ("w-1", "w-1", "box", "default", T0)
+            f"EXPLAIN QUERY PLAN {_VIEW_SQLITE}", ("w-1", "w-1", "box", "default", T0, "w-1")
         ).all()
     assert "ix_jobs_target" in " | ".join(str(row[-1]) for row in aimed), aimed
     store.close()
@@ -1009,3 +1010,29 @@ def test_a_crash_during_the_cascade_leaves_the_finish_undone_too(
     monkeypatch.setattr(lifecycle, "dependency_failed", real)
     queue.leases.finish(root.id, lease.attempt, 1, None)
     assert [job(store, i).status for i in ids] == [JobStatus.FAILED] * 3
+
+
+def test_a_claim_ranked_on_a_stale_snapshot_takes_nothing(
+    store: SqlStore, queue: QueueService, clock: FakeClock
+) -> None:
+    """Two polls of one worker rank on the same snapshot: the first claim commits, and the
+    second, which counted on the slot the first took, changes nothing and ranks again."""
+    w = register(queue, "w1")
+    first, second = queue.submit(spec("a")), queue.submit(spec("b"))
+    take = [
+        lifecycle.claim(job(store, j.id), w.id, w.name, (), clock.now, clock.now + LEASE)
+        for j in (first, second)
+    ]
+    with store.claiming() as one, store.claiming() as two:
+        view = one.view(w.id, w.name, w.pool, clock.now, 4)
+        assert two.view(w.id, w.name, w.pool, clock.now, 4) == view
+        assert one.claim(w.id, view.claims, take[:1]) == first.id
+    with pytest.raises(StaleClaim), store.claiming() as two:
+        two.claim(w.id, view.claims, take[1:])
+    assert job(store, first.id).status is JobStatus.CLAIMED
+    assert job(store, second.id).status is JobStatus.PENDING
+    assert store.attempts(second.id) == []
+    # ranked again, the worker's one CPU slot is seen as held
+    assert queue.leases.try_claim(w.id, CPU) is None
+    with store.claiming() as session:
+        assert session.view(w.id, w.name, w.pool, clock.now, 4).held == [()]

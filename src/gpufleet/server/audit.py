@@ -34,7 +34,7 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server.asgi import StatusWatch
-from gpufleet.store import SqlStore, TokenRow
+from gpufleet.store import Store, TokenRow
 from gpufleet.tokens import redact
 
 log = logging.getLogger("gpufleet.audit")
@@ -54,7 +54,7 @@ class AuditWriter:
     """Collects audit records and writes them in batches, off the event loop."""
 
     def __init__(
-        self, store: SqlStore, delay: float = 0.25, clock: Callable[[], float] = time.time
+        self, store: Store, delay: float = 0.25, clock: Callable[[], float] = time.time
     ) -> None:
         self.store = store
         self.delay = delay

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from gpufleet.domain.models import Role
 from gpufleet.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 from gpufleet.server.access import check_pools
-from gpufleet.store import SqlStore, TokenRow
+from gpufleet.store import Store, TokenRow
 
 log = logging.getLogger("gpufleet.server")
 TOKEN_PREFIX = "gf_"
@@ -38,7 +38,7 @@ class Auth:
 
     def __init__(
         self,
-        store: SqlStore,
+        store: Store,
         clock: Callable[[], float] = time.time,
         cache_seconds: float = CACHE_SECONDS,
     ) -> None:

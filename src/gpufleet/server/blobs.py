@@ -20,7 +20,7 @@ from gpufleet import archive
 from gpufleet.errors import HashMismatch, NotFound, TooLarge, UnsafeArchive
 from gpufleet.server.pump import pump
 from gpufleet.server.uploads import SESSION_TTL, UploadSessions
-from gpufleet.store import SqlStore
+from gpufleet.store import Store
 from gpufleet.store.blobfiles import BlobFiles, BlobWriter
 
 
@@ -38,7 +38,7 @@ class BlobService:
 
     def __init__(
         self,
-        store: SqlStore,
+        store: Store,
         files: BlobFiles,
         settings: BlobSettings,
         clock: Callable[[], float] = time.time,

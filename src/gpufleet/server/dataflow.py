@@ -15,7 +15,7 @@ from dataclasses import replace
 from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
 from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
 from gpufleet.server.blobs import BlobService
-from gpufleet.store import JobRow, SqlStore
+from gpufleet.store import JobRow, Store
 from gpufleet.store.rows import ArtifactRow
 from gpufleet.wire import StagedInput
 
@@ -31,7 +31,7 @@ class DataFlow:
 
     def __init__(
         self,
-        store: SqlStore,
+        store: Store,
         blobs: BlobService,
         clock: Callable[[], float],
         on_change: Callable[[], None],

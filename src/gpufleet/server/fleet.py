@@ -33,7 +33,7 @@ from gpufleet.scheduling.matching import (
     ever_reason,
     reserve,
 )
-from gpufleet.store import JobRow, SqlStore, TokenRow, WorkerRow
+from gpufleet.store import JobRow, Store, TokenRow, WorkerRow
 from gpufleet.wire import HostModel, WorkerRegister
 
 Clock = Callable[[], float]
@@ -63,7 +63,7 @@ class Fleet:
 
     def __init__(
         self,
-        store: SqlStore,
+        store: Store,
         lease_timeout: float,
         ephemeral_ttl: float,
         clock: Clock = time.time,

@@ -28,8 +28,7 @@ from gpufleet.scheduling.matching import (
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, OnEvent
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import JobRow, SqlStore
-from gpufleet.store._sql import Chooser
+from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow
 from gpufleet.wire import HeartbeatRequest, HeartbeatResponse, JobSpecModel, Lease, LeaseOrder
 
 
@@ -43,7 +42,7 @@ class Leases:
 
     def __init__(
         self,
-        store: SqlStore,
+        store: Store,
         settings: QueueSettings,
         fleet: Fleet,
         flow: DataFlow,
@@ -147,41 +146,87 @@ class Leases:
 
     def try_claim(self, worker_id: str, free: FreeResources) -> Lease | None:
         """Claim the best job this worker may run now, or None. ``free`` is what the worker
-        said it has free; slots the server knows its jobs hold are taken out of it (read
-        with the claim), so a poll that crossed a claim cannot hand a slot out twice."""
+        said it has free; slots the server knows its jobs hold are taken out of it. The
+        ranking runs on a snapshot with no transaction open; the claim commits only if no
+        other claim for this worker came between (else it ranks again), so a poll that
+        crossed a claim cannot hand a slot out twice."""
         w = self.fleet.claimer(worker_id)
         if w.drain or w.status in (WorkerStatus.OFFLINE, WorkerStatus.DRAINING):
             return None
-        me = self.fleet.view(w)
-        now = self.clock()
+        for _ in range(5):
+            try:
+                claimed = self._claim(w, free, self.clock())
+            except StaleClaim:
+                continue
+            if claimed is None:
+                return None
+            job, change = claimed
+            return Lease(
+                job_id=job.id,
+                attempt=change.attempt,
+                spec=JobSpecModel.from_domain(job.spec),
+                gpus=list(change.fields["gpus"]),  # type: ignore[call-overload]
+                lease_timeout=self.settings.lease_timeout,
+                inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
+            )
+        return None
 
-        def plan(held: list[tuple[int, ...]]) -> Chooser | None:
-            mine = unheld(free, held, w.cpu_slots)
+    def _claim(
+        self, w: WorkerRow, free: FreeResources, now: float
+    ) -> tuple[JobRow, lifecycle.Change] | None:
+        """One go: the jobs aimed at the worker first, then its pool's queue a page at a
+        time (up to ``candidates`` jobs), each page ranked here (no lock is held) and
+        offered to the store, a few jobs at a time, best first."""
+        with self.store.claiming() as session:
+            view = session.view(w.id, w.name, w.pool, now, session.page_size)
+            mine = unheld(free, view.held, w.cpu_slots)
             if not (mine.cpu_slots or mine.gpus):
                 return None
+            me = self.fleet.view(w)
+            expires = now + self.settings.lease_timeout
 
-            def choose(job: JobRow) -> tuple[int, ...] | None:
-                jv = JobView(job.id, job.spec, job.created_at)
-                verdict = now_reason(jv, me, mine, now, self.settings.prefer_cuda_grace)
-                if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
-                    return None
-                return verdict.gpus
+            def offer(page: list[JobRow]) -> tuple[JobRow, lifecycle.Change] | None:
+                rows, rest = {j.id: j for j in page}, page
+                while rest:
+                    choices, rest = self._choices(rest, w, me, mine, now, expires, session.choices)
+                    taken = session.claim(w.id, view.claims, choices)
+                    if taken is not None:
+                        return rows[taken], next(c for c in choices if c.job_id == taken)
+                return None
 
-            return choose
+            got = offer(view.aimed)
+            seen, page = 0, view.queue
+            while got is None and seen < self.settings.candidates:
+                got = offer(page)
+                if got is not None or len(page) < session.page_size:
+                    break
+                seen += len(page)
+                page = session.page(w.pool, now, page[-1], session.page_size)
+            return got
 
-        expires = now + self.settings.lease_timeout
-        claimed = self.store.claim_next(w, now, expires, plan, self.settings.candidates)
-        if claimed is None:
-            return None
-        job, lease, gpus = claimed
-        return Lease(
-            job_id=job.id,
-            attempt=lease,
-            spec=JobSpecModel.from_domain(job.spec),
-            gpus=list(gpus),
-            lease_timeout=self.settings.lease_timeout,
-            inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
-        )
+    def _choices(
+        self,
+        page: list[JobRow],
+        w: WorkerRow,
+        me: WorkerView,
+        mine: FreeResources,
+        now: float,
+        expires: float,
+        most: int,
+    ) -> tuple[list[lifecycle.Change], list[JobRow]]:
+        """The next ``most`` claims this worker would make of ``page``, best first (each job it
+        may run now on what it has free, unless a waiting worker ranks better for it), and
+        the jobs of the page not ranked yet."""
+        out = []
+        for n, job in enumerate(page):
+            jv = JobView(job.id, job.spec, job.created_at)
+            verdict = now_reason(jv, me, mine, now, self.settings.prefer_cuda_grace)
+            if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
+                continue
+            out.append(lifecycle.claim(job, w.id, w.name, verdict.gpus, now, expires))
+            if len(out) == most:
+                return out, page[n + 1 :]
+        return out, []
 
     def _job(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)

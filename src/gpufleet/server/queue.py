@@ -31,7 +31,7 @@ from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, OnEvent, WorkerState, no_event
 from gpufleet.server.leases import Leases
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import Hold, JobRow, SqlStore, WorkerRow
+from gpufleet.store import Hold, JobRow, Store, WorkerRow
 from gpufleet.wire import (
     ApplyResult,
     ManifestApply,
@@ -45,7 +45,7 @@ class QueueService:
 
     def __init__(
         self,
-        store: SqlStore,
+        store: Store,
         settings: QueueSettings,
         blobs: BlobService,
         clock: Clock = time.time,
@@ -399,7 +399,7 @@ def _no_worker(ref: str, pool: str) -> str:
 def _check_aim(spec: JobSpec, workers: list[WorkerRow]) -> None:
     """A manifest job aimed at a worker names one of its own pool (or one not registered
     yet): one of another pool could never run it, and would look held. The worker is
-    found as :meth:`SqlStore.get_worker` finds it: by id, else by name."""
+    found as :meth:`Store.get_worker` finds it: by id, else by name."""
     ref = spec.requirements.worker
     if not ref:
         return

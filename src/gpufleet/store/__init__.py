@@ -1,15 +1,21 @@
-"""Persistence: queue operations over SQLite (default) or PostgreSQL, chosen by URL."""
+"""Persistence: the queue's operations (:class:`Store`) in memory, or over SQLite (the
+default) or PostgreSQL, chosen by URL."""
 
-from gpufleet.store._sql import Hold, SqlStore, normalize_url
+from gpufleet.store._sql import SqlStore, normalize_url
+from gpufleet.store.api import Applied, ClaimView, Hold, StaleClaim, Store
 from gpufleet.store.rows import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
 
 __all__ = [
+    "Applied",
     "AttemptRow",
     "AuditRow",
+    "ClaimView",
     "Hold",
     "JobRow",
     "LogRow",
     "SqlStore",
+    "StaleClaim",
+    "Store",
     "TokenRow",
     "WorkerRow",
     "normalize_url",

@@ -16,7 +16,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -26,22 +26,13 @@ from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import JobStatus
 from gpufleet.store import schema as t
+from gpufleet.store.api import Applied
 from gpufleet.store.rows import JobRow
 
 _J, _A, _D = t.jobs.c, t.attempts.c, t.job_deps.c
 #: Fields kept as JSON text.
 _JSON = frozenset({"gpus", "stderr_tail"})
 _FAILS_DEPENDENTS = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
-
-
-@dataclass(frozen=True)
-class Applied:
-    """A change that took: the job as it is now, the dependents failed with it (ids), and
-    how many waiting jobs it made claimable."""
-
-    job: JobRow
-    failed: list[str] = field(default_factory=list)
-    released: int = 0
 
 
 def encode(values: Mapping[str, object]) -> dict[str, Any]:

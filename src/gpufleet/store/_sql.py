@@ -9,11 +9,9 @@ each other's rows.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +28,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from gpufleet.domain import lifecycle
 from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import ChangeOps
+from gpufleet.store._claims import ClaimOps, page_statement
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps
+from gpufleet.store._values import job_values, spec_json
+from gpufleet.store.api import Hold
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow
-from gpufleet.wire import JobSpecModel
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
-CLAIM_PAGE = 4
 CHANNEL = "gpufleet_claimable"
 TOKENS_CHANGED = "tokens"  # a NOTIFY payload on CHANNEL: drop cached tokens
 SUPERSEDED = "poll"  # "poll REPLICA WORKER_ID": that worker polls anew; end its open poll
@@ -62,37 +60,6 @@ _PENDING_UPDATE = (
         target=bindparam("target"),
     )
 )
-# What a claim reads about its worker first, in one statement (on PostgreSQL one round
-# trip, which also locks the worker's row): the GPUs its claimed and running jobs hold,
-# grouped ('[]': a CPU slot, with how many), and the pending jobs aimed at it that are
-# claimable now, in claim order (it takes those before its pool's queue). The aimed jobs
-# come from the small partial index; left to itself SQLite would walk the pool's whole
-# queue (ix_jobs_queue matches two equalities and the order). Run on the driver's own
-# cursor: SQLAlchemy's execution path costs more than the query.
-_HELD = (
-    "SELECT gpus, COUNT(*) AS n FROM jobs WHERE worker_id = {wid} "
-    "AND status IN ('claimed', 'running') GROUP BY gpus"
-)
-_AIMED = (
-    "SELECT id, priority, created_at FROM jobs {hint}WHERE target IN ({wid}, {wname}) "
-    "AND status = 'pending' AND pool = {pool} AND waiting = 0 "
-    "AND (not_before IS NULL OR not_before <= {now}) ORDER BY priority DESC, created_at, id "
-    "LIMIT 8"
-)
-_CLAIMER_SQLITE = (
-    "SELECT (SELECT json_group_array(json_array(gpus, n)) FROM ("
-    + _HELD.format(wid="?")
-    + ")), (SELECT json_group_array(id) FROM ("
-    + _AIMED.format(hint="INDEXED BY ix_jobs_target ", wid="?", wname="?", pool="?", now="?")
-    + "))"
-)
-_CLAIMER_POSTGRES = (
-    "SELECT (SELECT json_agg(json_build_array(h.gpus, h.n)) FROM ("
-    + _HELD.format(wid="w.id")
-    + ") h), (SELECT json_agg(a.id ORDER BY a.priority DESC, a.created_at, a.id) FROM ("
-    + _AIMED.format(hint="", wid="w.id", wname="w.name", pool="w.pool", now="%s")
-    + ") a) FROM workers w WHERE w.id = %s FOR UPDATE OF w"
-)
 
 
 def normalize_url(url: str) -> str:
@@ -113,35 +80,7 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def _json_list(value: Any) -> list[Any]:
-    """A JSON array from the database: text on SQLite, decoded already by psycopg; NULL
-    (an aggregate over no rows) is empty."""
-    if value is None:
-        return []
-    found: list[Any] = value if isinstance(value, list) else json.loads(value)
-    return found
-
-
-def _spec_json(spec: JobSpec) -> str:
-    return JobSpecModel.from_domain(spec).model_dump_json()
-
-
-@dataclass(frozen=True)
-class Hold:
-    """Insert only if ``check`` accepts ``worker``'s jobs (those it runs and those aimed at
-    it that wait), read in the insert's own transaction with the worker's row locked: two
-    submits aimed at one worker cannot both find it free. ``check`` raises to refuse."""
-
-    worker: WorkerRow
-    check: Callable[[list[JobRow]], None]
-
-
-#: Given the GPUs each of a worker's claimed or running jobs holds, how to choose a job:
-#: the GPUs to claim it on, or None to pass.
-Chooser = Callable[[JobRow], Sequence[int] | None]
-
-
-class SqlStore(DataOps, ChangeOps, FleetOps):
+class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
     def __init__(self, url: str) -> None:
@@ -157,8 +96,7 @@ class SqlStore(DataOps, ChangeOps, FleetOps):
             self.engine = create_engine(self.url, pool_size=10, max_overflow=30, pool_pre_ping=True)
             self._lock = None
         self.dialect = self.engine.dialect.name
-        self._page_q = self._page_statement()
-        self._claimer_sql = _CLAIMER_SQLITE if self.dialect == "sqlite" else _CLAIMER_POSTGRES
+        self.page_q = page_statement()
 
     # ---- plumbing ---------------------------------------------------------------------
 
@@ -251,33 +189,6 @@ class SqlStore(DataOps, ChangeOps, FleetOps):
 
     # ---- jobs -------------------------------------------------------------------------
 
-    def _job_values(
-        self,
-        job_id: str,
-        spec: JobSpec,
-        now: float,
-        unrunnable: str | None,
-        submitted_by: str | None,
-    ) -> dict[str, Any]:
-        return {
-            "submitted_by": submitted_by,
-            "target": spec.requirements.worker,
-            "id": job_id,
-            "name": spec.name,
-            "status": lifecycle.INITIAL.value,
-            "spec": _spec_json(spec),
-            "priority": spec.priority,
-            "pool": spec.pool,
-            "manifest": spec.manifest,
-            "model": spec.model,
-            "attempts": 0,
-            "max_attempts": spec.max_attempts,
-            "lease": 0,
-            "gpus": "[]",
-            "created_at": now,
-            "unrunnable": unrunnable,
-        }
-
     def insert_jobs(
         self,
         jobs: Sequence[tuple[str, JobSpec, str | None]],
@@ -301,9 +212,7 @@ class SqlStore(DataOps, ChangeOps, FleetOps):
             for chunk in range(0, len(ids), 500):
                 q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))
                 have.update(conn.scalars(q))
-            fresh = [
-                self._job_values(i, s, now, u, submitted_by) for i, s, u in jobs if i not in have
-            ]
+            fresh = [job_values(i, s, now, u, submitted_by) for i, s, u in jobs if i not in have]
             if not fresh:
                 return []
             # A concurrent apply may have inserted some meanwhile: those are skipped, and
@@ -322,7 +231,7 @@ class SqlStore(DataOps, ChangeOps, FleetOps):
         limits) and its unrunnable verdict; jobs already claimed or finished keep theirs.
         Compared outside the writer lock, written in one batch. Returns the ids changed."""
         j = t.jobs.c
-        wanted = {job_id: (_spec_json(spec), spec, why) for job_id, spec, why in jobs}
+        wanted = {job_id: (spec_json(spec), spec, why) for job_id, spec, why in jobs}
         ids = list(wanted)
         current: dict[str, str] = {}
         with self._read() as conn:
@@ -349,43 +258,6 @@ class SqlStore(DataOps, ChangeOps, FleetOps):
             with self._write() as conn:
                 conn.execute(_PENDING_UPDATE, rows)
         return [str(r["jid"]) for r in rows]
-
-    def _driver_rows(self, conn: Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        """Rows of a hot-path query run on the driver's own cursor (SQLAlchemy's execution
-        path costs more than these queries do)."""
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.execute(sql, params)
-            return list(cursor.fetchall())
-        finally:
-            cursor.close()
-
-    def _claimer(
-        self, conn: Connection, worker: WorkerRow, now: float
-    ) -> tuple[list[tuple[int, ...]], list[str]]:
-        """The GPUs each of the worker's claimed and running jobs holds (() a CPU slot),
-        and the ids of the pending jobs aimed at it that are claimable now, best first.
-        On PostgreSQL the worker's row is locked until the transaction ends."""
-        if self.dialect == "sqlite":
-            params: tuple[Any, ...] = (worker.id, worker.id, worker.name, worker.pool, now)
-        else:
-            params = (now, worker.id)
-        rows = self._driver_rows(conn, self._claimer_sql, params)
-        held_raw, aimed_raw = rows[0] if rows else (None, None)
-        held = [
-            tuple(json.loads(gpus))
-            for gpus, count in _json_list(held_raw)
-            for _ in range(int(count))
-        ]
-        return held, [str(i) for i in _json_list(aimed_raw)]
-
-    def _aimed(self, conn: Connection, ids: list[str]) -> list[JobRow]:
-        """The jobs ``ids`` (aimed at the claiming worker), in claim order."""
-        if not ids:
-            return []
-        j = t.jobs.c
-        q = select(t.jobs).where(j.id.in_(ids)).order_by(j.priority.desc(), j.created_at, j.id)
-        return [JobRow.from_row(r) for r in conn.execute(q).all()]
 
     def _lock_worker(self, conn: Connection, worker_id: str) -> None:
         """Serialize this transaction with others about the same worker (PostgreSQL; on
@@ -476,84 +348,9 @@ class SqlStore(DataOps, ChangeOps, FleetOps):
         with self._read() as conn:
             return {s: int(n) for s, n in conn.execute(q).all()}
 
-    def _page_statement(self) -> Any:
-        """Built once: the next few claimable jobs of a pool after a keyset position, best
-        first (priority, then age). On PostgreSQL rows are locked ``FOR UPDATE SKIP LOCKED``,
-        so rows another claimer is looking at are skipped and claimers never wait."""
-        j = t.jobs.c
-        p: Any = bindparam("p")
-        c: Any = bindparam("c")
-        i: Any = bindparam("i")
-        q = (
-            select(t.jobs)
-            .where(j.status == JobStatus.PENDING.value, j.pool == bindparam("pool"))
-            .where(j.waiting == 0)
-            .where((j.not_before.is_(None)) | (j.not_before <= bindparam("now")))
-            .where(
-                (j.priority < p)
-                | ((j.priority == p) & (j.created_at > c))
-                | ((j.priority == p) & (j.created_at == c) & (j.id > i))
-            )
-            .order_by(j.priority.desc(), j.created_at, j.id)
-            .limit(CLAIM_PAGE)
-        )
-        return q.with_for_update(skip_locked=True) if self.dialect == "postgresql" else q
-
-    def _page(self, conn: Connection, pool: str, now: float, after: JobRow | None) -> list[JobRow]:
-        key = (after.priority, after.created_at, after.id) if after else (2**31 - 1, -1.0, "")
-        params = {"pool": pool, "now": now, "p": key[0], "c": key[1], "i": key[2]}
-        return [JobRow.from_row(r) for r in conn.execute(self._page_q, params).all()]
-
-    def claim_next(
-        self,
-        worker: WorkerRow,
-        now: float,
-        expires: float,
-        plan: Callable[[list[tuple[int, ...]]], Chooser | None],
-        limit: int = 200,
-    ) -> tuple[JobRow, int, tuple[int, ...]] | None:
-        """Claim the first claimable job the chooser accepts: first the jobs aimed at this
-        worker, then the pool's queue. ``plan`` gets the GPUs each of the worker's claimed
-        or running jobs holds (() a CPU slot), read in this transaction with the worker's
-        row locked, and returns the chooser (None: nothing is free): it gives the GPUs to
-        claim a job on, or None to pass. Returns (job, new lease, gpus), or None."""
-        seen, last = 0, None
-        with self._write() as conn:
-            held, aimed = self._claimer(conn, worker, now)
-            choose = plan(held)
-            if choose is None:
-                return None
-            for job in self._aimed(conn, aimed):
-                gpus = choose(job)
-                if gpus is not None and self._claim_row(conn, job, worker, gpus, now, expires):
-                    return job, job.lease + 1, tuple(gpus)
-            while seen < limit:
-                page = self._page(conn, worker.pool, now, last)
-                for job in page:
-                    gpus = choose(job)
-                    if gpus is not None and self._claim_row(conn, job, worker, gpus, now, expires):
-                        return job, job.lease + 1, tuple(gpus)
-                if len(page) < CLAIM_PAGE:
-                    return None
-                seen, last = seen + len(page), page[-1]
-        return None
-
     def _lease_where(self, job_id: str, lease: int, statuses: Iterable[JobStatus]) -> Any:
         j = t.jobs.c
         return (j.id == job_id) & (j.lease == lease) & j.status.in_([s.value for s in statuses])
-
-    def _claim_row(
-        self,
-        conn: Connection,
-        job: JobRow,
-        worker: WorkerRow,
-        gpus: Sequence[int],
-        now: float,
-        expires: float,
-    ) -> bool:
-        """Compare-and-set one pending job to claimed and open its attempt record."""
-        change = lifecycle.claim(job, worker.id, worker.name, gpus, now, expires)
-        return self.apply_change(conn, change)
 
     def extend_leases(
         self, leases: Iterable[tuple[str, int]], expires: float, worker_id: str

@@ -20,7 +20,11 @@ class _Columns:
 
     @classmethod
     def from_row(cls, r: Any) -> Self:
-        return cls(**dict(r._mapping))
+        return cls.from_mapping(dict(r._mapping))
+
+    @classmethod
+    def from_mapping(cls, m: dict[str, Any]) -> Self:
+        return cls(**m)
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,10 @@ class AttemptRow:
 
     @classmethod
     def from_row(cls, r: Any) -> AttemptRow:
-        m = dict(r._mapping)
+        return cls.from_mapping(dict(r._mapping))
+
+    @classmethod
+    def from_mapping(cls, m: dict[str, Any]) -> AttemptRow:
         m["gpus"] = tuple(json.loads(m["gpus"]))
         m["stderr_tail"] = _lines(m.get("stderr_tail"))
         return cls(**m)
@@ -117,7 +124,10 @@ class WorkerRow:
 
     @classmethod
     def from_row(cls, r: Any) -> WorkerRow:
-        m = r._mapping
+        return cls.from_mapping(r._mapping)
+
+    @classmethod
+    def from_mapping(cls, m: Any) -> WorkerRow:
         return cls(
             id=m["id"],
             name=m["name"],
@@ -153,8 +163,7 @@ class TokenRow(_Columns):
     labels_json: str = "{}"
 
     @classmethod
-    def from_row(cls, r: Any) -> TokenRow:
-        m = dict(r._mapping)
+    def from_mapping(cls, m: dict[str, Any]) -> TokenRow:
         m["labels_json"] = m.pop("labels", None) or "{}"
         return cls(**m)
 

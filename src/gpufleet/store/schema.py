@@ -118,6 +118,9 @@ workers = Table(
     Column("offline_since", Float),
     # Labels its token fixes (JSON object); the worker cannot change them.
     Column("fixed_labels", Text, nullable=False, default="{}"),
+    # Claims made for the worker: a claim ranked on a snapshot commits only if it is
+    # still the count it read (nobody claimed a slot of this worker meanwhile).
+    Column("claims", BigInteger, nullable=False, default=0, server_default="0"),
 )
 
 hosts = Table(

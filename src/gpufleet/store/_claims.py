@@ -1,0 +1,246 @@
+"""Claims: a snapshot to rank on, read without locks, and one short write that takes the
+first still-free job of the ones the service chose.
+
+A mixin of :class:`gpufleet.store.SqlStore`. The service reads the worker's snapshot (the
+slots its jobs hold, the jobs aimed at it, its claim count) and pages of its pool's queue,
+ranks them in Python with no transaction open, and hands back the claims it would make,
+best first. :meth:`ClaimOps.claim` then takes the first of those jobs still pending (on
+PostgreSQL skipping rows another claimer holds) and applies its change, only if the
+worker's claim count is still the one the snapshot read: a claim that came between
+could have taken the slot the ranking counted on (:class:`StaleClaim`: rank again).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select, update
+
+from gpufleet.domain import lifecycle
+from gpufleet.domain.lifecycle import Change, Event
+from gpufleet.store import schema as t
+from gpufleet.store.api import ClaimView, StaleClaim
+from gpufleet.store.rows import JobRow
+
+_J, _W = t.jobs.c, t.workers.c
+_PENDING = lifecycle.INITIAL.value
+# What a claim reads about its worker first, in one statement: the GPUs its claimed and
+# running jobs hold, grouped ('[]': a CPU slot, with how many), the pending jobs aimed at
+# it that are claimable now in claim order (it takes those before its pool's queue), and
+# its claim count. The aimed jobs come from the small partial index; left to itself SQLite
+# would walk the pool's whole queue (ix_jobs_queue matches two equalities and the order).
+# Run on the driver's own cursor: SQLAlchemy's execution path costs more than the query.
+_HELD = (
+    "SELECT gpus, COUNT(*) AS n FROM jobs WHERE worker_id = {wid} "
+    "AND status IN ('claimed', 'running') GROUP BY gpus"
+)
+_AIMED = (
+    "SELECT id, priority, created_at FROM jobs {hint}WHERE target IN ({wid}, {wname}) "
+    "AND status = 'pending' AND pool = {pool} AND waiting = 0 "
+    "AND (not_before IS NULL OR not_before <= {now}) ORDER BY priority DESC, created_at, id "
+    "LIMIT 8"
+)
+_VIEW_SQLITE = (
+    "SELECT (SELECT json_group_array(json_array(gpus, n)) FROM ("
+    + _HELD.format(wid="?")
+    + ")), (SELECT json_group_array(id) FROM ("
+    + _AIMED.format(hint="INDEXED BY ix_jobs_target ", wid="?", wname="?", pool="?", now="?")
+    + ")), (SELECT claims FROM workers WHERE id = ?)"
+)
+_VIEW_POSTGRES = (
+    "SELECT (SELECT json_agg(json_build_array(h.gpus, h.n)) FROM ("
+    + _HELD.format(wid="w.id")
+    + ") h), (SELECT json_agg(a.id ORDER BY a.priority DESC, a.created_at, a.id) FROM ("
+    + _AIMED.format(hint="", wid="w.id", wname="w.name", pool="w.pool", now="%s")
+    + ") a), w.claims, (SELECT json_agg(row_to_json(q)) FROM (SELECT * FROM jobs "
+    f"WHERE status = '{_PENDING}' AND pool = w.pool AND waiting = 0 "
+    "AND (not_before IS NULL OR not_before <= %s) ORDER BY priority DESC, created_at, id "
+    "LIMIT %s) q) FROM workers w WHERE w.id = %s"
+)
+# PostgreSQL, one round trip: lock the first chosen job still pending that no other
+# claimer holds, and count the claim on the worker's row (locking it) only if there is one
+# and the count is still the one the claim ranked on.
+_PICK_AND_COUNT = (
+    "WITH pick AS (SELECT id FROM jobs "
+    f"WHERE id = ANY(%s) AND status = '{_PENDING}' "
+    "ORDER BY array_position(%s::text[], id::text) LIMIT 1 FOR UPDATE SKIP LOCKED), "
+    "bump AS (UPDATE workers SET claims = claims + 1 WHERE id = %s AND claims = %s "
+    "AND EXISTS (SELECT 1 FROM pick) RETURNING 1) "
+    "SELECT (SELECT id FROM pick), (SELECT count(*) FROM bump)"
+)
+_FIRST_FREE = (
+    f"SELECT id FROM jobs WHERE id = ANY(%s) AND status = '{_PENDING}' "
+    "ORDER BY array_position(%s::text[], id::text) LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+# A worker's claim count moves on only from the count a claim ranked on (SQLite).
+_COUNT_CLAIM = (
+    update(t.workers)
+    .where((_W.id == bindparam("wid")) & (_W.claims == bindparam("seen")))
+    .values(claims=_W.claims + 1)
+)
+
+
+def _json_list(value: Any) -> list[Any]:
+    """A JSON array from the database: text on SQLite, decoded already by psycopg; NULL
+    (an aggregate over no rows) is empty."""
+    if value is None:
+        return []
+    found: list[Any] = value if isinstance(value, list) else json.loads(value)
+    return found
+
+
+class ClaimSession:
+    """One claim's reads and its write, on one connection. On PostgreSQL they share one
+    transaction: the reads take no row locks, so while the service ranks in Python none
+    are held; the write locks the one job it takes (skipping rows other claimers hold)
+    and the worker's row, and commits when the session ends. On SQLite the reads run
+    outside the writer lock and the write takes it."""
+
+    def __init__(self, store: ClaimOps, conn: Connection) -> None:
+        self.store = store
+        self.conn = conn
+        self.pg = store.dialect == "postgresql"
+        # How many queued jobs to read at a time, and how many of them to offer at once:
+        # PostgreSQL's claimers run side by side and race for the first jobs, so each
+        # offers several (and takes the first no other holds); SQLite's claims run one
+        # after the other, so the first choice is still there.
+        self.page_size, self.choices = (8, 4) if self.pg else (4, 1)
+
+    def view(self, worker_id: str, name: str, pool: str, now: float, page: int) -> ClaimView:
+        """The snapshot a claim for this worker ranks on, with the first ``page`` jobs of
+        its pool's queue."""
+        if self.pg:  # the first page too, in the same round trip
+            params: tuple[Any, ...] = (now, now, page, worker_id)
+            sql = _VIEW_POSTGRES
+        else:
+            params, sql = (worker_id, worker_id, name, pool, now, worker_id), _VIEW_SQLITE
+        rows = _driver_rows(self.conn, sql, params)
+        held_raw, aimed_raw, claims, *first = rows[0] if rows else (None, None, 0, None)
+        held = []
+        for gpus, count in _json_list(held_raw):
+            held += [tuple(json.loads(gpus))] * int(count)
+        ids = [str(i) for i in _json_list(aimed_raw)]
+        aimed = []
+        if ids:
+            q = select(t.jobs).where(_J.id.in_(ids))
+            q = q.order_by(_J.priority.desc(), _J.created_at, _J.id)
+            aimed = [JobRow.from_row(r) for r in self.conn.execute(q).all()]
+        if self.pg:
+            queue = [JobRow.from_mapping(m) for m in _json_list(first[0])]
+        else:
+            queue = self.page(pool, now, None, page)
+        return ClaimView(held, int(claims or 0), aimed, queue)
+
+    def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]:
+        """The next ``limit`` claimable jobs of ``pool`` after ``after`` (a keyset
+        position), best first: priority, then age."""
+        key = (after.priority, after.created_at, after.id) if after else (2**31 - 1, -1.0, "")
+        params = {"pool": pool, "now": now, "p": key[0], "c": key[1], "i": key[2], "n": limit}
+        rows = self.conn.execute(self.store.page_q, params).all()
+        return [JobRow.from_row(r) for r in rows]
+
+    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
+        """Apply the first of ``changes`` (claims, best first) whose job is still pending;
+        its job id, or None if every one is gone. Raises :class:`StaleClaim` if the
+        worker's claim count is no longer ``seen``."""
+        if any(c.event != Event.CLAIM for c in changes):
+            raise ValueError("claim takes claims only")
+        if not changes:
+            return None
+        if self.pg:
+            return self._claim_pg(self.conn, worker_id, seen, changes)
+        conn = self.conn
+        conn.commit()  # the reads' implicit transaction; SQLite took no lock for them
+        with self.store._lock or nullcontext(), conn.begin():
+            for change in changes:
+                if self.store.apply_change(conn, change):
+                    counted = conn.execute(_COUNT_CLAIM, {"wid": worker_id, "seen": seen})
+                    if counted.rowcount != 1:
+                        raise StaleClaim(worker_id)  # and the claim rolls back
+                    return change.job_id
+        return None
+
+    def _claim_pg(
+        self, conn: Connection, worker_id: str, seen: int, changes: Sequence[Change]
+    ) -> str | None:
+        ids = [c.job_id for c in changes]
+        by_id = {c.job_id: c for c in changes}
+        picked, counted = _driver_rows(conn, _PICK_AND_COUNT, (ids, ids, worker_id, seen))[0]
+        while picked is not None:
+            if not counted:
+                raise StaleClaim(worker_id)
+            ids.remove(picked)
+            if self.store.apply_change(conn, by_id[picked]):
+                return str(picked)
+            # pending still, but with another lease than ranked on: try the next one
+            rows = _driver_rows(conn, _FIRST_FREE, (ids, ids)) if ids else []
+            picked = rows[0][0] if rows else None
+        return None
+
+
+class ClaimOps(ABC):
+    """Claims: a session with the claim's reads and its one write."""
+
+    dialect: str
+    engine: Any
+    page_q: Any
+    _lock: threading.Lock | None  # SQLite's one writer
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Connection]:
+        """A connection in a write transaction (the store's one writer on SQLite)."""
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Connection]:
+        """A connection for reading."""
+
+    @abstractmethod
+    def apply_change(self, conn: Connection, change: Change) -> bool:
+        """Apply ``change`` if the job is still where it expects."""
+
+    @contextmanager
+    def claiming(self) -> Iterator[ClaimSession]:
+        """A claim session (one connection; on PostgreSQL one transaction)."""
+        if self.dialect == "postgresql":
+            with self.engine.begin() as conn:
+                yield ClaimSession(self, conn)
+        else:
+            with self._read() as conn:
+                yield ClaimSession(self, conn)
+
+
+def page_statement() -> Any:
+    """Built once: the next claimable jobs of a pool after a keyset position, best first
+    (priority, then age), from the claim index."""
+    p: Any = bindparam("p")
+    c: Any = bindparam("c")
+    i: Any = bindparam("i")
+    return (
+        select(t.jobs)
+        .where(_J.status == _PENDING, _J.pool == bindparam("pool"))
+        .where(_J.waiting == 0)
+        .where((_J.not_before.is_(None)) | (_J.not_before <= bindparam("now")))
+        .where(
+            (_J.priority < p)
+            | ((_J.priority == p) & (_J.created_at > c))
+            | ((_J.priority == p) & (_J.created_at == c) & (_J.id > i))
+        )
+        .order_by(_J.priority.desc(), _J.created_at, _J.id)
+        .limit(bindparam("n"))
+    )
+
+
+def _driver_rows(conn: Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """Rows of a hot-path query run on the driver's own cursor (SQLAlchemy's execution
+    path costs more than these queries do)."""
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()

@@ -1,0 +1,302 @@
+"""The in-memory store's records of the fleet and the data plane: workers, host policies,
+tokens, the audit log, blobs, uploads and artifacts.
+
+A mixin of :class:`gpufleet.store.memory.MemoryStore`: rows are dicts of column values,
+as the tables hold them, read back through the same row models the SQL store uses.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+from gpufleet.domain.models import ACTIVE, WorkerStatus
+from gpufleet.store import schema as t
+from gpufleet.store.rows import ArtifactRow, AuditRow, BlobRow, TokenRow, WorkerRow
+
+_OFFLINE = WorkerStatus.OFFLINE.value
+
+
+def defaults(table: Any) -> dict[str, Any]:
+    """A row of ``table`` with every column at its declared default (None if it has none)."""
+    out = {}
+    for column in table.columns:
+        arg = column.default.arg if column.default is not None else None
+        out[column.name] = None if callable(arg) else arg
+    return out
+
+
+class MemoryRecords:
+    """Workers, hosts, tokens, audit, blobs, uploads and artifacts, in dicts."""
+
+    _lock: threading.RLock
+    jobs: dict[str, dict[str, Any]]
+
+    def _init_records(self) -> None:
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.hosts: dict[str, dict[str, Any]] = {}
+        self.tokens: dict[str, dict[str, Any]] = {}
+        self.audit_rows: list[dict[str, Any]] = []
+        self.blobs: dict[str, dict[str, Any]] = {}
+        self.blob_pools: set[tuple[str, str]] = set()
+        self.uploads: dict[str, dict[str, Any]] = {}
+        self.artifacts: dict[tuple[str, int], dict[str, Any]] = {}
+
+    # ---- workers ----------------------------------------------------------------------
+
+    def upsert_worker(self, worker_id: str, values: dict[str, Any]) -> tuple[str, bool]:
+        with self._lock:
+            for row in self.workers.values():
+                if row["name"] == values["name"]:
+                    came_back = row["status"] == _OFFLINE
+                    row.update(values)
+                    return str(row["id"]), came_back
+            self.workers[worker_id] = {**defaults(t.workers), **values, "id": worker_id}
+            return worker_id, True
+
+    def get_worker(self, worker_id: str) -> WorkerRow | None:
+        with self._lock:
+            row = self.workers.get(worker_id) or next(
+                (w for w in self.workers.values() if w["name"] == worker_id), None
+            )
+            return WorkerRow.from_mapping(dict(row)) if row else None
+
+    def list_workers(self, pools: Sequence[str] | None = None) -> list[WorkerRow]:
+        with self._lock:
+            rows = sorted(self.workers.values(), key=lambda w: w["name"])
+            return [
+                WorkerRow.from_mapping(dict(w)) for w in rows if pools is None or w["pool"] in pools
+            ]
+
+    def update_worker(self, worker_id: str, **values: Any) -> bool:
+        with self._lock:
+            row = self.workers.get(worker_id)
+            if row is None:
+                return False
+            row.update(values)
+            return True
+
+    def bind_worker(self, worker_id: str, token_id: str) -> bool:
+        with self._lock:
+            row = self.workers.get(worker_id)
+            if row is None or row["token_id"] is not None:
+                return False
+            row["token_id"] = token_id
+            return True
+
+    def mark_offline(self, before: float) -> list[str]:
+        with self._lock:
+            gone = []
+            for row in self.workers.values():
+                beat = row["last_heartbeat"]
+                if row["status"] != _OFFLINE and beat is not None and beat < before:
+                    row.update(status=_OFFLINE, offline_since=beat)
+                    gone.append(str(row["id"]))
+            return gone
+
+    def leave(self, worker_id: str, now: float) -> bool:
+        with self._lock:
+            row = self.workers.get(worker_id)
+            if row is None or row["status"] == _OFFLINE:
+                return False
+            row.update(status=_OFFLINE, offline_since=now)
+            return True
+
+    def delete_worker(self, worker_id: str) -> bool:
+        with self._lock:
+            row = self.workers.get(worker_id)
+            if row is None or row["status"] != _OFFLINE:
+                return False
+            del self.workers[worker_id]
+            return True
+
+    def delete_gone_ephemeral(self, before: float) -> list[str]:
+        with self._lock:
+            gone = [
+                i
+                for i, w in self.workers.items()
+                if w["status"] == _OFFLINE
+                and w["ephemeral"]
+                and w["offline_since"] is not None
+                and w["offline_since"] < before
+            ]
+            for worker_id in gone:
+                del self.workers[worker_id]
+            return gone
+
+    def active_count(self, worker_id: str) -> int:
+        """How many claimed or running jobs the worker holds."""
+        active = {s.value for s in ACTIVE}
+        return sum(
+            1 for j in self.jobs.values() if j["worker_id"] == worker_id and j["status"] in active
+        )
+
+    # ---- hosts ------------------------------------------------------------------------
+
+    def replace_hosts(
+        self,
+        manifest: str,
+        policies: dict[str, str],
+        now: float,
+        within: Collection[str] | None = None,
+    ) -> None:
+        with self._lock:
+            for name in [
+                n
+                for n, h in self.hosts.items()
+                if h["manifest"] == manifest and (within is None or n in within)
+            ]:
+                del self.hosts[name]
+            for name, policy in policies.items():
+                self.hosts[name] = {
+                    "name": name,
+                    "manifest": manifest,
+                    "policy": policy,
+                    "updated_at": now,
+                }
+
+    def host_policies(self) -> dict[str, str]:
+        with self._lock:
+            return {n: str(h["policy"]) for n, h in self.hosts.items()}
+
+    # ---- tokens -----------------------------------------------------------------------
+
+    def insert_token(self, values: dict[str, Any]) -> None:
+        with self._lock:
+            if any(tok["hash"] == values["hash"] for tok in self.tokens.values()):
+                raise ValueError("a token with this hash exists")
+            self.tokens[values["id"]] = {**defaults(t.tokens), **values}
+
+    def token_by_hash(self, digest: str) -> TokenRow | None:
+        with self._lock:
+            row = next((tok for tok in self.tokens.values() if tok["hash"] == digest), None)
+            return TokenRow.from_mapping(dict(row)) if row else None
+
+    def list_tokens(self) -> list[TokenRow]:
+        with self._lock:
+            rows = sorted(self.tokens.values(), key=lambda tok: tok["created_at"])
+            return [TokenRow.from_mapping(dict(tok)) for tok in rows]
+
+    def revoke_token(self, token_id: str, now: float) -> bool:
+        with self._lock:
+            row = self.tokens.get(token_id)
+            if row is None or row["revoked_at"] is not None:
+                return False
+            row["revoked_at"] = now
+            return True
+
+    def get_token(self, token_id: str) -> TokenRow | None:
+        with self._lock:
+            row = self.tokens.get(token_id)
+            return TokenRow.from_mapping(dict(row)) if row else None
+
+    def rotate_token(self, token_id: str, digest: str, hint: str) -> bool:
+        with self._lock:
+            row = self.tokens.get(token_id)
+            if row is None or row["revoked_at"] is not None:
+                return False
+            row.update(hash=digest, hint=hint)
+            return True
+
+    def count_tokens(self, role: str) -> int:
+        with self._lock:
+            return sum(
+                1 for tok in self.tokens.values() if tok["role"] == role and not tok["revoked_at"]
+            )
+
+    # ---- audit ------------------------------------------------------------------------
+
+    def insert_audit(self, rows: list[dict[str, Any]]) -> None:
+        keys = [c.name for c in t.audit.columns if c.name != "seq"]
+        with self._lock:
+            for r in rows:
+                seq = len(self.audit_rows) + 1
+                self.audit_rows.append({"seq": seq, **{k: r.get(k) for k in keys}})
+
+    def audit(self, since: float, limit: int, after: int = 0) -> list[AuditRow]:
+        with self._lock:
+            found = [r for r in self.audit_rows if r["at"] >= since and r["seq"] > after]
+            return [AuditRow.from_mapping(dict(r)) for r in found[:limit]]
+
+    # ---- blobs and uploads ------------------------------------------------------------
+
+    def record_blob(self, sha256: str, size: int, now: float) -> None:
+        with self._lock:
+            self.blobs.setdefault(
+                sha256, {"sha256": sha256, "size": size, "created_at": now, "archive": None}
+            )
+
+    def get_blob(self, sha256: str) -> BlobRow | None:
+        with self._lock:
+            row = self.blobs.get(sha256)
+            return BlobRow.from_mapping(dict(row)) if row else None
+
+    def list_blobs(self, limit: int, pools: Sequence[str] | None = None) -> list[BlobRow]:
+        with self._lock:
+            rows = sorted(self.blobs.values(), key=lambda b: -b["created_at"])
+            if pools is not None:
+                rows = [b for b in rows if any((b["sha256"], p) in self.blob_pools for p in pools)]
+            return [BlobRow.from_mapping(dict(b)) for b in rows[:limit]]
+
+    def grant_blobs(self, grants: Iterable[tuple[str, str]]) -> None:
+        with self._lock:
+            self.blob_pools.update(grants)
+
+    def blob_readable(self, sha256: str, pools: Sequence[str]) -> bool:
+        with self._lock:
+            return any((sha256, p) in self.blob_pools for p in pools)
+
+    def set_blob_archive(self, sha256: str, summary: dict[str, Any]) -> None:
+        import json
+
+        with self._lock:
+            if sha256 in self.blobs:
+                self.blobs[sha256]["archive"] = json.dumps(summary)
+
+    def create_upload(self, upload_id: str, sha256: str, size: int, now: float) -> None:
+        with self._lock:
+            if upload_id in self.uploads:
+                raise ValueError(f"upload {upload_id} exists")
+            self.uploads[upload_id] = {"sha256": sha256, "size": size, "created_at": now}
+
+    def get_upload(self, upload_id: str) -> tuple[str, int, float] | None:
+        with self._lock:
+            u = self.uploads.get(upload_id)
+            return (str(u["sha256"]), int(u["size"]), float(u["created_at"])) if u else None
+
+    def delete_upload(self, upload_id: str) -> None:
+        with self._lock:
+            self.uploads.pop(upload_id, None)
+
+    def old_uploads(self, created_before: float) -> list[str]:
+        with self._lock:
+            return [i for i, u in self.uploads.items() if u["created_at"] < created_before]
+
+    def upload_ids(self, created_after: float) -> set[str]:
+        with self._lock:
+            for upload_id in self.old_uploads(created_after):
+                del self.uploads[upload_id]
+            return set(self.uploads)
+
+    # ---- artifacts --------------------------------------------------------------------
+
+    def attach_artifact(self, job_id: str, lease: int, values: dict[str, Any]) -> bool:
+        active = {s.value for s in ACTIVE}
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or job["lease"] != lease or job["status"] not in active:
+                return False
+            self.artifacts[(job_id, lease)] = {"job_id": job_id, "attempt": lease, **values}
+            return True
+
+    def artifact(self, job_id: str, attempt: int | None = None) -> ArtifactRow | None:
+        with self._lock:
+            found = [
+                a
+                for (j, n), a in self.artifacts.items()
+                if j == job_id and (attempt is None or n == attempt)
+            ]
+            if not found:
+                return None
+            return ArtifactRow.from_mapping(dict(max(found, key=lambda a: a["attempt"])))

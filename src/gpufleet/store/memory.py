@@ -1,0 +1,496 @@
+"""The in-memory store: the queue's operations over dicts, for fast policy tests.
+
+It keeps what the SQL store keeps, as dicts of column values (a missing column takes the
+default ``store/schema.py`` declares), and reads them back through the same row models.
+It decides nothing either: every status change is a :class:`~gpufleet.domain.lifecycle.
+Change` applied only if the job is still where the change expects, and a job ending and
+what follows from it happen under one lock, as one SQL transaction would. The contract
+suite (``tests/contract``) runs the same tests over this store, SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from gpufleet.domain import lifecycle
+from gpufleet.domain.lifecycle import Change, Event
+from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
+from gpufleet.store import schema as t
+from gpufleet.store._changes import _FAILS_DEPENDENTS, encode
+from gpufleet.store._memory_records import MemoryRecords, defaults
+from gpufleet.store._values import job_values, spec_json
+from gpufleet.store.api import Applied, ClaimView, Hold, StaleClaim, Store
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow
+
+_ACTIVE = {s.value for s in ACTIVE}
+_PENDING = lifecycle.INITIAL.value
+_FAILED = {s.value for s in _FAILS_DEPENDENTS}
+
+
+def _order(job: Mapping[str, Any]) -> tuple[int, float, str]:
+    """Claim order: priority, then age, then id."""
+    return (-job["priority"], job["created_at"], job["id"])
+
+
+class MemoryClaimSession:
+    """A claim's reads and write, as :class:`gpufleet.store._claims.ClaimSession`."""
+
+    page_size, choices = 4, 1
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def view(self, worker_id: str, name: str, pool: str, now: float, page: int) -> ClaimView:
+        s = self.store
+        with s._lock:
+            held = [
+                tuple(json.loads(j["gpus"]))
+                for j in s.jobs.values()
+                if j["worker_id"] == worker_id and j["status"] in _ACTIVE
+            ]
+            aimed = sorted(
+                (
+                    j
+                    for j in s.jobs.values()
+                    if j["target"] in (worker_id, name) and s._claimable(j, pool, now)
+                ),
+                key=_order,
+            )[:8]
+            claims = int(s.workers[worker_id]["claims"]) if worker_id in s.workers else 0
+            rows = [s._row(j) for j in aimed]
+        return ClaimView(held, claims, rows, self.page(pool, now, None, page))
+
+    def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]:
+        s = self.store
+        key = None
+        if after is not None:
+            key = _order(
+                {"priority": after.priority, "created_at": after.created_at, "id": after.id}
+            )
+        with s._lock:
+            found = sorted(
+                (
+                    j
+                    for j in s.jobs.values()
+                    if s._claimable(j, pool, now) and (key is None or _order(j) > key)
+                ),
+                key=_order,
+            )
+            return [s._row(j) for j in found[:limit]]
+
+    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
+        if any(c.event != Event.CLAIM for c in changes):
+            raise ValueError("claim takes claims only")
+        s = self.store
+        with s._transaction():
+            worker = s.workers.get(worker_id)
+            if worker is None or worker["claims"] != seen:
+                raise StaleClaim(worker_id)
+            for change in changes:
+                if s.apply_change(change):
+                    worker["claims"] = seen + 1
+                    return change.job_id
+        return None
+
+
+class MemoryStore(MemoryRecords):
+    """Every operation of the store, held in memory by one process."""
+
+    dialect = "memory"
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.attempt_rows: dict[tuple[str, int], dict[str, Any]] = {}
+        self.log_rows: list[dict[str, Any]] = []
+        self.deps: dict[str, list[str]] = {}  # job id -> the jobs it needs
+        self._init_records()
+
+    # ---- plumbing ---------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def ping(self) -> str:
+        return self.dialect
+
+    def publish_claimable(self) -> None:
+        return None  # one process: its in-process wake-up is all there is
+
+    def publish_tokens_changed(self) -> None:
+        return None
+
+    def publish_superseded(self, worker_id: str, replica: str) -> None:
+        return None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """All or nothing, as one SQL transaction: on an exception the jobs, their
+        attempts and dependencies are as they were."""
+        with self._lock:
+            jobs = {k: dict(v) for k, v in self.jobs.items()}
+            attempts = {k: dict(v) for k, v in self.attempt_rows.items()}
+            deps = dict(self.deps)
+            workers = {k: dict(v) for k, v in self.workers.items()}
+            try:
+                yield
+            except BaseException:
+                self.jobs, self.attempt_rows, self.deps = jobs, attempts, deps
+                self.workers = workers
+                raise
+
+    def _row(self, job: Mapping[str, Any]) -> JobRow:
+        return JobRow.from_mapping(dict(job))
+
+    def _claimable(self, j: Mapping[str, Any], pool: str, now: float) -> bool:
+        return (
+            j["status"] == _PENDING
+            and j["pool"] == pool
+            and j["waiting"] == 0
+            and (j["not_before"] is None or j["not_before"] <= now)
+        )
+
+    # ---- submitting -------------------------------------------------------------------
+
+    def insert_jobs(
+        self,
+        jobs: Sequence[tuple[str, JobSpec, str | None]],
+        now: float,
+        deps: Mapping[str, Sequence[str]] | None = None,
+        submitted_by: str | None = None,
+        hold: Hold | None = None,
+    ) -> list[str]:
+        with self._transaction():
+            if hold is not None:
+                hold.check(self._holding(hold.worker.id, hold.worker.name))
+            created = []
+            for job_id, spec, unrunnable in jobs:
+                if job_id in self.jobs:
+                    continue
+                values = job_values(job_id, spec, now, unrunnable, submitted_by)
+                self.jobs[job_id] = {**defaults(t.jobs), **values}
+                created.append(job_id)
+            mine = {i: list(d) for i, d in (deps or {}).items() if i in created and d}
+            self.deps.update(mine)
+            self._recount(list(mine))
+            for job_id in mine:
+                self._fail_if_a_dep_failed(job_id, now)
+            return created
+
+    def update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]:
+        changed = []
+        with self._lock:
+            for job_id, spec, why in jobs:
+                row = self.jobs.get(job_id)
+                text = spec_json(spec)
+                if row is None or row["status"] != _PENDING or row["spec"] == text:
+                    continue
+                row.update(
+                    spec=text,
+                    priority=spec.priority,
+                    max_attempts=spec.max_attempts,
+                    pool=spec.pool,
+                    unrunnable=why,
+                    target=spec.requirements.worker,
+                )
+                changed.append(job_id)
+        return changed
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def _select(
+        self, keep: Callable[[dict[str, Any]], bool], key: Callable[[Any], Any] = _order
+    ) -> list[JobRow]:
+        with self._lock:
+            return [self._row(j) for j in sorted(filter(keep, self.jobs.values()), key=key)]
+
+    def get_job(self, job_id: str) -> JobRow | None:
+        with self._lock:
+            row = self.jobs.get(job_id)
+            return self._row(row) if row else None
+
+    def find_jobs_by_name(
+        self, name: str, limit: int = 2, pools: Sequence[str] | None = None
+    ) -> list[JobRow]:
+        found = self._select(
+            lambda j: j["name"] == name and (pools is None or j["pool"] in pools),
+            key=lambda j: -j["created_at"],
+        )
+        return found[:limit]
+
+    def list_jobs(
+        self, statuses: Iterable[str] = (), limit: int = 1000, pools: Sequence[str] | None = None
+    ) -> list[JobRow]:
+        wanted = set(statuses)
+        found = self._select(
+            lambda j: (
+                (not wanted or j["status"] in wanted) and (pools is None or j["pool"] in pools)
+            ),
+            key=lambda j: (j["created_at"], j["id"]),
+        )
+        return found[-limit:] if limit else []
+
+    def job_counts(self, pools: Sequence[str] | None = None) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self._lock:
+            for j in self.jobs.values():
+                if pools is None or j["pool"] in pools:
+                    counts[j["status"]] = counts.get(j["status"], 0) + 1
+        return counts
+
+    def manifest_jobs(
+        self, manifest: str, pools: Sequence[str] | None = None
+    ) -> list[tuple[str, str]]:
+        found = self._select(
+            lambda j: j["manifest"] == manifest and (pools is None or j["pool"] in pools),
+            key=lambda j: (j["created_at"], j["id"]),
+        )
+        return [(j.id, j.status.value) for j in found]
+
+    def pools_of(self, job_ids: Sequence[str]) -> dict[str, str]:
+        with self._lock:
+            return {i: str(self.jobs[i]["pool"]) for i in job_ids if i in self.jobs}
+
+    def _holding(self, worker_id: str, name: str) -> list[JobRow]:
+        return self._select(
+            lambda j: (
+                (j["worker_id"] == worker_id and j["status"] in _ACTIVE)
+                or (j["target"] in (worker_id, name) and j["status"] == _PENDING)
+            )
+        )
+
+    def holding(self, worker: Any) -> list[JobRow]:
+        return self._holding(worker.id, worker.name)
+
+    def aimed_jobs(self) -> list[JobRow]:
+        return self._select(lambda j: j["target"] is not None and j["status"] == _PENDING)
+
+    def active_jobs(self, worker_id: str | None = None) -> list[JobRow]:
+        return self._select(
+            lambda j: j["status"] in _ACTIVE and (worker_id is None or j["worker_id"] == worker_id)
+        )
+
+    def expired_leases(self, now: float) -> list[JobRow]:
+        return self._select(
+            lambda j: (
+                j["status"] in _ACTIVE
+                and j["lease_expires_at"] is not None
+                and j["lease_expires_at"] < now
+            )
+        )
+
+    def attempts(self, job_id: str) -> list[AttemptRow]:
+        with self._lock:
+            rows = [a for (j, _), a in self.attempt_rows.items() if j == job_id]
+            return [
+                AttemptRow.from_mapping(dict(a)) for a in sorted(rows, key=lambda a: a["attempt"])
+            ]
+
+    def dependencies(self, job_id: str) -> list[JobRow]:
+        with self._lock:
+            needed = set(self.deps.get(job_id, ()))
+        return self._select(lambda j: j["id"] in needed)
+
+    def stops(self, leases: Iterable[tuple[str, int]]) -> dict[str, float]:
+        with self._lock:
+            out = {}
+            for job_id, _ in leases:
+                j = self.jobs.get(job_id)
+                if j is not None and j["stop_requested_at"] is not None:
+                    out[job_id] = float(j["stop_grace"] or 0.0)
+            return out
+
+    # ---- claims and leases ------------------------------------------------------------
+
+    @contextmanager
+    def claiming(self) -> Iterator[MemoryClaimSession]:
+        yield MemoryClaimSession(self)
+
+    def extend_leases(
+        self, leases: Iterable[tuple[str, int]], expires: float, worker_id: str
+    ) -> set[tuple[str, int]]:
+        held = set()
+        with self._lock:
+            for job_id, lease in leases:
+                j = self.jobs.get(job_id)
+                if (
+                    j is not None
+                    and j["lease"] == lease
+                    and j["status"] in _ACTIVE
+                    and j["worker_id"] == worker_id
+                ):
+                    j["lease_expires_at"] = expires
+                    held.add((job_id, lease))
+        return held
+
+    def extend_all_leases(self, expires: float) -> int:
+        n = 0
+        with self._lock:
+            for j in self.jobs.values():
+                if j["status"] in _ACTIVE and (j["lease_expires_at"] or 0) < expires:
+                    j["lease_expires_at"] = expires
+                    n += 1
+        return n
+
+    def request_stop(self, job_id: str, now: float, grace: float) -> bool:
+        with self._lock:
+            j = self.jobs.get(job_id)
+            if j is None or j["status"] not in _ACTIVE or j["stop_requested_at"] is not None:
+                return False
+            j.update(stop_requested_at=now, stop_grace=grace)
+            return True
+
+    # ---- status changes ---------------------------------------------------------------
+
+    def start(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.START})
+
+    def finish(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.SUCCEED, Event.RETRY, Event.FAIL})
+
+    def release(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.RELEASE, Event.FAIL})
+
+    def reap(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.LOSE, Event.LOSE_FINAL})
+
+    def cancel(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.CANCEL})
+
+    def requeue(self, change: Change) -> Applied | None:
+        return self._commit(change, {Event.REQUEUE})
+
+    def _commit(self, change: Change, allowed: set[Event]) -> Applied | None:
+        if change.event not in allowed:
+            raise ValueError(f"{change.event.value} is not this operation's change")
+        with self._transaction():
+            if not self.apply_change(change):
+                return None
+            job = self._row(self.jobs[change.job_id])
+            if job.status == JobStatus.SUCCEEDED:
+                return Applied(job, released=self._recount(self._dependents(job.id)))
+            if job.status.value in _FAILED:
+                return Applied(job, failed=self._fail_dependents(job, job.finished_at or 0.0))
+            if change.event == Event.REQUEUE:
+                self._recount([job.id])
+            return Applied(job)
+
+    def apply_change(self, change: Change) -> bool:
+        """Apply ``change`` if the job is still where it expects (under the lock)."""
+        j = self.jobs.get(change.job_id)
+        if (
+            j is None
+            or j["lease"] != change.lease
+            or JobStatus(j["status"]) not in change.sources
+            or (
+                change.expired_before is not None
+                and not (
+                    j["lease_expires_at"] is not None
+                    and j["lease_expires_at"] < change.expired_before
+                )
+            )
+        ):
+            return False
+        j.update(encode(change.fields), status=change.status.value)
+        key = (change.job_id, change.attempt)
+        if change.opens is not None:
+            attempt = {**defaults(t.attempts), "job_id": change.job_id, "attempt": change.attempt}
+            self.attempt_rows[key] = {**attempt, **encode(change.opens)}
+        elif change.record and self.attempt_rows.get(key, {}).get("finished_at", 0) is None:
+            self.attempt_rows[key].update(encode(change.record))
+        return True
+
+    # ---- dependencies -----------------------------------------------------------------
+
+    def _dependents(self, dep_id: str) -> list[str]:
+        return [i for i, needed in self.deps.items() if dep_id in needed]
+
+    def _recount(self, job_ids: Sequence[str] | None) -> int:
+        changed = 0
+        for job_id, j in self.jobs.items():
+            if j["status"] != _PENDING:
+                continue
+            if job_ids is None and not j["waiting"]:
+                continue
+            if job_ids is not None and job_id not in job_ids:
+                continue
+            unmet = sum(
+                1
+                for d in self.deps.get(job_id, ())
+                if d in self.jobs and self.jobs[d]["status"] != JobStatus.SUCCEEDED.value
+            )
+            if j["waiting"] != unmet:
+                j["waiting"] = unmet
+                changed += 1
+        return changed
+
+    def refresh_waiting(self, job_ids: Sequence[str] | None = None) -> int:
+        with self._lock:
+            return self._recount(job_ids)
+
+    def _fail_dependents(self, job: JobRow, now: float) -> list[str]:
+        failed, ended = [], [job]
+        while ended:
+            dep = ended.pop(0)
+            for waiting_id in sorted(self._dependents(dep.id)):
+                waiting = self.jobs[waiting_id]
+                if waiting["status"] != _PENDING:
+                    continue
+                change = lifecycle.dependency_failed(self._row(waiting), dep, now)
+                if self.apply_change(change):
+                    failed.append(waiting_id)
+                    ended.append(self._row(waiting))
+        return failed
+
+    def _fail_if_a_dep_failed(self, job_id: str, now: float) -> None:
+        job = self.jobs[job_id]
+        failed = sorted(
+            d for d in self.deps.get(job_id, ()) if self.jobs.get(d, {}).get("status") in _FAILED
+        )
+        if failed and job["status"] == _PENDING:
+            change = lifecycle.dependency_failed(
+                self._row(job), self._row(self.jobs[failed[0]]), now
+            )
+            if self.apply_change(change):
+                self._fail_dependents(self._row(job), now)
+
+    # ---- logs -------------------------------------------------------------------------
+
+    def append_logs(
+        self, job_id: str, lease: int, lines: Sequence[tuple[str, str]], now: float
+    ) -> tuple[bool, float | None]:
+        with self._lock:
+            j = self.jobs.get(job_id)
+            if j is None or j["lease"] != lease or j["status"] not in _ACTIVE:
+                return False, None
+            for stream, line in lines:
+                seq = len(self.log_rows) + 1
+                self.log_rows.append(
+                    {
+                        "seq": seq,
+                        "job_id": job_id,
+                        "attempt": lease,
+                        "stream": stream,
+                        "line": line,
+                        "ts": now,
+                    }
+                )
+            stop = None if j["stop_requested_at"] is None else float(j["stop_grace"] or 0)
+            return True, stop
+
+    def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
+        with self._lock:
+            found = [r for r in self.log_rows if r["job_id"] == job_id and r["seq"] > after]
+            return [LogRow.from_mapping(dict(r)) for r in found[:limit]]
+
+
+def _keeps_the_contract(store: MemoryStore) -> Store:
+    """Never called: mypy checks here that the memory store is a :class:`Store`."""
+    return store
