@@ -210,6 +210,28 @@ class JobSpecModel(Strict):
     def from_domain(cls, s: JobSpec) -> JobSpecModel:
         return cls.model_validate(asdict(s))
 
+    @classmethod
+    def shown(cls, s: JobSpec) -> JobSpecModel:
+        """``s`` as the server sends it, not checked again: what it kept is shown as it is,
+        even past a limit the API has tightened since (the limits are for what comes in)."""
+        data = asdict(s)
+        r = data.pop("requirements")
+        return cls.model_construct(
+            **{
+                **data,
+                "command": list(s.command),
+                "outputs": list(s.outputs),
+                "hyper_style": s.hyper_style.value,
+                "requirements": RequirementsModel.model_construct(
+                    **{**r, "allowed_hosts": list(s.requirements.allowed_hosts)}
+                ),
+                "inputs": [
+                    InputModel.model_construct(**{**asdict(i), "kind": i.kind.value})
+                    for i in s.inputs
+                ],
+            }
+        )
+
 
 class ArtifactFile(BaseModel):
     path: str
@@ -430,6 +452,15 @@ class CapabilityModel(Strict):
     def from_domain(cls, c: Capability) -> CapabilityModel:
         data = {k: v for k, v in c.__dict__.items() if k != "gpus"}
         return cls(**data, gpus=[GpuModel.from_domain(g) for g in c.gpus])
+
+    @classmethod
+    def shown(cls, c: Capability, gpus: list[GpuModel] | None = None) -> CapabilityModel:
+        """``c`` as the server sends it, not checked again (see :meth:`JobSpecModel.shown`)."""
+        data = {k: v for k, v in c.__dict__.items() if k not in ("gpus", "mounts")}
+        listed = [GpuModel.model_construct(**g.__dict__) for g in c.gpus]
+        return cls.model_construct(
+            **data, gpus=listed if gpus is None else gpus, mounts=list(c.mounts)
+        )
 
 
 class WorkerRegister(Strict):

@@ -40,7 +40,7 @@ from gpufleet.domain.models import JobSpec, JobStatus
 from gpufleet.errors import GpufleetError
 from gpufleet.scheduling.matching import FreeResources
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.server.queue import QueueService
+from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import SqlStore, Store
 from gpufleet.store.blobfiles import BlobFiles
@@ -88,7 +88,7 @@ class Queue(RuleBasedStateMachine):
             self.store = SqlStore(f"sqlite:///{path}")
         blobs = BlobService(self.store, BlobFiles(self.root / f"blobs{n}"), BlobSettings())
         settings = QueueSettings(lease_timeout=LEASE, retry_backoff=5.0)
-        self.q = QueueService(self.store, settings, blobs, clock=lambda: self.now)
+        self.q = Services(self.store, settings, blobs, clock=lambda: self.now)
         cap = CapabilityModel(hostname="box", cores=4, ram_mib=8192)
         self.workers = [
             self.q.fleet.register(
@@ -135,7 +135,7 @@ class Queue(RuleBasedStateMachine):
             JobSpecModel(name=f"m{i}", command=["true"], manifest="plan", max_attempts=2)
             for i in range(count)
         ]
-        result = self.q.apply(ManifestApply(name="plan", jobs=jobs))
+        result = self.q.submission.apply(ManifestApply(name="plan", jobs=jobs))
         self.job_ids += [i for i in result.created if i not in self.job_ids]
 
     @rule(target=leases, worker=st.integers(0, 2))
@@ -173,12 +173,12 @@ class Queue(RuleBasedStateMachine):
     @rule(index=st.integers(0, 50))
     def cancel(self, index: int) -> None:
         if self.job_ids:
-            self._may_conflict(self.q.cancel, self.job_ids[index % len(self.job_ids)])
+            self._may_conflict(self.q.steering.cancel, self.job_ids[index % len(self.job_ids)])
 
     @rule(index=st.integers(0, 50))
     def requeue(self, index: int) -> None:
         if self.job_ids:
-            self._may_conflict(self.q.requeue, self.job_ids[index % len(self.job_ids)])
+            self._may_conflict(self.q.steering.requeue, self.job_ids[index % len(self.job_ids)])
 
     def _may_conflict(self, call: Any, *args: Any) -> None:
         try:

@@ -1,4 +1,4 @@
-"""Queue operations through QueueService over the SQL store, on SQLite and PostgreSQL.
+"""Queue operations through Services over the SQL store, on SQLite and PostgreSQL.
 
 Time comes from a fake clock the tests advance; nothing here sleeps.
 """
@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobSpec, JobStatus, Requirements, Role, WorkerStatus
@@ -20,9 +22,10 @@ from gpufleet.errors import Conflict, NotFound, Unauthorized
 from gpufleet.scheduling.matching import FreeGpu, FreeResources
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.server.queue import QueueService
+from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import JobRow, SqlStore, StaleClaim, WorkerRow
+from gpufleet.store import schema as t
 from gpufleet.store._claims import _VIEW_SQLITE
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.wire import (
@@ -61,8 +64,8 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def service(store: SqlStore, clock: FakeClock, blobs: BlobService) -> QueueService:
-    return QueueService(store, SETTINGS, blobs, clock=lambda: clock.now)
+def service(store: SqlStore, clock: FakeClock, blobs: BlobService) -> Services:
+    return Services(store, SETTINGS, blobs, clock=lambda: clock.now)
 
 
 @pytest.fixture
@@ -73,12 +76,12 @@ def blobs(store: SqlStore, tmp_path: Path) -> BlobService:
 
 
 @pytest.fixture
-def queue(store: SqlStore, clock: FakeClock, blobs: BlobService) -> QueueService:
+def queue(store: SqlStore, clock: FakeClock, blobs: BlobService) -> Services:
     return service(store, clock, blobs)
 
 
 def register(
-    q: QueueService, name: str, *, gpus: Sequence[tuple[str, int]] = (), cpu_slots: int = 1
+    q: Services, name: str, *, gpus: Sequence[tuple[str, int]] = (), cpu_slots: int = 1
 ) -> WorkerRow:
     """A worker with the given GPUs as (name, GiB) pairs."""
     cap = CapabilityModel(
@@ -100,7 +103,7 @@ def spec(name: str = "train", **kw: Any) -> JobSpec:
     return JobSpec(name=name, command=("python", "train.py"), requirements=req, **kw)
 
 
-def claim(q: QueueService, w: WorkerRow, free: FreeResources = CPU) -> Lease:
+def claim(q: Services, w: WorkerRow, free: FreeResources = CPU) -> Lease:
     lease = q.leases.try_claim(w.id, free)
     assert lease is not None
     return lease
@@ -132,7 +135,7 @@ def test_insert_jobs_skips_existing_ids(store: SqlStore) -> None:
     assert a.created_at == T0
 
 
-def test_job_spec_round_trips(store: SqlStore, queue: QueueService) -> None:
+def test_job_spec_round_trips(store: SqlStore, queue: Services) -> None:
     original = spec(
         "rt",
         hyper={"lr": 0.1, "layers": [1, 2]},
@@ -148,7 +151,7 @@ def test_job_spec_round_trips(store: SqlStore, queue: QueueService) -> None:
         timeout=90.0,
         pool="vision",
     )
-    row = queue.submit(original)
+    row = queue.submission.submit(original)
     assert row.spec == original
     assert (row.priority, row.pool, row.max_attempts) == (7, "vision", 5)
 
@@ -156,9 +159,9 @@ def test_job_spec_round_trips(store: SqlStore, queue: QueueService) -> None:
 # ---- claiming ---------------------------------------------------------------------------
 
 
-def test_claim_hands_out_a_lease_once(store: SqlStore, queue: QueueService) -> None:
+def test_claim_hands_out_a_lease_once(store: SqlStore, queue: Services) -> None:
     w1, w2 = register(queue, "w1"), register(queue, "w2")
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     lease = claim(queue, w1)
     assert lease.job_id == submitted.id
     assert lease.attempt == 1
@@ -174,9 +177,9 @@ def test_claim_hands_out_a_lease_once(store: SqlStore, queue: QueueService) -> N
     assert queue.leases.try_claim(w1.id, CPU) is None
 
 
-def test_claim_records_the_best_fitting_gpu(store: SqlStore, queue: QueueService) -> None:
+def test_claim_records_the_best_fitting_gpu(store: SqlStore, queue: Services) -> None:
     w = register(queue, "gpu-box", gpus=[("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA L4", 24)])
-    submitted = queue.submit(
+    submitted = queue.submission.submit(
         spec("gpu", requirements=Requirements(require_cuda=True, min_vram_gib=16))
     )
     free = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 80 * GIB), FreeGpu(1, 24 * GIB)))
@@ -188,10 +191,10 @@ def test_claim_records_the_best_fitting_gpu(store: SqlStore, queue: QueueService
     assert attempt.worker_name == "gpu-box"
 
 
-def test_concurrent_claims_hand_out_exactly_one_lease(store: SqlStore, queue: QueueService) -> None:
+def test_concurrent_claims_hand_out_exactly_one_lease(store: SqlStore, queue: Services) -> None:
     n = 32
     workers = [register(queue, f"w{i:02d}") for i in range(n)]
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     barrier = threading.Barrier(n, timeout=30)
     results: list[Lease | None] = []
     errors: list[BaseException] = []
@@ -224,29 +227,29 @@ def test_concurrent_claims_hand_out_exactly_one_lease(store: SqlStore, queue: Qu
     assert len(store.attempts(submitted.id)) == 1
 
 
-def test_claims_go_by_priority_then_age(queue: QueueService, clock: FakeClock) -> None:
+def test_claims_go_by_priority_then_age(queue: Services, clock: FakeClock) -> None:
     w = register(queue, "w1", cpu_slots=4)
-    old = queue.submit(spec("old", priority=0))
+    old = queue.submission.submit(spec("old", priority=0))
     clock.advance(1)
-    young = queue.submit(spec("young", priority=0))
+    young = queue.submission.submit(spec("young", priority=0))
     clock.advance(1)
-    urgent = queue.submit(spec("urgent", priority=5))
+    urgent = queue.submission.submit(spec("urgent", priority=5))
     clock.advance(1)
-    low = queue.submit(spec("low", priority=-1))
+    low = queue.submission.submit(spec("low", priority=-1))
     order = [claim(queue, w).job_id for _ in range(4)]
     assert order == [urgent.id, old.id, young.id, low.id]
     assert queue.leases.try_claim(w.id, CPU) is None
 
 
 def test_a_slot_the_server_knows_is_held_is_never_handed_out_again(
-    queue: QueueService,
+    queue: Services,
 ) -> None:
     """A poll sent before its worker's last claim was answered still says the slot is
     free; the server knows better, on both slots and GPUs."""
     w = register(queue, "w1", gpus=[("NVIDIA T4", 16)], cpu_slots=1)
     for _ in range(4):
-        queue.submit(spec())
-        queue.submit(spec(requirements=Requirements(require_cuda=True)))
+        queue.submission.submit(spec())
+        queue.submission.submit(spec(requirements=Requirements(require_cuda=True)))
     everything = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 16 * GIB),))
     first = claim(queue, w, everything)
     second = claim(queue, w, everything)
@@ -257,9 +260,9 @@ def test_a_slot_the_server_knows_is_held_is_never_handed_out_again(
 # ---- the lease protocol -----------------------------------------------------------------
 
 
-def test_lease_protocol_happy_path(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+def test_lease_protocol_happy_path(store: SqlStore, queue: Services, clock: FakeClock) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     lease = claim(queue, w)
     clock.advance(1)
     queue.leases.start(lease.job_id, lease.attempt)
@@ -307,11 +310,11 @@ def test_lease_protocol_happy_path(store: SqlStore, queue: QueueService, clock: 
 
 
 def _stale_setup(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> tuple[WorkerRow, Lease, Lease]:
     """w1 holds attempt 1 and goes silent; the sweep hands the job to w2 as attempt 2."""
     w1 = register(queue, "w1")
-    queue.submit(spec())
+    queue.submission.submit(spec())
     old = claim(queue, w1)
     queue.leases.start(old.job_id, old.attempt)
     queue.leases.append_logs(old.job_id, old.attempt, [("stdout", "from attempt 1")])
@@ -326,7 +329,7 @@ def _stale_setup(
     return w1, old, new
 
 
-STALE_WRITES: dict[str, Callable[[QueueService, Lease], object]] = {
+STALE_WRITES: dict[str, Callable[[Services, Lease], object]] = {
     "start": lambda q, lease: q.leases.start(lease.job_id, lease.attempt),
     "append_logs": lambda q, lease: q.leases.append_logs(
         lease.job_id, lease.attempt, [("stdout", "x")]
@@ -339,7 +342,7 @@ STALE_WRITES: dict[str, Callable[[QueueService, Lease], object]] = {
 
 @pytest.mark.parametrize("write", sorted(STALE_WRITES))
 def test_stale_lease_is_a_conflict_and_changes_nothing(
-    store: SqlStore, queue: QueueService, clock: FakeClock, write: str
+    store: SqlStore, queue: Services, clock: FakeClock, write: str
 ) -> None:
     _w1, old, new = _stale_setup(store, queue, clock)
     before = job(store, new.job_id)
@@ -356,11 +359,9 @@ def test_stale_lease_is_a_conflict_and_changes_nothing(
 
 
 @pytest.mark.parametrize("write", sorted(STALE_WRITES))
-def test_wrong_attempt_number_is_a_conflict(
-    store: SqlStore, queue: QueueService, write: str
-) -> None:
+def test_wrong_attempt_number_is_a_conflict(store: SqlStore, queue: Services, write: str) -> None:
     w = register(queue, "w1")
-    queue.submit(spec())
+    queue.submission.submit(spec())
     lease = claim(queue, w)
     before = job(store, lease.job_id)
     forged = lease.model_copy(update={"attempt": lease.attempt + 1})
@@ -371,7 +372,7 @@ def test_wrong_attempt_number_is_a_conflict(
 
 
 def test_stale_heartbeat_orders_cancel_and_extends_nothing(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w1, old, new = _stale_setup(store, queue, clock)
     before = job(store, new.job_id)
@@ -383,21 +384,21 @@ def test_stale_heartbeat_orders_cancel_and_extends_nothing(
     assert job(store, new.job_id) == before
 
 
-def test_unknown_job_is_not_found(queue: QueueService) -> None:
+def test_unknown_job_is_not_found(queue: Services) -> None:
     with pytest.raises(NotFound):
         queue.leases.start("j-nope", 1)
     with pytest.raises(NotFound):
-        queue.cancel("j-nope")
+        queue.steering.cancel("j-nope")
 
 
 # ---- retries and backoff ----------------------------------------------------------------
 
 
 def test_failures_retry_with_backoff_then_fail(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec(max_attempts=3))
+    submitted = queue.submission.submit(spec(max_attempts=3))
 
     first = claim(queue, w)
     queue.leases.start(first.job_id, first.attempt)
@@ -442,10 +443,10 @@ def test_failures_retry_with_backoff_then_fail(
 
 
 def test_success_after_a_retry_counts_both_attempts(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "w1")
-    queue.submit(spec())
+    queue.submission.submit(spec())
     first = claim(queue, w)
     queue.leases.finish(first.job_id, first.attempt, exit_code=1, error=None)
     clock.advance(BACKOFF)
@@ -461,10 +462,10 @@ def test_success_after_a_retry_counts_both_attempts(
 
 
 def test_sweep_requeues_an_expired_lease(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "silent-box")
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     lease = claim(queue, w)
     queue.leases.start(lease.job_id, lease.attempt)
 
@@ -493,10 +494,10 @@ def test_sweep_requeues_an_expired_lease(
 
 
 def test_sweep_fails_the_job_when_no_attempts_are_left(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec(max_attempts=1))
+    submitted = queue.submission.submit(spec(max_attempts=1))
     claim(queue, w)  # claimed, never started
     clock.advance(LEASE + 1)
     requeued, offline = queue.leases.sweep()
@@ -510,9 +511,9 @@ def test_sweep_fails_the_job_when_no_attempts_are_left(
     assert "lease expired" in row.error
 
 
-def test_heartbeats_keep_the_lease(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+def test_heartbeats_keep_the_lease(store: SqlStore, queue: Services, clock: FakeClock) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     lease = claim(queue, w)
     queue.leases.start(lease.job_id, lease.attempt)
     for _ in range(4):
@@ -527,10 +528,10 @@ def test_heartbeats_keep_the_lease(store: SqlStore, queue: QueueService, clock: 
 
 
 def test_release_does_not_count_an_attempt(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w1, w2 = register(queue, "w1"), register(queue, "w2")
-    submitted = queue.submit(spec(max_attempts=1))
+    submitted = queue.submission.submit(spec(max_attempts=1))
     lease = claim(queue, w1)
     queue.leases.start(lease.job_id, lease.attempt)
     row = queue.leases.release(lease.job_id, lease.attempt, "worker drained")
@@ -550,24 +551,24 @@ def test_release_does_not_count_an_attempt(
 # ---- operators --------------------------------------------------------------------------
 
 
-def test_cancel_a_pending_job(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+def test_cancel_a_pending_job(store: SqlStore, queue: Services, clock: FakeClock) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     clock.advance(3)
-    row = queue.cancel(submitted.id)
+    row = queue.steering.cancel(submitted.id)
     assert row.status is JobStatus.CANCELLED
     assert row.finished_at == clock.now
     assert queue.leases.try_claim(w.id, CPU) is None
     assert store.attempts(submitted.id) == []
 
 
-def test_cancel_a_running_job(store: SqlStore, queue: QueueService, clock: FakeClock) -> None:
+def test_cancel_a_running_job(store: SqlStore, queue: Services, clock: FakeClock) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     lease = claim(queue, w)
     queue.leases.start(lease.job_id, lease.attempt)
     clock.advance(3)
-    row = queue.cancel(submitted.id)
+    row = queue.steering.cancel(submitted.id)
     assert row.status is JobStatus.CANCELLED
     assert row.finished_at == clock.now
     [attempt] = store.attempts(submitted.id)
@@ -582,23 +583,23 @@ def test_cancel_a_running_job(store: SqlStore, queue: QueueService, clock: FakeC
     assert job(store, submitted.id).status is JobStatus.CANCELLED
 
 
-def test_cancel_a_succeeded_job_is_a_conflict(store: SqlStore, queue: QueueService) -> None:
+def test_cancel_a_succeeded_job_is_a_conflict(store: SqlStore, queue: Services) -> None:
     w = register(queue, "w1")
-    queue.submit(spec())
+    queue.submission.submit(spec())
     lease = claim(queue, w)
     done = queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     with pytest.raises(Conflict, match="succeeded"):
-        queue.cancel(done.id)
+        queue.steering.cancel(done.id)
     assert job(store, done.id) == done
 
 
-def test_requeue_a_failed_job(store: SqlStore, queue: QueueService) -> None:
+def test_requeue_a_failed_job(store: SqlStore, queue: Services) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec(max_attempts=1))
+    submitted = queue.submission.submit(spec(max_attempts=1))
     lease = claim(queue, w)
     failed = queue.leases.finish(lease.job_id, lease.attempt, exit_code=1, error=None)
     assert failed.status is JobStatus.FAILED
-    row = queue.requeue(submitted.id)
+    row = queue.steering.requeue(submitted.id)
     assert row.status is JobStatus.PENDING
     assert row.attempts == 0
     assert row.error is None
@@ -611,18 +612,18 @@ def test_requeue_a_failed_job(store: SqlStore, queue: QueueService) -> None:
     assert len(store.attempts(submitted.id)) == 2
 
 
-def test_requeue_a_cancelled_job(queue: QueueService) -> None:
-    submitted = queue.submit(spec())
-    queue.cancel(submitted.id)
-    assert queue.requeue(submitted.id).status is JobStatus.PENDING
+def test_requeue_a_cancelled_job(queue: Services) -> None:
+    submitted = queue.submission.submit(spec())
+    queue.steering.cancel(submitted.id)
+    assert queue.steering.requeue(submitted.id).status is JobStatus.PENDING
 
 
 @pytest.mark.parametrize("state", ["pending", "running", "succeeded"])
 def test_requeue_of_a_live_or_succeeded_job_is_a_conflict(
-    store: SqlStore, queue: QueueService, state: str
+    store: SqlStore, queue: Services, state: str
 ) -> None:
     w = register(queue, "w1")
-    submitted = queue.submit(spec())
+    submitted = queue.submission.submit(spec())
     if state != "pending":
         lease = claim(queue, w)
         queue.leases.start(lease.job_id, lease.attempt)
@@ -631,17 +632,17 @@ def test_requeue_of_a_live_or_succeeded_job_is_a_conflict(
     before = job(store, submitted.id)
     assert before.status.value == state
     with pytest.raises(Conflict, match=state):
-        queue.requeue(submitted.id)
+        queue.steering.requeue(submitted.id)
     assert job(store, submitted.id) == before
 
 
-def test_jobs_can_be_found_by_unique_name(queue: QueueService) -> None:
-    a = queue.submit(spec("only-one"))
-    assert queue.job("only-one").id == a.id
-    queue.submit(spec("twice"))
-    queue.submit(spec("twice"))
+def test_jobs_can_be_found_by_unique_name(queue: Services) -> None:
+    a = queue.submission.submit(spec("only-one"))
+    assert queue.reads.job("only-one").id == a.id
+    queue.submission.submit(spec("twice"))
+    queue.submission.submit(spec("twice"))
     with pytest.raises(NotFound, match="several"):
-        queue.job("twice")
+        queue.reads.job("twice")
 
 
 # ---- manifests and host policies --------------------------------------------------------
@@ -653,14 +654,14 @@ def manifest_job(name: str, model: str, **kw: Any) -> JobSpecModel:
     )
 
 
-def test_apply_twice_is_idempotent(store: SqlStore, queue: QueueService) -> None:
+def test_apply_twice_is_idempotent(store: SqlStore, queue: Services) -> None:
     w = register(queue, "w1")
     req = ManifestApply(
         name="plan",
         hosts=[HostModel(name="w1", priority=1)],
         jobs=[manifest_job("mlp", "mlp"), manifest_job("gbt", "gbt", hyper={"depth": 3})],
     )
-    first = queue.apply(req)
+    first = queue.submission.apply(req)
     assert len(first.created) == 2
     assert first.unchanged == []
     assert first.hosts == ["w1"]
@@ -669,7 +670,7 @@ def test_apply_twice_is_idempotent(store: SqlStore, queue: QueueService) -> None
     queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
     statuses = {j.id: j.status for j in store.list_jobs()}
 
-    second = service(store, FakeClock(), queue.blobs).apply(req)
+    second = service(store, FakeClock(), queue.blobs).submission.apply(req)
     assert second.created == []
     assert sorted(second.unchanged) == sorted(first.created)
     assert {j.id: j.status for j in store.list_jobs()} == statuses
@@ -678,14 +679,14 @@ def test_apply_twice_is_idempotent(store: SqlStore, queue: QueueService) -> None
     grown = ManifestApply(
         name="plan", jobs=[*req.jobs, manifest_job("gru", "gru")], hosts=req.hosts
     )
-    third = queue.apply(grown)
+    third = queue.submission.apply(grown)
     assert len(third.created) == 1
     assert sorted(third.unchanged) == sorted(first.created)
     assert len(store.list_jobs()) == 3
 
 
-def test_host_policies_from_apply_limit_claims(store: SqlStore, queue: QueueService) -> None:
-    queue.apply(
+def test_host_policies_from_apply_limit_claims(store: SqlStore, queue: Services) -> None:
+    queue.submission.apply(
         ManifestApply(
             name="plan",
             hosts=[
@@ -706,8 +707,8 @@ def test_host_policies_from_apply_limit_claims(store: SqlStore, queue: QueueServ
     assert lease.spec.model == "resnet50"
 
 
-def test_host_declared_capability_from_apply(store: SqlStore, queue: QueueService) -> None:
-    queue.apply(
+def test_host_declared_capability_from_apply(store: SqlStore, queue: Services) -> None:
+    queue.submission.apply(
         ManifestApply(
             name="plan",
             hosts=[HostModel(name="shared-gpu", declared={"cuda": False})],
@@ -725,25 +726,25 @@ def test_host_declared_capability_from_apply(store: SqlStore, queue: QueueServic
 # ---- unrunnable warnings ----------------------------------------------------------------
 
 
-def test_unrunnable_job_is_flagged_at_submit(queue: QueueService) -> None:
+def test_unrunnable_job_is_flagged_at_submit(queue: Services) -> None:
     register(queue, "laptop")
-    row = queue.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
+    row = queue.submission.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
     assert row.unrunnable is not None
     assert "needs a GPU" in row.unrunnable
     assert "laptop" in row.unrunnable
-    assert queue.job(row.id).unrunnable == row.unrunnable
-    assert queue.submit(spec("cpu-ok")).unrunnable is None
+    assert queue.reads.job(row.id).unrunnable == row.unrunnable
+    assert queue.submission.submit(spec("cpu-ok")).unrunnable is None
 
 
-def test_no_unrunnable_warning_without_workers(queue: QueueService) -> None:
-    row = queue.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
+def test_no_unrunnable_warning_without_workers(queue: Services) -> None:
+    row = queue.submission.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
     assert row.unrunnable is None
 
 
-def test_runnable_on_some_worker_is_not_flagged(queue: QueueService) -> None:
+def test_runnable_on_some_worker_is_not_flagged(queue: Services) -> None:
     register(queue, "laptop")
     register(queue, "gpu-box", gpus=[("NVIDIA L4", 24)])
-    row = queue.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
+    row = queue.submission.submit(spec("needs-gpu", requirements=Requirements(require_cuda=True)))
     assert row.unrunnable is None
 
 
@@ -762,8 +763,8 @@ def test_tokens_are_stored_as_hashes_and_revocable(store: SqlStore, clock: FakeC
     assert stored.pools == ("vision", "nlp")
     assert stored.hint == secret[:7]
     assert stored.revoked_at is None
-    for t in store.list_tokens():
-        assert secret not in repr(t)
+    for tok in store.list_tokens():
+        assert secret not in repr(tok)
     assert store.token_by_hash(secret) is None
 
     other, other_secret = auth.create("worker-1", Role.WORKER)
@@ -802,7 +803,7 @@ def orders(resp: HeartbeatResponse) -> dict[str, str]:
 
 
 def test_reapplying_a_changed_manifest_updates_pending_jobs_only(
-    store: SqlStore, queue: QueueService
+    store: SqlStore, queue: Services
 ) -> None:
     def plan(priority: int, vram: float) -> ManifestApply:
         jobs = [
@@ -817,25 +818,25 @@ def test_reapplying_a_changed_manifest_updates_pending_jobs_only(
         ]
         return ManifestApply(name="m", jobs=jobs, hosts=[HostModel(name="ghost")])
 
-    first = queue.apply(plan(0, 0))
+    first = queue.submission.apply(plan(0, 0))
     assert first.unknown_hosts == ["ghost"]
     w = register(queue, "cpu")
     running = claim(queue, w)
-    second = queue.apply(plan(5, 8))
+    second = queue.submission.apply(plan(5, 8))
     pending = next(i for i in first.created if i != running.job_id)
     assert second.updated == [pending] and second.unchanged == [running.job_id]
     assert job(store, pending).priority == 5
     assert job(store, pending).spec.requirements.min_vram_gib == 8
     assert job(store, running.job_id).spec.requirements.min_vram_gib == 0
-    third = queue.apply(plan(5, 8))
+    third = queue.submission.apply(plan(5, 8))
     assert third.updated == [] and sorted(third.unchanged) == sorted(first.created)
 
 
 def test_a_server_start_extends_leases_only_after_an_outage(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "w")
-    queue.submit(spec())
+    queue.submission.submit(spec())
     lease = claim(queue, w)
     assert queue.leases.after_outage() == 0, "a worker heartbeated just now: no outage"
     clock.advance(LEASE)  # nobody heartbeated for a whole lease: the service was down
@@ -849,7 +850,7 @@ def test_a_worker_s_life_is_swept_and_every_step_is_an_event(
 ) -> None:
     events: list[tuple[str, str]] = []
     settings = dataclasses.replace(SETTINGS, ephemeral_ttl=60.0)
-    q = QueueService(
+    q = Services(
         store,
         settings,
         blobs,
@@ -861,7 +862,7 @@ def test_a_worker_s_life_is_swept_and_every_step_is_an_event(
         WorkerRegister(name="once", capability=cap, ephemeral=True), "default", None
     )
     keep = register(q, "keep")
-    submitted = q.submit(spec())
+    submitted = q.submission.submit(spec())
     lease = claim(q, keep)
     clock.advance(LEASE + 1)
     requeued, offline = q.leases.sweep()
@@ -915,10 +916,10 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
 
 
 def test_a_failure_fails_a_chain_of_5000_dependents_at_once(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "w1")
-    root = queue.submit(spec("root", max_attempts=1))
+    root = queue.submission.submit(spec("root", max_attempts=1))
     ids = [f"chain-{i:04d}" for i in range(5000)]
     before = [root.id, *ids[:-1]]
     store.insert_jobs(
@@ -945,10 +946,10 @@ def test_a_failure_fails_a_chain_of_5000_dependents_at_once(
 
 
 def test_a_lost_lease_fails_dependents_naming_the_final_status(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "gone-box")
-    root = queue.submit(spec("prep", max_attempts=1))
+    root = queue.submission.submit(spec("prep", max_attempts=1))
     store.insert_jobs(
         [("after-prep", spec("train"), None)], clock.now, deps={"after-prep": [root.id]}
     )
@@ -963,10 +964,10 @@ def test_a_lost_lease_fails_dependents_naming_the_final_status(
 
 
 def test_a_job_submitted_after_its_dependency_failed_fails_at_once(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
-    root = queue.submit(spec("prep"))
-    queue.cancel(root.id)
+    root = queue.submission.submit(spec("prep"))
+    queue.steering.cancel(root.id)
     store.insert_jobs(
         [("a", spec("a"), None), ("b", spec("b"), None)],
         clock.now,
@@ -978,13 +979,13 @@ def test_a_job_submitted_after_its_dependency_failed_fails_at_once(
 
 
 def test_a_crash_during_the_cascade_leaves_the_finish_undone_too(
-    store: SqlStore, queue: QueueService, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    store: SqlStore, queue: Services, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The finish and the failures it causes are one transaction: a crash half way
     through leaves the job held by its lease and every dependent pending, so the
     worker's retried finish (or the sweep) does it all again."""
     w = register(queue, "w1")
-    root = queue.submit(spec("root", max_attempts=1))
+    root = queue.submission.submit(spec("root", max_attempts=1))
     ids = ["d1", "d2", "d3"]
     store.insert_jobs(
         [(i, spec(i), None) for i in ids],
@@ -1013,12 +1014,12 @@ def test_a_crash_during_the_cascade_leaves_the_finish_undone_too(
 
 
 def test_a_claim_ranked_on_a_stale_snapshot_takes_nothing(
-    store: SqlStore, queue: QueueService, clock: FakeClock
+    store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:
     """Two polls of one worker rank on the same snapshot: the first claim commits, and the
     second, which counted on the slot the first took, changes nothing and ranks again."""
     w = register(queue, "w1")
-    first, second = queue.submit(spec("a")), queue.submit(spec("b"))
+    first, second = queue.submission.submit(spec("a")), queue.submission.submit(spec("b"))
     take = [
         lifecycle.claim(job(store, j.id), w.id, w.name, (), clock.now, clock.now + LEASE)
         for j in (first, second)
@@ -1036,3 +1037,25 @@ def test_a_claim_ranked_on_a_stale_snapshot_takes_nothing(
     assert queue.leases.try_claim(w.id, CPU) is None
     with store.claiming() as session:
         assert session.view(w.id, w.name, w.pool, clock.now, 4).held == [()]
+
+
+def test_a_stored_spec_the_api_would_refuse_now_is_still_listed_and_claimed(
+    store: SqlStore, queue: Services
+) -> None:
+    """Rows are read by the store's own tolerant models: a key a newer version wrote, or a
+    value the API has since tightened, never makes a job unreadable (or a claim answer 500)."""
+    w = register(queue, "w1")
+    submitted = queue.submission.submit(spec())
+    text = json.loads(job(store, submitted.id).spec_json)
+    text.update(max_attempts=5000, a_later_field={"x": 1})
+    text["requirements"]["another"] = True
+    if isinstance(store, SqlStore):
+        with store.engine.begin() as conn:
+            conn.execute(
+                sa.update(t.jobs).where(t.jobs.c.id == submitted.id).values(spec=json.dumps(text))
+            )
+    else:
+        store.jobs[submitted.id]["spec"] = json.dumps(text)  # type: ignore[attr-defined]
+    assert [j.spec.max_attempts for j in store.list_jobs()] == [5000]
+    lease = claim(queue, w)
+    assert lease.job_id == submitted.id

@@ -415,7 +415,7 @@ def test_a_worker_from_before_tokens_owned_workers_is_bound_to_the_first_of_its_
 ) -> None:
     with sqlite3.connect(world.db) as conn:
         conn.execute("UPDATE workers SET token_id = NULL WHERE name = 'wa1'")
-    world.client.app.state.gpufleet.queue.fleet.forget(world.ids["wa1"])  # type: ignore[attr-defined]
+    world.client.app.state.gpufleet.services.fleet.forget(world.ids["wa1"])  # type: ignore[attr-defined]
     beat = _fill(BEAT, world.ids)
     # Another pool cannot take it, by heartbeat or by registering its name.
     assert world.call("worker_b", "POST", "/v1/workers/{wa1}/heartbeat", beat).status_code == 404

@@ -177,7 +177,7 @@ def test_a_put_whose_body_stops_arriving_is_a_408(app, client, admin, tmp_path: 
         await asyncio.sleep(5)
 
     async def run() -> httpx.Response:
-        blobs: Service = app.state.gpufleet.queue.blobs
+        blobs: Service = app.state.gpufleet.services.blobs
         object.__setattr__(blobs.settings, "idle_timeout", 0.3)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:

@@ -27,7 +27,7 @@ from gpufleet.server.deps import ServerState
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
-from gpufleet.server.queue import QueueService
+from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import SqlStore
 from gpufleet.tokens import redact, redact_data
@@ -99,17 +99,17 @@ async def _on_crash(_: Request, exc: Exception) -> JSONResponse:
 UPLOAD_SWEEP_EVERY = 600.0
 
 
-async def _sweeper(queue: QueueService, interval: float) -> None:
+async def _sweeper(services: Services, interval: float) -> None:
     """Expire leases every ``interval``; upload sessions every ten minutes."""
     loop = asyncio.get_running_loop()
     next_uploads = loop.time()
     while True:
         await asyncio.sleep(interval)
         try:
-            requeued, offline = await run_in_threadpool(queue.leases.sweep)
+            requeued, offline = await run_in_threadpool(services.leases.sweep)
             if loop.time() >= next_uploads:
                 next_uploads = loop.time() + UPLOAD_SWEEP_EVERY
-                expired = await run_in_threadpool(queue.blobs.uploads.expire)
+                expired = await run_in_threadpool(services.blobs.uploads.expire)
                 if expired:
                     log.warning("removed %d upload session(s) unfinished for a day", expired)
         except Exception:  # keep sweeping: one failed sweep must not stop expiry forever
@@ -133,7 +133,7 @@ def create_app(
         store.publish_claimable()
 
     audit = AuditWriter(store)
-    queue = QueueService(store, settings, blobs, on_change=on_change, on_event=audit.event)
+    services = Services(store, settings, blobs, on_change=on_change, on_event=audit.event)
     auth = Auth(store)
     polls = Polls()
     stop_listening = threading.Event()
@@ -150,9 +150,9 @@ def create_app(
         # If no worker could heartbeat lately, the service was down (not just this replica):
         # give leases one lease_timeout from now before the first sweep, so an outage kills
         # no healthy job. With other replicas up, heartbeats are recent and nothing changes.
-        await run_in_threadpool(queue.leases.after_outage)
+        await run_in_threadpool(services.leases.after_outage)
         interval = max(0.05, min(settings.lease_timeout / 4, 5.0))
-        task = asyncio.create_task(_sweeper(queue, interval))
+        task = asyncio.create_task(_sweeper(services, interval))
         listener = None
         if store.dialect == "postgresql":  # wake polls held by this replica on others' changes
             listener = threading.Thread(
@@ -181,7 +181,12 @@ def create_app(
     )
     limiter = CapacityLimiter(1 if store.dialect == "sqlite" else 8)
     app.state.gpufleet = ServerState(
-        queue=queue, auth=auth, notifier=notifier, claim_limiter=limiter, audit=audit, polls=polls
+        services=services,
+        auth=auth,
+        notifier=notifier,
+        claim_limiter=limiter,
+        audit=audit,
+        polls=polls,
     )
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
     app.add_exception_handler(RequestValidationError, _on_validation)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from gpufleet.server.pump import pump
 from gpufleet.server.uploads import SESSION_TTL, UploadSessions
 from gpufleet.store import Store
 from gpufleet.store.blobfiles import BlobFiles, BlobWriter
+from gpufleet.store.rows import BlobRow
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,21 @@ class BlobService:
         if row is None or not self.files.exists(sha256):
             return None
         return row.size
+
+    def get(self, sha256: str) -> BlobRow | None:
+        return self.store.get_blob(sha256)
+
+    def listed(self, limit: int, pools: Sequence[str] | None) -> list[BlobRow]:
+        """The newest blobs (those ``pools`` may read; None: every blob)."""
+        return self.store.list_blobs(limit, pools)
+
+    def readable(self, sha256: str, pools: Sequence[str] | None) -> bool:
+        """Whether ``pools`` (None: every pool) may read the blob."""
+        return pools is None or self.store.blob_readable(sha256, pools)
+
+    def grant(self, grants: Iterable[tuple[str, str]]) -> None:
+        """Let each (sha256, pool) pool read that blob."""
+        self.store.grant_blobs(grants)
 
     def require(self, sha256: str) -> int:
         size = self.has(sha256)

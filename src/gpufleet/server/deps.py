@@ -13,12 +13,12 @@ from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
-from gpufleet.server.queue import QueueService
+from gpufleet.server.services import Services
 
 
 @dataclass
 class ServerState:
-    queue: QueueService
+    services: Services
     auth: Auth
     notifier: Notifier
     # Claims take the store's write path; on SQLite (one writer) more than one claim thread

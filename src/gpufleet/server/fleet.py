@@ -33,10 +33,12 @@ from gpufleet.scheduling.matching import (
     ever_reason,
     reserve,
 )
-from gpufleet.store import JobRow, Store, TokenRow, WorkerRow
-from gpufleet.wire import HostModel, WorkerRegister
+from gpufleet.store import JobRow, Store, TokenRow, WorkerRow, stored
+from gpufleet.wire import WorkerRegister
 
 Clock = Callable[[], float]
+#: A worker as the fleet keeps it (what routes hand back to :meth:`Fleet.state_of`).
+WorkerRecord = WorkerRow
 #: (event, target id, detail, the token that caused it if any) -> recorded in the audit log
 OnEvent = Callable[[str, str, str, TokenRow | None], None]
 
@@ -84,10 +86,7 @@ class Fleet:
         loaded_at, cached = self._policies
         if time.monotonic() - loaded_at < 1.0:
             return cached
-        fresh = {
-            name: HostModel.model_validate_json(raw).to_domain()
-            for name, raw in self.store.host_policies().items()
-        }
+        fresh = {name: stored.host_policy(raw) for name, raw in self.store.host_policies().items()}
         self._policies = (time.monotonic(), fresh)
         return fresh
 

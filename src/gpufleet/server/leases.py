@@ -164,7 +164,7 @@ class Leases:
             return Lease(
                 job_id=job.id,
                 attempt=change.attempt,
-                spec=JobSpecModel.from_domain(job.spec),
+                spec=JobSpecModel.shown(job.spec),
                 gpus=list(change.fields["gpus"]),  # type: ignore[call-overload]
                 lease_timeout=self.settings.lease_timeout,
                 inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
@@ -260,6 +260,11 @@ class Leases:
                 f"job {job_id} attempt {attempt} was already started",
                 detail={"job": job_id, "attempt": attempt},
             )
+
+    def superseded(self, worker_id: str, replica: str) -> None:
+        """Tell the other server replicas that this worker sent a poll replacing its open
+        one (its replica ends that one)."""
+        self.store.publish_superseded(worker_id, replica)
 
     def keep(self, leases: Sequence[tuple[str, int]], worker_id: str) -> None:
         """A worker registering again still runs these jobs: their leases live on."""

@@ -49,11 +49,11 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
 def _blobs(request: Request) -> BlobService:
-    return state(request).queue.blobs
+    return state(request).services.blobs
 
 
 def _uploads(request: Request) -> UploadSessions:
-    return state(request).queue.blobs.uploads
+    return state(request).services.blobs.uploads
 
 
 def _declared(request: Request) -> int | None:
@@ -65,12 +65,12 @@ def _readable(request: Request, caller: Caller, sha256: str) -> bool:
     """Whether the caller may read the blob: admins and operators of every pool read
     every blob; other callers those their pools uploaded or use (see ``blob_pools``)."""
     pools = caller.pools
-    return pools is None or _blobs(request).store.blob_readable(sha256, pools)
+    return _blobs(request).readable(sha256, pools)
 
 
 def _grant(request: Request, caller: Caller, sha256: str) -> None:
     if caller.pools is not None:
-        _blobs(request).store.grant_blobs((sha256, p) for p in caller.pools)
+        _blobs(request).grant((sha256, p) for p in caller.pools)
 
 
 def _no_blob(sha256: str) -> NotFound:
@@ -159,7 +159,7 @@ async def put_blob(
     if not created:
         response.status_code = 200
     await run_in_threadpool(_grant, request, caller, sha256)
-    row = await run_in_threadpool(blobs.store.get_blob, sha256)
+    row = await run_in_threadpool(blobs.get, sha256)
     assert row is not None
     return views.blob_out(row)
 
@@ -169,7 +169,7 @@ def list_blobs(
     request: Request, caller: User, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000
 ) -> list[BlobOut]:
     """The newest blobs first (a submitter or worker: those its pools may read)."""
-    return [views.blob_out(b) for b in _blobs(request).store.list_blobs(limit, caller.pools)]
+    return [views.blob_out(b) for b in _blobs(request).listed(limit, caller.pools)]
 
 
 @router.post(

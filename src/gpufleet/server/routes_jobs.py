@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet import __version__
-from gpufleet.domain.models import JobStatus, Role, WorkerStatus
+from gpufleet.domain.models import Role, WorkerStatus
 from gpufleet.errors import Forbidden, NotFound, ValidationFailed
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
@@ -52,13 +52,13 @@ STATUSES = {"pending", "claimed", "running", "succeeded", "failed", "cancelled"}
 
 
 def _names(request: Request) -> dict[str, str]:
-    return {w.id: w.name for w in state(request).queue.store.list_workers()}
+    return state(request).services.reads.worker_names()
 
 
 @router.get("/health", response_model=Health, tags=["meta"])
 async def health(request: Request) -> Health:
     """Liveness and database reachability; needs no token."""
-    db = await run_in_threadpool(state(request).queue.store.ping)
+    db = await run_in_threadpool(state(request).services.reads.database)
     return Health(status="ok", version=__version__, database=db)
 
 
@@ -85,7 +85,7 @@ def submit(
     """Queue one job. ``warning`` says when no registered worker could ever run it."""
     pool = spec.pool or caller.default_pool()
     caller.may_use(pool)
-    job = state(request).queue.submit(
+    job = state(request).services.submission.submit(
         spec.to_domain(), pool, wait_for_target=queue, readable=caller.pools, submitted_by=caller.id
     )
     note(request, job.id)
@@ -107,26 +107,25 @@ def list_jobs(
             detail={"field": "status"},
         )
     names = _names(request)
-    jobs = state(request).queue.store.list_jobs(wanted, limit, caller.pools)
+    jobs = state(request).services.reads.jobs(wanted, limit, caller.pools)
     return [views.job_out(j, names) for j in jobs]
 
 
 @router.get("/jobs/{ref}", response_model=JobDetail, tags=["jobs"])
 def show_job(ref: str, request: Request, caller: Reader) -> JobDetail:
-    q = state(request).queue
-    job = q.job(ref, caller.pools)
-    artifact = q.store.artifact(job.id)
-    deps = q.store.dependencies(job.id) if job.spec.dependencies else []
-    return views.job_detail(job, _names(request), q.store.attempts(job.id), artifact, deps)
+    q = state(request).services
+    job = q.reads.job(ref, caller.pools)
+    attempts, artifact, deps = q.reads.history(job)
+    return views.job_detail(job, _names(request), attempts, artifact, deps)
 
 
 @router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])
 def job_artifact(ref: str, request: Request, caller: Reader) -> ArtifactOut:
     """The job's artifact (its outputs, archived): of the attempt that succeeded, else of
     the latest attempt that left one. Download its bytes from ``/v1/blobs/{sha256}``."""
-    q = state(request).queue
-    job = q.job(ref, caller.pools)
-    found = q.store.artifact(job.id, job.lease if job.status == JobStatus.SUCCEEDED else None)
+    q = state(request).services
+    job = q.reads.job(ref, caller.pools)
+    found = q.reads.result(job)
     if found is None:
         raise NotFound(
             f"job {job.id} has no artifact (status {job.status.value}; outputs "
@@ -141,7 +140,7 @@ def cancel_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     """Cancel a job; a running one is killed (its whole process group) within a heartbeat.
     A submitter cancels only the jobs it submitted (403 for others of its pools); an
     operator any job of its pools."""
-    job = state(request).queue.cancel(ref, caller.pools, caller.owner)
+    job = state(request).services.steering.cancel(ref, caller.pools, caller.owner)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -156,7 +155,7 @@ def stop_job(
     (``stopped_early``) if it exits 0, failed otherwise, and is not retried. A pending or
     finished job is 409 (cancel a pending one). A submitter stops only its own jobs."""
     grace = (body or StopRequest()).grace
-    job = state(request).queue.stop(ref, caller.pools, caller.owner, grace)
+    job = state(request).services.steering.stop(ref, caller.pools, caller.owner, grace)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -165,7 +164,7 @@ def stop_job(
 def requeue_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     """Put a failed or cancelled job back in the queue with a fresh attempt budget.
     A submitter requeues only the jobs it submitted; an operator any job of its pools."""
-    job = state(request).queue.requeue(ref, caller.pools, caller.owner)
+    job = state(request).services.steering.requeue(ref, caller.pools, caller.owner)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -174,7 +173,7 @@ def requeue_job(ref: str, request: Request, caller: Submitter) -> JobOut:
 def why_job(ref: str, request: Request, caller: Reader) -> WhyOut:
     """For every worker (a submitter: of its pools), the constraint that keeps it from
     taking this job."""
-    job, summary, verdicts = state(request).queue.why(ref, caller.pools)
+    job, summary, verdicts = state(request).services.explain.why(ref, caller.pools)
     return WhyOut(
         job_id=job.id,
         status=job.status.value,
@@ -195,9 +194,9 @@ def job_logs(
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> LogsOut:
     """Output lines (stdout and stderr) after sequence number ``after``."""
-    q = state(request).queue
-    job = q.job(ref, caller.pools)
-    rows = q.store.logs(job.id, after, limit)
+    q = state(request).services
+    job = q.reads.job(ref, caller.pools)
+    rows = q.reads.logs(job.id, after, limit)
     return LogsOut(
         job_id=job.id,
         status=job.status.value,
@@ -217,14 +216,14 @@ def apply_manifest(plan: ManifestApply, request: Request, caller: Operator) -> A
         pool = caller.default_pool()
         jobs = [j if j.pool else j.model_copy(update={"pool": pool}) for j in plan.jobs]
         plan = plan.model_copy(update={"jobs": jobs})
-    return state(request).queue.apply(plan, caller.pools, caller.id)
+    return state(request).services.submission.apply(plan, caller.pools, caller.id)
 
 
 @router.get("/status", response_model=StatusOut, tags=["fleet"])
 def fleet_status(request: Request, caller: Reader) -> StatusOut:
     """Jobs by status, workers by status, and the slots of the workers not offline: all
     of them, and those free (no job holds or waits for them). A submitter: of its pools."""
-    q = state(request).queue
+    q = state(request).services
     workers: dict[str, int] = {}
     gpus = gpus_free = cpu = cpu_free = 0
     for s in q.fleet.states(caller.pools):
@@ -235,7 +234,7 @@ def fleet_status(request: Request, caller: Reader) -> StatusOut:
             cpu += s.row.cpu_slots
             cpu_free += s.free.cpu_slots
     return StatusOut(
-        jobs=q.store.job_counts(caller.pools),
+        jobs=q.reads.counts(caller.pools),
         workers=workers,
         gpus=gpus,
         gpus_free=gpus_free,
@@ -248,7 +247,7 @@ def fleet_status(request: Request, caller: Reader) -> StatusOut:
 def create_token(body: TokenCreate, request: Request, _: Admin) -> TokenCreated:
     """Create a token. The secret is in this response only; the server keeps its hash."""
     st = state(request)
-    expires = st.queue.clock() + body.expires_days * DAY if body.expires_days else None
+    expires = st.services.clock() + body.expires_days * DAY if body.expires_days else None
     row, secret = st.auth.create(body.name, Role(body.role), body.pools, expires, body.labels)
     note(request, row.id)
     return TokenCreated(**views.token_out(row).model_dump(), token=secret)
@@ -257,7 +256,7 @@ def create_token(body: TokenCreate, request: Request, _: Admin) -> TokenCreated:
 @router.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
 def list_tokens(request: Request, _: Admin) -> list[TokenOut]:
     """Every token, revoked ones included; never a secret (``hint`` tells them apart)."""
-    return [views.token_out(t) for t in state(request).queue.store.list_tokens()]
+    return [views.token_out(t) for t in state(request).services.reads.tokens()]
 
 
 @router.post("/tokens/{token_id}/rotate", response_model=TokenCreated, tags=["tokens"])
@@ -275,7 +274,7 @@ def revoke_token(token_id: str, request: Request, _: Admin) -> TokenOut:
     st = state(request)
     row = st.auth.revoke(token_id)
     note(request, token_id)
-    st.queue.leases.retire(token_id)
+    st.services.leases.retire(token_id)
     return views.token_out(row)
 
 
@@ -302,5 +301,5 @@ async def audit_log(
     st = state(request)
     await st.audit.flush()  # what was recorded a moment ago is in the answer
     start = since.timestamp() if since else 0.0
-    rows = await run_in_threadpool(st.queue.store.audit, start, limit, after)
+    rows = await run_in_threadpool(st.services.reads.audit, start, limit, after)
     return [views.audit_out(a) for a in rows]

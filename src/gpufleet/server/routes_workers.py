@@ -21,8 +21,8 @@ from gpufleet.scheduling.matching import FreeGpu, FreeResources, JobView, free_g
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
+from gpufleet.server.fleet import WorkerRecord
 from gpufleet.server.polls import Polls, wait_either
-from gpufleet.store import WorkerRow
 from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
@@ -51,8 +51,8 @@ Reader = Annotated[Caller, Depends(deps.reader)]
 Operator = Annotated[Caller, Depends(deps.operator)]
 
 
-def _worker_out(request: Request, w: WorkerRow) -> WorkerOut:
-    return views.worker_out(state(request).queue.fleet.state_of(w))
+def _worker_out(request: Request, w: WorkerRecord) -> WorkerOut:
+    return views.worker_out(state(request).services.fleet.state_of(w))
 
 
 @router.get("/workers", response_model=list[WorkerOut], tags=["fleet"])
@@ -63,7 +63,7 @@ def list_workers(
 ) -> list[WorkerOut]:
     """Workers (a submitter: of its pools), with live GPU memory and status."""
     pools = caller.pools if pool is None else [p for p in [pool] if caller.sees(p)]
-    return [views.worker_out(s) for s in state(request).queue.fleet.states(pools)]
+    return [views.worker_out(s) for s in state(request).services.fleet.states(pools)]
 
 
 @router.post("/workers/select", response_model=list[Candidate], tags=["fleet"])
@@ -72,7 +72,7 @@ def select_workers(body: SelectRequest, request: Request, caller: Reader) -> lis
     start the job now first, the one with the most free GPU memory leading; the others
     with the reason they cannot. Each is judged as if the job were aimed at it (a GPU
     worker on a free GPU, unless ``cpu_only``); ``requirements.worker`` is ignored."""
-    q = state(request).queue
+    q = state(request).services
     pool = body.spec.pool or caller.default_pool()
     caller.may_use(pool)
     spec = body.spec.to_domain()
@@ -93,14 +93,14 @@ def select_workers(body: SelectRequest, request: Request, caller: Reader) -> lis
 
 @router.get("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])
 def show_worker(ref: str, request: Request, caller: Reader) -> WorkerOut:
-    w = state(request).queue.fleet.worker(ref, caller.pools)
+    w = state(request).services.fleet.worker(ref, caller.pools)
     return _worker_out(request, w)
 
 
 @router.post("/workers/{ref}/drain", response_model=WorkerOut, tags=["fleet"])
 def drain_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
     """Stop giving the worker jobs; it finishes what it runs, then exits."""
-    w = state(request).queue.fleet.drain(ref, caller.pools)
+    w = state(request).services.fleet.drain(ref, caller.pools)
     note(request, w.id)
     return _worker_out(request, w)
 
@@ -109,7 +109,7 @@ def drain_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
 def remove_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
     """Forget an offline worker (409 for one that is not offline: drain it first). Its
     jobs' history keeps its name. Returns the worker as it was."""
-    fleet = state(request).queue.fleet
+    fleet = state(request).services.fleet
     w = fleet.remove(ref, caller.pools, caller.token)
     note(request, w.id)
     return views.worker_out(fleet.state(w, []))
@@ -121,15 +121,15 @@ def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> W
     A worker token registers workers of its own pool only, and a name enrolled with
     another token is refused. Labels the token fixes (``tokens create --label``) are the
     worker's whatever it declares; declaring another value for one is refused (403)."""
-    queue = state(request).queue
+    services = state(request).services
     pool = body.pool or caller.default_pool()
     caller.may_use(pool)
-    w = queue.fleet.register(body, pool, caller.token)
+    w = services.fleet.register(body, pool, caller.token)
     if body.running:
-        queue.leases.keep([(r.job_id, r.attempt) for r in body.running], w.id)
+        services.leases.keep([(r.job_id, r.attempt) for r in body.running], w.id)
     note(request, w.id)
     out = _worker_out(request, w)
-    out.lease_timeout = queue.settings.lease_timeout
+    out.lease_timeout = services.settings.lease_timeout
     return out
 
 
@@ -172,9 +172,9 @@ async def claim(
     if st.polls.stopping:
         return _shutting_down()
     free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
-    leases = st.queue.leases
+    leases = st.services.leases
     if free.cpu_slots == 0 and not free.gpus:
-        await to_thread.run_sync(st.queue.fleet.own, worker_id, caller.id, caller.pools)
+        await to_thread.run_sync(st.services.fleet.own, worker_id, caller.id, caller.pools)
         return Response(status_code=204)
     deadline = time.monotonic() + body.wait
     wake = st.notifier.current()
@@ -185,7 +185,7 @@ async def claim(
     )
     poll = st.polls.begin(worker_id)
     if body.supersede:
-        await to_thread.run_sync(st.queue.store.publish_superseded, worker_id, st.polls.replica)
+        await to_thread.run_sync(st.services.leases.superseded, worker_id, st.polls.replica)
     try:
         while True:
             if lease is not None:
@@ -220,7 +220,7 @@ def heartbeat(
     worker_id: str, body: HeartbeatRequest, request: Request, caller: Worker
 ) -> HeartbeatResponse:
     """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
-    q = state(request).queue
+    q = state(request).services
     q.fleet.own(worker_id, caller.id, caller.pools)
     return q.leases.heartbeat(worker_id, body)
 
@@ -229,19 +229,19 @@ def heartbeat(
 def leave(worker_id: str, body: LeaveRequest, request: Request, caller: Worker) -> None:
     """The worker stops (drained, its one job done, a signal): it is offline from now.
     A job it still held goes back to the queue without counting the attempt."""
-    q = state(request).queue
+    q = state(request).services
     q.fleet.own(worker_id, caller.id, caller.pools)
     q.leases.leave(worker_id, body.reason)
 
 
 def _holder(request: Request, caller: Caller, job_id: str, attempt: int) -> None:
-    state(request).queue.leases.check_holder(job_id, attempt, caller.id, caller.pools)
+    state(request).services.leases.check_holder(job_id, attempt, caller.id, caller.pools)
 
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
 def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
     _holder(request, caller, job_id, body.attempt)
-    state(request).queue.leases.start(job_id, body.attempt)
+    state(request).services.leases.start(job_id, body.attempt)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
@@ -252,7 +252,7 @@ def append_output(
     ``Gpufleet-Stop: GRACE`` (seconds), so the worker learns it within a log batch."""
     _holder(request, caller, job_id, body.attempt)
     lines = [(ln.stream, ln.line) for ln in body.lines]
-    stop = state(request).queue.leases.append_logs(job_id, body.attempt, lines)
+    stop = state(request).services.leases.append_logs(job_id, body.attempt, lines)
     if stop is not None:
         response.headers[STOP_HEADER] = f"{stop:g}"
 
@@ -262,7 +262,7 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
     """End an attempt: exit code 0 succeeds; anything else retries or fails, keeping the
     last lines of the attempt's stderr (``stderr_tail``)."""
     _holder(request, caller, job_id, body.attempt)
-    leases = state(request).queue.leases
+    leases = state(request).services.leases
     job = leases.finish(job_id, body.attempt, body.exit_code, body.error, body.stderr_tail)
     return views.job_out(job, {})
 
@@ -271,7 +271,9 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
 def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Worker) -> JobOut:
     """A draining worker hands the job back; the attempt is not counted."""
     _holder(request, caller, job_id, body.attempt)
-    return views.job_out(state(request).queue.leases.release(job_id, body.attempt, body.reason), {})
+    return views.job_out(
+        state(request).services.leases.release(job_id, body.attempt, body.reason), {}
+    )
 
 
 @router.post("/jobs/{job_id}/artifact", status_code=204, tags=["workers"])
@@ -279,7 +281,7 @@ def attach_artifact(job_id: str, body: ArtifactAttach, request: Request, caller:
     """Attach an uploaded blob as the artifact of the attempt this lease holds. The server
     checks the archive (every unpacking rule) before accepting it."""
     _holder(request, caller, job_id, body.attempt)
-    q = state(request).queue
-    if caller.pools is not None and not q.store.blob_readable(body.sha256, caller.pools):
+    q = state(request).services
+    if not q.blobs.readable(body.sha256, caller.pools):
         raise NotFound(f"no blob {body.sha256}", detail={"blob": body.sha256})
     q.leases.attach_artifact(job_id, body.attempt, body.sha256)

@@ -84,7 +84,7 @@ def job_detail(
     base = job_out(job, names).model_dump()
     return JobDetail(
         **base,
-        spec=JobSpecModel.from_domain(job.spec),
+        spec=JobSpecModel.shown(job.spec),
         history=[attempt_out(a) for a in history],
         unrunnable=job.unrunnable,
         artifact=artifact_out(artifact) if artifact else None,
@@ -114,7 +114,7 @@ def blob_out(b: BlobRow) -> BlobOut:
 def worker_out(state: WorkerState) -> WorkerOut:
     w = state.row
     live = {g.index: g for g in w.gpu_stats}
-    gpus = [GpuModel.from_domain(live.get(g.index, g)) for g in w.capability.gpus]
+    gpus = [GpuModel.model_construct(**live.get(g.index, g).__dict__) for g in w.capability.gpus]
     return WorkerOut(
         id=w.id,
         name=w.name,
@@ -130,7 +130,7 @@ def worker_out(state: WorkerState) -> WorkerOut:
         ephemeral=w.ephemeral,
         registered_at=ts(w.registered_at),
         last_heartbeat=ts(w.last_heartbeat),
-        capability=CapabilityModel.from_domain(w.capability),
+        capability=CapabilityModel.shown(w.capability),
     )
 
 

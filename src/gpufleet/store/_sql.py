@@ -34,9 +34,10 @@ from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statement
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps
-from gpufleet.store._values import job_values, spec_json
+from gpufleet.store._values import job_values
 from gpufleet.store.api import Hold
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow
+from gpufleet.store.stored import spec_json
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 CHANNEL = "gpufleet_claimable"

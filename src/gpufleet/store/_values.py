@@ -6,11 +6,7 @@ from typing import Any
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobSpec
-from gpufleet.wire import JobSpecModel
-
-
-def spec_json(spec: JobSpec) -> str:
-    return JobSpecModel.from_domain(spec).model_dump_json()
+from gpufleet.store.stored import spec_json
 
 
 def job_values(

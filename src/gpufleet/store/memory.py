@@ -22,9 +22,10 @@ from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
-from gpufleet.store._values import job_values, spec_json
+from gpufleet.store._values import job_values
 from gpufleet.store.api import Applied, ClaimView, Hold, StaleClaim, Store
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow
+from gpufleet.store.stored import spec_json
 
 _ACTIVE = {s.value for s in ACTIVE}
 _PENDING = lifecycle.INITIAL.value

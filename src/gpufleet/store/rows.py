@@ -1,4 +1,5 @@
-"""Rows the store returns: plain dataclasses, parsed from the tables."""
+"""Rows the store returns: plain dataclasses, parsed from the tables (the JSON they hold
+by the tolerant models of :mod:`gpufleet.store.stored`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from functools import cached_property
 from typing import Any, Self
 
 from gpufleet.domain.models import Capability, GpuInfo, JobSpec, JobStatus, WorkerStatus
-from gpufleet.wire import CapabilityModel, GpuModel, JobSpecModel
+from gpufleet.store import stored
 
 
 def _lines(text: str | None) -> tuple[str, ...]:
@@ -62,7 +63,7 @@ class JobRow:
     @cached_property
     def spec(self) -> JobSpec:
         """Parsed on first use: a claim looks at many rows and reads few specs."""
-        return JobSpecModel.model_validate_json(self.spec_json).to_domain()
+        return stored.spec(self.spec_json)
 
     @classmethod
     def from_row(cls, r: Any) -> JobRow:
@@ -133,14 +134,12 @@ class WorkerRow:
             name=m["name"],
             pool=m["pool"],
             labels=json.loads(m["labels"]),
-            capability=CapabilityModel.model_validate_json(m["capability"]).to_domain(),
+            capability=stored.capability(m["capability"]),
             cpu_slots=m["cpu_slots"],
             ephemeral=bool(m["ephemeral"]),
             status=WorkerStatus(m["status"]),
             drain=bool(m["drain"]),
-            gpu_stats=tuple(
-                GpuModel.model_validate(g).to_domain() for g in json.loads(m["gpu_stats"])
-            ),
+            gpu_stats=stored.gpus(m["gpu_stats"]),
             registered_at=m["registered_at"],
             last_heartbeat=m["last_heartbeat"],
             token_id=m["token_id"],

@@ -1,73 +1,42 @@
-"""The queue's front: submitting jobs and manifests, finding them, explaining why one
-waits, and what owners and operators may do to them (cancel, requeue).
-
-The store only persists; the lifecycle table in :mod:`gpufleet.domain.lifecycle` decides
-every state change, and :mod:`gpufleet.scheduling` decides who may run what. The lease
-protocol is :class:`gpufleet.server.leases.Leases`, workers' own lifecycle
-:class:`gpufleet.server.fleet.Fleet`; one ``QueueService`` holds both. Time comes from an
-injected clock so the policy is testable without sleeping.
+"""Submitting jobs and applying manifests: each job checked (its packages, its
+dependencies, the worker it is aimed at) and inserted in one transaction with its
+dependencies; a manifest's new jobs, its changes to pending ones and its host policies.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gpufleet.domain import lifecycle
 from gpufleet.domain.ids import manifest_job_id, new_job_id
-from gpufleet.domain.models import JobSpec, JobStatus, WorkerStatus
+from gpufleet.domain.models import JobSpec, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
-from gpufleet.scheduling.matching import (
-    Assignment,
-    JobView,
-    WorkerView,
-    ever_reason,
-    explain,
-    now_reason,
-)
-from gpufleet.server.blobs import BlobService
+from gpufleet.scheduling.matching import Assignment, JobView, WorkerView, ever_reason, now_reason
 from gpufleet.server.dataflow import DataFlow
-from gpufleet.server.fleet import Fleet, OnEvent, WorkerState, no_event
-from gpufleet.server.leases import Leases
-from gpufleet.server.settings import QueueSettings
+from gpufleet.server.fleet import Fleet, WorkerState
+from gpufleet.server.reads import Reads
 from gpufleet.store import Hold, JobRow, Store, WorkerRow
-from gpufleet.wire import (
-    ApplyResult,
-    ManifestApply,
-)
-
-Clock = Callable[[], float]
+from gpufleet.wire import ApplyResult, ManifestApply
 
 
-class QueueService:
-    """The server's queue: one instance per server process, shared by every request."""
+class Submission:
+    """Submit and apply; one per server process."""
 
     def __init__(
         self,
         store: Store,
-        settings: QueueSettings,
-        blobs: BlobService,
-        clock: Clock = time.time,
-        on_change: Callable[[], None] = lambda: None,
-        on_event: OnEvent = no_event,
+        reads: Reads,
+        fleet: Fleet,
+        flow: DataFlow,
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
     ) -> None:
         self.store = store
-        self.settings = settings
+        self.reads = reads
+        self.fleet = fleet
+        self.flow = flow
         self.clock = clock
         self.on_change = on_change
-        self.on_event = on_event
-        self.blobs = blobs
-        self.fleet = Fleet(
-            store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
-        )
-        self.flow = DataFlow(store, blobs, clock, self._changed)
-        self.leases = Leases(store, settings, self.fleet, self.flow, clock, on_change, on_event)
-
-    def _changed(self) -> None:
-        self.on_change()
-
-    # ---- submitting -------------------------------------------------------------------
 
     def unrunnable_reason(self, spec: JobSpec, views: list[WorkerView] | None = None) -> str | None:
         """Why no registered worker could ever run ``spec`` (None: some worker could)."""
@@ -110,7 +79,7 @@ class QueueService:
             hold=hold,
         )
         self.on_change()
-        return self.job(job_id)
+        return self.reads.job(job_id)
 
     def _target(self, spec: JobSpec, wait: bool) -> Hold | None:
         """The worker ``spec`` is aimed at must exist in its pool; unless ``wait``, it
@@ -257,139 +226,6 @@ class QueueService:
         deps = {i: s.dependencies for i, s in zip(ids, resolved, strict=True)}
         self.flow.check_cycles(deps, names)
         return resolved
-
-    # ---- reading ----------------------------------------------------------------------
-
-    def job(self, ref: str, pools: Sequence[str] | None = None) -> JobRow:
-        """A job by id, or by name when exactly one job has it; of ``pools`` only (None:
-        every pool). A job in another pool is answered as unknown."""
-        job = self.store.get_job(ref)
-        if job is not None and (pools is None or job.pool in pools):
-            return job
-        named = self.store.find_jobs_by_name(ref, pools=pools)
-        if len(named) == 1:
-            return named[0]
-        if named:
-            raise NotFound(f"several jobs are named {ref!r}; use the job id", detail={"job": ref})
-        raise NotFound(f"no job {ref!r}", detail={"job": ref})
-
-    def why(
-        self, ref: str, pools: Sequence[str] | None = None
-    ) -> tuple[JobRow, str, list[tuple[WorkerState, str | None]]]:
-        """The job, a one-line summary, and every worker's reason not to take it now (of
-        the workers in ``pools``; None: every worker), each with its status."""
-        job = self.job(ref, pools)
-        now = self.clock()
-        # The job does not hold a slot against itself.
-        states = [
-            self.fleet.state(s.row, [j for j in self.store.holding(s.row) if j.id != job.id])
-            if job.target
-            else s
-            for s in self.fleet.states(pools)
-        ]
-        jv = JobView(job.id, job.spec, job.created_at)
-        verdicts = explain(
-            jv, [(s.view, s.free) for s in states], now, self.settings.prefer_cuda_grace
-        )
-        rows = [(s, reason) for s, (_, reason) in zip(states, verdicts, strict=True)]
-        return job, self._why_summary(job, verdicts, now), rows
-
-    def _why_summary(
-        self, job: JobRow, verdicts: list[tuple[WorkerView, str | None]], now: float
-    ) -> str:
-        if job.status != JobStatus.PENDING:
-            where = f" on {job.worker_id}" if job.worker_id and job.status.active else ""
-            return f"job is {job.status.value}{where}, not waiting"
-        if job.waiting:
-            unmet = [d for d in self.store.dependencies(job.id) if d.status != JobStatus.SUCCEEDED]
-            named = ", ".join(f"job:{d.name} ({d.id}, {d.status.value})" for d in unmet)
-            return f"waiting for {named or 'its dependencies'} to succeed"
-        if job.not_before and job.not_before > now:
-            return f"retry backoff: claimable in {job.not_before - now:.0f}s"
-        if not verdicts:
-            return "no workers are registered"
-        ready = [v.name for v, r in verdicts if r is None]
-        if ready:
-            return "claimable now by " + ", ".join(ready)
-        if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
-            return "no registered worker could ever run this job"
-        return "waiting: every worker that could run it is busy, reserved, draining or offline"
-
-    # ---- operators and owners ---------------------------------------------------------
-
-    def cancel(
-        self, ref: str, pools: Sequence[str] | None = None, owner: str | None = None
-    ) -> JobRow:
-        """Cancel a job (of ``pools``; submitted by the token ``owner`` when given)."""
-        job = self._steerable(ref, pools, owner, "cancel")
-        for _ in range(3):  # a claim or a start may slip in between the read and the change
-            done = self.store.cancel(lifecycle.cancel(job, self.clock()))
-            if done is not None or job.status.terminal:
-                break
-            job = self.job(job.id)
-        if done is None:
-            raise Conflict(
-                f"job {job.id} is {job.status.value}; "
-                "only a pending, claimed or running job can be cancelled",
-                detail={"job": job.id, "status": job.status.value},
-            )
-        if job.target:
-            self.on_change()  # a slot it held for its worker is free for others
-        return done.job
-
-    def stop(
-        self,
-        ref: str,
-        pools: Sequence[str] | None = None,
-        owner: str | None = None,
-        grace: float = 60.0,
-    ) -> JobRow:
-        """Ask a claimed or running job to finish early and keep what it made: its worker
-        sends it SIGINT at its next heartbeat or log upload, and SIGTERM then SIGKILL if it
-        is still running ``grace`` seconds later. Asking again changes nothing."""
-        job = self._steerable(ref, pools, owner, "stop")
-        if job.status.active and job.stop_requested_at is None:
-            self.store.request_stop(job.id, self.clock(), grace)
-            job = self.job(job.id)
-        if not job.status.active:
-            advice = "cancel it instead" if job.status == JobStatus.PENDING else "it has ended"
-            raise Conflict(
-                f"job {job.id} is {job.status.value}: nothing runs to stop early ({advice})",
-                detail={"job": job.id, "status": job.status.value},
-            )
-        return job
-
-    def requeue(
-        self, ref: str, pools: Sequence[str] | None = None, owner: str | None = None
-    ) -> JobRow:
-        """Queue a failed or cancelled job again (of ``pools``; ``owner``'s when given)."""
-        job = self._steerable(ref, pools, owner, "requeue")
-        self.flow.check_requeue(job)
-        done = self.store.requeue(lifecycle.requeue(job))
-        if done is None:
-            raise Conflict(
-                f"job {job.id} is {job.status.value}; "
-                "only a failed or cancelled job can be requeued",
-                detail={"job": job.id, "status": job.status.value},
-            )
-        self.on_change()
-        return done.job
-
-    def _steerable(
-        self, ref: str, pools: Sequence[str] | None, owner: str | None, what: str
-    ) -> JobRow:
-        """The job, if the caller may steer it: a submitter (``owner``: its token id)
-        cancels, stops and requeues only the jobs it submitted; an operator any job of
-        its pools."""
-        job = self.job(ref, pools)
-        if owner is not None and job.submitted_by != owner:
-            raise Forbidden(
-                f"job {job.id} was submitted by another token; a submitter may {what} only "
-                "its own jobs (an operator of the pool may act on any: gpufleet tokens "
-                "create --role operator --pool POOL)",
-                detail={"job": job.id},
-            )
-        return job
 
 
 def _no_worker(ref: str, pool: str) -> str:

@@ -1,0 +1,70 @@
+"""Why a job waits: for each worker, the reason it does not take the job now, and one line
+that says what the job waits for (``gpufleet why``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gpufleet.domain.models import JobStatus
+from gpufleet.scheduling.matching import JobView, WorkerView, ever_reason, explain
+from gpufleet.server.fleet import Fleet, WorkerState
+from gpufleet.server.reads import Reads
+from gpufleet.store import JobRow, Store
+
+
+class Explain:
+    """``why``; one per server process."""
+
+    def __init__(
+        self,
+        store: Store,
+        reads: Reads,
+        fleet: Fleet,
+        prefer_cuda_grace: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.reads = reads
+        self.fleet = fleet
+        self.prefer_cuda_grace = prefer_cuda_grace
+        self.clock = clock
+
+    def why(
+        self, ref: str, pools: Sequence[str] | None = None
+    ) -> tuple[JobRow, str, list[tuple[WorkerState, str | None]]]:
+        """The job, a one-line summary, and every worker's reason not to take it now (of
+        the workers in ``pools``; None: every worker), each with its status."""
+        job = self.reads.job(ref, pools)
+        now = self.clock()
+        # The job does not hold a slot against itself.
+        states = [
+            self.fleet.state(s.row, [j for j in self.store.holding(s.row) if j.id != job.id])
+            if job.target
+            else s
+            for s in self.fleet.states(pools)
+        ]
+        jv = JobView(job.id, job.spec, job.created_at)
+        verdicts = explain(jv, [(s.view, s.free) for s in states], now, self.prefer_cuda_grace)
+        rows = [(s, reason) for s, (_, reason) in zip(states, verdicts, strict=True)]
+        return job, self._why_summary(job, verdicts, now), rows
+
+    def _why_summary(
+        self, job: JobRow, verdicts: list[tuple[WorkerView, str | None]], now: float
+    ) -> str:
+        if job.status != JobStatus.PENDING:
+            where = f" on {job.worker_id}" if job.worker_id and job.status.active else ""
+            return f"job is {job.status.value}{where}, not waiting"
+        if job.waiting:
+            unmet = [d for d in self.store.dependencies(job.id) if d.status != JobStatus.SUCCEEDED]
+            named = ", ".join(f"job:{d.name} ({d.id}, {d.status.value})" for d in unmet)
+            return f"waiting for {named or 'its dependencies'} to succeed"
+        if job.not_before and job.not_before > now:
+            return f"retry backoff: claimable in {job.not_before - now:.0f}s"
+        if not verdicts:
+            return "no workers are registered"
+        ready = [v.name for v, r in verdicts if r is None]
+        if ready:
+            return "claimable now by " + ", ".join(ready)
+        if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
+            return "no registered worker could ever run this job"
+        return "waiting: every worker that could run it is busy, reserved, draining or offline"

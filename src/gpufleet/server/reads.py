@@ -1,0 +1,69 @@
+"""What clients read: jobs (found by id or name, in the caller's pools), their history and
+output, the queue's counts, the fleet's names, tokens, the audit log and the database's
+health. Routes read through here, never the store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from gpufleet.domain.models import JobStatus
+from gpufleet.errors import NotFound
+from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, Store, TokenRow
+from gpufleet.store.rows import ArtifactRow
+
+
+class Reads:
+    """Read-only queries over the store; one per server process."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def job(self, ref: str, pools: Sequence[str] | None = None) -> JobRow:
+        """A job by id, or by name when exactly one job has it; of ``pools`` only (None:
+        every pool). A job in another pool is answered as unknown."""
+        job = self.store.get_job(ref)
+        if job is not None and (pools is None or job.pool in pools):
+            return job
+        named = self.store.find_jobs_by_name(ref, pools=pools)
+        if len(named) == 1:
+            return named[0]
+        if named:
+            raise NotFound(f"several jobs are named {ref!r}; use the job id", detail={"job": ref})
+        raise NotFound(f"no job {ref!r}", detail={"job": ref})
+
+    def jobs(
+        self, statuses: Iterable[str], limit: int, pools: Sequence[str] | None
+    ) -> list[JobRow]:
+        """The newest ``limit`` jobs of ``pools`` (None: every pool), oldest first."""
+        return self.store.list_jobs(statuses, limit, pools)
+
+    def history(self, job: JobRow) -> tuple[list[AttemptRow], ArtifactRow | None, list[JobRow]]:
+        """A job's attempts, its latest artifact, and the jobs whose results it needs."""
+        deps = self.store.dependencies(job.id) if job.spec.dependencies else []
+        return self.store.attempts(job.id), self.store.artifact(job.id), deps
+
+    def result(self, job: JobRow) -> ArtifactRow | None:
+        """What ``jobs get`` downloads: the artifact of the attempt that succeeded, else the
+        latest one."""
+        return self.store.artifact(job.id, job.lease if job.status == JobStatus.SUCCEEDED else None)
+
+    def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
+        return self.store.logs(job_id, after, limit)
+
+    def counts(self, pools: Sequence[str] | None) -> dict[str, int]:
+        """How many jobs of ``pools`` are in each status."""
+        return self.store.job_counts(pools)
+
+    def worker_names(self) -> dict[str, str]:
+        """Every worker's name by id (a job shows where it ran by name)."""
+        return {w.id: w.name for w in self.store.list_workers()}
+
+    def tokens(self) -> list[TokenRow]:
+        return self.store.list_tokens()
+
+    def audit(self, since: float, limit: int, after: int) -> list[AuditRow]:
+        return self.store.audit(since, limit, after)
+
+    def database(self) -> str:
+        """The database's kind, once it answered (raises if it does not)."""
+        return self.store.ping()

@@ -1,0 +1,58 @@
+"""The server's services, each named for what it does, built once per process.
+
+- :class:`~gpufleet.server.submission.Submission`: submit jobs, apply manifests;
+- :class:`~gpufleet.server.leases.Leases`: the worker protocol (claim, start, heartbeat,
+  output, finish, release) and the sweep of expired leases;
+- :class:`~gpufleet.server.fleet.Fleet`: workers' lives, host policies, drain;
+- :class:`~gpufleet.server.steering.Steering`: cancel, stop, requeue;
+- :class:`~gpufleet.server.dataflow.DataFlow`: inputs, dependencies, artifacts;
+- :class:`~gpufleet.server.explain.Explain`: why a job waits;
+- :class:`~gpufleet.server.reads.Reads`: what clients read.
+
+Routes call these and never the store. The store only persists; the lifecycle table in
+:mod:`gpufleet.domain.lifecycle` decides every status change and
+:mod:`gpufleet.scheduling` who may run what. Time comes from an injected clock, so the
+policy is testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gpufleet.server.blobs import BlobService
+from gpufleet.server.dataflow import DataFlow
+from gpufleet.server.explain import Explain
+from gpufleet.server.fleet import Fleet, OnEvent, no_event
+from gpufleet.server.leases import Leases
+from gpufleet.server.reads import Reads
+from gpufleet.server.settings import QueueSettings
+from gpufleet.server.steering import Steering
+from gpufleet.server.submission import Submission
+from gpufleet.store import Store
+
+
+class Services:
+    """One of each service, sharing one store, clock and change signal."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: QueueSettings,
+        blobs: BlobService,
+        clock: Callable[[], float] = time.time,
+        on_change: Callable[[], None] = lambda: None,
+        on_event: OnEvent = no_event,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.blobs = blobs
+        self.fleet = Fleet(
+            store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
+        )
+        self.flow = DataFlow(store, blobs, clock, on_change)
+        self.reads = Reads(store)
+        self.submission = Submission(store, self.reads, self.fleet, self.flow, clock, on_change)
+        self.steering = Steering(store, self.reads, self.flow, clock, on_change)
+        self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
+        self.leases = Leases(store, settings, self.fleet, self.flow, clock, on_change, on_event)
