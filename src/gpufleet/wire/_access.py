@@ -1,0 +1,123 @@
+"""Blobs, uploads, tokens, the audit log and health."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from gpufleet.wire._base import Label, LabelKey, Name, PoolName, Sha256, Size, Strict
+from gpufleet.wire._fleet import WorkerRegister
+
+# ---- blobs ------------------------------------------------------------------------------
+
+
+class BlobOut(BaseModel):
+    sha256: str
+    size: int
+    created_at: datetime
+
+
+class UploadCreate(Strict):
+    sha256: Sha256
+    size: Size
+
+
+class UploadOut(BaseModel):
+    """A resumable upload: send the bytes from ``offset`` on with PATCH."""
+
+    id: str | None = Field(description="None when the server already had the blob")
+    sha256: str
+    size: int
+    offset: int
+    complete: bool
+    receiving: bool = Field(
+        default=False,
+        description="a request is sending bytes to it now (perhaps one whose client is "
+        "gone, until the server notices); wait before sending from offset",
+    )
+
+
+# ---- tokens -----------------------------------------------------------------------------
+
+
+class TokenCreate(Strict):
+    name: Name
+    role: Literal["admin", "operator", "submitter", "worker"]
+    pools: list[PoolName] = Field(
+        default_factory=list,
+        max_length=100,
+        description="submitter: the pools it may use (default: ['default']); worker: its "
+        "one pool; admin and operator tokens see every pool and take none",
+    )
+    expires_days: float | None = Field(None, gt=0, le=3650)
+    labels: dict[LabelKey, Label] = Field(
+        default_factory=dict,
+        max_length=50,
+        description="worker tokens: labels every worker enrolled with it carries, whatever "
+        "the worker declares (a job asking for team=nlp can then trust it)",
+    )
+
+    @model_validator(mode="after")
+    def _pools_fit(self) -> TokenCreate:
+        if len(",".join(self.pools)) > 200:
+            raise ValueError("pools: at most 200 characters in all, commas included")
+        if self.labels and self.role != "worker":
+            raise ValueError("labels: only a worker token fixes labels (its workers carry them)")
+        if len(json.dumps(self.labels)) > 4000:
+            raise ValueError("labels: at most 4000 characters in all")
+        return self
+
+
+class TokenOut(BaseModel):
+    id: str
+    name: str
+    role: str
+    pools: list[str] = Field(description="empty: every pool")
+    hint: str = Field(description="the secret's first characters, to tell tokens apart")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="labels its workers carry (worker tokens)"
+    )
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class WhoAmI(BaseModel):
+    id: str
+    name: str
+    role: str
+    pools: list[str] = Field(description="empty: every pool")
+
+
+class AuditOut(BaseModel):
+    """A call (method, path, status), or a lifecycle event the server decided itself
+    (``event``: worker.registered, worker.offline, worker.removed, lease.lost)."""
+
+    seq: int
+    at: datetime
+    token_id: str | None
+    token_name: str | None
+    role: str | None
+    address: str
+    method: str | None
+    path: str | None
+    status: int | None
+    target: str | None
+    event: str | None = None
+    detail: str | None = None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The secret. Shown once; only its hash is stored.")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    database: str
+
+
+WorkerRegister.model_rebuild()

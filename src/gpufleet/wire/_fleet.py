@@ -1,0 +1,281 @@
+"""Workers and the worker protocol: register, claim, heartbeat, output, finish."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, Field
+
+from gpufleet.domain.models import (
+    Capability,
+    GpuInfo,
+)
+from gpufleet.wire._base import INT32, Attempt, JobState, Name, PoolName, Strict, _no_nul
+from gpufleet.wire._jobs import JobSpecModel, StderrTail
+
+# ---- workers ----------------------------------------------------------------------------
+
+
+class GpuModel(Strict):
+    index: int = Field(ge=0, le=1024)
+    name: str = Field(max_length=200)
+    total_mib: int = Field(ge=0, le=2**40)
+    free_mib: int = Field(ge=0, le=2**40)
+    uuid: str = ""
+    compute_capability: str = ""
+    simulated: bool = False
+
+    def to_domain(self) -> GpuInfo:
+        return GpuInfo(**self.model_dump())
+
+    @classmethod
+    def from_domain(cls, g: GpuInfo) -> GpuModel:
+        return cls(**g.__dict__)
+
+
+class CapabilityModel(Strict):
+    hostname: str = Field(max_length=255)
+    cores: int = Field(ge=0, le=1_000_000)
+    ram_mib: int = Field(ge=0, le=2**40)
+    disk_free_mib: int = Field(0, ge=0, le=2**50)
+    os: str = ""
+    python: str = ""
+    gpus: list[GpuModel] = Field(default_factory=list)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    torch_version: str | None = None
+    git_commit: str | None = None
+    gpus_simulated: bool = False
+    mounts: list[Annotated[str, Field(max_length=4096), AfterValidator(_no_nul)]] = Field(
+        default_factory=list, max_length=100, description="shared paths this worker can read"
+    )
+
+    def to_domain(self) -> Capability:
+        data = self.model_dump(exclude={"gpus", "mounts"})
+        return Capability(
+            **data, gpus=tuple(g.to_domain() for g in self.gpus), mounts=tuple(self.mounts)
+        )
+
+    @classmethod
+    def from_domain(cls, c: Capability) -> CapabilityModel:
+        data = {k: v for k, v in c.__dict__.items() if k != "gpus"}
+        return cls(**data, gpus=[GpuModel.from_domain(g) for g in c.gpus])
+
+    @classmethod
+    def shown(cls, c: Capability, gpus: list[GpuModel] | None = None) -> CapabilityModel:
+        """``c`` as the server sends it, not checked again (see :meth:`JobSpecModel.shown`)."""
+        data = {k: v for k, v in c.__dict__.items() if k not in ("gpus", "mounts")}
+        listed = [GpuModel.model_construct(**g.__dict__) for g in c.gpus]
+        return cls.model_construct(
+            **data, gpus=listed if gpus is None else gpus, mounts=list(c.mounts)
+        )
+
+
+class WorkerRegister(Strict):
+    name: Name
+    labels: dict[str, str] = Field(default_factory=dict)
+    capability: CapabilityModel
+    cpu_slots: int = Field(1, ge=0, le=1024)
+    pool: PoolName | None = Field(None, description="None: the token's pool ('default')")
+    ephemeral: bool = False
+    running: list[LeaseRef] = Field(default_factory=list)
+
+
+WorkerState = Literal["connecting", "available", "reserved", "busy", "draining", "offline"]
+WORKER_STATES = (
+    "connecting: registered, not polling yet; available: a job could start on it now (a "
+    "free GPU; on a machine without GPUs, a free CPU slot); reserved: nothing free, and a "
+    "job is claimed but not started, or waits for it; busy: every slot runs a job; "
+    "draining: finishes what it runs, takes nothing new; offline: no heartbeat for a "
+    "lease, or it stopped"
+)
+
+
+class WorkerOut(BaseModel):
+    id: str
+    name: str
+    status: WorkerState = Field(description=WORKER_STATES)
+    pool: str
+    labels: dict[str, str]
+    fixed_labels: list[str] = Field(
+        default_factory=list,
+        description="labels its token fixes (tokens create --label): trustworthy, the "
+        "worker cannot change them",
+    )
+    offline_since: datetime | None = Field(
+        None, description="when it went offline (its last sign of life); None while online"
+    )
+    gpus: list[GpuModel]
+    gpus_simulated: bool
+    slots: dict[str, int]
+    running: list[str]
+    ephemeral: bool
+    registered_at: datetime
+    last_heartbeat: datetime | None
+    capability: CapabilityModel
+    lease_timeout: float | None = Field(
+        None, description="The server's lease timeout; a worker heartbeats well within it."
+    )
+
+
+class SelectRequest(Strict):
+    """The job a user is about to submit; the server lists the workers that could take it."""
+
+    spec: JobSpecModel
+
+
+class Candidate(BaseModel):
+    worker: WorkerOut
+    fits: bool = Field(description="could take the job now")
+    reason: str | None = Field(description="why it cannot, when it cannot")
+    free_gpu_mib: int = Field(description="GPU memory free now on GPUs no job holds")
+
+
+class LeaseRef(Strict):
+    job_id: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
+    attempt: Attempt
+
+
+class FreeGpuModel(Strict):
+    index: int = Field(ge=0, le=1024)
+    free_mib: int = Field(ge=0, le=2**40)
+
+
+class ClaimRequest(Strict):
+    cpu_slots: int = Field(0, ge=0, le=1024)
+    gpus: list[FreeGpuModel] = Field(default_factory=list)
+    wait: float = Field(25.0, ge=0, le=60)
+    supersede: bool = Field(
+        False,
+        description="this poll replaces one the worker has open (a slot freed): end that "
+        "one, on whichever server replica holds it",
+    )
+
+
+class StagedInput(BaseModel):
+    """An input as the worker fetches it: a blob to unpack (a package, or a dependency's
+    artifact) or a shared path to check and link. ``sha256`` None: a dependency that
+    produced no artifact."""
+
+    kind: Literal["blob", "job", "path"]
+    dest: str
+    sha256: str | None
+    size: int | None = None
+    path: str | None = None
+    label: str = ""
+
+
+class Lease(BaseModel):
+    """A claim's answer: run ``spec`` on ``gpus``; every later write carries (job_id, attempt)."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpecModel
+    gpus: list[int]
+    lease_timeout: float
+    inputs: list[StagedInput] = Field(default_factory=list)
+
+
+class HeartbeatRequest(Strict):
+    leases: list[LeaseRef] = Field(default_factory=list)
+    gpus: list[GpuModel] = Field(default_factory=list)
+    draining: bool = False
+
+
+class LeaseOrder(BaseModel):
+    job_id: str
+    attempt: int
+    order: Literal["continue", "cancel", "stop"]
+    grace: float | None = Field(
+        None, description="stop: seconds after SIGINT before SIGTERM, then SIGKILL"
+    )
+
+
+class StopRequest(Strict):
+    grace: float = Field(
+        60.0,
+        ge=0,
+        le=7 * 86400,
+        description="seconds the job has after SIGINT to finish and exit; then SIGTERM, "
+        "and SIGKILL 3 s later",
+    )
+
+
+class HeartbeatResponse(BaseModel):
+    """Per reported lease: keep running it, kill it (cancelled, or the lease is stale), or
+    ask it to finish early (stop: SIGINT, then after ``grace`` SIGTERM and SIGKILL)."""
+
+    orders: list[LeaseOrder]
+    drain: bool = False
+
+
+class StartRequest(Strict):
+    attempt: Attempt
+    pid: int | None = Field(None, ge=0, le=INT32)
+
+
+class LogLine(Strict):
+    stream: Literal["stdout", "stderr"] = "stdout"
+    line: str = Field(max_length=1_000_000)
+
+
+class LogAppend(Strict):
+    attempt: Attempt
+    lines: list[LogLine] = Field(max_length=100_000)
+
+
+class FinishRequest(Strict):
+    attempt: Attempt
+    exit_code: int | None = Field(None, ge=-INT32 - 1, le=INT32)
+    error: str | None = Field(None, max_length=100_000)
+    stderr_tail: StderrTail = Field(
+        default_factory=list, description="the last lines the job wrote to stderr"
+    )
+
+
+class LeaveRequest(Strict):
+    reason: str = Field("stopped", max_length=1000, description="why the worker stops")
+
+
+class ReleaseRequest(Strict):
+    attempt: Attempt
+    reason: str = Field("worker drained", max_length=10_000)
+
+
+class LogEntry(BaseModel):
+    seq: int
+    attempt: int
+    stream: str
+    line: str
+    ts: datetime
+
+
+class LogsOut(BaseModel):
+    job_id: str
+    status: JobState
+    lines: list[LogEntry]
+    next: int
+
+
+class WhyWorker(BaseModel):
+    worker_id: str
+    name: str
+    status: WorkerState
+    reason: str | None
+
+
+class WhyOut(BaseModel):
+    job_id: str
+    status: JobState
+    summary: str
+    workers: list[WhyWorker]
+
+
+class StatusOut(BaseModel):
+    jobs: dict[str, int]
+    workers: dict[str, int] = Field(description="workers by status: " + WORKER_STATES)
+    gpus: int = Field(description="GPUs of the workers not offline")
+    gpus_free: int = Field(description="of those, GPUs no job holds or waits for")
+    cpu_slots: int = Field(description="CPU slots of the workers not offline")
+    cpu_slots_free: int = Field(0, description="of those, CPU slots no job holds or waits for")

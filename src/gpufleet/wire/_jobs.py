@@ -1,0 +1,336 @@
+"""Jobs and manifests: what is submitted, applied and shown."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, Field, model_validator
+
+from gpufleet.domain.models import (
+    DeclaredCapability,
+    HostPolicy,
+    HyperStyle,
+    InputKind,
+    JobInput,
+    JobSpec,
+    Requirements,
+)
+from gpufleet.wire._base import (
+    Attempt,
+    JobState,
+    Label,
+    Name,
+    PoolName,
+    RelPath,
+    Sha256,
+    Size,
+    Strict,
+    _no_nul,
+)
+
+# ---- jobs -------------------------------------------------------------------------------
+
+
+class RequirementsModel(Strict):
+    require_cuda: bool = False
+    prefer_cuda: bool = False
+    gpu_count: int = Field(0, ge=0, le=64)
+    min_vram_gib: float = Field(0.0, ge=0, le=1_000_000)
+    min_ram_gib: float = Field(0.0, ge=0, le=1_000_000)
+    gpu_name: str | None = Field(None, max_length=200)
+    labels: dict[str, str] = Field(default_factory=dict)
+    allowed_hosts: list[str] = Field(default_factory=list)
+    worker: str | None = Field(None, max_length=200)
+    cpu_only: bool = Field(
+        False,
+        description="run in a CPU slot even on a worker with GPUs (a job aimed at a GPU "
+        "worker otherwise takes one of its GPUs)",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RequirementsModel:
+        # Only cpu_only can contradict the rest; every stored job is parsed with this model,
+        # so the common case costs one attribute read.
+        problem = self.to_domain().contradiction() if self.cpu_only else None
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def to_domain(self) -> Requirements:
+        data = self.model_dump()
+        return Requirements(**{**data, "allowed_hosts": tuple(self.allowed_hosts)})
+
+    @classmethod
+    def from_domain(cls, r: Requirements) -> RequirementsModel:
+        return cls.model_validate(asdict(r))
+
+
+class InputModel(Strict):
+    """A job input: a package blob, another job's artifact, or a path on a shared mount."""
+
+    kind: Literal["blob", "job", "path"]
+    ref: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_no_nul)]
+    dest: RelPath = "."
+    sha256: Sha256 | None = None
+    size: Size | None = None
+    label: Label = ""
+
+    @model_validator(mode="after")
+    def _check_ref(self) -> InputModel:
+        if self.kind == "blob" and not _is_sha256(self.ref):
+            raise ValueError("a blob input's ref must be its SHA-256 (64 hex digits)")
+        if self.kind == "path" and not (self.ref.startswith("/") and self.sha256):
+            raise ValueError("a path input needs an absolute path and its sha256")
+        if self.kind == "job" and len(self.ref) > 200:
+            raise ValueError("a job input's ref is a job name or id (at most 200 characters)")
+        return self
+
+    def to_domain(self) -> JobInput:
+        kind = InputKind(self.kind)
+        return JobInput(kind, self.ref, self.dest, self.sha256, self.size, self.label)
+
+
+def _is_sha256(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+class JobSpecModel(Strict):
+    name: Name
+    command: list[Annotated[str, Field(max_length=100_000), AfterValidator(_no_nul)]] = Field(
+        min_length=1
+    )
+    hyper: dict[str, Any] = Field(default_factory=dict)
+    env: dict[Label, Annotated[str, AfterValidator(_no_nul)]] = Field(default_factory=dict)
+    requirements: RequirementsModel = Field(default_factory=RequirementsModel)
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    max_attempts: int = Field(3, ge=1, le=100)
+    timeout: float | None = Field(None, gt=0, le=10_000_000)
+    pool: PoolName | None = Field(
+        None, description="None: 'default', or the token's only pool when it has one"
+    )
+    shell: bool = False
+    manifest: Name | None = None
+    model: Label | None = None
+    mode: Label | None = None
+    vars: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[InputModel] = Field(default_factory=list, max_length=100)
+    outputs: list[RelPath] = Field(
+        default_factory=lambda: ["outputs"],
+        max_length=100,
+        description="globs relative to the job directory, archived as the job's artifact",
+    )
+    hyper_style: Literal["dash", "verbatim"] = Field(
+        "dash",
+        description="dash: batch_size=64 is --batch-size 64, true is a bare flag, false "
+        "is left out; verbatim: --batch_size 64 --use_amp true",
+    )
+
+    def to_domain(self) -> JobSpec:
+        data = self.model_dump(exclude={"requirements", "inputs", "outputs", "hyper_style"})
+        return JobSpec(
+            **{**data, "command": tuple(self.command), "pool": self.pool or "default"},
+            requirements=self.requirements.to_domain(),
+            inputs=tuple(i.to_domain() for i in self.inputs),
+            outputs=tuple(self.outputs),
+            hyper_style=HyperStyle(self.hyper_style),
+        )
+
+    @classmethod
+    def from_domain(cls, s: JobSpec) -> JobSpecModel:
+        return cls.model_validate(asdict(s))
+
+    @classmethod
+    def shown(cls, s: JobSpec) -> JobSpecModel:
+        """``s`` as the server sends it, not checked again: what it kept is shown as it is,
+        even past a limit the API has tightened since (the limits are for what comes in)."""
+        data = asdict(s)
+        r = data.pop("requirements")
+        return cls.model_construct(
+            **{
+                **data,
+                "command": list(s.command),
+                "outputs": list(s.outputs),
+                "hyper_style": s.hyper_style.value,
+                "requirements": RequirementsModel.model_construct(
+                    **{**r, "allowed_hosts": list(s.requirements.allowed_hosts)}
+                ),
+                "inputs": [
+                    InputModel.model_construct(**{**asdict(i), "kind": i.kind.value})
+                    for i in s.inputs
+                ],
+            }
+        )
+
+
+class ArtifactFile(BaseModel):
+    path: str
+    size: int
+
+
+class ArtifactOut(BaseModel):
+    """A job attempt's outputs, archived: a blob and what it holds."""
+
+    job_id: str
+    attempt: int
+    sha256: str
+    size: int = Field(description="archive bytes")
+    files: list[ArtifactFile] = Field(description="the first files in the archive (at most 1000)")
+    file_count: int
+    bytes: int = Field(description="unpacked bytes")
+    created_at: datetime
+
+
+class ArtifactAttach(Strict):
+    attempt: Attempt
+    sha256: Sha256
+
+
+class DependencyOut(BaseModel):
+    job_id: str
+    name: str
+    status: JobState
+
+
+#: How many of its last stderr lines a failed attempt keeps, and how long each may be.
+STDERR_TAIL_LINES = 20
+STDERR_TAIL_CHARS = 2000
+StderrTail = Annotated[
+    list[Annotated[str, Field(max_length=STDERR_TAIL_CHARS)]],
+    Field(max_length=STDERR_TAIL_LINES),
+]
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    worker: str | None
+    worker_id: str | None
+    gpus: list[int]
+    claimed_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    outcome: str | None
+    error: str | None
+    stderr_tail: list[str] = Field(
+        default_factory=list, description="the attempt's last stderr lines, when it failed"
+    )
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    status: JobState
+    attempts: int
+    max_attempts: int
+    priority: int
+    worker: str | None
+    worker_id: str | None
+    gpus: list[int]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    error: str | None
+    model: str | None = None
+    manifest: str | None = None
+    not_before: datetime | None = None
+    waiting: int = Field(0, description="dependencies (job:NAME inputs) not yet succeeded")
+    submitted_by: str | None = Field(
+        None, description="id of the token that submitted it (None: from before owners)"
+    )
+    stderr_tail: list[str] = Field(
+        default_factory=list,
+        description=f"the last stderr lines (at most {STDERR_TAIL_LINES}) of the latest "
+        "attempt, when it failed: what went wrong, in the job's own words",
+    )
+    stop_requested_at: datetime | None = Field(
+        None, description="when `gpufleet stop` asked it to finish early"
+    )
+    stopped_early: bool = Field(
+        False, description="it was asked to stop and exited 0: succeeded, with its outputs"
+    )
+
+
+class JobDetail(JobOut):
+    spec: JobSpecModel
+    history: list[AttemptOut]
+    unrunnable: str | None = None
+    artifact: ArtifactOut | None = None
+    depends_on: list[DependencyOut] = Field(default_factory=list)
+
+
+class SubmitResult(BaseModel):
+    job: JobOut
+    warning: str | None = None
+
+
+# ---- manifests --------------------------------------------------------------------------
+
+
+class DeclaredModel(Strict):
+    cuda: bool | None = None
+    gpus: int | None = Field(None, ge=0, le=64)
+    vram_gib: float | None = Field(None, ge=0, le=1_000_000)
+    ram_gib: float | None = Field(None, ge=0, le=1_000_000)
+
+
+class HostModel(Strict):
+    name: Name
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    allow_jobs: list[str] | None = None
+    deny_jobs: list[str] = Field(default_factory=list)
+    description: str = ""
+    declared: DeclaredModel = Field(default_factory=DeclaredModel)
+
+    def to_domain(self) -> HostPolicy:
+        d = self.declared
+        return HostPolicy(
+            name=self.name,
+            priority=self.priority,
+            allow_jobs=None if self.allow_jobs is None else tuple(self.allow_jobs),
+            deny_jobs=tuple(self.deny_jobs),
+            description=self.description,
+            declared=DeclaredCapability(d.cuda, d.gpus, d.vram_gib, d.ram_gib),
+        )
+
+    @classmethod
+    def from_domain(cls, h: HostPolicy) -> HostModel:
+        d = h.declared
+        return cls(
+            name=h.name,
+            priority=h.priority,
+            allow_jobs=None if h.allow_jobs is None else list(h.allow_jobs),
+            deny_jobs=list(h.deny_jobs),
+            description=h.description,
+            declared=DeclaredModel(
+                cuda=d.cuda, gpus=d.gpus, vram_gib=d.vram_gib, ram_gib=d.ram_gib
+            ),
+        )
+
+
+class ManifestApply(Strict):
+    name: Name
+    hosts: list[HostModel] = Field(default_factory=list)
+    jobs: list[JobSpecModel] = Field(default_factory=list)
+
+
+class ApplyResult(BaseModel):
+    manifest: str
+    created: list[str]
+    updated: list[str] = Field(
+        default_factory=list,
+        description="pending jobs whose priority, requirements or limits the manifest changed",
+    )
+    unchanged: list[str]
+    absent: list[str] = Field(
+        default_factory=list,
+        description="jobs of this manifest the plan no longer has; they stay (finished, or "
+        "queued until cancelled)",
+    )
+    hosts: list[str]
+    unknown_hosts: list[str] = Field(
+        default_factory=list, description="[hosts.NAME] entries no registered worker is named"
+    )
+    unrunnable: dict[str, str] = Field(default_factory=dict)
