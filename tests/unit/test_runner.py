@@ -95,7 +95,7 @@ def test_slots_hand_out_gpus_and_cpu_and_take_them_back() -> None:
 
 def test_log_batches_stay_under_the_servers_body_limit() -> None:
     from gpufleet.wire import LogLine
-    from gpufleet.worker.agent import MAX_BATCH, MAX_BATCH_CHARS, take_batch
+    from gpufleet.worker.jobs import MAX_BATCH, MAX_BATCH_CHARS, take_batch
 
     big = [LogLine(stream="stdout", line="x" * 1_000_000) for _ in range(5)]
     batch, rest = take_batch(big)
@@ -109,7 +109,7 @@ def test_log_batches_stay_under_the_servers_body_limit() -> None:
 
 
 def test_the_workers_secrets_are_not_passed_to_jobs() -> None:
-    from gpufleet.worker.agent import is_secret_env
+    from gpufleet.worker.jobs import is_secret_env
 
     for name in ("GPUFLEET_TOKEN", "GPUFLEET_SHARE_TOKEN", "GPUFLEET_SESSION", "gpufleet_token"):
         assert is_secret_env(name), name

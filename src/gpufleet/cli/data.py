@@ -28,7 +28,7 @@ from gpufleet.cli._common import (
 from gpufleet.cli.choose import session_client
 from gpufleet.client import Client
 from gpufleet.client._transfer import Progress as Advance
-from gpufleet.domain.manifest import default_job_dest, split_dest
+from gpufleet.domain.manifest_values import default_job_dest, split_dest
 from gpufleet.errors import GpufleetError, InsufficientStorage
 from gpufleet.streams import file_sha256
 from gpufleet.wire import InputModel, WorkerOut

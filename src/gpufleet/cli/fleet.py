@@ -138,8 +138,9 @@ def worker(
 ) -> None:
     """Run a worker: detect this machine, claim jobs that fit, run them, report back.
     It prints a session string; `gpufleet submit --session STRING` sends a job to it."""
-    from gpufleet.worker.agent import WorkerOptions, run_worker
+    from gpufleet.worker.agent import run_worker
     from gpufleet.worker.capability import detect
+    from gpufleet.worker.options import WorkerOptions
 
     s = resolve(
         server=server,

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from anyio import CapacityLimiter
@@ -133,31 +133,67 @@ def create_app(
         store.publish_claimable()
 
     audit = AuditWriter(store)
-    services = Services(store, settings, blobs, on_change=on_change, on_event=audit.event)
-    auth = Auth(store)
-    polls = Polls()
-    stop_listening = threading.Event()
+    st = ServerState(
+        services=Services(store, settings, blobs, on_change=on_change, on_event=audit.event),
+        auth=Auth(store),
+        notifier=notifier,
+        claim_limiter=CapacityLimiter(1 if store.dialect == "sqlite" else 8),
+        audit=audit,
+        polls=Polls(),
+    )
+    app = FastAPI(
+        title="gpufleet",
+        version=__version__,
+        description="Queue, fleet state and job control for gpufleet workers and clients.",
+        lifespan=_lifespan(store, st),
+    )
+    app.state.gpufleet = st
+    app.add_exception_handler(GpufleetError, _on_gpufleet_error)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_crash)
+    app.add_middleware(AuditLog, writer=audit)
+    # Added last, so outermost: a refused flood costs no audit row, no database write.
+    app.add_middleware(LimitsMiddleware, limits=limits)
+    app.include_router(routes_jobs.router)
+    app.include_router(routes_workers.router)
+    app.include_router(routes_blobs.router)
+    return app
+
+
+def _lifespan(
+    store: SqlStore, st: ServerState
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """What the server does at start (clean up, extend leases after an outage, sweep,
+    listen to other replicas) and undoes at stop."""
+    services = st.services
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        notifier.bind(loop)
-        polls.bind(loop)
-        audit.bind(loop)
-        cleaned = await run_in_threadpool(blobs.startup)
+        st.notifier.bind(loop)
+        st.polls.bind(loop)
+        st.audit.bind(loop)
+        cleaned = await run_in_threadpool(services.blobs.startup)
         if cleaned:
             log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
         # If no worker could heartbeat lately, the service was down (not just this replica):
         # give leases one lease_timeout from now before the first sweep, so an outage kills
         # no healthy job. With other replicas up, heartbeats are recent and nothing changes.
         await run_in_threadpool(services.leases.after_outage)
-        interval = max(0.05, min(settings.lease_timeout / 4, 5.0))
+        interval = max(0.05, min(services.settings.lease_timeout / 4, 5.0))
         task = asyncio.create_task(_sweeper(services, interval))
+        stop_listening = threading.Event()
         listener = None
         if store.dialect == "postgresql":  # wake polls held by this replica on others' changes
             listener = threading.Thread(
                 target=store.listen_claimable,
-                args=(notifier.notify, stop_listening, auth.forget, polls.superseded_elsewhere),
+                args=(
+                    st.notifier.notify,
+                    stop_listening,
+                    st.auth.forget,
+                    st.polls.superseded_elsewhere,
+                ),
                 daemon=True,
             )
             listener.start()
@@ -170,32 +206,7 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await audit.close()
-            audit.bind(None)
+            await st.audit.close()
+            st.audit.bind(None)
 
-    app = FastAPI(
-        title="gpufleet",
-        version=__version__,
-        description="Queue, fleet state and job control for gpufleet workers and clients.",
-        lifespan=lifespan,
-    )
-    limiter = CapacityLimiter(1 if store.dialect == "sqlite" else 8)
-    app.state.gpufleet = ServerState(
-        services=services,
-        auth=auth,
-        notifier=notifier,
-        claim_limiter=limiter,
-        audit=audit,
-        polls=polls,
-    )
-    app.add_exception_handler(GpufleetError, _on_gpufleet_error)
-    app.add_exception_handler(RequestValidationError, _on_validation)
-    app.add_exception_handler(HTTPException, _on_http)
-    app.add_exception_handler(Exception, _on_crash)
-    app.add_middleware(AuditLog, writer=audit)
-    # Added last, so outermost: a refused flood costs no audit row, no database write.
-    app.add_middleware(LimitsMiddleware, limits=limits)
-    app.include_router(routes_jobs.router)
-    app.include_router(routes_workers.router)
-    app.include_router(routes_blobs.router)
-    return app
+    return lifespan

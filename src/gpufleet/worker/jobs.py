@@ -1,0 +1,346 @@
+"""Running one job on a worker: stage its inputs, start its process, stream its output,
+stop or kill it when asked, collect its outputs and report how it ended.
+
+A mixin of :class:`gpufleet.worker.agent.Agent`, which holds the client, the stager, the
+slots and the jobs it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpufleet.client import AsyncClient, Client
+from gpufleet.domain.models import DEFAULT_OUTPUTS, HyperStyle
+from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
+from gpufleet.tokens import redact
+from gpufleet.wire import (
+    STDERR_TAIL_CHARS,
+    STDERR_TAIL_LINES,
+    ArtifactAttach,
+    FinishRequest,
+    Lease,
+    LogAppend,
+    LogLine,
+    ReleaseRequest,
+    StartRequest,
+)
+from gpufleet.worker.options import WorkerOptions
+from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env, oom_kills
+from gpufleet.worker.slots import Slots
+from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
+
+T = TypeVar("T")
+FLUSH_SECONDS = 1.0
+MAX_BATCH = 5000
+# Characters of output in one log request: JSON-escaped, well under the server's body limit.
+MAX_BATCH_CHARS = 2_000_000
+
+
+class Stopped(GpufleetError):
+    """The worker was told to stop while it waited for the server, with nothing to hand
+    back or report: it stops instead of retrying."""
+
+
+def say(msg: str) -> None:
+    """A line of the worker's log (never a token: anything token-shaped is cut)."""
+    print(f"{time.strftime('%H:%M:%S')} {redact(msg)}", flush=True)
+
+
+@dataclass
+class Running:
+    lease: Lease
+    proc: JobProcess | None = None
+    lines: list[LogLine] = field(default_factory=list)
+    # set when we end it: "cancel", "lost", "drain", "timeout"; "stop": asked to finish early
+    stop_reason: str | None = None
+    killing: bool = False
+    stop_grace: float = 60.0  # a stop: seconds after SIGINT before SIGTERM
+    # The job's last stderr lines: what a failed job says about why (shown by `show`).
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+
+    def on_line(self, stream: str, line: str) -> None:
+        self.lines.append(LogLine(stream=stream, line=line))
+        if stream == "stderr":
+            self.tail.append(line[:STDERR_TAIL_CHARS])
+
+
+def take_batch(lines: list[LogLine]) -> tuple[list[LogLine], list[LogLine]]:
+    """The next log batch (at least one line; at most MAX_BATCH lines and, past the first,
+    MAX_BATCH_CHARS characters) and what is left."""
+    size = 0
+    for n, line in enumerate(lines[:MAX_BATCH]):
+        size += len(line.line)
+        if n and size > MAX_BATCH_CHARS:
+            return lines[:n], lines[n:]
+    return lines[:MAX_BATCH], lines[MAX_BATCH:]
+
+
+def is_secret_env(name: str) -> bool:
+    """Whether an environment variable of the worker holds a secret job code must not
+    see: its token, a share token, a session string, a token file's path."""
+    upper = name.upper()
+    return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
+
+
+class JobSteps(ABC):
+    """How the agent runs each job it accepted."""
+
+    opts: WorkerOptions
+    client: AsyncClient
+    data: Client
+    stager: Stager
+    slots: Slots
+    running: dict[tuple[str, int], Running]
+
+    @abstractmethod
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background."""
+
+    @abstractmethod
+    async def retrying(
+        self, what: str, call: Callable[[], Awaitable[T]], give_up: float | None = None
+    ) -> T:
+        """``call``, retried while the server is away."""
+
+    def workdir(self, lease: Lease) -> Path:
+        path = self.opts.work_dir / f"{lease.job_id}-{lease.attempt}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    async def run_job(self, run: Running) -> None:
+        lease = run.lease
+        try:
+            exit_code, error = await self.execute(run)
+            await self.report(run, exit_code, error)
+        except ServerUnavailable:
+            say(f"job {lease.job_id}: result not recorded; its lease will expire and it re-runs")
+        except Exception as exc:  # never lose a slot to a bug: stop the job, report, free it
+            say(f"job {lease.job_id}: worker error {type(exc).__name__}: {exc}")
+            if run.proc is not None and run.proc.proc.returncode is None:
+                await run.proc.stop(grace=1.0)
+            with contextlib.suppress(GpufleetError):
+                await self.client.finish(
+                    lease.job_id, FinishRequest(attempt=lease.attempt, error=f"worker error: {exc}")
+                )
+        finally:
+            self.running.pop((lease.job_id, lease.attempt), None)
+            self.slots.give(lease.gpus)
+
+    async def _launch(self, run: Running, workdir: Path) -> str | None:
+        """Stage the job's inputs and start its process; why it could not, or None."""
+        lease, spec = run.lease, run.lease.spec
+        argv = build_argv(spec.command, spec.hyper, spec.shell, HyperStyle(spec.hyper_style))
+        extra = {
+            "GPUFLEET_JOB_ID": lease.job_id,
+            "GPUFLEET_ATTEMPT": str(lease.attempt),
+            "GPUFLEET_JOB_NAME": spec.name,
+        }
+        # The worker's own secrets never reach job code (or its logs).
+        base = {k: v for k, v in os.environ.items() if not is_secret_env(k)}
+        env = job_env(base, spec.env, lease.gpus, extra)
+        try:
+            await self.stager.stage(lease.inputs, workdir, partial(self.note, run))
+        except InputError as exc:
+            say(f"job {lease.job_id}: {exc.message}")
+            return exc.message
+        if run.stop_reason is not None:  # cancelled while its inputs were fetched
+            return f"stopped ({run.stop_reason}) before starting"
+        try:
+            run.proc = await JobProcess.start(argv, workdir, env, run.on_line)
+        except OSError as exc:
+            return f"could not start {argv[0]!r}: {exc.strerror or exc}"
+        if run.stop_reason == "stop":  # asked to stop while it was being started
+            self._interrupt(run)
+        where = f"GPUs {lease.gpus}" if lease.gpus else "a CPU slot"
+        say(
+            f"job {lease.job_id} ({spec.name}) attempt {lease.attempt} started on {where}, "
+            f"pid {run.proc.pid}"
+        )
+        try:
+            await self.retrying(
+                "start",
+                lambda: self.client.start(
+                    lease.job_id,
+                    StartRequest(attempt=lease.attempt, pid=run.proc.pid if run.proc else None),
+                ),
+            )
+        except Conflict:
+            await self.stop_job(run, "lost")
+        return None
+
+    async def execute(self, run: Running) -> tuple[int | None, str | None]:
+        """Run the job to its end: its exit code (None if it never ran) and why it failed."""
+        lease, spec = run.lease, run.lease.spec
+        workdir = self.workdir(lease)
+        refused = await self._launch(run, workdir)
+        if refused is not None:
+            return None, refused
+        assert run.proc is not None
+        flusher = asyncio.create_task(self.flush_loop(run))
+        kills = oom_kills()
+        code = await run.proc.wait(spec.timeout)
+        if code is None:
+            say(f"job {lease.job_id}: timed out after {spec.timeout:g}s; killing its process group")
+            run.stop_reason = run.stop_reason or "timeout"
+            code = await run.proc.stop()
+        await run.proc.reap(self.workdir(lease))
+        flusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flusher
+        error = f"timed out after {spec.timeout:g}s" if run.stop_reason == "timeout" else None
+        ours = run.stop_reason is not None  # we signalled it: not the kernel
+        error = error or describe_exit(code, oom=not ours and oom_kills() > kills)
+        if run.stop_reason in (None, "timeout", "stop"):  # a stopped job keeps its outputs
+            failed = await self.collect(run, workdir)
+            if failed:
+                error = f"{error}; {failed}" if error else failed
+        return code, error
+
+    def note(self, run: Running, message: str) -> None:
+        """A line from the worker itself in the job's output."""
+        run.lines.append(LogLine(stream="stderr", line=f"[gpufleet] {message}"))
+
+    async def collect(self, run: Running, workdir: Path) -> str | None:
+        """Archive the job's outputs, upload them and attach them to the attempt. Returns
+        why that failed, or None (also when no output matched: nothing to keep)."""
+        lease = run.lease
+        # named with this process's id, so a later worker knows a dead one's leftovers
+        out = self.opts.work_dir / f".artifact.{os.getpid()}.{lease.job_id}-{lease.attempt}.tar.zst"
+        try:
+            packed = await asyncio.to_thread(pack_outputs, workdir, lease.spec.outputs, out)
+            for skipped in packed.skipped:
+                self.note(run, f"output skipped: {skipped}")
+            if not packed.entries:
+                if tuple(lease.spec.outputs) != DEFAULT_OUTPUTS:  # asked for, not found: say so
+                    self.note(run, f"outputs {', '.join(lease.spec.outputs)} matched no files")
+                return None
+            sent = await self.retrying(
+                "artifact upload", partial(asyncio.to_thread, self.data.put_blob, out), give_up=600
+            )
+            body = ArtifactAttach(attempt=lease.attempt, sha256=sent.sha256)
+            await self.retrying(
+                "artifact", partial(self.client.attach_artifact, lease.job_id, body), give_up=600
+            )
+            self.note(
+                run,
+                f"artifact: {packed.files} file(s), {human(packed.bytes)} "
+                f"({human(sent.size)} packed, {sent.sha256[:12]})",
+            )
+            return None
+        except GpufleetError as exc:
+            self.note(run, f"artifact not kept: {exc.message}")
+            return f"artifact not kept: {exc.message}"
+        except OSError as exc:
+            self.note(run, f"artifact not kept: {exc.strerror or exc}")
+            return f"artifact not kept: {exc.strerror or exc}"
+        finally:
+            out.unlink(missing_ok=True)
+
+    async def stop_job(self, run: Running, reason: str) -> None:
+        """SIGTERM the job's process group, SIGKILL it 3 s later; once per job. A job whose
+        process already ended keeps its result."""
+        if run.proc is not None and run.proc.proc.returncode is not None:
+            return
+        if run.stop_reason in (None, "stop"):  # a kill overrides a stop: nothing is kept
+            run.stop_reason = reason
+        if run.killing or run.proc is None:
+            return
+        run.killing = True
+        run.proc.signal_group(signal.SIGTERM)
+        self.spawn(self._kill_later(run.proc))
+
+    async def _kill_later(self, proc: JobProcess, grace: float = 3.0) -> None:
+        if await proc.wait(grace) is None:
+            proc.signal_group(signal.SIGKILL)
+
+    def stop_early(self, run: Running, grace: float) -> None:
+        """``gpufleet stop``: ask the job to finish and keep what it made. SIGINT to its
+        process group now; SIGTERM after ``grace`` seconds if it still runs, SIGKILL 3 s
+        later. Its outputs are collected and its result reported as usual. Once per job."""
+        if run.stop_reason is not None:
+            return
+        run.stop_reason, run.stop_grace = "stop", grace
+        say(
+            f"job {run.lease.job_id}: asked to stop early; SIGINT now, SIGTERM after {grace:g}s "
+            "if it still runs"
+        )
+        if run.proc is not None:  # else as soon as its process has started
+            self._interrupt(run)
+
+    def _interrupt(self, run: Running) -> None:
+        assert run.proc is not None
+        run.proc.signal_group(signal.SIGINT)
+        self.spawn(self._escalate(run.proc, run.stop_grace))
+
+    async def _escalate(self, proc: JobProcess, grace: float) -> None:
+        if await proc.wait(grace) is None:
+            proc.signal_group(signal.SIGTERM)
+            await self._kill_later(proc)
+
+    async def flush(self, run: Running) -> None:
+        while run.lines:
+            batch, run.lines = take_batch(run.lines)
+            body = LogAppend(attempt=run.lease.attempt, lines=batch)
+            stop = await self.retrying(
+                "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60
+            )
+            if stop is not None and run.proc is not None and run.proc.proc.returncode is None:
+                self.stop_early(run, stop)
+
+    async def flush_loop(self, run: Running) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            try:
+                await self.flush(run)
+            except Conflict:
+                say(f"job {run.lease.job_id}: lease is stale (409); killing it")
+                await self.stop_job(run, "lost")
+                return
+            except GpufleetError as exc:
+                say(f"job {run.lease.job_id}: log upload failed: {exc.message}")
+
+    async def report(self, run: Running, exit_code: int | None, error: str | None) -> None:
+        lease = run.lease
+        if run.stop_reason in ("cancel", "lost"):
+            say(f"job {lease.job_id}: stopped ({run.stop_reason}); not reporting a result")
+            return
+        try:
+            try:
+                await self.flush(run)
+            except ServerUnavailable:  # the result matters more than the last lines
+                say(f"job {lease.job_id}: dropped {len(run.lines)} unsent log lines")
+                run.lines.clear()
+            if run.stop_reason == "drain":
+                await self.retrying(
+                    "release",
+                    lambda: self.client.release(
+                        lease.job_id,
+                        ReleaseRequest(
+                            attempt=lease.attempt, reason=f"worker {self.opts.name} drained"
+                        ),
+                    ),
+                )
+                say(f"job {lease.job_id}: handed back to the queue (attempt not counted)")
+                return
+            tail = list(run.tail) if (exit_code != 0 or error) else []
+            body = FinishRequest(
+                attempt=lease.attempt, exit_code=exit_code, error=error, stderr_tail=tail
+            )
+            out = await self.retrying("finish", lambda: self.client.finish(lease.job_id, body))
+            say(
+                f"job {lease.job_id} ({lease.spec.name}) finished: "
+                f"{error or 'exit code 0'} -> {out.status}"
+            )
+        except Conflict as exc:
+            say(f"job {lease.job_id}: result refused ({exc.message})")

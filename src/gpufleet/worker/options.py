@@ -1,0 +1,27 @@
+"""What a worker is told at start (flags, environment, config file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    server: str
+    token: str | None
+    name: str
+    labels: dict[str, str]
+    cpu_slots: int
+    ephemeral: bool
+    heartbeat: float
+    work_dir: Path
+    drain_grace: float
+    pool: str | None = None  # None: the token's pool
+    claim_wait: float = 25.0
+    cache_dir: Path | None = None  # default: WORK_DIR/cache
+    cache_size: int = 50 << 30
+    mounts: tuple[str, ...] = ()
+    ca: Path | None = None  # PEM CA file an https:// server's certificate must chain to
+    # A submitter token of this worker's pool, put in the session string (--share-token).
+    share_token: str | None = None
