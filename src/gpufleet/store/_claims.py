@@ -23,12 +23,14 @@ from sqlalchemy import Connection, bindparam, select, update
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
+from gpufleet.domain.models import ACTIVE
 from gpufleet.store import schema as t
 from gpufleet.store.api import ClaimView, StaleClaim
 from gpufleet.store.rows import JobRow
 
 _J, _W = t.jobs.c, t.workers.c
 _PENDING = lifecycle.INITIAL.value
+_ACTIVE = ", ".join(f"'{s.value}'" for s in sorted(ACTIVE))
 # What a claim reads about its worker first, in one statement: the GPUs its claimed and
 # running jobs hold, grouped ('[]': a CPU slot, with how many), the pending jobs aimed at
 # it that are claimable now in claim order (it takes those before its pool's queue), and
@@ -37,11 +39,11 @@ _PENDING = lifecycle.INITIAL.value
 # Run on the driver's own cursor: SQLAlchemy's execution path costs more than the query.
 _HELD = (
     "SELECT gpus, COUNT(*) AS n FROM jobs WHERE worker_id = {wid} "
-    "AND status IN ('claimed', 'running') GROUP BY gpus"
+    f"AND status IN ({_ACTIVE}) GROUP BY gpus"
 )
 _AIMED = (
     "SELECT id, priority, created_at FROM jobs {hint}WHERE target IN ({wid}, {wname}) "
-    "AND status = 'pending' AND pool = {pool} AND waiting = 0 "
+    f"AND status = '{_PENDING}' AND pool = {{pool}} AND waiting = 0 "
     "AND (not_before IS NULL OR not_before <= {now}) ORDER BY priority DESC, created_at, id "
     "LIMIT 8"
 )
