@@ -59,21 +59,35 @@ _VIEW_POSTGRES = (
     + _HELD.format(wid="w.id")
     + ") h), (SELECT json_agg(a.id ORDER BY a.priority DESC, a.created_at, a.id) FROM ("
     + _AIMED.format(hint="", wid="w.id", wname="w.name", pool="w.pool", now="%s")
-    + ") a), w.claims, (SELECT json_agg(row_to_json(q)) FROM (SELECT * FROM jobs "
-    f"WHERE status = '{_PENDING}' AND pool = w.pool AND waiting = 0 "
-    "AND (not_before IS NULL OR not_before <= %s) ORDER BY priority DESC, created_at, id "
-    "LIMIT %s) q) FROM workers w WHERE w.id = %s"
+    + ") a), w.claims FROM workers w WHERE w.id = %s"
 )
-# PostgreSQL, one round trip: lock the first chosen job still pending that no other
-# claimer holds, and count the claim on the worker's row (locking it) only if there is one
-# and the count is still the one the claim ranked on.
-_PICK_AND_COUNT = (
+# PostgreSQL, one round trip for a whole claim: lock the first chosen job still pending
+# that no other claimer holds (skipping rows they hold); count the claim on the worker's
+# row only if there is one and the count is still the one the claim ranked on; then apply
+# that job's claim change (if its lease is still the one ranked on) and open its attempt.
+# The change's fields are the parameters: a claim changes exactly these (checked).
+_CLAIM_FIELDS = frozenset(
+    {"worker_id", "gpus", "lease", "claimed_at", "started_at", "finished_at", "exit_code"}
+    | {"lease_expires_at"}
+)
+_OPENS = frozenset({"worker_id", "gpus", "worker_name", "claimed_at"})
+_CLAIM_IN_ONE = (
     "WITH pick AS (SELECT id FROM jobs "
-    f"WHERE id = ANY(%s) AND status = '{_PENDING}' "
-    "ORDER BY array_position(%s::text[], id::text) LIMIT 1 FOR UPDATE SKIP LOCKED), "
-    "bump AS (UPDATE workers SET claims = claims + 1 WHERE id = %s AND claims = %s "
-    "AND EXISTS (SELECT 1 FROM pick) RETURNING 1) "
-    "SELECT (SELECT id FROM pick), (SELECT count(*) FROM bump)"
+    f"WHERE id = ANY(%(ids)s) AND status = '{_PENDING}' "
+    "ORDER BY array_position(%(ids)s::text[], id::text) LIMIT 1 FOR UPDATE SKIP LOCKED), "
+    "bump AS (UPDATE workers SET claims = claims + 1 WHERE id = %(wid)s AND claims = %(seen)s "
+    "AND EXISTS (SELECT 1 FROM pick) RETURNING 1), "
+    "c AS (SELECT u.* FROM unnest(%(ids)s::text[], %(old)s::int[], %(gpus)s::text[], "
+    "%(expires)s::float8[]) AS u(id, old, gpus, expires) "
+    "JOIN pick ON pick.id = u.id WHERE EXISTS (SELECT 1 FROM bump)), "
+    f"upd AS (UPDATE jobs j SET status = '{lifecycle.target(Event.CLAIM).value}', "
+    "lease = c.old + 1, worker_id = %(wid)s, gpus = c.gpus, claimed_at = %(now)s, "
+    "started_at = NULL, finished_at = NULL, exit_code = NULL, lease_expires_at = c.expires "
+    f"FROM c WHERE j.id = c.id AND j.lease = c.old AND j.status = '{_PENDING}' "
+    "RETURNING j.id, j.lease, c.gpus), "
+    "ins AS (INSERT INTO attempts (job_id, attempt, worker_id, worker_name, gpus, claimed_at) "
+    "SELECT id, lease, %(wid)s, %(wname)s, gpus, %(now)s FROM upd RETURNING job_id) "
+    "SELECT (SELECT id FROM pick), (SELECT count(*) FROM bump), (SELECT job_id FROM ins)"
 )
 _FIRST_FREE = (
     f"SELECT id FROM jobs WHERE id = ANY(%s) AND status = '{_PENDING}' "
@@ -116,13 +130,13 @@ class ClaimSession:
     def view(self, worker_id: str, name: str, pool: str, now: float, page: int) -> ClaimView:
         """The snapshot a claim for this worker ranks on, with the first ``page`` jobs of
         its pool's queue."""
-        if self.pg:  # the first page too, in the same round trip
-            params: tuple[Any, ...] = (now, now, page, worker_id)
+        if self.pg:
+            params: tuple[Any, ...] = (now, worker_id)
             sql = _VIEW_POSTGRES
         else:
             params, sql = (worker_id, worker_id, name, pool, now, worker_id), _VIEW_SQLITE
         rows = _driver_rows(self.conn, sql, params)
-        held_raw, aimed_raw, claims, *first = rows[0] if rows else (None, None, 0, None)
+        held_raw, aimed_raw, claims = rows[0] if rows else (None, None, 0)
         held = []
         for gpus, count in _json_list(held_raw):
             held += [tuple(json.loads(gpus))] * int(count)
@@ -132,10 +146,7 @@ class ClaimSession:
             q = select(t.jobs).where(_J.id.in_(ids))
             q = q.order_by(_J.priority.desc(), _J.created_at, _J.id)
             aimed = [JobRow.from_row(r) for r in self.conn.execute(q).all()]
-        if self.pg:
-            queue = [JobRow.from_mapping(m) for m in _json_list(first[0])]
-        else:
-            queue = self.page(pool, now, None, page)
+        queue = self.page(pool, now, None, page)
         return ClaimView(held, int(claims or 0), aimed, queue)
 
     def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]:
@@ -172,12 +183,14 @@ class ClaimSession:
     ) -> str | None:
         ids = [c.job_id for c in changes]
         by_id = {c.job_id: c for c in changes}
-        picked, counted = _driver_rows(conn, _PICK_AND_COUNT, (ids, ids, worker_id, seen))[0]
+        picked, counted, taken = _claim_in_one(conn, worker_id, seen, changes)
+        if taken is not None:
+            return str(taken)
         while picked is not None:
             if not counted:
                 raise StaleClaim(worker_id)
             ids.remove(picked)
-            if self.store.apply_change(conn, by_id[picked]):
+            if self.store.apply_change(conn, by_id[picked]):  # (the count moved on already)
                 return str(picked)
             # pending still, but with another lease than ranked on: try the next one
             rows = _driver_rows(conn, _FIRST_FREE, (ids, ids)) if ids else []
@@ -235,6 +248,41 @@ def page_statement() -> Any:
         .order_by(_J.priority.desc(), _J.created_at, _J.id)
         .limit(bindparam("n"))
     )
+
+
+def _claim_in_one(
+    conn: Connection, worker_id: str, seen: int, changes: Sequence[Change]
+) -> tuple[str | None, int, str | None]:
+    """PostgreSQL: the whole claim in one statement (``_CLAIM_IN_ONE``). Returns the job
+    picked, whether the claim was counted, and the job claimed (None if its lease moved)."""
+    first = changes[0]
+    for c in changes:
+        f = c.fields
+        said = {**f, "gpus": None, "lease_expires_at": None}
+        meant = {k: None for k in _CLAIM_FIELDS} | {
+            "worker_id": first.fields["worker_id"],
+            "lease": c.lease + 1,
+            "claimed_at": first.fields["claimed_at"],
+        }
+        if said != meant or c.opens is None or set(c.opens) != _OPENS:
+            raise ValueError("a claim changes other fields than the one statement sets")
+    params = {
+        "ids": [c.job_id for c in changes],
+        "old": [c.lease for c in changes],
+        "gpus": [json.dumps(list(c.fields["gpus"])) for c in changes],  # type: ignore[call-overload]
+        "expires": [c.fields["lease_expires_at"] for c in changes],
+        "wid": first.fields["worker_id"],
+        "wname": (first.opens or {})["worker_name"],
+        "now": first.fields["claimed_at"],
+        "seen": seen,
+    }
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(_CLAIM_IN_ONE, params)
+        picked, counted, taken = cursor.fetchone()
+    finally:
+        cursor.close()
+    return picked, int(counted), taken
 
 
 def _driver_rows(conn: Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
