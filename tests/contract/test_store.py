@@ -1059,3 +1059,38 @@ def test_a_stored_spec_the_api_would_refuse_now_is_still_listed_and_claimed(
     assert [j.spec.max_attempts for j in store.list_jobs()] == [5000]
     lease = claim(queue, w)
     assert lease.job_id == submitted.id
+
+
+def test_a_claim_ranked_on_a_spec_a_manifest_changed_since_takes_nothing(
+    store: SqlStore, queue: Services, clock: FakeClock
+) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submission.submit(spec("a"))
+    ranked = job(store, submitted.id)
+    change = lifecycle.claim(ranked, w.id, w.name, (), clock.now, clock.now + LEASE)
+    guarded = dataclasses.replace(change, guard={"spec": ranked.spec_json})
+    store.update_pending([(submitted.id, spec("a", priority=5), None)])
+    with store.claiming() as session:
+        view = session.view(w.id, w.name, w.pool, clock.now, 4)
+        assert session.claim(w.id, view.claims, [guarded]) is None
+    assert job(store, submitted.id).status is JobStatus.PENDING
+    lease = claim(queue, w)  # ranked again, on the spec it has now
+    assert lease.job_id == submitted.id and lease.spec.priority == 5
+
+
+def test_a_job_aimed_at_a_worker_makes_a_claim_ranked_before_it_rank_again(
+    store: SqlStore, queue: Services, clock: FakeClock
+) -> None:
+    w = register(queue, "w1")
+    pool_job = queue.submission.submit(spec("pool-job"))
+    with store.claiming() as session:
+        view = session.view(w.id, w.name, w.pool, clock.now, 4)
+    row = job(store, pool_job.id)
+    change = lifecycle.claim(row, w.id, w.name, (), clock.now, clock.now + LEASE)
+    change = dataclasses.replace(change, guard={"spec": row.spec_json})
+    aimed = queue.submission.submit(
+        spec("aimed", requirements=Requirements(worker="w1")), wait_for_target=False
+    )
+    with pytest.raises(StaleClaim), store.claiming() as session:
+        session.claim(w.id, view.claims, [change])
+    assert claim(queue, w).job_id == aimed.id  # its slot went to the job aimed at it

@@ -129,7 +129,8 @@ class Change:
     still in one of ``sources`` with lease ``lease`` (and, for a reaped lease, still
     expired before ``expired_before``): it sets ``status`` and ``fields``, opens the
     claim's attempt record (``opens``) or sets ``record`` on the attempt still open.
-    Nothing else changes a job's status."""
+    Nothing else changes a job's status, and only if each ``guard`` field still holds its
+    value."""
 
     job_id: str
     event: Event
@@ -138,6 +139,9 @@ class Change:
     opens: Mapping[str, object] | None = None
     record: Mapping[str, object] | None = None
     expired_before: float | None = None
+    # Stored fields that must still hold what the change was decided on (a claim: the
+    # spec it was ranked by; a manifest may have changed a pending job since).
+    guard: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def sources(self) -> frozenset[JobStatus]:

@@ -46,7 +46,9 @@ def encode(values: Mapping[str, object]) -> dict[str, Any]:
 
 
 @cache
-def _statement(event: Event, keys: tuple[str, ...], expired: bool) -> Any:
+def _statement(
+    event: Event, keys: tuple[str, ...], expired: bool, guard: tuple[str, ...] = ()
+) -> Any:
     """The conditional update of a change of this shape, built once."""
     where = (
         (_J.id == bindparam("_id"))
@@ -57,6 +59,8 @@ def _statement(event: Event, keys: tuple[str, ...], expired: bool) -> Any:
     )
     if expired:
         where = where & (_J.lease_expires_at < bindparam("_expired"))
+    for key in guard:
+        where = where & (t.jobs.c[key] == bindparam(f"_guard_{key}"))
     values: dict[str, Any] = {
         "status": lifecycle.target(event).value,
         **{k: bindparam(k) for k in keys},
@@ -124,9 +128,11 @@ class ChangeOps(ABC):
     def apply_change(self, conn: Connection, change: Change) -> bool:
         """Apply ``change`` if the job is still where it expects; whether it was."""
         keys = tuple(sorted(change.fields))
-        stmt = _statement(change.event, keys, change.expired_before is not None)
+        guard = tuple(sorted(change.guard))
+        stmt = _statement(change.event, keys, change.expired_before is not None, guard)
         params = {
             **encode(change.fields),
+            **{f"_guard_{k}": change.guard[k] for k in guard},
             "_id": change.job_id,
             "_lease": change.lease,
             "_expired": change.expired_before,

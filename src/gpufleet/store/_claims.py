@@ -78,12 +78,13 @@ _CLAIM_IN_ONE = (
     "bump AS (UPDATE workers SET claims = claims + 1 WHERE id = %(wid)s AND claims = %(seen)s "
     "AND EXISTS (SELECT 1 FROM pick) RETURNING 1), "
     "c AS (SELECT u.* FROM unnest(%(ids)s::text[], %(old)s::int[], %(gpus)s::text[], "
-    "%(expires)s::float8[]) AS u(id, old, gpus, expires) "
+    "%(expires)s::float8[], %(specs)s::text[]) AS u(id, old, gpus, expires, spec) "
     "JOIN pick ON pick.id = u.id WHERE EXISTS (SELECT 1 FROM bump)), "
     f"upd AS (UPDATE jobs j SET status = '{lifecycle.target(Event.CLAIM).value}', "
     "lease = c.old + 1, worker_id = %(wid)s, gpus = c.gpus, claimed_at = %(now)s, "
     "started_at = NULL, finished_at = NULL, exit_code = NULL, lease_expires_at = c.expires "
     f"FROM c WHERE j.id = c.id AND j.lease = c.old AND j.status = '{_PENDING}' "
+    "AND (c.spec IS NULL OR j.spec = c.spec) "
     "RETURNING j.id, j.lease, c.gpus), "
     "ins AS (INSERT INTO attempts (job_id, attempt, worker_id, worker_name, gpus, claimed_at) "
     "SELECT id, lease, %(wid)s, %(wname)s, gpus, %(now)s FROM upd RETURNING job_id) "
@@ -264,13 +265,19 @@ def _claim_in_one(
             "lease": c.lease + 1,
             "claimed_at": first.fields["claimed_at"],
         }
-        if said != meant or c.opens is None or set(c.opens) != _OPENS:
+        if (
+            said != meant
+            or c.opens is None
+            or set(c.opens) != _OPENS
+            or not set(c.guard) <= {"spec"}
+        ):
             raise ValueError("a claim changes other fields than the one statement sets")
     params = {
         "ids": [c.job_id for c in changes],
         "old": [c.lease for c in changes],
         "gpus": [json.dumps(list(c.fields["gpus"])) for c in changes],  # type: ignore[call-overload]
         "expires": [c.fields["lease_expires_at"] for c in changes],
+        "specs": [c.guard.get("spec") for c in changes],
         "wid": first.fields["worker_id"],
         "wname": (first.opens or {})["worker_name"],
         "now": first.fields["claimed_at"],

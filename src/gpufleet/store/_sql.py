@@ -209,6 +209,17 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             if hold is not None:
                 self._lock_worker(conn, hold.worker.id)
                 hold.check(self._holding(conn, hold.worker))
+                # a claim ranked before this job was aimed at the worker ranks again
+                w = t.workers.c
+                conn.execute(
+                    update(t.workers).where(w.id == hold.worker.id).values(claims=w.claims + 1)
+                )
+            needed = sorted({d for ds in (deps or {}).values() for d in ds})
+            if needed and self.dialect == "postgresql":
+                # A dependency finishing meanwhile waits for this insert (or this one for
+                # it), so one of the two sees the other: no new job waits on a failed one.
+                q = select(t.jobs.c.id).where(t.jobs.c.id.in_(needed))
+                conn.execute(q.with_for_update(read=True))
             have: set[str] = set()
             for chunk in range(0, len(ids), 500):
                 q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))

@@ -171,6 +171,8 @@ class MemoryStore(MemoryRecords):
         with self._transaction():
             if hold is not None:
                 hold.check(self._holding(hold.worker.id, hold.worker.name))
+                if hold.worker.id in self.workers:  # a claim ranked before ranks again
+                    self.workers[hold.worker.id]["claims"] += 1
             created = []
             for job_id, spec, unrunnable in jobs:
                 if job_id in self.jobs:
@@ -178,7 +180,9 @@ class MemoryStore(MemoryRecords):
                 values = job_values(job_id, spec, now, unrunnable, submitted_by)
                 self.jobs[job_id] = {**defaults(t.jobs), **values}
                 created.append(job_id)
-            mine = {i: list(d) for i, d in (deps or {}).items() if i in created and d}
+            mine = {
+                i: list(dict.fromkeys(d)) for i, d in (deps or {}).items() if i in created and d
+            }
             self.deps.update(mine)
             self._recount(list(mine))
             for job_id in mine:
@@ -390,6 +394,7 @@ class MemoryStore(MemoryRecords):
             j is None
             or j["lease"] != change.lease
             or JobStatus(j["status"]) not in change.sources
+            or any(j[k] != v for k, v in change.guard.items())
             or (
                 change.expired_before is not None
                 and not (
