@@ -79,7 +79,46 @@ def _record_statement(keys: tuple[str, ...]) -> Any:
     return update(t.attempts).where(where).values({k: bindparam(k) for k in keys})
 
 
-class ChangeOps(ABC):
+class NamedChanges(ABC):
+    """The store's status-changing operations, each named for what it does and taking only
+    its own events; both stores apply them through ``_commit``."""
+
+    # ---- the operations, each one named for what it does ------------------------------
+
+    def start(self, change: Change) -> Applied | None:
+        """The claimed job's process started (``lifecycle.start``)."""
+        return self._checked(change, {Event.START})
+
+    def finish(self, change: Change) -> Applied | None:
+        """The worker says how the attempt ended (``lifecycle.finish``)."""
+        return self._checked(change, {Event.SUCCEED, Event.RETRY, Event.FAIL})
+
+    def release(self, change: Change) -> Applied | None:
+        """The worker hands the job back (``lifecycle.release``)."""
+        return self._checked(change, {Event.RELEASE, Event.FAIL})
+
+    def reap(self, change: Change) -> Applied | None:
+        """An expired lease is lost (``lifecycle.lose``): only if it is expired still."""
+        return self._checked(change, {Event.LOSE, Event.LOSE_FINAL})
+
+    def cancel(self, change: Change) -> Applied | None:
+        return self._checked(change, {Event.CANCEL})
+
+    def requeue(self, change: Change) -> Applied | None:
+        return self._checked(change, {Event.REQUEUE})
+
+    def _checked(self, change: Change, allowed: set[Event]) -> Applied | None:
+        if change.event not in allowed:
+            raise ValueError(f"{change.event.value} is not this operation's change")
+        return self._commit(change)
+
+    @abstractmethod
+    def _commit(self, change: Change) -> Applied | None:
+        """Apply ``change`` and what follows from it, all or nothing; None if it did not
+        take."""
+
+
+class ChangeOps(NamedChanges):
     """Applies the lifecycle's changes: claim, start, finish, release, reap, cancel,
     requeue, and the dependency failures they cause."""
 
@@ -91,35 +130,9 @@ class ChangeOps(ABC):
     def recount_waiting(self, conn: Connection, job_ids: Sequence[str] | None) -> int:
         """Recount the unmet dependencies of these pending jobs; how many changed."""
 
-    # ---- the operations, each one named for what it does ------------------------------
-
-    def start(self, change: Change) -> Applied | None:
-        """The claimed job's process started (``lifecycle.start``)."""
-        return self._commit(change, {Event.START})
-
-    def finish(self, change: Change) -> Applied | None:
-        """The worker says how the attempt ended (``lifecycle.finish``)."""
-        return self._commit(change, {Event.SUCCEED, Event.RETRY, Event.FAIL})
-
-    def release(self, change: Change) -> Applied | None:
-        """The worker hands the job back (``lifecycle.release``)."""
-        return self._commit(change, {Event.RELEASE, Event.FAIL})
-
-    def reap(self, change: Change) -> Applied | None:
-        """An expired lease is lost (``lifecycle.lose``): only if it is expired still."""
-        return self._commit(change, {Event.LOSE, Event.LOSE_FINAL})
-
-    def cancel(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.CANCEL})
-
-    def requeue(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.REQUEUE})
-
     # ---- how -------------------------------------------------------------------------
 
-    def _commit(self, change: Change, allowed: set[Event]) -> Applied | None:
-        if change.event not in allowed:
-            raise ValueError(f"{change.event.value} is not this operation's change")
+    def _commit(self, change: Change) -> Applied | None:
         with self._write() as conn:
             if not self.apply_change(conn, change):
                 return None

@@ -185,17 +185,18 @@ class ClaimSession:
         ids = [c.job_id for c in changes]
         by_id = {c.job_id: c for c in changes}
         picked, counted, taken = _claim_in_one(conn, worker_id, seen, changes)
-        if taken is not None:
-            return str(taken)
-        while picked is not None:
-            if not counted:
-                raise StaleClaim(worker_id)
-            ids.remove(picked)
-            if self.store.apply_change(conn, by_id[picked]):  # (the count moved on already)
-                return str(picked)
-            # pending still, but with another lease than ranked on: try the next one
-            rows = _driver_rows(conn, _FIRST_FREE, (ids, ids)) if ids else []
-            picked = rows[0][0] if rows else None
+        if taken is not None or picked is None:
+            return None if taken is None else str(taken)
+        if not counted:
+            raise StaleClaim(worker_id)
+        ids.remove(picked)  # still pending, but its lease or spec moved since the ranking
+        while ids:  # the count moved on already: take the next one still as ranked
+            rows = _driver_rows(conn, _FIRST_FREE, (ids, ids))
+            if not rows:
+                break
+            ids.remove(rows[0][0])
+            if self.store.apply_change(conn, by_id[rows[0][0]]):
+                return str(rows[0][0])
         return None
 
 
@@ -206,10 +207,6 @@ class ClaimOps(ABC):
     engine: Any
     page_q: Any
     _lock: threading.Lock | None  # SQLite's one writer
-
-    @abstractmethod
-    def _write(self) -> AbstractContextManager[Connection]:
-        """A connection in a write transaction (the store's one writer on SQLite)."""
 
     @abstractmethod
     def _read(self) -> AbstractContextManager[Connection]:

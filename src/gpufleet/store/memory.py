@@ -20,7 +20,7 @@ from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
 from gpufleet.store import schema as t
-from gpufleet.store._changes import _FAILS_DEPENDENTS, encode
+from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
 from gpufleet.store._values import job_values
 from gpufleet.store.api import Applied, ClaimView, Hold, StaleClaim, Store
@@ -98,7 +98,7 @@ class MemoryClaimSession:
         return None
 
 
-class MemoryStore(MemoryRecords):
+class MemoryStore(MemoryRecords, NamedChanges):
     """Every operation of the store, held in memory by one process."""
 
     dialect = "memory"
@@ -354,27 +354,7 @@ class MemoryStore(MemoryRecords):
 
     # ---- status changes ---------------------------------------------------------------
 
-    def start(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.START})
-
-    def finish(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.SUCCEED, Event.RETRY, Event.FAIL})
-
-    def release(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.RELEASE, Event.FAIL})
-
-    def reap(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.LOSE, Event.LOSE_FINAL})
-
-    def cancel(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.CANCEL})
-
-    def requeue(self, change: Change) -> Applied | None:
-        return self._commit(change, {Event.REQUEUE})
-
-    def _commit(self, change: Change, allowed: set[Event]) -> Applied | None:
-        if change.event not in allowed:
-            raise ValueError(f"{change.event.value} is not this operation's change")
+    def _commit(self, change: Change) -> Applied | None:
         with self._transaction():
             if not self.apply_change(change):
                 return None

@@ -9,8 +9,6 @@ stored row unreadable; the API checks what comes in, the store keeps what it was
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import TypeAdapter
 
 from gpufleet.domain.models import Capability, GpuInfo, HostPolicy, JobSpec
@@ -40,12 +38,3 @@ def gpus(text: str | bytes) -> tuple[GpuInfo, ...]:
 
 def host_policy(text: str | bytes) -> HostPolicy:
     return _HOST.validate_json(text)
-
-
-def host_policy_json(value: HostPolicy) -> str:
-    return _HOST.dump_json(value).decode()
-
-
-def plain(value: Any) -> Any:
-    """A domain object as JSON-ready Python values (for a row's JSON column)."""
-    return TypeAdapter(type(value)).dump_python(value, mode="json")
