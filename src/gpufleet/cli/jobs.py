@@ -19,28 +19,25 @@ from gpufleet.cli._common import (
     duration,
     err,
     out,
-    parse_pairs,
     print_json,
     setting_option,
     styled,
     when,
 )
-from gpufleet.cli.choose import auto_select as auto_select_worker
-from gpufleet.cli.choose import interactive_select, read_session, session_client, session_token
-from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
+from gpufleet.cli.choose import session_client
+from gpufleet.cli.data import package_inputs
 from gpufleet.cli.show import error_line, show_detail
 from gpufleet.cli.watch import watch
 from gpufleet.client import Client
 from gpufleet.domain.manifest import parse_manifest
 from gpufleet.domain.models import InputKind, JobStatus
-from gpufleet.errors import ConfigError, ManifestError, NotFound
+from gpufleet.errors import ManifestError
 from gpufleet.wire import (
     HostModel,
     InputModel,
     JobOut,
     JobSpecModel,
     ManifestApply,
-    RequirementsModel,
 )
 
 ServerOpt = Annotated[str | None, setting_option("server")]
@@ -49,237 +46,11 @@ JobArg = Annotated[str, typer.Argument(help="Job id (or a name that only one job
 
 
 def register(app: typer.Typer) -> None:
+    from gpufleet.cli.submit import submit  # it uses follow and default_name from here
+
     app.command(context_settings={"allow_interspersed_args": False})(submit)
     for cmd in (apply, jobs, show, logs, watch, stop, cancel, requeue, why):
         app.command()(cmd)
-
-
-def submit(
-    command: Annotated[
-        list[str],
-        typer.Argument(help="The command, after `--`: gpufleet submit -- python train.py"),
-    ],
-    server: ServerOpt = None,
-    ca: CaOpt = None,
-    name: Annotated[
-        str | None, typer.Option(help="Job name (default: the command's first words).")
-    ] = None,
-    require_cuda: Annotated[
-        bool, typer.Option("--require-cuda", help="Run only on a worker with a GPU.")
-    ] = False,
-    prefer_cuda: Annotated[
-        bool,
-        typer.Option(
-            "--prefer-cuda", help="Prefer a GPU; a CPU worker may take it after the grace window."
-        ),
-    ] = False,
-    min_vram_gib: Annotated[float, typer.Option(min=0, help="Minimum VRAM per GPU, GiB.")] = 0.0,
-    min_ram_gib: Annotated[float, typer.Option(min=0, help="Minimum host RAM, GiB.")] = 0.0,
-    gpus: Annotated[int, typer.Option(min=0, help="Number of GPUs (implies --require-cuda).")] = 0,
-    gpu_name: Annotated[
-        str | None, typer.Option(help="GPU name glob, e.g. 'a100*' (implies a GPU).")
-    ] = None,
-    cpu: Annotated[
-        bool,
-        typer.Option(
-            "--cpu",
-            help="Run in a CPU slot even on a chosen GPU worker (--worker, --session, "
-            "--auto-select and --select otherwise give the job one of its GPUs).",
-        ),
-    ] = False,
-    label: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Worker label glob k=v (repeatable); a key naming a GPU (gpu_type=a100*) "
-            "implies a GPU."
-        ),
-    ] = None,
-    host: Annotated[
-        list[str] | None, typer.Option(help="Allowed host name glob (repeatable).")
-    ] = None,
-    env: Annotated[
-        list[str] | None, typer.Option(help="Environment variable K=V for the job (repeatable).")
-    ] = None,
-    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
-    max_attempts: Annotated[int, typer.Option(min=1, help="Attempts before the job fails.")] = 3,
-    timeout: Annotated[
-        float | None, typer.Option(min=0.001, help="Seconds before the job is killed.")
-    ] = None,
-    worker: Annotated[
-        str | None,
-        typer.Option(
-            help="Run on this worker (id or name); refused if it is busy, unless --queue."
-        ),
-    ] = None,
-    auto_select: Annotated[
-        bool,
-        typer.Option(
-            "--auto-select",
-            help="Run on the worker that can start the job now with the most free GPU memory.",
-        ),
-    ] = False,
-    select: Annotated[
-        bool,
-        typer.Option(
-            "--select",
-            help="Pick the worker from a numbered list of those that can start the job now "
-            "(r refreshes it).",
-        ),
-    ] = False,
-    session: Annotated[
-        str | None,
-        typer.Option(
-            help="Run on the worker whose session string this is (what it printed at start), "
-            "or @FILE holding it; one that holds a token only as @FILE or GPUFLEET_SESSION.",
-        ),
-    ] = None,
-    min_gpu_memory: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            metavar="MB",
-            help="Needs a GPU with at least this much free memory, MiB (also filters "
-            "--auto-select and --select).",
-        ),
-    ] = 0,
-    queue: Annotated[
-        bool,
-        typer.Option(
-            "--queue", help="With a chosen worker that is busy: wait for it instead of refusing."
-        ),
-    ] = False,
-    shell: Annotated[
-        bool, typer.Option("--shell", help="Run the command through /bin/sh -c.")
-    ] = False,
-    package: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="[DEST=]PATH: a folder, zip or file unpacked into the job directory "
-            "(uploaded only if the server lacks it; repeatable)."
-        ),
-    ] = None,
-    input: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="[DEST=]job:NAME_OR_ID: wait for that job to succeed and get its artifact "
-            "(default DEST: inputs/NAME; repeatable)."
-        ),
-    ] = None,
-    output: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Glob of files (relative to the job directory) kept as the artifact "
-            "(default: outputs; repeatable)."
-        ),
-    ] = None,
-    wait: Annotated[
-        bool,
-        typer.Option("--wait", help="Follow the job to its end, then download its results."),
-    ] = False,
-    results: Annotated[
-        Path | None,
-        typer.Option(help="With --wait: where to unpack the results (default: ./JOB_ID)."),
-    ] = None,
-    pool: Annotated[
-        str | None,
-        typer.Option(help="Pool the job runs in (default: 'default', or the token's only pool)."),
-    ] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Queue one job. Prints the job id alone on the last line (with --wait: follows it,
-    downloads its results, and exits non-zero unless it succeeded)."""
-    chosen = [
-        f
-        for f, on in (
-            ("--worker", worker),
-            ("--auto-select", auto_select),
-            ("--select", select),
-            ("--session", session),
-        )
-        if on
-    ]
-    if len(chosen) > 1:
-        raise ConfigError(f"{' and '.join(chosen)}: choose the worker one way only")
-    target = read_session(session)
-    if target is not None:
-        if pool is not None and pool != target.pool:
-            raise ConfigError(f"--pool {pool}: the session's worker is in pool {target.pool!r}")
-        server, pool, worker = target.server, target.pool, target.worker
-    requirements = RequirementsModel(
-        require_cuda=require_cuda or gpus > 0 or min_gpu_memory > 0,
-        prefer_cuda=prefer_cuda,
-        gpu_count=gpus,
-        min_vram_gib=max(min_vram_gib, min_gpu_memory / 1024),
-        min_ram_gib=min_ram_gib,
-        gpu_name=gpu_name,
-        labels=parse_pairs(label or [], "--label"),
-        allowed_hosts=host or [],
-        worker=worker,
-        cpu_only=cpu,
-    )
-    token = session_token(target) if target is not None else None
-    with client(server, ca, token=token) as c:
-        inputs = job_inputs(input or [])  # checked before anything is uploaded
-        if auto_select or select:
-            probe = JobSpecModel(
-                name=name or default_name(command),
-                command=command,
-                requirements=requirements,
-                pool=pool,
-            )
-            pick = auto_select_worker(c, probe) if auto_select else interactive_select(c, probe)
-            free = f"{pick.free_gpu_mib / 1024:.1f} GiB GPU memory free"
-            err.print(f"worker {escape(pick.worker.name)} ({pick.worker.id}, {free}) chosen")
-            requirements = requirements.model_copy(update={"worker": pick.worker.id})
-        if package and pool is None:
-            me = c.whoami()
-            mounts_pool = "default" if not me.pools or "default" in me.pools else me.pools[0]
-        else:
-            mounts_pool = pool or "default"
-        inputs = package_inputs(c, package or [], mounts_pool, as_json) + inputs
-        spec = JobSpecModel(
-            name=name or default_name(command),
-            command=[" ".join(command)] if shell else command,
-            env=parse_pairs(env or [], "--env"),
-            requirements=requirements,
-            priority=priority,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            shell=shell,
-            pool=pool,
-            inputs=inputs,
-            outputs=output or ["outputs"],
-        )
-        result = c.submit(spec, queue=queue)
-        if result.warning:
-            err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
-        if as_json and not wait:
-            print_json(result)
-            return
-        if not wait:
-            print(result.job.id)
-            return
-        err.print(f"job {result.job.id} queued; following it (Ctrl-C stops following only)")
-        status = follow(c, result.job.id, as_json)
-        _finish_wait(c, result.job.id, status, results, as_json)
-
-
-def _finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet: bool) -> None:
-    where = None
-    try:
-        where = fetch_results(c, job_id, results, quiet)
-    except NotFound:
-        err.print("the job left no artifact (its outputs matched no files)")
-    if quiet:
-        print_json({"job_id": job_id, "status": status, "results": str(where) if where else None})
-    else:
-        err.print(
-            f"job {job_id} {styled(status)}"
-            + (f"; results in {escape(str(where))}" if where else "")
-        )
-        print(job_id)
-    if status != "succeeded":
-        raise typer.Exit(1)
 
 
 def default_name(command: list[str]) -> str:

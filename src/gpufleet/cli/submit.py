@@ -1,0 +1,320 @@
+"""``gpufleet submit``: queue one job from the command line, optionally on a chosen
+worker, optionally following it to its end and fetching its results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from gpufleet.cli._common import (
+    CaOpt,
+    client,
+    err,
+    parse_pairs,
+    print_json,
+    setting_option,
+    styled,
+)
+from gpufleet.cli.choose import auto_select as auto_select_worker
+from gpufleet.cli.choose import interactive_select, read_session, session_token
+from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
+from gpufleet.cli.jobs import default_name, follow
+from gpufleet.client import Client
+from gpufleet.errors import ConfigError, NotFound
+from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
+
+# Each option is a named alias, so the command's signature reads as a list of names.
+_Opt = typer.Option
+Command = Annotated[
+    list[str], typer.Argument(help="The command, after `--`: gpufleet submit -- python train.py")
+]
+Server = Annotated[str | None, setting_option("server")]
+Name = Annotated[str | None, _Opt(help="Job name (default: the command's first words).")]
+RequireCuda = Annotated[bool, _Opt("--require-cuda", help="Run only on a worker with a GPU.")]
+PreferCuda = Annotated[
+    bool,
+    _Opt("--prefer-cuda", help="Prefer a GPU; a CPU worker may take it after the grace window."),
+]
+MinVram = Annotated[float, _Opt(min=0, help="Minimum VRAM per GPU, GiB.")]
+MinRam = Annotated[float, _Opt(min=0, help="Minimum host RAM, GiB.")]
+Gpus = Annotated[int, _Opt(min=0, help="Number of GPUs (implies --require-cuda).")]
+GpuName = Annotated[str | None, _Opt(help="GPU name glob, e.g. 'a100*' (implies a GPU).")]
+Cpu = Annotated[
+    bool,
+    _Opt(
+        "--cpu",
+        help="Run in a CPU slot even on a chosen GPU worker (--worker, --session, "
+        "--auto-select and --select otherwise give the job one of its GPUs).",
+    ),
+]
+Label = Annotated[
+    list[str] | None,
+    _Opt(
+        help="Worker label glob k=v (repeatable); a key naming a GPU (gpu_type=a100*) "
+        "implies a GPU."
+    ),
+]
+Host = Annotated[list[str] | None, _Opt(help="Allowed host name glob (repeatable).")]
+Env = Annotated[list[str] | None, _Opt(help="Environment variable K=V for the job (repeatable).")]
+Priority = Annotated[int, _Opt(help="Higher runs first.")]
+MaxAttempts = Annotated[int, _Opt(min=1, help="Attempts before the job fails.")]
+Timeout = Annotated[float | None, _Opt(min=0.001, help="Seconds before the job is killed.")]
+Worker = Annotated[
+    str | None,
+    _Opt(help="Run on this worker (id or name); refused if it is busy, unless --queue."),
+]
+AutoSelect = Annotated[
+    bool,
+    _Opt(
+        "--auto-select",
+        help="Run on the worker that can start the job now with the most free GPU memory.",
+    ),
+]
+Select = Annotated[
+    bool,
+    _Opt(
+        "--select",
+        help="Pick the worker from a numbered list of those that can start the job now "
+        "(r refreshes it).",
+    ),
+]
+Session = Annotated[
+    str | None,
+    _Opt(
+        help="Run on the worker whose session string this is (what it printed at start), "
+        "or @FILE holding it; one that holds a token only as @FILE or GPUFLEET_SESSION.",
+    ),
+]
+MinGpuMemory = Annotated[
+    int,
+    _Opt(
+        min=0,
+        metavar="MB",
+        help="Needs a GPU with at least this much free memory, MiB (also filters "
+        "--auto-select and --select).",
+    ),
+]
+Queue = Annotated[
+    bool,
+    _Opt("--queue", help="With a chosen worker that is busy: wait for it instead of refusing."),
+]
+Shell = Annotated[bool, _Opt("--shell", help="Run the command through /bin/sh -c.")]
+Package = Annotated[
+    list[str] | None,
+    _Opt(
+        help="[DEST=]PATH: a folder, zip or file unpacked into the job directory "
+        "(uploaded only if the server lacks it; repeatable)."
+    ),
+]
+Input = Annotated[
+    list[str] | None,
+    _Opt(
+        help="[DEST=]job:NAME_OR_ID: wait for that job to succeed and get its artifact "
+        "(default DEST: inputs/NAME; repeatable)."
+    ),
+]
+Output = Annotated[
+    list[str] | None,
+    _Opt(
+        help="Glob of files (relative to the job directory) kept as the artifact "
+        "(default: outputs; repeatable)."
+    ),
+]
+Wait = Annotated[bool, _Opt("--wait", help="Follow the job to its end, then download its results.")]
+Results = Annotated[
+    Path | None, _Opt(help="With --wait: where to unpack the results (default: ./JOB_ID).")
+]
+Pool = Annotated[
+    str | None, _Opt(help="Pool the job runs in (default: 'default', or the token's only pool).")
+]
+Json = Annotated[bool, _Opt("--json", help="Print JSON instead of a table.")]
+
+
+def submit(
+    command: Command,
+    server: Server = None,
+    ca: CaOpt = None,
+    name: Name = None,
+    require_cuda: RequireCuda = False,
+    prefer_cuda: PreferCuda = False,
+    min_vram_gib: MinVram = 0.0,
+    min_ram_gib: MinRam = 0.0,
+    gpus: Gpus = 0,
+    gpu_name: GpuName = None,
+    cpu: Cpu = False,
+    label: Label = None,
+    host: Host = None,
+    env: Env = None,
+    priority: Priority = 0,
+    max_attempts: MaxAttempts = 3,
+    timeout: Timeout = None,
+    worker: Worker = None,
+    auto_select: AutoSelect = False,
+    select: Select = False,
+    session: Session = None,
+    min_gpu_memory: MinGpuMemory = 0,
+    queue: Queue = False,
+    shell: Shell = False,
+    package: Package = None,
+    input: Input = None,
+    output: Output = None,
+    wait: Wait = False,
+    results: Results = None,
+    pool: Pool = None,
+    as_json: Json = False,
+) -> None:
+    """Queue one job. Prints the job id alone on the last line (with --wait: follows it,
+    downloads its results, and exits non-zero unless it succeeded)."""
+    SubmitRequest(**locals()).run()  # the parameters above, exactly
+
+
+@dataclass
+class SubmitRequest:
+    """What ``gpufleet submit`` was asked, and the steps that turn it into a queued job."""
+
+    command: list[str]
+    server: str | None
+    ca: Path | None
+    name: str | None
+    require_cuda: bool
+    prefer_cuda: bool
+    min_vram_gib: float
+    min_ram_gib: float
+    gpus: int
+    gpu_name: str | None
+    cpu: bool
+    label: list[str] | None
+    host: list[str] | None
+    env: list[str] | None
+    priority: int
+    max_attempts: int
+    timeout: float | None
+    worker: str | None
+    auto_select: bool
+    select: bool
+    session: str | None
+    min_gpu_memory: int
+    queue: bool
+    shell: bool
+    package: list[str] | None
+    input: list[str] | None
+    output: list[str] | None
+    wait: bool
+    results: Path | None
+    pool: str | None
+    as_json: bool
+
+    def run(self) -> None:
+        token = self._take_session()
+        requirements = self.requirements()
+        with client(self.server, self.ca, token=token) as c:
+            inputs = job_inputs(self.input or [])  # checked before anything is uploaded
+            if self.auto_select or self.select:
+                requirements = self._pick_worker(c, requirements)
+            packages = package_inputs(c, self.package or [], self._mounts_pool(c), self.as_json)
+            inputs = packages + inputs
+            result = c.submit(self.spec(requirements, inputs), queue=self.queue)
+            if result.warning:
+                err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
+            if not self.wait:
+                print_json(result) if self.as_json else print(result.job.id)
+                return
+            err.print(f"job {result.job.id} queued; following it (Ctrl-C stops following only)")
+            status = follow(c, result.job.id, self.as_json)
+            finish_wait(c, result.job.id, status, self.results, self.as_json)
+
+    def _take_session(self) -> str | None:
+        """One way of choosing the worker at most; a session names the server, pool and
+        worker, and gives the token to send."""
+        chosen = [
+            flag
+            for flag, on in (
+                ("--worker", self.worker),
+                ("--auto-select", self.auto_select),
+                ("--select", self.select),
+                ("--session", self.session),
+            )
+            if on
+        ]
+        if len(chosen) > 1:
+            raise ConfigError(f"{' and '.join(chosen)}: choose the worker one way only")
+        target = read_session(self.session)
+        if target is None:
+            return None
+        if self.pool is not None and self.pool != target.pool:
+            said = f"the session's worker is in pool {target.pool!r}"
+            raise ConfigError(f"--pool {self.pool}: {said}")
+        self.server, self.pool, self.worker = target.server, target.pool, target.worker
+        return session_token(target)
+
+    def requirements(self) -> RequirementsModel:
+        return RequirementsModel(
+            require_cuda=self.require_cuda or self.gpus > 0 or self.min_gpu_memory > 0,
+            prefer_cuda=self.prefer_cuda,
+            gpu_count=self.gpus,
+            min_vram_gib=max(self.min_vram_gib, self.min_gpu_memory / 1024),
+            min_ram_gib=self.min_ram_gib,
+            gpu_name=self.gpu_name,
+            labels=parse_pairs(self.label or [], "--label"),
+            allowed_hosts=self.host or [],
+            worker=self.worker,
+            cpu_only=self.cpu,
+        )
+
+    def _pick_worker(self, c: Client, requirements: RequirementsModel) -> RequirementsModel:
+        probe = JobSpecModel(
+            name=self.name or default_name(self.command),
+            command=self.command,
+            requirements=requirements,
+            pool=self.pool,
+        )
+        pick = auto_select_worker(c, probe) if self.auto_select else interactive_select(c, probe)
+        free = f"{pick.free_gpu_mib / 1024:.1f} GiB GPU memory free"
+        err.print(f"worker {escape(pick.worker.name)} ({pick.worker.id}, {free}) chosen")
+        return requirements.model_copy(update={"worker": pick.worker.id})
+
+    def _mounts_pool(self, c: Client) -> str:
+        """The pool whose workers' mounts a ``--package`` path may lie on."""
+        if self.pool is not None or not self.package:
+            return self.pool or "default"
+        me = c.whoami()
+        return "default" if not me.pools or "default" in me.pools else me.pools[0]
+
+    def spec(self, requirements: RequirementsModel, inputs: list[InputModel]) -> JobSpecModel:
+        return JobSpecModel(
+            name=self.name or default_name(self.command),
+            command=[" ".join(self.command)] if self.shell else self.command,
+            env=parse_pairs(self.env or [], "--env"),
+            requirements=requirements,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            timeout=self.timeout,
+            shell=self.shell,
+            pool=self.pool,
+            inputs=inputs,
+            outputs=self.output or ["outputs"],
+        )
+
+
+def finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet: bool) -> None:
+    """After ``--wait``: fetch the results, say where they are, exit non-zero unless the
+    job succeeded."""
+    where = None
+    try:
+        where = fetch_results(c, job_id, results, quiet)
+    except NotFound:
+        err.print("the job left no artifact (its outputs matched no files)")
+    if quiet:
+        print_json({"job_id": job_id, "status": status, "results": str(where) if where else None})
+    else:
+        err.print(
+            f"job {job_id} {styled(status)}"
+            + (f"; results in {escape(str(where))}" if where else "")
+        )
+        print(job_id)
+    if status != "succeeded":
+        raise typer.Exit(1)
