@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet import config
-from gpufleet.cli import app, install
-from gpufleet.cli.install import Given, WorkerService, build_service
+from gpufleet.cli import app, install, service_files
+from gpufleet.cli.install import Given, build_service
+from gpufleet.cli.service_files import WorkerService
 from gpufleet.errors import ConfigError, GpufleetError
 
 runner = CliRunner()
@@ -38,8 +39,9 @@ def service(**kw: object) -> WorkerService:
 def system_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """The 'system' dirs moved under tmp_path, so no test can write to /etc."""
     unit_dir, env_dir = tmp_path / "etc-systemd", tmp_path / "etc-gpufleet"
-    monkeypatch.setattr(install, "UNIT_DIR", unit_dir)
-    monkeypatch.setattr(install, "ENV_DIR", env_dir)
+    for module in (install, service_files):  # the command's defaults, and the root check
+        monkeypatch.setattr(module, "UNIT_DIR", unit_dir)
+        monkeypatch.setattr(module, "ENV_DIR", env_dir)
     return unit_dir, env_dir
 
 
@@ -58,7 +60,7 @@ def sh_value(env_file: Path, var: str, cwd: Path) -> str:
 def test_env_file_values_stay_literal_and_inject_nothing(tmp_path: Path) -> None:
     svc = service(env={"GPUFLEET_SERVER": "http://h:1/x$y", "GPUFLEET_LABELS": NASTY})
     env_file = tmp_path / "w.env"
-    env_file.write_text(install.render_env_file(svc, masked=False))
+    env_file.write_text(service_files.render_env_file(svc, masked=False))
     assert sh_value(env_file, "GPUFLEET_LABELS", tmp_path) == NASTY
     assert sh_value(env_file, "GPUFLEET_SERVER", tmp_path) == "http://h:1/x$y"
     assert sh_value(env_file, "GPUFLEET_TOKEN", tmp_path) == TOKEN
@@ -77,7 +79,7 @@ def test_a_newline_in_a_value_is_refused_naming_the_flag(flag: str) -> None:
 
 
 def test_print_masks_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = install.render_env_file(service(), masked=True)
+    text = service_files.render_env_file(service(), masked=True)
     assert TOKEN not in text and 'GPUFLEET_TOKEN="****"' in text
 
 
@@ -85,7 +87,8 @@ def test_print_masks_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unit_drains_on_stop_and_never_holds_the_token() -> None:
-    unit = install.render_unit(service(drain_grace=120.0), Path("/etc/gpufleet/worker-gpu-1.env"))
+    env_file = Path("/etc/gpufleet/worker-gpu-1.env")
+    unit = service_files.render_unit(service(drain_grace=120.0), env_file)
     lines = unit.splitlines()
     assert TOKEN not in unit
     assert "EnvironmentFile=/etc/gpufleet/worker-gpu-1.env" in lines
@@ -102,13 +105,13 @@ def test_unit_drains_on_stop_and_never_holds_the_token() -> None:
 
 
 def test_exec_start_keeps_spaces_percent_and_dollar_literal() -> None:
-    unit = install.render_unit(service(python="/opt/my env/100%/$py"), Path("/e/100% x.env"))
+    unit = service_files.render_unit(service(python="/opt/my env/100%/$py"), Path("/e/100% x.env"))
     assert 'ExecStart="/opt/my env/100%%/$$py" -m gpufleet worker' in unit
     assert "EnvironmentFile=/e/100%% x.env" in unit
 
 
 def test_user_and_dirs_go_into_the_unit(tmp_path: Path) -> None:
-    unit = install.render_unit(service(user="gpu", name=None), tmp_path / "w.env")
+    unit = service_files.render_unit(service(user="gpu", name=None), tmp_path / "w.env")
     assert "User=gpu" in unit.splitlines()
     assert "StateDirectory=gpufleet/worker" in unit.splitlines()
     assert "Description=gpufleet worker (named after the host)" in unit.splitlines()
@@ -117,7 +120,7 @@ def test_user_and_dirs_go_into_the_unit(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["a b", "../x", "x/y", "-x", "é", ""])
 def test_a_name_that_cannot_be_a_unit_name_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="--name"):
-        install.check_name(name)
+        service_files.check_name(name)
 
 
 # --------------------------------------------------------------------------- building
@@ -195,7 +198,7 @@ def test_unreadable_or_empty_token_file_is_named(tmp_path: Path) -> None:
 def test_written_files_have_their_modes_and_the_token_only_in_the_env_file(
     tmp_path: Path,
 ) -> None:
-    unit_path, env_path = install.write_systemd(
+    unit_path, env_path = service_files.write_systemd(
         service(), tmp_path / "units", tmp_path / "env", euid=os.geteuid()
     )
     assert stat.S_IMODE(env_path.stat().st_mode) == 0o600
@@ -222,10 +225,10 @@ def test_the_env_file_is_never_readable_by_others_not_even_while_written(
             assert TOKEN in Path(src).read_text()  # the token is in it by now
         real_replace(src, dst)
 
-    monkeypatch.setattr(install.os, "replace", spy)
+    monkeypatch.setattr(os, "replace", spy)
     old_umask = os.umask(0)  # a permissive umask changes nothing
     try:
-        _, env_path = install.write_systemd(service(), tmp_path / "u", env_dir, euid=0)
+        _, env_path = service_files.write_systemd(service(), tmp_path / "u", env_dir, euid=0)
     finally:
         os.umask(old_umask)
     assert seen == [0o600]
@@ -235,14 +238,14 @@ def test_the_env_file_is_never_readable_by_others_not_even_while_written(
 def test_not_root_is_refused_for_the_system_dirs(system_dirs: tuple[Path, Path]) -> None:
     unit_dir, env_dir = system_dirs
     with pytest.raises(ConfigError, match="needs root") as exc:
-        install.write_systemd(service(), unit_dir, env_dir, euid=1000)
+        service_files.write_systemd(service(), unit_dir, env_dir, euid=1000)
     assert str(unit_dir) in exc.value.message and "--print" in exc.value.message
     assert not unit_dir.exists() and not env_dir.exists()
 
 
 def test_a_missing_user_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--user no-such-user-x"):
-        install.write_systemd(service(user="no-such-user-x"), tmp_path, tmp_path, euid=0)
+        service_files.write_systemd(service(user="no-such-user-x"), tmp_path, tmp_path, euid=0)
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -354,7 +357,7 @@ def test_systemd_analyze_accepts_the_unit(tmp_path: Path) -> None:
     spaced = tmp_path / "my env" / "python"  # an interpreter path that needs quoting
     spaced.parent.mkdir()
     spaced.symlink_to(sys.executable)
-    unit_path, _ = install.write_systemd(
+    unit_path, _ = service_files.write_systemd(
         service(python=str(spaced), user="root"), tmp_path / "u", tmp_path / "e 100%", euid=0
     )
     done = subprocess.run(
@@ -369,7 +372,7 @@ def test_systemd_analyze_accepts_the_unit(tmp_path: Path) -> None:
 
 def windows_script(**kw: object) -> str:
     svc = service(python="C:\\Program Files\\Python 3.11\\python.exe", **kw)
-    return install.render_windows(svc, masked=False)
+    return service_files.render_windows(svc, masked=False)
 
 
 def test_windows_token_goes_only_into_the_locked_token_file() -> None:
