@@ -183,7 +183,7 @@ def test_rows_written_at_an_earlier_revision_read_back_after_upgrading(
     assert worker is not None and worker.status is WorkerStatus.AVAILABLE
     assert [g.name for g in worker.capability.gpus] == ["A100"]
     assert worker.gpu_stats[0].free_mib == 40960
-    assert stored.host_policy(store.host_policies()["box"]).priority == 2
+    assert stored.host_policy({h.name: h.policy for h in store.hosts()}["box"]).priority == 2
     assert [r.line for r in store.logs("j-old", 0, 10)] == ["hi"]
     if "tokens" in written:
         assert [t.name for t in store.list_tokens()] == ["ci"]

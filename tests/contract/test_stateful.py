@@ -42,7 +42,7 @@ from gpufleet.scheduling.matching import FreeResources
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import SqlStore, Store
+from gpufleet.store import Batch, SqlStore, Store
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.store.memory import MemoryStore
 from gpufleet.wire import (
@@ -117,7 +117,7 @@ class Queue(RuleBasedStateMachine):
         spec = self._spec(attempts, priority)
         job_id = f"s{self.names}"
         deps = {job_id: [self.job_ids[needs % len(self.job_ids)]]} if needs and self.job_ids else {}
-        self.store.insert_jobs([(job_id, spec, None)], self.now, deps=deps)
+        self.store.submit(Batch([(job_id, spec, None)], deps=deps), self.now)
         self.job_ids.append(job_id)
 
     @rule(lease=leases, attempts=st.integers(1, 2))
@@ -126,7 +126,7 @@ class Queue(RuleBasedStateMachine):
         if lease[0]:
             spec = self._spec(attempts, 0)
             job_id = f"s{self.names}"
-            self.store.insert_jobs([(job_id, spec, None)], self.now, deps={job_id: [lease[0]]})
+            self.store.submit(Batch([(job_id, spec, None)], deps={job_id: [lease[0]]}), self.now)
             self.job_ids.append(job_id)
 
     @rule(count=st.integers(1, 3))

@@ -24,7 +24,7 @@ from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import JobRow, SqlStore, StaleClaim, WorkerRow
+from gpufleet.store import Batch, Hosts, JobRow, SqlStore, StaleClaim, WorkerRow, Written
 from gpufleet.store import schema as t
 from gpufleet.store._claims import _VIEW_SQLITE
 from gpufleet.store.blobfiles import BlobFiles
@@ -119,20 +119,67 @@ def job(store: SqlStore, job_id: str) -> JobRow:
 
 
 def test_migrate_twice_is_harmless(store: SqlStore) -> None:
-    assert store.insert_jobs([("j-keep", spec(), None)], T0) == ["j-keep"]
+    assert store.submit(Batch([("j-keep", spec(), None)]), T0).created == ["j-keep"]
     store.migrate()
     assert store.ping() == store.dialect
     assert job(store, "j-keep").status is JobStatus.PENDING
-    assert store.insert_jobs([("j-new", spec("other"), None)], T0) == ["j-new"]
+    assert store.submit(Batch([("j-new", spec("other"), None)]), T0).created == ["j-new"]
 
 
-def test_insert_jobs_skips_existing_ids(store: SqlStore) -> None:
-    assert store.insert_jobs([("j-a", spec("a"), None)], T0) == ["j-a"]
-    created = store.insert_jobs([("j-a", spec("changed"), None), ("j-b", spec("b"), None)], T0 + 5)
-    assert created == ["j-b"]
+def test_a_batch_skips_existing_ids(store: SqlStore) -> None:
+    assert store.submit(Batch([("j-a", spec("a"), None)]), T0).created == ["j-a"]
+    both = [("j-a", spec("changed"), None), ("j-b", spec("b"), None)]
+    assert store.submit(Batch(both), T0 + 5) == Written(["j-b"], [])
     a = job(store, "j-a")
     assert a.name == "a"
     assert a.created_at == T0
+
+
+def test_a_batch_is_written_whole_or_not_at_all(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An apply's grants, hosts, new jobs and changed pending jobs are one transaction:
+    a failure half way (here, after the grants and hosts are written) leaves none of it."""
+    blob = "b" * 64
+    store.record_blob(blob, 10, T0)
+    store.submit(Batch([("j-old", spec("old"), None)]), T0)
+    batch = Batch(
+        [("j-new", spec("new"), None), ("j-old", spec("old", priority=3), None)],
+        grants={(blob, "default")},
+        hosts=Hosts("plan", {"box": '{"priority": 2}'}),
+        update=True,
+    )
+    real = store._insert_new
+
+    def crash(*args: Any) -> list[str]:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(store, "_insert_new", crash)
+    with pytest.raises(RuntimeError):
+        store.submit(batch, T0 + 1)
+    assert store.get_job("j-new") is None
+    assert job(store, "j-old").priority == 0
+    assert store.hosts() == []
+    assert not store.blob_readable(blob, ["default"])
+
+    monkeypatch.setattr(store, "_insert_new", real)
+    assert store.submit(batch, T0 + 2) == Written(["j-new"], ["j-old"])
+    assert job(store, "j-old").priority == 3
+    assert [(h.name, h.manifest, h.updated_at) for h in store.hosts()] == [("box", "plan", T0 + 2)]
+    assert store.blob_readable(blob, ["default"])
+
+
+def test_a_manifests_hosts_replace_only_its_own_entries_and_the_hosts_it_names(
+    store: SqlStore,
+) -> None:
+    store.submit(Batch([], hosts=Hosts("a", {"box-1": "{}", "box-2": "{}"})), T0)
+    store.submit(Batch([], hosts=Hosts("b", {"box-3": "{}"})), T0)
+    # b names box-2 (a's until now); box-3 is b's, but b's operator may change box-1 only
+    store.submit(Batch([], hosts=Hosts("b", {"box-2": "{}"}, within=["box-1"])), T0 + 1)
+    owners = {h.name: h.manifest for h in store.hosts()}
+    assert owners == {"box-1": "a", "box-2": "b", "box-3": "b"}
+    store.submit(Batch([], hosts=Hosts("a", {})), T0 + 2)
+    assert {h.name: h.manifest for h in store.hosts()} == {"box-2": "b", "box-3": "b"}
 
 
 def test_job_spec_round_trips(store: SqlStore, queue: Services) -> None:
@@ -922,11 +969,9 @@ def test_a_failure_fails_a_chain_of_5000_dependents_at_once(
     root = queue.submission.submit(spec("root", max_attempts=1))
     ids = [f"chain-{i:04d}" for i in range(5000)]
     before = [root.id, *ids[:-1]]
-    store.insert_jobs(
-        [(i, spec(f"step{n}"), None) for n, i in enumerate(ids)],
-        clock.now,
-        deps={i: [d] for i, d in zip(ids, before, strict=True)},
-    )
+    chain = [(i, spec(f"step{n}"), None) for n, i in enumerate(ids)]
+    deps = {i: [d] for i, d in zip(ids, before, strict=True)}
+    store.submit(Batch(chain, deps=deps), clock.now)
     assert job(store, ids[0]).waiting == 1
     lease = claim(queue, w)
     assert lease.job_id == root.id  # the chain waits; nothing of it is claimable
@@ -950,9 +995,8 @@ def test_a_lost_lease_fails_dependents_naming_the_final_status(
 ) -> None:
     w = register(queue, "gone-box")
     root = queue.submission.submit(spec("prep", max_attempts=1))
-    store.insert_jobs(
-        [("after-prep", spec("train"), None)], clock.now, deps={"after-prep": [root.id]}
-    )
+    after = [("after-prep", spec("train"), None)]
+    store.submit(Batch(after, deps={"after-prep": [root.id]}), clock.now)
     claim(queue, w)
     clock.advance(LEASE + 1)
     assert queue.leases.sweep()[0] == [root.id]
@@ -968,11 +1012,8 @@ def test_a_job_submitted_after_its_dependency_failed_fails_at_once(
 ) -> None:
     root = queue.submission.submit(spec("prep"))
     queue.steering.cancel(root.id)
-    store.insert_jobs(
-        [("a", spec("a"), None), ("b", spec("b"), None)],
-        clock.now,
-        deps={"a": [root.id], "b": ["a"]},
-    )
+    two = [("a", spec("a"), None), ("b", spec("b"), None)]
+    store.submit(Batch(two, deps={"a": [root.id], "b": ["a"]}), clock.now)
     assert job(store, "a").error == f"dependency prep ({root.id}) cancelled: cancelled"
     assert job(store, "b").status is JobStatus.FAILED
     assert job(store, "b").error == "dependency a (a) failed: " + str(job(store, "a").error)
@@ -987,11 +1028,8 @@ def test_a_crash_during_the_cascade_leaves_the_finish_undone_too(
     w = register(queue, "w1")
     root = queue.submission.submit(spec("root", max_attempts=1))
     ids = ["d1", "d2", "d3"]
-    store.insert_jobs(
-        [(i, spec(i), None) for i in ids],
-        clock.now,
-        deps={"d1": [root.id], "d2": ["d1"], "d3": ["d2"]},
-    )
+    chain = [(i, spec(i), None) for i in ids]
+    store.submit(Batch(chain, deps={"d1": [root.id], "d2": ["d1"], "d3": ["d2"]}), clock.now)
     lease = claim(queue, w)
     real = lifecycle.dependency_failed
     calls = []
@@ -1069,7 +1107,8 @@ def test_a_claim_ranked_on_a_spec_a_manifest_changed_since_takes_nothing(
     ranked = job(store, submitted.id)
     change = lifecycle.claim(ranked, w.id, w.name, (), clock.now, clock.now + LEASE)
     guarded = dataclasses.replace(change, guard={"spec": ranked.spec_json})
-    store.update_pending([(submitted.id, spec("a", priority=5), None)])
+    changed = store.submit(Batch([(submitted.id, spec("a", priority=5), None)], update=True), T0)
+    assert changed == Written([], [submitted.id])
     with store.claiming() as session:
         view = session.view(w.id, w.name, w.pool, clock.now, 4)
         assert session.claim(w.id, view.claims, [guarded]) is None

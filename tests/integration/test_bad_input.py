@@ -142,7 +142,7 @@ def test_manifest_job_from_another_manifest_is_422_and_writes_nothing(
     error = assert_error(r, 422, "validation_error", "'b'", "'other'", "'sweep'")
     assert error["detail"] == {"job": "b", "field": "manifest"}
     _no_jobs(client, admin)
-    assert store.host_policies() == {}
+    assert store.hosts() == []
 
 
 def test_manifest_job_without_manifest_name_is_422(
@@ -275,4 +275,4 @@ def test_manifest_host_with_absurd_vram_is_422_and_does_not_poison_the_server(
     status = client.get("/v1/status", headers=admin)
     assert (r.status_code, status.status_code) == (422, 200), (r.text, status.text)
     assert_error(r, 422, "validation_error", "vram_gib")
-    assert store.host_policies() == {}
+    assert store.hosts() == []

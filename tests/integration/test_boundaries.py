@@ -90,10 +90,10 @@ def test_a_pool_operator_replaces_only_its_own_workers_host_policies(
     hosts = [{"name": "box-b", "deny_jobs": ["train"]}, {"name": "box-a", "priority": 3}]
     first = client.post("/v1/manifests", json={"name": "lab", "hosts": hosts}, headers=admin)
     assert first.status_code == 200, first.text
-    assert set(store.host_policies()) == {"box-a", "box-b"}
+    assert {h.name for h in store.hosts()} == {"box-a", "box-b"}
     again = client.post("/v1/manifests", json={"name": "lab", "hosts": []}, headers=op_a)
     assert again.status_code == 200, again.text
-    assert set(store.host_policies()) == {"box-b"}  # box-a's went; pool b's stays
+    assert {h.name for h in store.hosts()} == {"box-b"}  # box-a's went; pool b's stays
 
 
 def test_a_manifest_job_aimed_at_another_pools_worker_is_refused(

@@ -8,7 +8,7 @@ import shlex
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -33,6 +33,9 @@ from gpufleet.cli._common import (
 from gpufleet.cli.choose import session_client, worker_table
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.wire import TokenCreate, TokenCreated, WorkerOut
+
+if TYPE_CHECKING:
+    from gpufleet.worker.options import WorkerOptions
 
 SHARE_TOKEN_ENV = "GPUFLEET_SHARE_TOKEN"
 ServerOpt = Annotated[str | None, setting_option("server")]
@@ -104,19 +107,28 @@ def server(
     )
 
 
+Ephemeral = Annotated[
+    bool | None,
+    typer.Option("--ephemeral", help=setting_help("ephemeral"), show_default=False),
+]
+ShareToken = Annotated[
+    bool,
+    typer.Option(
+        "--share-token",
+        help="Put the submit token in GPUFLEET_SHARE_TOKEN (a submitter token of this "
+        "worker's pool only) into the session string the worker prints, so whoever gets "
+        "the string can send jobs here. Off a terminal the string goes to a 0600 file.",
+    ),
+]
+Mounts = Annotated[list[str] | None, setting_option("mount", extra="; repeatable")]
+
+
 def worker(
     server: ServerOpt = None,
     name: Annotated[str | None, setting_option("name")] = None,
     labels: Annotated[str | None, setting_option("labels")] = None,
     slots: Annotated[int | None, setting_option("slots")] = None,
-    ephemeral: Annotated[
-        bool | None,
-        typer.Option(
-            "--ephemeral",
-            help=setting_help("ephemeral"),
-            show_default=False,
-        ),
-    ] = None,
+    ephemeral: Ephemeral = None,
     heartbeat: Annotated[float | None, setting_option("heartbeat")] = None,
     simulate_gpus: SimOpt = None,
     work_dir: Annotated[Path | None, setting_option("work_dir")] = None,
@@ -124,23 +136,14 @@ def worker(
     pool: Annotated[str | None, setting_option("pool")] = None,
     cache_dir: Annotated[Path | None, setting_option("cache_dir")] = None,
     cache_size: Annotated[str | None, setting_option("cache_size")] = None,
-    mount: Annotated[list[str] | None, setting_option("mount", extra="; repeatable")] = None,
+    mount: Mounts = None,
     ca: CaOpt = None,
-    share_token: Annotated[
-        bool,
-        typer.Option(
-            "--share-token",
-            help="Put the submit token in GPUFLEET_SHARE_TOKEN (a submitter token of this "
-            "worker's pool only) into the session string the worker prints, so whoever gets "
-            "the string can send jobs here. Off a terminal the string goes to a 0600 file.",
-        ),
-    ] = False,
+    share_token: ShareToken = False,
 ) -> None:
     """Run a worker: detect this machine, claim jobs that fit, run them, report back.
     It prints a session string; `gpufleet submit --session STRING` sends a job to it."""
     from gpufleet.worker.agent import run_worker
     from gpufleet.worker.capability import detect
-    from gpufleet.worker.options import WorkerOptions
 
     s = resolve(
         server=server,
@@ -159,11 +162,18 @@ def worker(
         ca=ca,
     )
     cap = detect(simulate=s["simulate_gpus"])
+    raise typer.Exit(run_worker(_worker_options(s, share_token), cap))
+
+
+def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
+    """The worker's options from its resolved settings; every ``--mount`` must exist."""
+    from gpufleet.worker.options import WorkerOptions
+
     mounts = tuple(str(Path(m).expanduser().resolve()) for m in s["mount"].split(",") if m.strip())
     for m in mounts:
         if not Path(m).is_dir():
             raise GpufleetError(f"--mount {m}: no such folder on this machine")
-    opts = WorkerOptions(
+    return WorkerOptions(
         server=s["server"],
         token=config.token_for(s["server"], s),
         name=s["name"],
@@ -180,7 +190,6 @@ def worker(
         ca=s["ca"],
         share_token=_share_token() if share_token else None,
     )
-    raise typer.Exit(run_worker(opts, cap))
 
 
 def _share_token() -> str:

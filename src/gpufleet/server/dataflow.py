@@ -66,11 +66,11 @@ class DataFlow:
                 inputs.append(inp)
         return replace(spec, inputs=tuple(inputs))
 
-    def grant_packages(self, specs: Sequence[JobSpec]) -> None:
-        """Let each job's pool read its package blobs (its workers download them)."""
-        self.store.grant_blobs(
-            (i.ref, s.pool) for s in specs for i in s.inputs if i.kind == InputKind.BLOB
-        )
+    @staticmethod
+    def package_grants(specs: Sequence[JobSpec]) -> set[tuple[str, str]]:
+        """(blob, pool): each job's pool may read its package blobs (its workers download
+        them), from the moment the job is written."""
+        return {(i.ref, s.pool) for s in specs for i in s.inputs if i.kind == InputKind.BLOB}
 
     def _check_blob(
         self, job: str, index: int, inp: JobInput, readable: Sequence[str] | None

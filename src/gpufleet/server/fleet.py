@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.domain.ids import new_worker_id
@@ -33,7 +33,7 @@ from gpufleet.scheduling.matching import (
     ever_reason,
     reserve,
 )
-from gpufleet.store import JobRow, Store, TokenRow, WorkerRow, stored
+from gpufleet.store import Hosts, JobRow, Store, TokenRow, WorkerRow, stored
 from gpufleet.wire import WorkerRegister
 
 Clock = Callable[[], float]
@@ -86,14 +86,22 @@ class Fleet:
         loaded_at, cached = self._policies
         if time.monotonic() - loaded_at < 1.0:
             return cached
-        fresh = {name: stored.host_policy(raw) for name, raw in self.store.host_policies().items()}
+        fresh = {h.name: stored.host_policy(h.policy) for h in self.store.hosts()}
         self._policies = (time.monotonic(), fresh)
         return fresh
+
+    def policies_after(self, hosts: Hosts) -> dict[str, HostPolicy]:
+        """The host policies once a manifest's ``hosts`` are written (read fresh)."""
+        after = hosts.after(self.store.hosts())
+        return {name: stored.host_policy(raw) for name, raw in after.items()}
 
     def policies_changed(self) -> None:
         self._policies = (0.0, {})
 
-    def view(self, w: WorkerRow) -> WorkerView:
+    def view(self, w: WorkerRow, policies: Mapping[str, HostPolicy] | None = None) -> WorkerView:
+        """How ``w`` is judged: its lifecycle status and its host's policy (from
+        ``policies`` if given, else the applied ones)."""
+        policies = self.policies() if policies is None else policies
         return WorkerView(
             id=w.id,
             name=w.name,
@@ -101,7 +109,7 @@ class Fleet:
             capability=w.capability,
             labels=w.labels,
             pool=w.pool,
-            policy=self.policies().get(w.name),
+            policy=policies.get(w.name),
             cpu_slots=w.cpu_slots,
         )
 

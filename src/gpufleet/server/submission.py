@@ -15,7 +15,7 @@ from gpufleet.scheduling.matching import Assignment, JobView, WorkerView, ever_r
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
-from gpufleet.store import Hold, JobRow, Store, WorkerRow
+from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow
 from gpufleet.wire import ApplyResult, ManifestApply
 
 
@@ -70,14 +70,14 @@ class Submission:
         hold = self._target(spec, wait_for_target) if spec.requirements.worker else None
         job_id = new_job_id()
         spec = self.flow.resolve(spec, readable=readable)
-        self.flow.grant_packages([spec])
-        self.store.insert_jobs(
+        batch = Batch(
             [(job_id, spec, self.unrunnable_reason(spec))],
-            self.clock(),
             deps={job_id: spec.dependencies},
             submitted_by=submitted_by,
             hold=hold,
+            grants=self.flow.package_grants([spec]),
         )
+        self.store.submit(batch, self.clock())
         self.on_change()
         return self.reads.job(job_id)
 
@@ -124,29 +124,27 @@ class Submission:
             raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
         self._check_ids(req.name, ids, pools)
         specs = self._resolve_batch(specs, ids, pools)
-        self.flow.grant_packages(specs)
-        policies = {h.name: h.model_dump_json() for h in req.hosts}
-        now = self.clock()
         # A pool's operator replaces only what the manifest said about its own workers.
         mine = None if pools is None else [w.name for w in workers if w.pool in pools]
-        self.store.replace_hosts(req.name, policies, now, within=mine)
-        self.fleet.policies_changed()
-        views = [self.fleet.view(w) for w in workers]
+        hosts = Hosts(req.name, {h.name: h.model_dump_json() for h in req.hosts}, within=mine)
+        policies = self.fleet.policies_after(hosts)
+        views = [self.fleet.view(w, policies) for w in workers]
         unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}
-        created = self.store.insert_jobs(
+        batch = Batch(
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)],
-            now,
             deps={i: s.dependencies for i, s in zip(ids, specs, strict=True)},
             submitted_by=submitted_by,
+            grants=self.flow.package_grants(specs),
+            hosts=hosts,
+            update=True,
         )
-        fresh = set(created)
-        updated = self.store.update_pending(
-            [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True) if i not in fresh]
-        )
+        written = self.store.submit(batch, self.clock())  # one transaction, all or nothing
+        self.fleet.policies_changed()
+        created, updated = written.created, written.updated
         if created or updated:
             self.on_change()
         names = {v.name for v in views}
-        changed = fresh | set(updated)
+        changed = set(created) | set(updated)
         planned = set(ids)
         return ApplyResult(
             manifest=req.name,
@@ -154,8 +152,8 @@ class Submission:
             updated=updated,
             unchanged=[i for i in ids if i not in changed],
             absent=[i for i, _ in self.store.manifest_jobs(req.name, pools) if i not in planned],
-            hosts=sorted(policies),
-            unknown_hosts=sorted(h for h in policies if h not in names),
+            hosts=sorted(hosts.policies),
+            unknown_hosts=sorted(h for h in hosts.policies if h not in names),
             unrunnable={i: r for i, r in unrunnable.items() if r and i in changed},
         )
 

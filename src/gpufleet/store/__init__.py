@@ -2,15 +2,17 @@
 default) or PostgreSQL, chosen by URL."""
 
 from gpufleet.store._sql import SqlStore, normalize_url
-from gpufleet.store.api import Applied, ClaimView, Hold, StaleClaim, Store
+from gpufleet.store.api import Applied, Batch, ClaimView, Hold, Hosts, StaleClaim, Store, Written
 from gpufleet.store.rows import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
 
 __all__ = [
     "Applied",
     "AttemptRow",
     "AuditRow",
+    "Batch",
     "ClaimView",
     "Hold",
+    "Hosts",
     "JobRow",
     "LogRow",
     "SqlStore",
@@ -18,5 +20,6 @@ __all__ = [
     "Store",
     "TokenRow",
     "WorkerRow",
+    "Written",
     "normalize_url",
 ]

@@ -58,11 +58,13 @@ class DataOps(ABC):
 
     def grant_blobs(self, grants: Iterable[tuple[str, str]]) -> None:
         """Let each (sha256, pool) pool read that blob (again: a no-op)."""
+        with self._write() as conn:
+            self._grant(conn, grants)
+
+    def _grant(self, conn: Connection, grants: Iterable[tuple[str, str]]) -> None:
         rows = [{"sha256": s, "pool": p} for s, p in sorted(set(grants))]
         if rows:
-            stmt = self._insert(t.blob_pools).on_conflict_do_nothing()
-            with self._write() as conn:
-                conn.execute(stmt, rows)
+            conn.execute(self._insert(t.blob_pools).on_conflict_do_nothing(), rows)
 
     def blob_readable(self, sha256: str, pools: Sequence[str]) -> bool:
         c = t.blob_pools.c

@@ -8,7 +8,7 @@ once do it once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -16,7 +16,8 @@ from sqlalchemy import Connection, func, select, update
 
 from gpufleet.domain.models import WorkerStatus
 from gpufleet.store import schema as t
-from gpufleet.store.rows import AuditRow, TokenRow, WorkerRow
+from gpufleet.store.api import Hosts
+from gpufleet.store.rows import AuditRow, HostRow, TokenRow, WorkerRow
 
 _W = t.workers.c
 _OFFLINE = WorkerStatus.OFFLINE.value
@@ -119,32 +120,9 @@ class FleetOps(ABC):
 
     # ---- hosts ------------------------------------------------------------------------
 
-    def replace_hosts(
-        self,
-        manifest: str,
-        policies: dict[str, str],
-        now: float,
-        within: Collection[str] | None = None,
-    ) -> None:
-        """The manifest's hosts replace what that manifest said before: about every host,
-        or only about the hosts named in ``within``."""
-        h = t.hosts.c
-        with self._write() as conn:
-            stale = h.manifest == manifest
-            if within is not None:
-                stale = stale & h.name.in_(list(within))
-            conn.execute(t.hosts.delete().where(stale))
-            for name, policy in policies.items():
-                conn.execute(t.hosts.delete().where(h.name == name))
-                conn.execute(
-                    t.hosts.insert().values(
-                        name=name, manifest=manifest, policy=policy, updated_at=now
-                    )
-                )
-
-    def host_policies(self) -> dict[str, str]:
+    def hosts(self) -> list[HostRow]:
         with self._read() as conn:
-            return {n: p for n, p in conn.execute(select(t.hosts.c.name, t.hosts.c.policy)).all()}
+            return [HostRow.from_row(r) for r in conn.execute(select(t.hosts)).all()]
 
     # ---- tokens -----------------------------------------------------------------------
 
@@ -210,3 +188,18 @@ class FleetOps(ABC):
         q = select(t.audit).where((a.at >= since) & (a.seq > after)).order_by(a.seq).limit(limit)
         with self._read() as conn:
             return [AuditRow.from_row(r) for r in conn.execute(q).all()]
+
+
+def write_hosts(conn: Connection, hosts: Hosts, now: float) -> None:
+    """Write a manifest's hosts entries over the ones they replace (``Hosts.replaces``)."""
+    h = t.hosts.c
+    stale = h.manifest == hosts.manifest
+    if hosts.within is not None:
+        stale = stale & h.name.in_(list(hosts.within))
+    conn.execute(t.hosts.delete().where(stale | h.name.in_(list(hosts.policies))))
+    rows = [
+        {"name": name, "manifest": hosts.manifest, "policy": policy, "updated_at": now}
+        for name, policy in hosts.policies.items()
+    ]
+    if rows:
+        conn.execute(t.hosts.insert(), rows)

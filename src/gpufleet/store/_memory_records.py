@@ -8,12 +8,13 @@ as the tables hold them, read back through the same row models the SQL store use
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpufleet.domain.models import ACTIVE, WorkerStatus
 from gpufleet.store import schema as t
-from gpufleet.store.rows import ArtifactRow, AuditRow, BlobRow, TokenRow, WorkerRow
+from gpufleet.store.api import Hosts
+from gpufleet.store.rows import ArtifactRow, AuditRow, BlobRow, HostRow, TokenRow, WorkerRow
 
 _OFFLINE = WorkerStatus.OFFLINE.value
 
@@ -35,7 +36,7 @@ class MemoryRecords:
 
     def _init_records(self) -> None:
         self.workers: dict[str, dict[str, Any]] = {}
-        self.hosts: dict[str, dict[str, Any]] = {}
+        self.host_entries: dict[str, dict[str, Any]] = {}
         self.tokens: dict[str, dict[str, Any]] = {}
         self.audit_rows: list[dict[str, Any]] = []
         self.blobs: dict[str, dict[str, Any]] = {}
@@ -134,31 +135,20 @@ class MemoryRecords:
 
     # ---- hosts ------------------------------------------------------------------------
 
-    def replace_hosts(
-        self,
-        manifest: str,
-        policies: dict[str, str],
-        now: float,
-        within: Collection[str] | None = None,
-    ) -> None:
-        with self._lock:
-            for name in [
-                n
-                for n, h in self.hosts.items()
-                if h["manifest"] == manifest and (within is None or n in within)
-            ]:
-                del self.hosts[name]
-            for name, policy in policies.items():
-                self.hosts[name] = {
-                    "name": name,
-                    "manifest": manifest,
-                    "policy": policy,
-                    "updated_at": now,
-                }
+    def _write_hosts(self, hosts: Hosts, now: float) -> None:
+        for name in [n for n, h in self.host_entries.items() if hosts.replaces(HostRow(**h))]:
+            del self.host_entries[name]
+        for name, policy in hosts.policies.items():
+            self.host_entries[name] = {
+                "name": name,
+                "manifest": hosts.manifest,
+                "policy": policy,
+                "updated_at": now,
+            }
 
-    def host_policies(self) -> dict[str, str]:
+    def hosts(self) -> list[HostRow]:
         with self._lock:
-            return {n: str(h["policy"]) for n, h in self.hosts.items()}
+            return [HostRow(**h) for h in self.host_entries.values()]
 
     # ---- tokens -----------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ each other's rows.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,9 @@ from gpufleet.store import schema as t
 from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statement
 from gpufleet.store._data import DataOps
-from gpufleet.store._fleet import FleetOps
+from gpufleet.store._fleet import FleetOps, write_hosts
 from gpufleet.store._values import job_values
-from gpufleet.store.api import Hold
+from gpufleet.store.api import Batch, Hold, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow
 from gpufleet.store.stored import spec_json
 
@@ -190,68 +190,77 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
 
     # ---- jobs -------------------------------------------------------------------------
 
-    def insert_jobs(
-        self,
-        jobs: Sequence[tuple[str, JobSpec, str | None]],
-        now: float,
-        deps: Mapping[str, Sequence[str]] | None = None,
-        submitted_by: str | None = None,
-        hold: Hold | None = None,
-    ) -> list[str]:
-        """Insert the jobs whose id is new; existing ones are left alone. Returns new ids.
-        ``deps`` names the jobs each new job waits for; it is counted in the same
-        transaction, so a new job is never claimable before its dependencies are met.
-        ``submitted_by`` is the token submitting them; ``hold`` a check made first."""
-        if not jobs:
-            return []
-        ids = [j[0] for j in jobs]
+    def submit(self, batch: Batch, now: float) -> Written:
+        """Write a submit or a manifest apply in one transaction (see :class:`Batch`).
+        A new job's dependencies are counted in it, so it is never claimable before they
+        are met, and a dependency that failed already fails it at once."""
         with self._write() as conn:
-            if hold is not None:
-                self._lock_worker(conn, hold.worker.id)
-                hold.check(self._holding(conn, hold.worker))
-                # a claim ranked before this job was aimed at the worker ranks again
-                w = t.workers.c
-                conn.execute(
-                    update(t.workers).where(w.id == hold.worker.id).values(claims=w.claims + 1)
-                )
-            needed = sorted({d for ds in (deps or {}).values() for d in ds})
-            if needed and self.dialect == "postgresql":
-                # A dependency finishing meanwhile waits for this insert (or this one for
-                # it), so one of the two sees the other: no new job waits on a failed one.
-                q = select(t.jobs.c.id).where(t.jobs.c.id.in_(needed))
-                conn.execute(q.with_for_update(read=True))
-            have: set[str] = set()
-            for chunk in range(0, len(ids), 500):
-                q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))
-                have.update(conn.scalars(q))
-            fresh = [job_values(i, s, now, u, submitted_by) for i, s, u in jobs if i not in have]
-            if not fresh:
-                return []
-            # A concurrent apply may have inserted some meanwhile: those are skipped, and
-            # RETURNING names only the rows this call created.
-            stmt = self._insert(t.jobs).on_conflict_do_nothing().returning(t.jobs.c.id)
-            inserted = set(conn.execute(stmt, fresh).scalars())
-            mine = {i: d for i, d in (deps or {}).items() if i in inserted and d}
-            if mine:
-                self.insert_deps(conn, mine)
-                self.recount_waiting(conn, list(mine))
-                self.fail_on_failed_deps(conn, list(mine), now)
-            return [v["id"] for v in fresh if v["id"] in inserted]
+            if batch.hold is not None:
+                self._hold(conn, batch.hold)
+            self._grant(conn, batch.grants)
+            if batch.hosts is not None:
+                write_hosts(conn, batch.hosts, now)
+            created = self._insert_new(conn, batch, now)
+            fresh = set(created)
+            updated = (
+                self._update_pending(conn, [j for j in batch.jobs if j[0] not in fresh])
+                if batch.update
+                else []
+            )
+        return Written(created, updated)
 
-    def update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]:
+    def _hold(self, conn: Connection, hold: Hold) -> None:
+        self._lock_worker(conn, hold.worker.id)
+        hold.check(self._holding(conn, hold.worker))
+        # a claim ranked before this job was aimed at the worker ranks again
+        w = t.workers.c
+        conn.execute(update(t.workers).where(w.id == hold.worker.id).values(claims=w.claims + 1))
+
+    def _insert_new(self, conn: Connection, batch: Batch, now: float) -> list[str]:
+        """Insert the batch's jobs whose id is new, with their dependencies; their ids."""
+        ids = [j[0] for j in batch.jobs]
+        needed = sorted({d for ds in batch.deps.values() for d in ds})
+        if needed and self.dialect == "postgresql":
+            # A dependency finishing meanwhile waits for this insert (or this one for
+            # it), so one of the two sees the other: no new job waits on a failed one.
+            q = select(t.jobs.c.id).where(t.jobs.c.id.in_(needed))
+            conn.execute(q.with_for_update(read=True))
+        have: set[str] = set()
+        for chunk in range(0, len(ids), 500):
+            q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))
+            have.update(conn.scalars(q))
+        fresh = [
+            job_values(i, s, now, u, batch.submitted_by) for i, s, u in batch.jobs if i not in have
+        ]
+        if not fresh:
+            return []
+        # A concurrent apply may have inserted some meanwhile: those are skipped, and
+        # RETURNING names only the rows this call created.
+        stmt = self._insert(t.jobs).on_conflict_do_nothing().returning(t.jobs.c.id)
+        inserted = set(conn.execute(stmt, fresh).scalars())
+        mine = {i: d for i, d in batch.deps.items() if i in inserted and d}
+        if mine:
+            self.insert_deps(conn, mine)
+            self.recount_waiting(conn, list(mine))
+            self.fail_on_failed_deps(conn, list(mine), now)
+        return [v["id"] for v in fresh if v["id"] in inserted]
+
+    def _update_pending(
+        self, conn: Connection, jobs: Sequence[tuple[str, JobSpec, str | None]]
+    ) -> list[str]:
         """Give pending jobs a new spec (same identity, new priority, requirements or
         limits) and its unrunnable verdict; jobs already claimed or finished keep theirs.
-        Compared outside the writer lock, written in one batch. Returns the ids changed."""
+        The rows are read locked (PostgreSQL), so no claim comes between."""
         j = t.jobs.c
         wanted = {job_id: (spec_json(spec), spec, why) for job_id, spec, why in jobs}
         ids = list(wanted)
         current: dict[str, str] = {}
-        with self._read() as conn:
-            for at in range(0, len(ids), 500):
-                q = select(j.id, j.spec).where(
-                    j.id.in_(ids[at : at + 500]), j.status == JobStatus.PENDING.value
-                )
-                current.update({i: sp for i, sp in conn.execute(q).all()})
+        for at in range(0, len(ids), 500):
+            q = select(j.id, j.spec).where(
+                j.id.in_(ids[at : at + 500]), j.status == JobStatus.PENDING.value
+            )
+            locked = q.order_by(j.id).with_for_update()  # in id order: two applies never deadlock
+            current.update({i: sp for i, sp in conn.execute(locked).all()})
         rows = [
             {
                 "jid": i,
@@ -267,8 +276,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             if old != wanted[i][0]
         ]
         if rows:
-            with self._write() as conn:
-                conn.execute(_PENDING_UPDATE, rows)
+            conn.execute(_PENDING_UPDATE, rows)
         return [str(r["jid"]) for r in rows]
 
     def _lock_worker(self, conn: Connection, worker_id: str) -> None:

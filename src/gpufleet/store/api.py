@@ -22,6 +22,7 @@ from gpufleet.store.rows import (
     AttemptRow,
     AuditRow,
     BlobRow,
+    HostRow,
     JobRow,
     LogRow,
     TokenRow,
@@ -37,6 +38,52 @@ class Hold:
 
     worker: WorkerRow
     check: Callable[[list[JobRow]], None]
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """A manifest's ``hosts`` entries (host name -> policy JSON). They replace what that
+    manifest said before, about every host or, with ``within``, only about those hosts
+    (an operator's own workers); and any other manifest's entry for a host they name."""
+
+    manifest: str
+    policies: Mapping[str, str]
+    within: Collection[str] | None = None
+
+    def replaces(self, host: HostRow) -> bool:
+        if host.name in self.policies:
+            return True
+        return host.manifest == self.manifest and (self.within is None or host.name in self.within)
+
+    def after(self, current: Iterable[HostRow]) -> dict[str, str]:
+        """Host name -> policy once these entries are written over ``current``."""
+        kept = {h.name: h.policy for h in current if not self.replaces(h)}
+        return {**kept, **self.policies}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one submit or one manifest apply writes, all in one transaction: the new jobs
+    (id, spec, unrunnable verdict) with the jobs each waits for, the blobs their pools may
+    read from now on, a manifest's hosts, and (``update``) a new spec for each listed job
+    that exists already and is still pending. A job whose id exists is never inserted
+    twice. ``hold`` is a check made first, in the same transaction."""
+
+    jobs: Sequence[tuple[str, JobSpec, str | None]]
+    deps: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    submitted_by: str | None = None
+    hold: Hold | None = None
+    grants: Collection[tuple[str, str]] = ()
+    hosts: Hosts | None = None
+    update: bool = False
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a :class:`Batch` did: the jobs it created and the pending ones it changed."""
+
+    created: list[str]
+    updated: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -80,15 +127,7 @@ class JobStore(Protocol):
     """Jobs: submit and apply, claim with a lease, start, extend, finish, release, reap,
     cancel, requeue, stop, and their output."""
 
-    def insert_jobs(
-        self,
-        jobs: Sequence[tuple[str, JobSpec, str | None]],
-        now: float,
-        deps: Mapping[str, Sequence[str]] | None = None,
-        submitted_by: str | None = None,
-        hold: Hold | None = None,
-    ) -> list[str]: ...
-    def update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]: ...
+    def submit(self, batch: Batch, now: float) -> Written: ...
     def claiming(self) -> AbstractContextManager[ClaimSession]: ...
     def start(self, change: Change) -> Applied | None: ...
     def finish(self, change: Change) -> Applied | None: ...
@@ -139,14 +178,7 @@ class FleetStore(Protocol):
     def leave(self, worker_id: str, now: float) -> bool: ...
     def delete_worker(self, worker_id: str) -> bool: ...
     def delete_gone_ephemeral(self, before: float) -> list[str]: ...
-    def replace_hosts(
-        self,
-        manifest: str,
-        policies: dict[str, str],
-        now: float,
-        within: Collection[str] | None = None,
-    ) -> None: ...
-    def host_policies(self) -> dict[str, str]: ...
+    def hosts(self) -> list[HostRow]: ...
     def insert_token(self, values: dict[str, Any]) -> None: ...
     def token_by_hash(self, digest: str) -> TokenRow | None: ...
     def list_tokens(self) -> list[TokenRow]: ...

@@ -23,7 +23,7 @@ from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
 from gpufleet.store._values import job_values
-from gpufleet.store.api import Applied, ClaimView, Hold, StaleClaim, Store
+from gpufleet.store.api import Applied, Batch, ClaimView, StaleClaim, Store, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow
 from gpufleet.store.stored import spec_json
 
@@ -140,11 +140,12 @@ class MemoryStore(MemoryRecords, NamedChanges):
             attempts = {k: dict(v) for k, v in self.attempt_rows.items()}
             deps = dict(self.deps)
             workers = {k: dict(v) for k, v in self.workers.items()}
+            hosts, grants = dict(self.host_entries), set(self.blob_pools)
             try:
                 yield
             except BaseException:
                 self.jobs, self.attempt_rows, self.deps = jobs, attempts, deps
-                self.workers = workers
+                self.workers, self.host_entries, self.blob_pools = workers, hosts, grants
                 raise
 
     def _row(self, job: Mapping[str, Any]) -> JobRow:
@@ -160,52 +161,56 @@ class MemoryStore(MemoryRecords, NamedChanges):
 
     # ---- submitting -------------------------------------------------------------------
 
-    def insert_jobs(
-        self,
-        jobs: Sequence[tuple[str, JobSpec, str | None]],
-        now: float,
-        deps: Mapping[str, Sequence[str]] | None = None,
-        submitted_by: str | None = None,
-        hold: Hold | None = None,
-    ) -> list[str]:
+    def submit(self, batch: Batch, now: float) -> Written:
         with self._transaction():
-            if hold is not None:
+            if batch.hold is not None:
+                hold = batch.hold
                 hold.check(self._holding(hold.worker.id, hold.worker.name))
                 if hold.worker.id in self.workers:  # a claim ranked before ranks again
                     self.workers[hold.worker.id]["claims"] += 1
-            created = []
-            for job_id, spec, unrunnable in jobs:
-                if job_id in self.jobs:
-                    continue
-                values = job_values(job_id, spec, now, unrunnable, submitted_by)
-                self.jobs[job_id] = {**defaults(t.jobs), **values}
-                created.append(job_id)
-            mine = {
-                i: list(dict.fromkeys(d)) for i, d in (deps or {}).items() if i in created and d
-            }
-            self.deps.update(mine)
-            self._recount(list(mine))
-            for job_id in mine:
-                self._fail_if_a_dep_failed(job_id, now)
-            return created
+            self.blob_pools.update(batch.grants)
+            if batch.hosts is not None:
+                self._write_hosts(batch.hosts, now)
+            created = self._insert_new(batch, now)
+            fresh = set(created)
+            updated = (
+                self._update_pending([j for j in batch.jobs if j[0] not in fresh])
+                if batch.update
+                else []
+            )
+            return Written(created, updated)
 
-    def update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]:
+    def _insert_new(self, batch: Batch, now: float) -> list[str]:
+        created = []
+        for job_id, spec, unrunnable in batch.jobs:
+            if job_id in self.jobs:
+                continue
+            values = job_values(job_id, spec, now, unrunnable, batch.submitted_by)
+            self.jobs[job_id] = {**defaults(t.jobs), **values}
+            created.append(job_id)
+        mine = {i: list(dict.fromkeys(d)) for i, d in batch.deps.items() if i in created and d}
+        self.deps.update(mine)
+        self._recount(list(mine))
+        for job_id in mine:
+            self._fail_if_a_dep_failed(job_id, now)
+        return created
+
+    def _update_pending(self, jobs: Sequence[tuple[str, JobSpec, str | None]]) -> list[str]:
         changed = []
-        with self._lock:
-            for job_id, spec, why in jobs:
-                row = self.jobs.get(job_id)
-                text = spec_json(spec)
-                if row is None or row["status"] != _PENDING or row["spec"] == text:
-                    continue
-                row.update(
-                    spec=text,
-                    priority=spec.priority,
-                    max_attempts=spec.max_attempts,
-                    pool=spec.pool,
-                    unrunnable=why,
-                    target=spec.requirements.worker,
-                )
-                changed.append(job_id)
+        for job_id, spec, why in jobs:
+            row = self.jobs.get(job_id)
+            text = spec_json(spec)
+            if row is None or row["status"] != _PENDING or row["spec"] == text:
+                continue
+            row.update(
+                spec=text,
+                priority=spec.priority,
+                max_attempts=spec.max_attempts,
+                pool=spec.pool,
+                unrunnable=why,
+                target=spec.requirements.worker,
+            )
+            changed.append(job_id)
         return changed
 
     # ---- reading ----------------------------------------------------------------------

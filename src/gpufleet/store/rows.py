@@ -209,6 +209,14 @@ class LogRow(_Columns):
 
 
 @dataclass(frozen=True)
+class HostRow(_Columns):
+    name: str
+    manifest: str
+    policy: str  # a HostPolicy as JSON; read with stored.host_policy
+    updated_at: float
+
+
+@dataclass(frozen=True)
 class BlobRow(_Columns):
     sha256: str
     size: int
