@@ -26,7 +26,7 @@ from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import Batch, Hosts, JobRow, SqlStore, StaleClaim, WorkerRow, Written
 from gpufleet.store import schema as t
-from gpufleet.store._claims import _VIEW_SQLITE
+from gpufleet.store._claims import _FIRST_FREE, _VIEW_POSTGRES, _VIEW_SQLITE
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.wire import (
     CapabilityModel,
@@ -933,6 +933,32 @@ def test_a_worker_s_life_is_swept_and_every_step_is_an_event(
     )
 
 
+def test_a_postgresql_claim_reads_no_more_than_the_jobs_it_needs(
+    store: SqlStore, queue: Services
+) -> None:
+    """With statistics that lag a large apply (here: none yet), PostgreSQL planned the
+    claim's reads of the aimed jobs, and its pick of the chosen ids, as walks of every
+    pending job: each claim cost O(queue) (about 2,000 index entries a claim in
+    bench/claims.py). They must come from the target index and the primary key."""
+    if getattr(store, "dialect", None) != "postgresql":
+        pytest.skip("a PostgreSQL plan")
+    jobs = [(f"j-{n:04d}", spec(f"q{n}"), None) for n in range(400)]
+    store.submit(Batch(jobs), T0)
+    w = register(queue, "box").id
+    ids = [f"j-{n:04d}" for n in range(200, 204)]
+
+    def plan(sql: str, params: Any) -> str:
+        with store.engine.connect() as conn:
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            return json.dumps(cursor.fetchone()[0])
+
+    view = plan(_VIEW_POSTGRES, (T0, w))
+    assert "ix_jobs_target" in view and "ix_jobs_queue" not in view, view
+    pick = plan(_FIRST_FREE, (ids, ids))
+    assert "jobs_pkey" in pick and "ix_jobs_queue" not in pick, pick
+
+
 def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None:
     """The claim page walks ix_jobs_queue in claim order. A migration that rebuilt the
     table once dropped the index's "priority DESC", and every claim then sorted the whole
@@ -940,15 +966,30 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
     depend on the table's size, PostgreSQL's does."""
     store = SqlStore(f"sqlite:///{tmp_path}/plan.db")
     store.migrate()
-    params = {"pool": "default", "now": T0, "p": 2**31 - 1, "c": -1.0, "i": "", "n": 8}
-    compiled = store.page_q.compile(store.engine)
-    with store.engine.connect() as conn:
-        plan = conn.exec_driver_sql(
-            f"EXPLAIN QUERY PLAN {compiled}",
-            tuple(compiled.construct_params(params)[k] for k in compiled.positiontup or ()),
-        ).all()
-    steps = " | ".join(str(row[-1]) for row in plan)
+    params = {"pool": "default", "now": T0, "p": 0, "c": T0, "i": "j-1", "n": 8}
+
+    def plan(statement: Any) -> str:
+        compiled = statement.compile(store.engine)
+        values = compiled.construct_params(params)
+        with store.engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN {compiled}",
+                tuple(values[k] for k in compiled.positiontup or ()),
+            ).all()
+        return " | ".join(str(row[-1]) for row in rows)
+
+    head, after = store.page_q
+    steps = plan(head)
     assert "ix_jobs_queue" in steps and "TEMP B-TREE" not in steps, steps
+    # The next page starts where the last one ended (the position is in the index's
+    # search, not a filter on a walk from the queue's head); only its own 2 x 8 rows
+    # are sorted.
+    steps = plan(after)
+    assert (
+        "USING INDEX ix_jobs_queue (status=? AND pool=? AND priority=? AND (created_at,id)>(?,?))"
+        in steps
+    ), steps
+    assert "USING INDEX ix_jobs_queue (status=? AND pool=? AND priority<?)" in steps, steps
     # The jobs aimed at the claiming worker come from the small partial index, not from a
     # walk of the whole queue (which made every claim cost O(pending jobs)).
     with store.engine.connect() as conn:

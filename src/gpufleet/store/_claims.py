@@ -12,6 +12,7 @@ could have taken the slot the ranking counted on (:class:`StaleClaim`: rank agai
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from abc import ABC, abstractmethod
@@ -19,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, bindparam, select, tuple_, union_all, update
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
@@ -54,11 +55,21 @@ _VIEW_SQLITE = (
     + _AIMED.format(hint="INDEXED BY ix_jobs_target ", wid="?", wname="?", pool="?", now="?")
     + ")), (SELECT claims FROM workers WHERE id = ?)"
 )
+# PostgreSQL would walk the pool's whole queue in claim order (ix_jobs_queue) and filter
+# it for the few aimed jobs: O(pending jobs) a claim. Reading the aimed jobs first (OFFSET
+# 0 keeps the planner from folding the two together) makes it take them from the partial
+# index, and sort the few it finds.
+_AIMED_PG = (
+    "SELECT id, priority, created_at FROM (SELECT * FROM jobs WHERE target IS NOT NULL "
+    f"AND target IN (w.id, w.name) AND status = '{_PENDING}' OFFSET 0) aimed "
+    "WHERE pool = w.pool AND waiting = 0 AND (not_before IS NULL OR not_before <= %s) "
+    "ORDER BY priority DESC, created_at, id LIMIT 8"
+)
 _VIEW_POSTGRES = (
     "SELECT (SELECT json_agg(json_build_array(h.gpus, h.n)) FROM ("
     + _HELD.format(wid="w.id")
     + ") h), (SELECT json_agg(a.id ORDER BY a.priority DESC, a.created_at, a.id) FROM ("
-    + _AIMED.format(hint="", wid="w.id", wname="w.name", pool="w.pool", now="%s")
+    + _AIMED_PG
     + ") a), w.claims FROM workers w WHERE w.id = %s"
 )
 # PostgreSQL, one round trip for a whole claim: lock the first chosen job still pending
@@ -71,27 +82,33 @@ _CLAIM_FIELDS = frozenset(
     | {"lease_expires_at"}
 )
 _OPENS = frozenset({"worker_id", "gpus", "worker_name", "claimed_at"})
+# The chosen jobs are found by id (the primary key) and only then checked for 'pending'.
+# Written as a plain "status = 'pending'", the check is one an index on status answers,
+# and when the statistics lag a large apply (PostgreSQL thinks a handful of jobs are
+# pending) the planner walks every pending job for the few ids instead: coalesce() keeps
+# it from using any index for the check, whatever the statistics say.
+_STILL_PENDING = "coalesce({}status, '') = '" + _PENDING + "'"
 _CLAIM_IN_ONE = (
     "WITH pick AS (SELECT id FROM jobs "
-    f"WHERE id = ANY(%(ids)s) AND status = '{_PENDING}' "
+    f"WHERE id = ANY(%(ids)s) AND {_STILL_PENDING.format('')} "
     "ORDER BY array_position(%(ids)s::text[], id::text) LIMIT 1 FOR UPDATE SKIP LOCKED), "
     "bump AS (UPDATE workers SET claims = claims + 1 WHERE id = %(wid)s AND claims = %(seen)s "
     "AND EXISTS (SELECT 1 FROM pick) RETURNING 1), "
-    "c AS (SELECT u.* FROM unnest(%(ids)s::text[], %(old)s::int[], %(gpus)s::text[], "
-    "%(expires)s::float8[], %(specs)s::text[]) AS u(id, old, gpus, expires, spec) "
+    "c AS (SELECT u.* FROM json_to_recordset(%(choices)s::json) "
+    "AS u(id text, old int, gpus text, expires float8, spec text) "
     "JOIN pick ON pick.id = u.id WHERE EXISTS (SELECT 1 FROM bump)), "
     f"upd AS (UPDATE jobs j SET status = '{lifecycle.target(Event.CLAIM).value}', "
     "lease = c.old + 1, worker_id = %(wid)s, gpus = c.gpus, claimed_at = %(now)s, "
     "started_at = NULL, finished_at = NULL, exit_code = NULL, lease_expires_at = c.expires "
-    f"FROM c WHERE j.id = c.id AND j.lease = c.old AND j.status = '{_PENDING}' "
-    "AND (c.spec IS NULL OR j.spec = c.spec) "
+    f"FROM c WHERE j.id = c.id AND j.lease = c.old AND {_STILL_PENDING.format('j.')} "
+    "AND (c.spec IS NULL OR md5(j.spec) = c.spec) "
     "RETURNING j.id, j.lease, c.gpus), "
     "ins AS (INSERT INTO attempts (job_id, attempt, worker_id, worker_name, gpus, claimed_at) "
     "SELECT id, lease, %(wid)s, %(wname)s, gpus, %(now)s FROM upd RETURNING job_id) "
     "SELECT (SELECT id FROM pick), (SELECT count(*) FROM bump), (SELECT job_id FROM ins)"
 )
 _FIRST_FREE = (
-    f"SELECT id FROM jobs WHERE id = ANY(%s) AND status = '{_PENDING}' "
+    f"SELECT id FROM jobs WHERE id = ANY(%s) AND {_STILL_PENDING.format('')} "
     "ORDER BY array_position(%s::text[], id::text) LIMIT 1 FOR UPDATE SKIP LOCKED"
 )
 # A worker's claim count moves on only from the count a claim ranked on (SQLite).
@@ -153,9 +170,12 @@ class ClaimSession:
     def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]:
         """The next ``limit`` claimable jobs of ``pool`` after ``after`` (a keyset
         position), best first: priority, then age."""
-        key = (after.priority, after.created_at, after.id) if after else (2**31 - 1, -1.0, "")
-        params = {"pool": pool, "now": now, "p": key[0], "c": key[1], "i": key[2], "n": limit}
-        rows = self.conn.execute(self.store.page_q, params).all()
+        params: dict[str, Any] = {"pool": pool, "now": now, "n": limit}
+        if after is None:
+            rows = self.conn.execute(self.store.page_q[0], params).all()
+        else:
+            params |= {"p": after.priority, "c": after.created_at, "i": after.id}
+            rows = self.conn.execute(self.store.page_q[1], params).all()
         return [JobRow.from_row(r) for r in rows]
 
     def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
@@ -205,7 +225,7 @@ class ClaimOps(ABC):
 
     dialect: str
     engine: Any
-    page_q: Any
+    page_q: tuple[Any, Any]  # page_statements()
     _lock: threading.Lock | None  # SQLite's one writer
 
     @abstractmethod
@@ -227,25 +247,31 @@ class ClaimOps(ABC):
                 yield ClaimSession(self, conn)
 
 
-def page_statement() -> Any:
-    """Built once: the next claimable jobs of a pool after a keyset position, best first
-    (priority, then age), from the claim index."""
-    p: Any = bindparam("p")
-    c: Any = bindparam("c")
-    i: Any = bindparam("i")
-    return (
-        select(t.jobs)
-        .where(_J.status == _PENDING, _J.pool == bindparam("pool"))
-        .where(_J.waiting == 0)
-        .where((_J.not_before.is_(None)) | (_J.not_before <= bindparam("now")))
-        .where(
-            (_J.priority < p)
-            | ((_J.priority == p) & (_J.created_at > c))
-            | ((_J.priority == p) & (_J.created_at == c) & (_J.id > i))
-        )
-        .order_by(_J.priority.desc(), _J.created_at, _J.id)
-        .limit(bindparam("n"))
+def page_statements() -> tuple[Any, Any]:
+    """Built once: a pool's first claimable jobs, and the next ones after a keyset
+    position, best first (priority, then age), from the claim index.
+
+    The next page is read as two index ranges, the rest of the position's priority and
+    the lower priorities, so the scan starts where the last page ended. The one range an
+    ``OR`` of the two would be is not one an index scan can start from: it would walk the
+    queue from its head again, past every job of the pages before."""
+    claimable = (
+        (_J.status == _PENDING)
+        & (_J.pool == bindparam("pool"))
+        & (_J.waiting == 0)
+        & ((_J.not_before.is_(None)) | (_J.not_before <= bindparam("now")))
     )
+    order = (_J.priority.desc(), _J.created_at, _J.id)
+    head = select(t.jobs).where(claimable).order_by(*order).limit(bindparam("n"))
+    p: Any = bindparam("p")
+    position = tuple_(_J.created_at, _J.id) > tuple_(bindparam("c"), bindparam("i"))
+    same = select(t.jobs).where(claimable & (_J.priority == p) & position)
+    lower = select(t.jobs).where(claimable & (_J.priority < p))
+    parts = [part.order_by(*order).limit(bindparam("n")).subquery() for part in (same, lower)]
+    both = union_all(*(select(part) for part in parts)).subquery()
+    u = both.c
+    after = select(both).order_by(u.priority.desc(), u.created_at, u.id).limit(bindparam("n"))
+    return head, after
 
 
 def _claim_in_one(
@@ -269,12 +295,21 @@ def _claim_in_one(
             or not set(c.guard) <= {"spec"}
         ):
             raise ValueError("a claim changes other fields than the one statement sets")
+    # Each choice's values go as one JSON text (psycopg dumps a text in C, but a Python
+    # list into an array element by element), its spec guard as the spec's MD5.
+    choices = [
+        {
+            "id": c.job_id,
+            "old": c.lease,
+            "gpus": json.dumps(list(c.fields["gpus"])),  # type: ignore[call-overload]
+            "expires": c.fields["lease_expires_at"],
+            "spec": _md5(c.guard.get("spec")),
+        }
+        for c in changes
+    ]
     params = {
         "ids": [c.job_id for c in changes],
-        "old": [c.lease for c in changes],
-        "gpus": [json.dumps(list(c.fields["gpus"])) for c in changes],  # type: ignore[call-overload]
-        "expires": [c.fields["lease_expires_at"] for c in changes],
-        "specs": [c.guard.get("spec") for c in changes],
+        "choices": json.dumps(choices),
         "wid": first.fields["worker_id"],
         "wname": (first.opens or {})["worker_name"],
         "now": first.fields["claimed_at"],
@@ -287,6 +322,10 @@ def _claim_in_one(
     finally:
         cursor.close()
     return picked, int(counted), taken
+
+
+def _md5(text: Any) -> str | None:
+    return None if text is None else hashlib.md5(str(text).encode()).hexdigest()
 
 
 def _driver_rows(conn: Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:

@@ -31,7 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import ChangeOps
-from gpufleet.store._claims import ClaimOps, page_statement
+from gpufleet.store._claims import ClaimOps, page_statements
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps, write_hosts
 from gpufleet.store._values import job_values
@@ -97,7 +97,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             self.engine = create_engine(self.url, pool_size=10, max_overflow=30, pool_pre_ping=True)
             self._lock = None
         self.dialect = self.engine.dialect.name
-        self.page_q = page_statement()
+        self.page_q = page_statements()
 
     # ---- plumbing ---------------------------------------------------------------------
 
