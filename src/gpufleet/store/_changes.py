@@ -33,6 +33,7 @@ _J, _A, _D = t.jobs.c, t.attempts.c, t.job_deps.c
 #: Fields kept as JSON text.
 _JSON = frozenset({"gpus", "stderr_tail"})
 _FAILS_DEPENDENTS = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+_OPEN_ATTEMPT = t.attempts.insert()  # built once: its cache key is then computed once
 
 
 def encode(values: Mapping[str, object]) -> dict[str, Any]:
@@ -158,7 +159,7 @@ class ChangeOps(NamedChanges):
                 "attempt": change.attempt,
                 **change.opens,
             }
-            conn.execute(t.attempts.insert(), encode(values))
+            conn.execute(_OPEN_ATTEMPT, encode(values))
         if change.record:
             rkeys = tuple(sorted(change.record))
             where = {"_id": change.job_id, "_attempt": change.attempt}
