@@ -252,7 +252,8 @@ class Leases:
         return job
 
     def start(self, job_id: str, attempt: int) -> None:
-        self._held(job_id, attempt)
+        """The worker started the job's process. The change takes only on the current
+        lease of a claimed job; else the job says why (404, 409, or a retried start)."""
         now = self.clock()
         change = lifecycle.start(job_id, attempt, now, now + self.settings.lease_timeout)
         if self.store.start(change) is None:
