@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,76 @@ def test_a_batch_is_written_whole_or_not_at_all(
     assert job(store, "j-old").priority == 3
     assert [(h.name, h.manifest, h.updated_at) for h in store.hosts()] == [("box", "plan", T0 + 2)]
     assert store.blob_readable(blob, ["default"])
+
+
+def test_two_applies_naming_one_host_at_once_both_succeed(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first apply holds its transaction open, its host written, while the second
+    starts; the second waits for it and then writes over it. Written as delete and
+    insert, the second failed on the host's key (a 500) on PostgreSQL."""
+    real = store._insert_new
+    written, second_started = threading.Event(), threading.Event()
+
+    def slow_first(*args: Any) -> list[str]:
+        if not written.is_set():
+            written.set()
+            second_started.wait(5)
+            time.sleep(0.3)  # long enough for the second to reach the host's row
+        return real(*args)
+
+    monkeypatch.setattr(store, "_insert_new", slow_first)
+    errors: list[BaseException] = []
+
+    def apply(manifest: str, job_id: str) -> None:
+        try:
+            batch = Batch([(job_id, spec(job_id), None)], hosts=Hosts(manifest, {"box": "{}"}))
+            store.submit(batch, T0)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    first = threading.Thread(target=apply, args=("a", "j-a"))
+    first.start()
+    assert written.wait(5)
+    second = threading.Thread(target=apply, args=("b", "j-b"))
+    second.start()
+    second_started.set()
+    first.join(10)
+    second.join(10)
+    assert not first.is_alive() and not second.is_alive()
+    assert errors == []
+    assert [(h.name, h.manifest) for h in store.hosts()] == [("box", "b")]
+    assert store.get_job("j-a") is not None and store.get_job("j-b") is not None
+
+
+def test_two_applies_changing_the_same_jobs_in_opposite_orders_both_succeed(
+    store: SqlStore,
+) -> None:
+    """Each locks the pending jobs it changes in id order, whatever the manifest's order:
+    two applies wait for each other instead of deadlocking (a 500 on PostgreSQL)."""
+    ids = [f"j-{n:04d}" for n in range(600)]
+    store.submit(Batch([(i, spec(i), None) for i in ids]), T0)
+    errors: list[BaseException] = []
+    for round_ in range(1, 4):
+
+        def apply(order: list[str], priority: int) -> None:
+            try:
+                jobs = [(i, spec(i, priority=priority), None) for i in order]
+                store.submit(Batch(jobs, update=True), T0)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=apply, args=(ids, 2 * round_)),
+            threading.Thread(target=apply, args=(ids[::-1], 2 * round_ + 1)),
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert not any(th.is_alive() for th in threads)
+        assert errors == []
+        assert {job(store, i).priority for i in ids} <= {2 * round_, 2 * round_ + 1}
 
 
 def test_a_manifests_hosts_replace_only_its_own_entries_and_the_hosts_it_names(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -26,6 +26,9 @@ from gpufleet.cli.jobs import default_name, follow
 from gpufleet.client import Client
 from gpufleet.errors import ConfigError, NotFound
 from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
+
+if TYPE_CHECKING:
+    from gpufleet.client.session import Session
 
 # Each option is a named alias, so the command's signature reads as a list of names.
 _Opt = typer.Option
@@ -82,7 +85,7 @@ Select = Annotated[
         "(r refreshes it).",
     ),
 ]
-Session = Annotated[
+SessionString = Annotated[
     str | None,
     _Opt(
         help="Run on the worker whose session string this is (what it printed at start), "
@@ -155,7 +158,7 @@ def submit(
     worker: Worker = None,
     auto_select: AutoSelect = False,
     select: Select = False,
-    session: Session = None,
+    session: SessionString = None,
     min_gpu_memory: MinGpuMemory = 0,
     queue: Queue = False,
     shell: Shell = False,
@@ -209,8 +212,9 @@ class SubmitRequest:
     as_json: bool
 
     def run(self) -> None:
-        token = self._take_session()
+        target = self._take_session()
         requirements = self.requirements()
+        token = session_token(target) if target is not None else None
         with client(self.server, self.ca, token=token) as c:
             inputs = job_inputs(self.input or [])  # checked before anything is uploaded
             if self.auto_select or self.select:
@@ -227,9 +231,9 @@ class SubmitRequest:
             status = follow(c, result.job.id, self.as_json)
             finish_wait(c, result.job.id, status, self.results, self.as_json)
 
-    def _take_session(self) -> str | None:
+    def _take_session(self) -> Session | None:
         """One way of choosing the worker at most; a session names the server, pool and
-        worker, and gives the token to send."""
+        worker (and gives the token to send)."""
         chosen = [
             flag
             for flag, on in (
@@ -249,7 +253,7 @@ class SubmitRequest:
             said = f"the session's worker is in pool {target.pool!r}"
             raise ConfigError(f"--pool {self.pool}: {said}")
         self.server, self.pool, self.worker = target.server, target.pool, target.worker
-        return session_token(target)
+        return target
 
     def requirements(self) -> RequirementsModel:
         return RequirementsModel(

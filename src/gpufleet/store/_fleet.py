@@ -190,16 +190,27 @@ class FleetOps(ABC):
             return [AuditRow.from_row(r) for r in conn.execute(q).all()]
 
 
-def write_hosts(conn: Connection, hosts: Hosts, now: float) -> None:
-    """Write a manifest's hosts entries over the ones they replace (``Hosts.replaces``)."""
+def write_hosts(conn: Connection, hosts: Hosts, now: float, insert: Any) -> None:
+    """Write a manifest's hosts entries over the ones they replace (``Hosts.replaces``).
+    The hosts it names are upserted, not deleted and inserted: two applies naming the
+    same host at once then wait for each other instead of one failing on its key.
+    ``insert`` is the dialect's INSERT (with ON CONFLICT) for the hosts table."""
     h = t.hosts.c
     stale = h.manifest == hosts.manifest
     if hosts.within is not None:
         stale = stale & h.name.in_(list(hosts.within))
-    conn.execute(t.hosts.delete().where(stale | h.name.in_(list(hosts.policies))))
+    conn.execute(t.hosts.delete().where(stale & h.name.not_in(list(hosts.policies))))
     rows = [
         {"name": name, "manifest": hosts.manifest, "policy": policy, "updated_at": now}
-        for name, policy in hosts.policies.items()
+        for name, policy in sorted(hosts.policies.items())
     ]
     if rows:
-        conn.execute(t.hosts.insert(), rows)
+        stmt = insert.on_conflict_do_update(
+            index_elements=[h.name],
+            set_={
+                "manifest": insert.excluded.manifest,
+                "policy": insert.excluded.policy,
+                "updated_at": insert.excluded.updated_at,
+            },
+        )
+        conn.execute(stmt, rows)

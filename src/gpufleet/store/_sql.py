@@ -199,7 +199,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                 self._hold(conn, batch.hold)
             self._grant(conn, batch.grants)
             if batch.hosts is not None:
-                write_hosts(conn, batch.hosts, now)
+                write_hosts(conn, batch.hosts, now, self._insert(t.hosts))
             created = self._insert_new(conn, batch, now)
             fresh = set(created)
             updated = (
@@ -250,21 +250,19 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
     ) -> list[str]:
         """Give pending jobs a new spec (same identity, new priority, requirements or
         limits) and its unrunnable verdict; jobs already claimed or finished keep theirs.
-        The rows are read locked (PostgreSQL), so no claim comes between."""
-        j = t.jobs.c
+        The specs are compared without locks; only the jobs whose spec differs are then
+        read again locked (PostgreSQL), in id order across the whole batch, so no claim
+        comes between and two applies wait for each other instead of deadlocking."""
         wanted = {job_id: (spec_json(spec), spec, why) for job_id, spec, why in jobs}
-        ids = list(wanted)
-        current: dict[str, str] = {}
-        for at in range(0, len(ids), 500):
-            q = select(j.id, j.spec).where(
-                j.id.in_(ids[at : at + 500]), j.status == JobStatus.PENDING.value
-            )
-            locked = q.order_by(j.id).with_for_update()  # in id order: two applies never deadlock
-            current.update({i: sp for i, sp in conn.execute(locked).all()})
+        current = self._pending_specs(conn, sorted(wanted), lock=False)
+        differ = sorted(i for i, old in current.items() if old != wanted[i][0])
+        if not differ:
+            return []
+        current = self._pending_specs(conn, differ, lock=True)
         rows = [
             {
                 "jid": i,
-                "old": old,
+                "old": current[i],
                 "spec": wanted[i][0],
                 "priority": wanted[i][1].priority,
                 "max_attempts": wanted[i][1].max_attempts,
@@ -272,12 +270,27 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                 "unrunnable": wanted[i][2],
                 "target": wanted[i][1].requirements.worker,
             }
-            for i, old in current.items()
-            if old != wanted[i][0]
+            for i in differ
+            if i in current and current[i] != wanted[i][0]
         ]
         if rows:
             conn.execute(_PENDING_UPDATE, rows)
         return [str(r["jid"]) for r in rows]
+
+    @staticmethod
+    def _pending_specs(conn: Connection, ids: list[str], *, lock: bool) -> dict[str, str]:
+        """The specs of those of ``ids`` (sorted) still pending; ``lock``: row-locked, in
+        id order."""
+        j = t.jobs.c
+        found: dict[str, str] = {}
+        for at in range(0, len(ids), 500):
+            q = select(j.id, j.spec).where(
+                j.id.in_(ids[at : at + 500]), j.status == JobStatus.PENDING.value
+            )
+            if lock:
+                q = q.order_by(j.id).with_for_update()
+            found.update({i: sp for i, sp in conn.execute(q).all()})
+        return found
 
     def _lock_worker(self, conn: Connection, worker_id: str) -> None:
         """Serialize this transaction with others about the same worker (PostgreSQL; on

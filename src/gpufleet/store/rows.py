@@ -76,9 +76,10 @@ class JobRow:
         m["gpus"] = tuple(json.loads(m["gpus"]))
         m["stderr_tail"] = _lines(m.get("stderr_tail"))
         m["stopped_early"] = bool(m.get("stopped_early"))
-        missing = _JOB_REQUIRED.difference(m)
-        if missing:
-            raise TypeError(f"a job row without {', '.join(sorted(missing))}")
+        missing, extra = _JOB_REQUIRED.difference(m), m.keys() - _JOB_NAMES
+        if missing or extra:
+            wrong = [*(f"without {k}" for k in sorted(missing)), *(f"with {k}" for k in extra)]
+            raise TypeError(f"a job row {', '.join(wrong)}")
         # Filled in directly: a frozen dataclass's __init__ sets each of the 29 fields
         # through object.__setattr__ (9 us a row), and claims and listings read many rows.
         row = object.__new__(cls)
@@ -89,6 +90,7 @@ class JobRow:
 _JOB_FIELDS = fields(JobRow)
 _JOB_DEFAULTS = {f.name: f.default for f in _JOB_FIELDS if f.default is not MISSING}
 _JOB_REQUIRED = frozenset(f.name for f in _JOB_FIELDS if f.default is MISSING)
+_JOB_NAMES = frozenset(f.name for f in _JOB_FIELDS)
 
 
 @dataclass(frozen=True)
