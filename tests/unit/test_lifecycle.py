@@ -297,3 +297,24 @@ def test_cancel_requeue_and_a_failed_dependency() -> None:
         "finished_at": 8.0,
         "error": "dependency prep (d1) failed: exit code 1",
     }
+
+
+def test_a_failure_fails_everything_below_it_nearest_first_each_naming_its_dependency() -> None:
+    """A diamond: b and c wait on a, d on both. d is failed once, by b (reached first),
+    and its error carries b's, which carries a's."""
+    a = Job(id="a", name="prep", status=F, error="exit code 3")
+    b, c, d = Job(id="b", name="train"), Job(id="c", name="eval"), Job(id="d", name="report")
+    changes = lifecycle.dependents_failed(a, {"a": [b, c], "b": [d], "c": [d]}, now=5.0)
+    assert [ch.job_id for ch in changes] == ["b", "c", "d"]
+    assert {ch.status for ch in changes} == {F}
+    errors = {ch.job_id: ch.fields["error"] for ch in changes}
+    assert errors["b"] == "dependency prep (a) failed: exit code 3"
+    assert errors["d"] == f"dependency train (b) failed: {errors['b']}"
+
+
+def test_a_chain_of_any_length_is_walked_without_recursion() -> None:
+    chain = [Job(id=f"j{n}", name=f"s{n}") for n in range(5000)]
+    below = {"root": [chain[0]]} | {f"j{n}": [chain[n + 1]] for n in range(4999)}
+    root = Job(id="root", name="root", status=X, error="cancelled")
+    changes = lifecycle.dependents_failed(root, below, now=1.0)
+    assert len(changes) == 5000 and changes[-1].job_id == "j4999"

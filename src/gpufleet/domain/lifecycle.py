@@ -10,6 +10,7 @@ sets. A store applies a change as one conditional update and decides nothing its
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -316,7 +317,51 @@ def requeue(job: JobState) -> Change:
     return Change(job.id, Event.REQUEUE, job.lease, fields)
 
 
-def dependency_failed(job: JobState, dep: JobState, now: float) -> Change:
+class Ended(Protocol):
+    """What a failed job's dependents name of it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> JobStatus: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class _EndedAs:
+    id: str
+    name: str
+    status: JobStatus
+    error: str | None
+
+
+def dependents_failed(
+    failed: Ended, below: Mapping[str, Sequence[JobState]], now: float
+) -> list[Change]:
+    """The changes failing every pending job below ``failed`` (``below``: a job's id to
+    the pending jobs waiting on it), nearest first. Each names the dependency that failed
+    it, with that one's final status; one waiting on two that failed is named by the
+    first reached. Walked breadth first with no recursion: a chain of any length."""
+    changes: list[Change] = []
+    ended: deque[Ended] = deque([failed])
+    seen = {failed.id}
+    while ended:
+        dep = ended.popleft()
+        for waiting in below.get(dep.id, ()):
+            if waiting.id in seen:
+                continue
+            seen.add(waiting.id)
+            change = dependency_failed(waiting, dep, now)
+            changes.append(change)
+            error = change.fields["error"]
+            ended.append(_EndedAs(waiting.id, waiting.name, change.status, str(error)))
+    return changes
+
+
+def dependency_failed(job: JobState, dep: Ended, now: float) -> Change:
     """A pending job whose dependency ``dep`` ended without success fails too, naming the
     dependency's final status (and its error)."""
     reason = f"dependency {dep.name} ({dep.id}) {dep.status.value}"

@@ -16,7 +16,6 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -188,17 +187,7 @@ class ChangeOps(NamedChanges):
         below: dict[str, list[JobRow]] = {}
         for dep_id, waiting in _pending_below(conn, job.id):
             below.setdefault(dep_id, []).append(waiting)
-        changes: list[Change] = []
-        ended, seen = [job], {job.id}
-        while ended:
-            dep = ended.pop(0)
-            for waiting in below.get(dep.id, ()):
-                if waiting.id in seen:
-                    continue  # it waits on two that failed: the first one reached names it
-                seen.add(waiting.id)
-                change = lifecycle.dependency_failed(waiting, dep, now)
-                changes.append(change)
-                ended.append(replace(waiting, status=change.status, **change.fields))  # type: ignore[arg-type]
+        changes = lifecycle.dependents_failed(job, below, now)
         if not self._apply_all(conn, changes):
             return [c.job_id for c in changes if self.apply_change(conn, c)]
         return [c.job_id for c in changes]

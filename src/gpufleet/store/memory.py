@@ -427,18 +427,13 @@ class MemoryStore(MemoryRecords, NamedChanges):
             return self._recount(job_ids)
 
     def _fail_dependents(self, job: JobRow, now: float) -> list[str]:
-        failed, ended = [], [job]
-        while ended:
-            dep = ended.pop(0)
-            for waiting_id in sorted(self._dependents(dep.id)):
-                waiting = self.jobs[waiting_id]
-                if waiting["status"] != _PENDING:
-                    continue
-                change = lifecycle.dependency_failed(self._row(waiting), dep, now)
-                if self.apply_change(change):
-                    failed.append(waiting_id)
-                    ended.append(self._row(waiting))
-        return failed
+        below: dict[str, list[JobRow]] = {}
+        for waiting_id in sorted(self.deps):
+            if self.jobs[waiting_id]["status"] == _PENDING:
+                for dep_id in self.deps[waiting_id]:
+                    below.setdefault(dep_id, []).append(self._row(self.jobs[waiting_id]))
+        changes = lifecycle.dependents_failed(job, below, now)
+        return [c.job_id for c in changes if self.apply_change(c)]
 
     def _fail_if_a_dep_failed(self, job_id: str, now: float) -> None:
         job = self.jobs[job_id]
