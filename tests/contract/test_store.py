@@ -1217,8 +1217,8 @@ def test_a_claim_ranked_on_a_spec_a_manifest_changed_since_takes_nothing(
     w = register(queue, "w1")
     submitted = queue.submission.submit(spec("a"))
     ranked = job(store, submitted.id)
-    change = lifecycle.claim(ranked, w.id, w.name, (), clock.now, clock.now + LEASE)
-    guarded = dataclasses.replace(change, guard={"spec": ranked.spec_json})
+    now, expires, spec_json = clock.now, clock.now + LEASE, ranked.spec_json
+    guarded = lifecycle.claim(ranked, w.id, w.name, (), now, expires, spec_json)
     changed = store.submit(Batch([(submitted.id, spec("a", priority=5), None)], update=True), T0)
     assert changed == Written([], [submitted.id])
     with store.claiming() as session:

@@ -168,9 +168,17 @@ _UNHELD: dict[str, object] = {
 
 
 def claim(
-    job: JobState, worker_id: str, worker_name: str, gpus: Sequence[int], now: float, expires: float
+    job: JobState,
+    worker_id: str,
+    worker_name: str,
+    gpus: Sequence[int],
+    now: float,
+    expires: float,
+    spec: str | None = None,
 ) -> Change:
-    """A worker claims a pending job: a new lease (the attempt number) on ``gpus``."""
+    """A worker claims a pending job: a new lease (the attempt number) on ``gpus``. With
+    ``spec`` (the stored spec the claim was ranked on), it takes only if the job still
+    has that spec: an apply changing it meanwhile voids the claim."""
     held = {"worker_id": worker_id, "gpus": tuple(gpus)}
     fields = {
         **held,
@@ -182,7 +190,8 @@ def claim(
         "lease_expires_at": expires,
     }
     opens = {**held, "worker_name": worker_name, "claimed_at": now}
-    return Change(job.id, Event.CLAIM, job.lease, fields, opens=opens)
+    guard = {} if spec is None else {"spec": spec}
+    return Change(job.id, Event.CLAIM, job.lease, fields, opens=opens, guard=guard)
 
 
 def start(job_id: str, lease: int, now: float, expires: float) -> Change:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus, WorkerStatus
@@ -224,9 +223,9 @@ class Leases:
             verdict = now_reason(jv, me, mine, now, self.settings.prefer_cuda_grace)
             if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
                 continue
-            change = lifecycle.claim(job, w.id, w.name, verdict.gpus, now, expires)
-            # ranked on this spec: a manifest changing the job meanwhile voids the claim
-            out.append(replace(change, guard={"spec": job.spec_json}))
+            out.append(
+                lifecycle.claim(job, w.id, w.name, verdict.gpus, now, expires, job.spec_json)
+            )
             if len(out) == most:
                 return out, page[n + 1 :]
         return out, []
