@@ -14,6 +14,12 @@ depends_on = None
 
 
 def upgrade() -> None:
+    _jobs()
+    _fleet()
+
+
+def _jobs() -> None:
+    """The queue: jobs, their indexes, and their attempts."""
     op.create_table(
         "jobs",
         sa.Column("id", sa.String(64), primary_key=True),
@@ -59,6 +65,10 @@ def upgrade() -> None:
         sa.Column("outcome", sa.String(32)),
         sa.Column("error", sa.Text),
     )
+
+
+def _fleet() -> None:
+    """Workers, host policies, job output and tokens (created in this order, as before)."""
     op.create_table(
         "workers",
         sa.Column("id", sa.String(64), primary_key=True),
