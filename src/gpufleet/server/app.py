@@ -29,6 +29,7 @@ from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
+from gpufleet.server.text_input import RefuseNul
 from gpufleet.store import SqlStore
 from gpufleet.tokens import redact, redact_data
 from gpufleet.wire import ErrorBody, ErrorInfo
@@ -153,6 +154,7 @@ def create_app(
     app.add_exception_handler(HTTPException, _on_http)
     app.add_exception_handler(Exception, _on_crash)
     app.add_middleware(AuditLog, writer=audit)
+    app.add_middleware(RefuseNul)
     # Added last, so outermost: a refused flood costs no audit row, no database write.
     app.add_middleware(LimitsMiddleware, limits=limits)
     app.include_router(routes_jobs.router)
