@@ -240,6 +240,36 @@ def test_two_applies_changing_the_same_jobs_in_opposite_orders_both_succeed(
         assert {job(store, i).priority for i in ids} <= {2 * round_, 2 * round_ + 1}
 
 
+def test_two_first_registrations_of_one_name_at_once_are_one_worker(
+    store: SqlStore, queue: Services
+) -> None:
+    """A worker restarted while its first registration is still in flight registers
+    twice at once: both get the one worker. Read-then-insert failed the second on the
+    name's key (a 500) on PostgreSQL."""
+    errors: list[BaseException] = []
+
+    def first_registration(name: str, start: threading.Barrier, ids: list[str]) -> None:
+        try:
+            start.wait()
+            ids.append(register(queue, name).id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    for round_ in range(10):
+        ids: list[str] = []
+        start = threading.Barrier(2, timeout=5)
+        args = (f"box-{round_}", start, ids)
+        threads = [threading.Thread(target=first_registration, args=args) for _ in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(10)
+        assert not any(th.is_alive() for th in threads)
+        assert errors == []
+        assert len(ids) == 2 and ids[0] == ids[1]
+    assert len(store.list_workers()) == 10
+
+
 def test_a_manifests_hosts_replace_only_its_own_entries_and_the_hosts_it_names(
     store: SqlStore,
 ) -> None:

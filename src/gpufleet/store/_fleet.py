@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select, update
 
 from gpufleet.domain.models import WorkerStatus
+from gpufleet.errors import Conflict
 from gpufleet.store import schema as t
 from gpufleet.store.api import Hosts
 from gpufleet.store.rows import AuditRow, HostRow, TokenRow, WorkerRow
@@ -34,18 +35,38 @@ class FleetOps(ABC):
     def _read(self) -> AbstractContextManager[Connection]:
         """A connection for reading."""
 
+    @abstractmethod
+    def _insert(self, table: Any) -> Any:
+        """The dialect's INSERT (with ON CONFLICT) for ``table``."""
+
     # ---- workers ----------------------------------------------------------------------
 
     def upsert_worker(self, worker_id: str, values: dict[str, Any]) -> tuple[str, bool]:
         """Register a worker; a name seen before keeps its id. Returns the id, and whether
         it came back (new, or offline before) rather than re-registering while online."""
+        fresh = (
+            self._insert(t.workers)
+            .values(id=worker_id, **values)
+            .on_conflict_do_nothing(index_elements=[_W.name])
+            .returning(_W.id)
+        )
         with self._write() as conn:
-            known = conn.execute(select(_W.id, _W.status).where(_W.name == values["name"])).first()
-            if known:
-                conn.execute(update(t.workers).where(_W.id == known.id).values(**values))
-                return str(known.id), known.status == _OFFLINE
-            conn.execute(t.workers.insert().values(id=worker_id, **values))
-            return worker_id, True
+            # Insert first: two first registrations of one name at once then meet on the
+            # name's key (the second waits, then finds the row), instead of both reading
+            # no row and the second failing on the key.
+            named = select(_W.id, _W.status).where(_W.name == values["name"])
+            for _ in range(5):  # twice, unless the name's row goes and comes back meanwhile
+                if conn.execute(fresh).first() is not None:
+                    return worker_id, True
+                known = conn.execute(named.with_for_update()).first()
+                if known is not None:  # (None: removed since the insert met it)
+                    conn.execute(update(t.workers).where(_W.id == known.id).values(**values))
+                    return str(known.id), known.status == _OFFLINE
+        name = values["name"]
+        raise Conflict(
+            f"worker {name!r} is being registered and removed at once; register again",
+            detail={"worker": name},
+        )
 
     def get_worker(self, worker_id: str) -> WorkerRow | None:
         """A worker by id, else by name (an id wins over a name that looks like one)."""
