@@ -102,6 +102,22 @@ class Auth:
 
     def check(self, header: str | None) -> TokenRow:
         """The token row behind an ``Authorization: Bearer`` header, or Unauthorized."""
+        want = self._wanted(header)
+        return self._valid(want, self._lookup(want))
+
+    def check_cached(self, header: str | None) -> TokenRow | None:
+        """:meth:`check` if it needs no database read; None if it does (a token not seen
+        lately, or a wrong one): the caller then runs :meth:`check` off the event loop."""
+        want = self._wanted(header)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(want)
+        if hit is None or now - hit[0] >= self.cache_seconds:
+            return None
+        return self._valid(want, hit[1])
+
+    def _wanted(self, header: str | None) -> str:
+        """The digest of the header's token; Unauthorized if there is none."""
         if not header:
             raise Unauthorized(
                 "missing token: send 'Authorization: Bearer <token>' "
@@ -110,8 +126,9 @@ class Auth:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("malformed Authorization header: expected 'Bearer <token>'")
-        want = digest(token.strip())
-        row = self._lookup(want)
+        return digest(token.strip())
+
+    def _valid(self, want: str, row: TokenRow | None) -> TokenRow:
         if row is None or not hmac.compare_digest(row.hash, want) or row.revoked_at is not None:
             raise Unauthorized("invalid or revoked token")
         if row.expires_at is not None and row.expires_at <= self.clock():

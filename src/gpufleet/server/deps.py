@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import anyio.to_thread
 from anyio import CapacityLimiter
 from fastapi import Request
 
@@ -38,8 +39,11 @@ def note(request: Request, target: str) -> None:
     request.state.audit_target = target
 
 
-def _caller(request: Request, *roles: Role) -> Caller:
-    token = state(request).auth.check(request.headers.get("authorization"))
+async def _caller(request: Request, *roles: Role) -> Caller:
+    auth, header = state(request).auth, request.headers.get("authorization")
+    token = auth.check_cached(header)
+    if token is None:  # a database read (or a wait for a pooled connection): off the loop
+        token = await anyio.to_thread.run_sync(auth.check, header)
     caller = Caller(token)
     request.state.caller = caller  # for the audit log, even when the role check refuses
     require(token, *roles)
@@ -48,16 +52,18 @@ def _caller(request: Request, *roles: Role) -> Caller:
 
 # The role checks are ``async def`` so FastAPI runs them on the loop: a cached token check
 # costs microseconds, far less than a hop to the thread pool (claims are the hot path).
+# A token that is not cached (a new one, or a wrong one) is read in a thread, so a burst
+# of wrong tokens never stalls the loop on the database.
 
 
 async def anyone(request: Request) -> Caller:
     """Any valid token."""
-    return _caller(request, Role.OPERATOR, Role.SUBMITTER, Role.WORKER)
+    return await _caller(request, Role.OPERATOR, Role.SUBMITTER, Role.WORKER)
 
 
 async def reader(request: Request) -> Caller:
     """Clients read the queue; a submitter sees only its pools (checked per object)."""
-    return _caller(request, Role.OPERATOR, Role.SUBMITTER)
+    return await _caller(request, Role.OPERATOR, Role.SUBMITTER)
 
 
 # Submitting takes the same roles as reading (a submitter is scoped per object).
@@ -65,17 +71,17 @@ submitter = reader
 
 
 async def operator(request: Request) -> Caller:
-    return _caller(request, Role.OPERATOR)
+    return await _caller(request, Role.OPERATOR)
 
 
 async def admin(request: Request) -> Caller:
-    return _caller(request)
+    return await _caller(request)
 
 
 async def worker(request: Request) -> Caller:
-    return _caller(request, Role.WORKER)
+    return await _caller(request, Role.WORKER)
 
 
 async def blob_user(request: Request) -> Caller:
     """Blobs are read and written by clients (packages) and workers (artifacts)."""
-    return _caller(request, Role.OPERATOR, Role.SUBMITTER, Role.WORKER)
+    return await _caller(request, Role.OPERATOR, Role.SUBMITTER, Role.WORKER)
