@@ -178,8 +178,9 @@ def test_a_burst_of_wrong_tokens_never_stalls_the_event_loop(
 ) -> None:
     """A token not in the cache is read from the database in a thread. Here each read
     takes 200 ms (a drained PostgreSQL pool waits like that), and asyncio's debug mode
-    reports any step of the loop over 150 ms: ten wrong tokens at once must report none
-    (read on the loop, each of them stalled it for the whole read)."""
+    reports any step of the loop over 150 ms. Read on the loop, each of ten wrong tokens
+    at once stalled it for the whole read: ten reports. Off the loop there are none; one
+    is allowed, for a pause of a busy CI machine that has nothing to do with tokens."""
     import asyncio
     import logging
     import time
@@ -198,6 +199,7 @@ def test_a_burst_of_wrong_tokens_never_stalls_the_event_loop(
         asyncio.get_running_loop().slow_callback_duration = 0.15
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            await c.get("/v1/jobs", headers=bearer("gf_warm_up"))  # the first call's setup
             answers = await asyncio.gather(
                 *(c.get("/v1/jobs", headers=bearer(f"gf_wrong{n:02d}")) for n in range(10))
             )
@@ -207,4 +209,4 @@ def test_a_burst_of_wrong_tokens_never_stalls_the_event_loop(
         statuses = asyncio.run(burst(), debug=True)
     assert statuses == [401] * 10
     stalls = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
-    assert stalls == []
+    assert len(stalls) <= 1, stalls
