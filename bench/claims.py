@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aiohttp
+import psutil
 from _fleet import drop_pg_schema, fleet, fresh_pg_schema
 
 from gpufleet.client import Client
@@ -70,7 +71,24 @@ async def claim_all(
         return leases, last[0] - started
 
 
-def run(db: str | None, jobs: int, workers: int, wait: float) -> tuple[list[str], float]:
+def index_reads(db: str) -> int:
+    """Index entries of the ``jobs`` table read so far in the schema of ``db``."""
+    import psycopg
+
+    base, _, schema = db.partition("?options=-csearch_path%3D")
+    with psycopg.connect(base, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes "
+            "WHERE schemaname = %s AND relname = 'jobs'",
+            (schema,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def run(db: str | None, jobs: int, workers: int, wait: float) -> tuple[list[str], float, str]:
+    """The leases, the seconds they took, and what the claims cost: the server's CPU, and
+    on PostgreSQL the index entries of ``jobs`` read (a claim that walks the queue reads
+    thousands)."""
     with fleet() as f:
         f.start_server(db)
         token = f.token()
@@ -87,7 +105,18 @@ def run(db: str | None, jobs: int, workers: int, wait: float) -> tuple[list[str]
                 JobSpecModel(name=f"c{i}", command=["true"], manifest="bench") for i in range(jobs)
             ]
             c.apply(ManifestApply(name="bench", jobs=specs))
-        return asyncio.run(claim_all(f.url, token, ids, wait, jobs))
+        server = psutil.Process(f.procs[0].pid)
+        if db:
+            time.sleep(1.5)  # the apply's reads published first (within a second)
+        cpu_before, reads_before = sum(server.cpu_times()[:2]), index_reads(db) if db else 0
+        leases, seconds = asyncio.run(claim_all(f.url, token, ids, wait, jobs))
+        cpu = (sum(server.cpu_times()[:2]) - cpu_before) / max(1, len(leases)) * 1000
+        cost = f"server CPU {cpu:.2f} ms a claim"
+        if db:
+            time.sleep(1.5)  # PostgreSQL publishes a backend's statistics within a second
+            reads = (index_reads(db) - reads_before) / max(1, len(leases))
+            cost += f", {reads:.0f} index entries of jobs read a claim"
+        return leases, seconds, cost
 
 
 def main() -> None:
@@ -106,7 +135,7 @@ def main() -> None:
     pg = args.db.startswith("postgres")
     db = fresh_pg_schema(args.db) if pg else None
     try:
-        leases, seconds = run(db, args.jobs, args.workers, args.wait)
+        leases, seconds, cost = run(db, args.jobs, args.workers, args.wait)
     finally:
         if db:
             drop_pg_schema(db)
@@ -116,7 +145,7 @@ def main() -> None:
         raise SystemExit(f"claimed {claimed} ({len(set(leases))} distinct) of {args.jobs} jobs")
     print(
         f"claim throughput ({backend}, {args.workers} workers, {claimed} jobs): "
-        f"{claimed / seconds:.0f} claims/s ({seconds:.2f} s)"
+        f"{claimed / seconds:.0f} claims/s ({seconds:.2f} s); {cost}"
     )
 
 

@@ -170,6 +170,33 @@ def test_a_batch_is_written_whole_or_not_at_all(
     assert store.blob_readable(blob, ["default"])
 
 
+class Together:
+    """Calls run side by side, each in a thread of its own. ``join`` waits for them all
+    (bounded), and fails with the first error any of them raised."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def start(self, call: Callable[..., object], *args: object) -> None:
+        def run() -> None:
+            try:
+                call(*args)
+            except BaseException as exc:  # raised again by join
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        self.threads.append(thread)
+        thread.start()
+
+    def join(self, timeout: float = 30) -> None:
+        for thread in self.threads:
+            thread.join(timeout)
+        assert not any(thread.is_alive() for thread in self.threads)
+        if self.errors:
+            raise self.errors[0]
+
+
 def test_two_applies_naming_one_host_at_once_both_succeed(
     store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -187,25 +214,17 @@ def test_two_applies_naming_one_host_at_once_both_succeed(
         return real(*args)
 
     monkeypatch.setattr(store, "_insert_new", slow_first)
-    errors: list[BaseException] = []
 
     def apply(manifest: str, job_id: str) -> None:
-        try:
-            batch = Batch([(job_id, spec(job_id), None)], hosts=Hosts(manifest, {"box": "{}"}))
-            store.submit(batch, T0)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        batch = Batch([(job_id, spec(job_id), None)], hosts=Hosts(manifest, {"box": "{}"}))
+        store.submit(batch, T0)
 
-    first = threading.Thread(target=apply, args=("a", "j-a"))
-    first.start()
+    both = Together()
+    both.start(apply, "a", "j-a")
     assert written.wait(5)
-    second = threading.Thread(target=apply, args=("b", "j-b"))
-    second.start()
+    both.start(apply, "b", "j-b")
     second_started.set()
-    first.join(10)
-    second.join(10)
-    assert not first.is_alive() and not second.is_alive()
-    assert errors == []
+    both.join(10)
     assert [(h.name, h.manifest) for h in store.hosts()] == [("box", "b")]
     assert store.get_job("j-a") is not None and store.get_job("j-b") is not None
 
@@ -217,26 +236,16 @@ def test_two_applies_changing_the_same_jobs_in_opposite_orders_both_succeed(
     two applies wait for each other instead of deadlocking (a 500 on PostgreSQL)."""
     ids = [f"j-{n:04d}" for n in range(600)]
     store.submit(Batch([(i, spec(i), None) for i in ids]), T0)
-    errors: list[BaseException] = []
+
+    def apply(order: list[str], priority: int) -> None:
+        jobs = [(i, spec(i, priority=priority), None) for i in order]
+        store.submit(Batch(jobs, update=True), T0)
+
     for round_ in range(1, 4):
-
-        def apply(order: list[str], priority: int) -> None:
-            try:
-                jobs = [(i, spec(i, priority=priority), None) for i in order]
-                store.submit(Batch(jobs, update=True), T0)
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        threads = [
-            threading.Thread(target=apply, args=(ids, 2 * round_)),
-            threading.Thread(target=apply, args=(ids[::-1], 2 * round_ + 1)),
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(30)
-        assert not any(th.is_alive() for th in threads)
-        assert errors == []
+        both = Together()
+        both.start(apply, ids, 2 * round_)
+        both.start(apply, ids[::-1], 2 * round_ + 1)
+        both.join()
         assert {job(store, i).priority for i in ids} <= {2 * round_, 2 * round_ + 1}
 
 
@@ -246,26 +255,18 @@ def test_two_first_registrations_of_one_name_at_once_are_one_worker(
     """A worker restarted while its first registration is still in flight registers
     twice at once: both get the one worker. Read-then-insert failed the second on the
     name's key (a 500) on PostgreSQL."""
-    errors: list[BaseException] = []
 
     def first_registration(name: str, start: threading.Barrier, ids: list[str]) -> None:
-        try:
-            start.wait()
-            ids.append(register(queue, name).id)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        start.wait()
+        ids.append(register(queue, name).id)
 
     for round_ in range(10):
         ids: list[str] = []
         start = threading.Barrier(2, timeout=5)
-        args = (f"box-{round_}", start, ids)
-        threads = [threading.Thread(target=first_registration, args=args) for _ in range(2)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(10)
-        assert not any(th.is_alive() for th in threads)
-        assert errors == []
+        both = Together()
+        for _ in range(2):
+            both.start(first_registration, f"box-{round_}", start, ids)
+        both.join(10)
         assert len(ids) == 2 and ids[0] == ids[1]
     assert len(store.list_workers()) == 10
 

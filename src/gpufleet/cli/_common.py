@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import MISSING, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TextIO, cast
+from typing import Annotated, Any, TextIO, cast, get_type_hints
 
 import typer
 from pydantic import BaseModel
@@ -68,6 +70,24 @@ def setting_option(name: str, *flags: str, extra: str = "") -> Any:
     """A CLI option backed by a setting: None unless given, help shows its env variable."""
     flag = flags or ("--" + name.replace("_", "-"),)
     return typer.Option(*flag, help=setting_help(name, extra), show_default=False)
+
+
+def fields_signature(cls: Any) -> inspect.Signature:
+    """A command's signature made from a dataclass's fields (their ``Annotated`` options
+    and defaults), so a command whose options become one object declares them once."""
+    hints = get_type_hints(cls, include_extras=True)
+    empty = inspect.Parameter.empty
+    return inspect.Signature(
+        [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=empty if f.default is MISSING else f.default,
+                annotation=hints[f.name],
+            )
+            for f in fields(cls)
+        ]
+    )
 
 
 CaOpt = Annotated[Path | None, setting_option("ca")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -14,6 +14,7 @@ from gpufleet.cli._common import (
     CaOpt,
     client,
     err,
+    fields_signature,
     parse_pairs,
     print_json,
     setting_option,
@@ -137,79 +138,42 @@ Pool = Annotated[
 Json = Annotated[bool, _Opt("--json", help="Print JSON instead of a table.")]
 
 
-def submit(
-    command: Command,
-    server: Server = None,
-    ca: CaOpt = None,
-    name: Name = None,
-    require_cuda: RequireCuda = False,
-    prefer_cuda: PreferCuda = False,
-    min_vram_gib: MinVram = 0.0,
-    min_ram_gib: MinRam = 0.0,
-    gpus: Gpus = 0,
-    gpu_name: GpuName = None,
-    cpu: Cpu = False,
-    label: Label = None,
-    host: Host = None,
-    env: Env = None,
-    priority: Priority = 0,
-    max_attempts: MaxAttempts = 3,
-    timeout: Timeout = None,
-    worker: Worker = None,
-    auto_select: AutoSelect = False,
-    select: Select = False,
-    session: SessionString = None,
-    min_gpu_memory: MinGpuMemory = 0,
-    queue: Queue = False,
-    shell: Shell = False,
-    package: Package = None,
-    input: Input = None,
-    output: Output = None,
-    wait: Wait = False,
-    results: Results = None,
-    pool: Pool = None,
-    as_json: Json = False,
-) -> None:
-    """Queue one job. Prints the job id alone on the last line (with --wait: follows it,
-    downloads its results, and exits non-zero unless it succeeded)."""
-    SubmitRequest(**locals()).run()  # the parameters above, exactly
-
-
 @dataclass
 class SubmitRequest:
-    """What ``gpufleet submit`` was asked, and the steps that turn it into a queued job."""
+    """What ``gpufleet submit`` was asked (its options, declared once: the command's
+    signature is made from these fields), and the steps that turn it into a queued job."""
 
-    command: list[str]
-    server: str | None
-    ca: Path | None
-    name: str | None
-    require_cuda: bool
-    prefer_cuda: bool
-    min_vram_gib: float
-    min_ram_gib: float
-    gpus: int
-    gpu_name: str | None
-    cpu: bool
-    label: list[str] | None
-    host: list[str] | None
-    env: list[str] | None
-    priority: int
-    max_attempts: int
-    timeout: float | None
-    worker: str | None
-    auto_select: bool
-    select: bool
-    session: str | None
-    min_gpu_memory: int
-    queue: bool
-    shell: bool
-    package: list[str] | None
-    input: list[str] | None
-    output: list[str] | None
-    wait: bool
-    results: Path | None
-    pool: str | None
-    as_json: bool
+    command: Command
+    server: Server = None
+    ca: CaOpt = None
+    name: Name = None
+    require_cuda: RequireCuda = False
+    prefer_cuda: PreferCuda = False
+    min_vram_gib: MinVram = 0.0
+    min_ram_gib: MinRam = 0.0
+    gpus: Gpus = 0
+    gpu_name: GpuName = None
+    cpu: Cpu = False
+    label: Label = None
+    host: Host = None
+    env: Env = None
+    priority: Priority = 0
+    max_attempts: MaxAttempts = 3
+    timeout: Timeout = None
+    worker: Worker = None
+    auto_select: AutoSelect = False
+    select: Select = False
+    session: SessionString = None
+    min_gpu_memory: MinGpuMemory = 0
+    queue: Queue = False
+    shell: Shell = False
+    package: Package = None
+    input: Input = None
+    output: Output = None
+    wait: Wait = False
+    results: Results = None
+    pool: Pool = None
+    as_json: Json = False
 
     def run(self) -> None:
         target = self._take_session()
@@ -322,3 +286,12 @@ def finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet
         print(job_id)
     if status != "succeeded":
         raise typer.Exit(1)
+
+
+def submit(**asked: Any) -> None:
+    """Queue one job. Prints the job id alone on the last line (with --wait: follows it,
+    downloads its results, and exits non-zero unless it succeeded)."""
+    SubmitRequest(**asked).run()
+
+
+submit.__signature__ = fields_signature(SubmitRequest)  # type: ignore[attr-defined]

@@ -103,8 +103,8 @@ def target(event: Event) -> JobStatus:
     return found
 
 
-class JobState(Protocol):
-    """What a change needs to know of a job (a stored job row has it)."""
+class Ended(Protocol):
+    """What a failed job's dependents name of it."""
 
     @property
     def id(self) -> str: ...
@@ -113,13 +113,18 @@ class JobState(Protocol):
     @property
     def status(self) -> JobStatus: ...
     @property
+    def error(self) -> str | None: ...
+
+
+class JobState(Ended, Protocol):
+    """What a change needs to know of a job (a stored job row has it)."""
+
+    @property
     def lease(self) -> int: ...
     @property
     def attempts(self) -> int: ...
     @property
     def max_attempts(self) -> int: ...
-    @property
-    def error(self) -> str | None: ...
     @property
     def stop_requested_at(self) -> float | None: ...
 
@@ -324,19 +329,6 @@ def requeue(job: JobState) -> Change:
         "stopped_early": False,
     }
     return Change(job.id, Event.REQUEUE, job.lease, fields)
-
-
-class Ended(Protocol):
-    """What a failed job's dependents name of it."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def status(self) -> JobStatus: ...
-    @property
-    def error(self) -> str | None: ...
 
 
 @dataclass(frozen=True)

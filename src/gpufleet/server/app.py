@@ -27,24 +27,13 @@ from gpufleet.server.deps import ServerState
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
+from gpufleet.server.responses import error_response
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
 from gpufleet.server.text_input import RefuseNul
 from gpufleet.store import SqlStore
-from gpufleet.tokens import redact, redact_data
-from gpufleet.wire import ErrorBody, ErrorInfo
 
 log = logging.getLogger("gpufleet.server")
-
-
-def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
-    """The one error shape. Errors echo what the client sent (a job ref, a field); one
-    shaped like a token is cut to its hint, so a token pasted in the wrong place is not
-    sent back."""
-    body = ErrorBody(
-        error=ErrorInfo(code=code, message=redact(message), detail=redact_data(detail))
-    )
-    return JSONResponse(body.model_dump(mode="json"), status_code=status)
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -54,7 +43,7 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 async def _on_gpufleet_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GpufleetError)
-    return _error(exc.status, exc.code, exc.message, exc.detail)
+    return error_response(exc.status, exc.code, exc.message, exc.detail)
 
 
 def _problem(message: str) -> str:
@@ -69,7 +58,7 @@ async def _on_validation(_: Request, exc: Exception) -> JSONResponse:
     first = problems[0] if problems else {"field": "body", "problem": "invalid"}
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     message = f"invalid request: {first['field']}: {first['problem']}{more}"
-    return _error(422, "validation_error", message, problems)
+    return error_response(422, "validation_error", message, problems)
 
 
 def _allowed_methods(request: Request) -> str:
@@ -85,7 +74,7 @@ def _allowed_methods(request: Request) -> str:
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    response = _error(exc.status_code, code, str(exc.detail))
+    response = error_response(exc.status_code, code, str(exc.detail))
     response.headers.update(exc.headers or {})
     if exc.status_code == 405:
         response.headers["Allow"] = _allowed_methods(request)
@@ -94,7 +83,7 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_crash(_: Request, exc: Exception) -> JSONResponse:
     log.exception("internal error", exc_info=exc)
-    return _error(500, "internal_error", "internal server error; see the server log")
+    return error_response(500, "internal_error", "internal server error; see the server log")
 
 
 UPLOAD_SWEEP_EVERY = 600.0

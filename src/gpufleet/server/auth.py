@@ -109,12 +109,8 @@ class Auth:
         """:meth:`check` if it needs no database read; None if it does (a token not seen
         lately, or a wrong one): the caller then runs :meth:`check` off the event loop."""
         want = self._wanted(header)
-        now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(want)
-        if hit is None or now - hit[0] >= self.cache_seconds:
-            return None
-        return self._valid(want, hit[1])
+        row = self._cached(want)
+        return None if row is None else self._valid(want, row)
 
     def _wanted(self, header: str | None) -> str:
         """The digest of the header's token; Unauthorized if there is none."""
@@ -137,13 +133,19 @@ class Auth:
             )
         return row
 
-    def _lookup(self, want: str) -> TokenRow | None:
-        now = time.monotonic()
+    def _cached(self, want: str) -> TokenRow | None:
+        """The token row read lately for this digest, if it is still fresh."""
         with self._lock:
             hit = self._cache.get(want)
+        return hit[1] if hit and time.monotonic() - hit[0] < self.cache_seconds else None
+
+    def _lookup(self, want: str) -> TokenRow | None:
+        row = self._cached(want)
+        if row is not None:
+            return row
+        now = time.monotonic()
+        with self._lock:
             generation = self._generation
-        if hit and now - hit[0] < self.cache_seconds:
-            return hit[1]
         row = self.store.token_by_hash(want)
         with self._lock:
             # A rotate or revoke that happened while we read must not be undone by

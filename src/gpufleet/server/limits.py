@@ -42,11 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server.asgi import StatusWatch
-from gpufleet.wire import ErrorBody, ErrorInfo
+from gpufleet.server.responses import error_response
 
 log = logging.getLogger("gpufleet.server.limits")
 
@@ -387,12 +386,13 @@ class LimitsMiddleware:
                 call.address,
                 self._quiet.window,
             )
-        info = ErrorInfo(code=refusal.code, message=refusal.message, detail=refusal.detail)
         headers = {}
         if refusal.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after)))
-        body = ErrorBody(error=info).model_dump(mode="json")
-        await JSONResponse(body, refusal.status, headers)(scope, receive, send)
+        answer = error_response(
+            refusal.status, refusal.code, refusal.message, refusal.detail, headers
+        )
+        await answer(scope, receive, send)
 
 
 # ---- helpers ------------------------------------------------------------------------------

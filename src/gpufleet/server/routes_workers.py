@@ -23,13 +23,13 @@ from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
 from gpufleet.server.polls import Polls, wait_either
+from gpufleet.server.responses import error_response
 from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
     Candidate,
     ClaimRequest,
     ErrorBody,
-    ErrorInfo,
     FinishRequest,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -134,17 +134,9 @@ def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> W
 
 
 def _shutting_down() -> JSONResponse:
-    body = ErrorBody(
-        error=ErrorInfo(
-            code="server_unavailable",
-            message="the server is shutting down; poll again in a moment",
-        )
-    )
-    return JSONResponse(
-        body.model_dump(mode="json"),
-        status_code=503,
-        headers={"Retry-After": "1", "Connection": "close"},
-    )
+    message = "the server is shutting down; poll again in a moment"
+    headers = {"Retry-After": "1", "Connection": "close"}
+    return error_response(503, "server_unavailable", message, headers=headers)
 
 
 def _empty(polls: Polls) -> Response:

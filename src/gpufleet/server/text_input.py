@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpufleet.wire import ErrorBody, ErrorInfo
+from gpufleet.server.responses import error_response
 
 
 class RefuseNul:
@@ -24,13 +23,9 @@ class RefuseNul:
         if where is None:
             await self.app(scope, receive, send)
             return
-        info = ErrorInfo(
-            code="validation_error",
-            message=f"{where}: a NUL character (\\x00) is not allowed",
-            detail={"field": where},
-        )
-        body = ErrorBody(error=info).model_dump(mode="json")
-        await JSONResponse(body, status_code=422)(scope, receive, send)
+        message = f"{where}: a NUL character (\\x00) is not allowed"
+        answer = error_response(422, "validation_error", message, {"field": where})
+        await answer(scope, receive, send)
 
 
 def _nul_at(scope: Scope) -> str | None:

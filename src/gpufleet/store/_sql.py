@@ -250,15 +250,17 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
     ) -> list[str]:
         """Give pending jobs a new spec (same identity, new priority, requirements or
         limits) and its unrunnable verdict; jobs already claimed or finished keep theirs.
-        The specs are compared without locks; only the jobs whose spec differs are then
-        read again locked (PostgreSQL), in id order across the whole batch, so no claim
-        comes between and two applies wait for each other instead of deadlocking."""
+        The specs are compared without locks; on PostgreSQL only the jobs whose spec
+        differs are then read again locked, in id order across the whole batch, so no
+        claim comes between and two applies wait for each other instead of deadlocking.
+        (SQLite's one writer holds them all already.)"""
         wanted = {job_id: (spec_json(spec), spec, why) for job_id, spec, why in jobs}
         current = self._pending_specs(conn, sorted(wanted), lock=False)
         differ = sorted(i for i, old in current.items() if old != wanted[i][0])
         if not differ:
             return []
-        current = self._pending_specs(conn, differ, lock=True)
+        if self.dialect == "postgresql":
+            current = self._pending_specs(conn, differ, lock=True)
         rows = [
             {
                 "jid": i,

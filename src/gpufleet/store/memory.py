@@ -429,9 +429,11 @@ class MemoryStore(MemoryRecords, NamedChanges):
     def _fail_dependents(self, job: JobRow, now: float) -> list[str]:
         below: dict[str, list[JobRow]] = {}
         for waiting_id in sorted(self.deps):
-            if self.jobs[waiting_id]["status"] == _PENDING:
-                for dep_id in self.deps[waiting_id]:
-                    below.setdefault(dep_id, []).append(self._row(self.jobs[waiting_id]))
+            if self.jobs[waiting_id]["status"] != _PENDING:
+                continue
+            waiting = self._row(self.jobs[waiting_id])
+            for dep_id in self.deps[waiting_id]:
+                below.setdefault(dep_id, []).append(waiting)
         changes = lifecycle.dependents_failed(job, below, now)
         return [c.job_id for c in changes if self.apply_change(c)]
 

@@ -1,0 +1,28 @@
+"""The one error shape every answer of the server takes, from a route, an exception
+handler or a middleware."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from gpufleet.tokens import redact, redact_data
+from gpufleet.wire import ErrorBody, ErrorInfo
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    detail: Any = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """An error answer. Errors echo what the client sent (a job ref, a field); one shaped
+    like a token is cut to its hint, so a token pasted in the wrong place is not sent
+    back."""
+    body = ErrorBody(
+        error=ErrorInfo(code=code, message=redact(message), detail=redact_data(detail))
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
