@@ -95,7 +95,13 @@ def _setting(
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
-        _setting("server", "http://127.0.0.1:8000", "url", "server clients and workers talk to"),
+        _setting(
+            "server",
+            "http://127.0.0.1:8000",
+            "url",
+            "server clients and workers talk to; several of one database as URL1,URL2 (a "
+            "call goes to the next when one cannot be reached)",
+        ),
         _setting(
             "ca",
             None,
@@ -129,6 +135,13 @@ SETTINGS: dict[str, Setting] = {
             minimum=1,
         ),
         _setting(
+            "access_log",
+            False,
+            "bool",
+            "`gpufleet server` logs every request: client, method, path, status, latency "
+            "and request id",
+        ),
+        _setting(
             "lease_timeout",
             120.0,
             "float",
@@ -156,6 +169,21 @@ SETTINGS: dict[str, Setting] = {
             "seconds an offline ephemeral worker is kept before the server forgets it",
             minimum=0,
         ),
+        _setting(
+            "log_retention",
+            30.0,
+            "float",
+            "days a finished job's output lines are kept (0: forever); the job, its history "
+            "and its artifact stay",
+            minimum=0,
+        ),
+        _setting(
+            "audit_retention",
+            90.0,
+            "float",
+            "days an audit record is kept (0: forever)",
+            minimum=0,
+        ),
         _setting("name", _hostname, "str", "worker name (default: hostname)"),
         _setting("labels", "", "str", "worker labels, k=v,k=v"),
         _setting("slots", None, "int", "worker CPU slots (default: 1)", minimum=0),
@@ -177,6 +205,21 @@ SETTINGS: dict[str, Setting] = {
             50 << 30,
             "size",
             "most bytes the worker's package cache keeps, e.g. 50G",
+            minimum=0,
+        ),
+        _setting(
+            "log_backlog",
+            256 << 20,
+            "size",
+            "most bytes of a job's output a worker keeps on disk while the server is away; "
+            "past it the oldest lines are dropped, and the log says so",
+            minimum=1 << 20,
+        ),
+        _setting(
+            "work_dir_retention",
+            24.0,
+            "float",
+            "hours a finished job's work dir stays on the worker (0: forever)",
             minimum=0,
         ),
         _setting(
@@ -381,11 +424,12 @@ def normalize_url(value: str) -> str:
 
 
 def _parse_url(value: Any, base: Path) -> str:
+    """A URL, or several comma-separated (servers sharing one database)."""
     if isinstance(value, str):
-        url = normalize_url(value)
-        if url.lower().startswith(("http://", "https://")) and urlsplit(url).netloc:
-            return url
-    raise _Invalid("must be a URL starting with http:// or https://")
+        urls = [normalize_url(u) for u in value.split(",")]
+        if all(u.lower().startswith(("http://", "https://")) and urlsplit(u).netloc for u in urls):
+            return ",".join(urls)
+    raise _Invalid("must be a URL starting with http:// or https:// (or several, URL1,URL2)")
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -583,14 +627,18 @@ def save_token(server: str, token: str) -> Path:
 
 
 def load_token(server: str) -> str | None:
-    """The token saved for ``server`` (trailing slashes ignored), or ``None``."""
+    """The token saved for ``server`` (trailing slashes ignored), or ``None``. For
+    several servers (``URL1,URL2``), the first saved for any of them."""
     path = credentials_path()
     try:
         servers = _read_credentials(path)
     except (OSError, ValueError):
         return None
-    token = servers.get(normalize_url(server))
-    return tokens.clean(token, f"{path} (for {server})") if token else None
+    for url in server.split(","):
+        token = servers.get(normalize_url(url))
+        if token:
+            return tokens.clean(token, f"{path} (for {normalize_url(url)})")
+    return None
 
 
 def token_for(server: str, resolved: Resolved) -> str | None:

@@ -190,3 +190,27 @@ def test_rows_written_at_an_earlier_revision_read_back_after_upgrading(
     if "artifacts" in written:
         artifact = store.artifact("j-old")
         assert artifact is not None and artifact.file_count == 1
+
+
+def test_log_lines_and_audit_records_number_on_past_two_to_the_31(store: SqlStore) -> None:
+    """A busy server writes billions of log lines over its life: their numbers (and the
+    audit log's) are 64-bit, on a database upgraded from one where they were not."""
+    _upgrade(store, "0005")
+    store.migrate()
+    past = 2**31 + 7
+    line = {"job_id": "j-1", "attempt": 1, "stream": "stdout", "ts": T0}
+    with store.engine.begin() as conn:
+        if store.dialect == "postgresql":
+            for table in ("job_logs", "audit"):
+                conn.execute(sa.text(f"SELECT setval('{table}_seq_seq', {past})"))
+        else:  # SQLite numbers on from the largest rowid
+            conn.execute(schema.job_logs.insert(), {**line, "seq": past, "line": "zero"})
+            conn.execute(schema.audit.insert(), {"seq": past, "at": T0, "address": "-"})
+        # as the store appends: numbered by the database
+        conn.execute(schema.job_logs.insert(), [{**line, "line": n} for n in ("one", "two")])
+    store.insert_audit([{"at": T0, "address": "127.0.0.1", "method": "POST", "status": 201}])
+    assert [(r.line, r.seq) for r in store.logs("j-1", past, 10)] == [
+        ("one", past + 1),
+        ("two", past + 2),
+    ]
+    assert [a.seq for a in store.audit(0, 10, after=past)] == [past + 1]

@@ -981,19 +981,6 @@ def test_reapplying_a_changed_manifest_updates_pending_jobs_only(
     assert third.updated == [] and sorted(third.unchanged) == sorted(first.created)
 
 
-def test_a_server_start_extends_leases_only_after_an_outage(
-    store: SqlStore, queue: Services, clock: FakeClock
-) -> None:
-    w = register(queue, "w")
-    queue.submission.submit(spec())
-    lease = claim(queue, w)
-    assert queue.leases.after_outage() == 0, "a worker heartbeated just now: no outage"
-    clock.advance(LEASE)  # nobody heartbeated for a whole lease: the service was down
-    assert queue.leases.after_outage() == 1
-    assert job(store, lease.job_id).lease_expires_at == clock.now + LEASE
-    assert queue.leases.sweep() == ([], [])
-
-
 def test_a_worker_s_life_is_swept_and_every_step_is_an_event(
     store: SqlStore, clock: FakeClock, blobs: BlobService
 ) -> None:
@@ -1276,3 +1263,38 @@ def test_a_job_aimed_at_a_worker_makes_a_claim_ranked_before_it_rank_again(
     with pytest.raises(StaleClaim), store.claiming() as session:
         session.claim(w.id, view.claims, [change])
     assert claim(queue, w).job_id == aimed.id  # its slot went to the job aimed at it
+
+
+def test_retention_deletes_finished_jobs_output_and_old_audit_records_only(
+    store: SqlStore, clock: FakeClock, blobs: BlobService
+) -> None:
+    """Output of a job that ended past the retention goes (the job and its history stay);
+    a running job's output, a recent job's and recent audit records stay, and a job's
+    line numbers go on."""
+    day = 86400.0
+    settings = QueueSettings(lease_timeout=LEASE, log_retention=7 * day, audit_retention=30 * day)
+    q = Services(store, settings, blobs, clock=lambda: clock.now)
+    w = register(q, "w", cpu_slots=3)
+    ids = [q.submission.submit(spec(n, max_attempts=1)).id for n in ("old", "recent", "running")]
+    for _ in ids:
+        lease = claim(q, w)
+        q.leases.append_logs(
+            lease.job_id, lease.attempt, [("stdout", f"{lease.job_id} {n}") for n in range(7)]
+        )
+    store.insert_audit([{"at": clock.now, "address": "-", "event": "x", "target": "old"}])
+    q.leases.finish(ids[0], 1, exit_code=0, error=None)
+    clock.advance(10 * day)
+    q.leases.finish(ids[1], 1, exit_code=1, error=None)
+    store.insert_audit([{"at": clock.now, "address": "-", "event": "x", "target": "new"}])
+    last = max(r.seq for r in store.logs(ids[2], 0, 100))
+
+    assert q.retention.run() == 7  # the old job's lines; the audit record is 10 days old
+    assert [len(store.logs(i, 0, 100)) for i in ids] == [0, 7, 7]
+    assert job(store, ids[0]).status is JobStatus.SUCCEEDED
+    assert [a.outcome for a in store.attempts(ids[0])] == ["succeeded"]
+    clock.advance(25 * day)
+    assert q.retention.run() == 7 + 1  # now the recent job's lines and the first record
+    assert [a.target for a in store.audit(0, 10)] == ["new"]
+    q.leases.append_logs(ids[2], 1, [("stdout", "later")])
+    assert store.logs(ids[2], last, 100)[0].line == "later"  # a follower's cursor holds
+    assert q.retention.run() == 0

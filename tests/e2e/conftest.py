@@ -92,7 +92,11 @@ class Fleet:
         if db:
             argv += ["--db", db]
         self._server_argv = argv
-        self.server = proc = Proc(argv, self.env, self.root / "server.log")
+        log, n = self.root / "server.log", 1
+        while log.exists():  # a second server of the fleet logs to a file of its own
+            n += 1
+            log = self.root / f"server.{n}.log"
+        self.server = proc = Proc(argv, self.env, log)
         self.procs.append(proc)
         line = wait_for(lambda: _listening(proc), 30, "the server to listen")
         self.url = line.split("listening on ", 1)[1].split()[0]

@@ -29,17 +29,45 @@ def test_cancel_then_requeue_onto_the_same_worker_kills_the_old_attempt(
     wait_for(lambda: not alive(second), 10, "the second attempt to die")
 
 
-def test_a_server_down_longer_than_the_lease_kills_no_healthy_job(
-    fleet: Fleet, tmp_path: Path
-) -> None:
-    fleet.start_server("--port", str(free_port()), lease_timeout=2.0)
+def test_a_server_restart_within_the_lease_kills_no_job(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_server("--port", str(free_port()), lease_timeout=20.0)
     fleet.start_worker("w1")
     started = tmp_path / "started"
     job_id = fleet.cli("submit", "--", "sh", "-c", f"touch {started}; sleep 6").stdout.split()[-1]
     wait_for(started.exists, 20, "the job to start")
-    fleet.restart_server(down_for=3.0)  # longer than the lease: no heartbeat gets through
+    fleet.restart_server(down_for=0.5)  # heartbeats fail for a moment, not for a lease
     job = fleet.wait_status(job_id, "succeeded", "failed", timeout=40)
-    assert job["status"] == "succeeded" and job["attempts"] == 1
+    assert (job["status"], job["attempt"]) == ("succeeded", 1)
+
+
+def test_a_worker_cut_off_for_a_lease_stops_its_job_itself_and_it_runs_again(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Self-fencing: when no heartbeat is answered for a lease, the server will requeue
+    the job, so the worker stops it, server or no server: two attempts never overlap."""
+    lease = 3.0
+    fleet.start_server("--port", str(free_port()), lease_timeout=lease)
+    worker = fleet.start_worker("w1")
+    pid = tmp_path / "attempt-1"
+    script = f'if [ "$GPUFLEET_ATTEMPT" = 1 ]; then echo $$ > {pid}; exec sleep 300; fi'
+    job_id = fleet.cli("submit", "--shell", "--", script).stdout.split()[-1]
+    wait_for(lambda: pid.exists() and pid.read_text().strip(), 20, "attempt 1 to start")
+    first = int(pid.read_text())
+    assert fleet.server is not None
+    stopping = time.monotonic()
+    fleet.server.stop()
+    gone = time.monotonic()
+    wait_for(lambda: not alive(first), lease + 5, "the worker to stop attempt 1 itself")
+    # SIGTERM goes a quarter lease before the lease ends, counted from the last heartbeat
+    # answered: at most a heartbeat (0.5 s) before the server went.
+    died = time.monotonic()
+    assert died - stopping > lease * 3 / 4 - 0.5 - 0.25, died - stopping
+    assert died - gone < lease + 1.0, died - gone
+    assert "no heartbeat answered" in worker.text()
+    fleet.restart_server()
+    job = fleet.wait_status(job_id, "succeeded", "failed", timeout=40)
+    assert (job["status"], job["attempt"]) == ("succeeded", 2)
+    assert [a["outcome"] for a in job["history"]] == ["lost", "succeeded"]
 
 
 def test_a_heartbeat_slower_than_the_lease_still_keeps_the_job(fleet: Fleet) -> None:

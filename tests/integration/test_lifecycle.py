@@ -162,3 +162,31 @@ def test_status_counts_the_slots_of_workers_not_offline_and_which_are_free(
     assert status["workers"] == {"reserved": 1, "offline": 1}, status
     assert (status["gpus"], status["gpus_free"]) == (2, 0), status
     assert (status["cpu_slots"], status["cpu_slots_free"]) == (2, 2), status
+
+
+def test_a_result_sent_after_its_attempt_ended_is_refused_and_kept_in_the_history(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """The worker's late word is what an operator needs after an incident: the 409 alone
+    shows only in that worker's log. The attempt number counts on across a requeue."""
+    w = register(client, worker, "box")
+    job = submit(client, admin, max_attempts=1)
+    claim(client, worker, w["id"])
+    assert client.post(f"/v1/jobs/{job}/cancel", headers=admin).json()["attempt"] == 1
+    late = {"attempt": 1, "exit_code": 0, "error": "saved model\x00"}
+    for _ in range(2):  # the worker's retry changes nothing
+        assert_error(client.post(f"/v1/jobs/{job}/finish", json=late, headers=worker), 409)
+    [first] = client.get(f"/v1/jobs/{job}", headers=admin).json()["history"]
+    assert first["outcome"] == "cancelled"
+    assert first["late_result"].startswith("exit code 0 (saved model\ufffd), sent at 20")
+    assert first["late_result"].endswith("; refused")
+
+    again = client.post(f"/v1/jobs/{job}/requeue", headers=admin).json()
+    assert (again["attempt"], again["attempts"]) == (1, 0)
+    assert claim(client, worker, w["id"])["attempt"] == 2
+    done = _finish(client, worker, job, attempt=2, exit_code=0)
+    assert (done["attempt"], done["attempts"], done["status"]) == (2, 1, "succeeded")
+    listed = client.get("/v1/jobs", headers=admin).json()
+    assert [j["attempt"] for j in listed if j["id"] == job] == [2]
+    history = client.get(f"/v1/jobs/{job}", headers=admin).json()["history"]
+    assert [(a["attempt"], a["late_result"] is None) for a in history] == [(1, False), (2, True)]

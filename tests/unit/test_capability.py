@@ -22,11 +22,13 @@ from gpufleet.worker.capability import (
 )
 from gpufleet.worker.nvml import (
     SMI_COMMAND,
+    Nvml,
     cuda_version_text,
     live_free_mib,
     parse_nvidia_smi,
     probe_nvidia_smi,
     probe_nvml,
+    shared,
 )
 
 MIB = 1024 * 1024
@@ -144,7 +146,8 @@ def test_probe_nvml_reads_every_gpu_and_the_driver_stack() -> None:
     assert all(isinstance(gpu.name, str) for gpu in probe.gpus)
     assert probe.driver_version == "550.54.15"
     assert probe.cuda_version == "12.4"
-    assert nvml.calls[0] == "nvmlInit"
+    assert nvml.calls[0] == "nvmlInit" and "nvmlShutdown" not in nvml.calls
+    shared(nvml).close()  # at exit
     assert nvml.calls[-1] == "nvmlShutdown"
 
 
@@ -159,18 +162,45 @@ def test_probe_nvml_is_none_when_init_fails_and_does_not_shut_down() -> None:
     "failing",
     ["nvmlDeviceGetCount", "nvmlDeviceGetMemoryInfo", "nvmlSystemGetCudaDriverVersion"],
 )
-def test_probe_nvml_shuts_down_when_a_later_call_fails(failing: str) -> None:
+def test_a_failing_nvml_query_is_none_and_nvml_stays_up(failing: str) -> None:
     nvml = FakeNvml(fail_on=failing)
 
     assert probe_nvml(nvml) is None
-    assert nvml.calls[-1] == "nvmlShutdown"
+    assert probe_nvml(nvml) is None
+    assert nvml.calls.count("nvmlInit") == 1 and "nvmlShutdown" not in nvml.calls
 
 
 def test_probe_nvml_survives_a_failing_shutdown() -> None:
-    probe = probe_nvml(FakeNvml(fail_on="nvmlShutdown"))
+    nvml = FakeNvml(fail_on="nvmlShutdown")
+    probe = probe_nvml(nvml)
 
     assert probe is not None
     assert len(probe.gpus) == 2
+    shared(nvml).close()
+    shared(nvml).close()  # once
+    assert nvml.calls.count("nvmlShutdown") == 1
+
+
+def test_nvml_is_initialised_once_per_process_however_often_it_is_read() -> None:
+    """A worker reads free memory at every heartbeat and claim: one nvmlInit for all."""
+    nvml = FakeNvml()
+    probe_nvml(nvml)
+    for _ in range(100):
+        assert live_free_mib(nvml) == {0: 20000, 1: 16000}
+    assert nvml.calls.count("nvmlInit") == 1 and "nvmlShutdown" not in nvml.calls
+
+
+def test_an_nvml_that_failed_to_start_is_tried_again_a_minute_later() -> None:
+    now = [0.0]
+    nvml = FakeNvml(fail_on="nvmlInit")
+    handle = Nvml(nvml, retry=60, clock=lambda: now[0])
+    for t in (0.0, 10.0, 59.0):
+        now[0] = t
+        assert handle.read(lambda lib: lib.nvmlDeviceGetCount()) is None
+    assert nvml.calls.count("nvmlInit") == 1
+    now[0], nvml.fail_on = 61.0, None  # the driver is loaded now
+    assert handle.read(lambda lib: lib.nvmlDeviceGetCount()) == 2
+    assert nvml.calls.count("nvmlInit") == 2
 
 
 def test_probe_nvml_with_no_devices_reports_no_gpus_but_the_driver() -> None:

@@ -93,21 +93,6 @@ def test_slots_hand_out_gpus_and_cpu_and_take_them_back() -> None:
     assert slots.free_gpus(live)[0].free_mib == 100
 
 
-def test_log_batches_stay_under_the_servers_body_limit() -> None:
-    from gpufleet.wire import LogLine
-    from gpufleet.worker.jobs import MAX_BATCH, MAX_BATCH_CHARS, take_batch
-
-    big = [LogLine(stream="stdout", line="x" * 1_000_000) for _ in range(5)]
-    batch, rest = take_batch(big)
-    assert len(batch) == 2 and len(rest) == 3  # 2M characters, no more
-    assert sum(len(b.line) for b in batch) <= MAX_BATCH_CHARS
-    one = big[:1]
-    assert take_batch(one) == (one, [])
-    small = [LogLine(stream="stdout", line="y") for _ in range(MAX_BATCH + 7)]
-    batch, rest = take_batch(small)
-    assert len(batch) == MAX_BATCH and len(rest) == 7
-
-
 def test_the_workers_secrets_are_not_passed_to_jobs() -> None:
     from gpufleet.worker.jobs import is_secret_env
 

@@ -67,9 +67,15 @@ def server(
     prefer_cuda_grace: Annotated[float | None, setting_option("prefer_cuda_grace")] = None,
     retry_backoff: Annotated[float | None, setting_option("retry_backoff")] = None,
     ephemeral_ttl: Annotated[float | None, setting_option("ephemeral_ttl")] = None,
+    log_retention: Annotated[float | None, setting_option("log_retention")] = None,
+    audit_retention: Annotated[float | None, setting_option("audit_retention")] = None,
     max_blob_size: Annotated[str | None, setting_option("max_blob_size")] = None,
     tls_cert: Annotated[Path | None, setting_option("tls_cert")] = None,
     tls_key: Annotated[Path | None, setting_option("tls_key")] = None,
+    access_log: Annotated[
+        bool | None,
+        typer.Option("--access-log", help=setting_help("access_log"), show_default=False),
+    ] = None,
 ) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
     from gpufleet.server import QueueSettings, ServerOptions, serve
@@ -83,15 +89,20 @@ def server(
         prefer_cuda_grace=prefer_cuda_grace,
         retry_backoff=retry_backoff,
         ephemeral_ttl=ephemeral_ttl,
+        log_retention=log_retention,
+        audit_retention=audit_retention,
         max_blob_size=max_blob_size,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        access_log=access_log,
     )
     queue = QueueSettings(
         lease_timeout=s["lease_timeout"],
         prefer_cuda_grace=s["prefer_cuda_grace"],
         retry_backoff=s["retry_backoff"],
         ephemeral_ttl=s["ephemeral_ttl"],
+        log_retention=_days(s["log_retention"]),
+        audit_retention=_days(s["audit_retention"]),
     )
     serve(
         ServerOptions(
@@ -103,8 +114,14 @@ def server(
             max_blob_size=s["max_blob_size"],
             tls_cert=s["tls_cert"],
             tls_key=s["tls_key"],
+            access_log=s["access_log"],
         )
     )
+
+
+def _days(days: float) -> float | None:
+    """Seconds in ``days``; None (keep forever) for 0."""
+    return days * 86400.0 if days > 0 else None
 
 
 Ephemeral = Annotated[
@@ -136,6 +153,8 @@ def worker(
     pool: Annotated[str | None, setting_option("pool")] = None,
     cache_dir: Annotated[Path | None, setting_option("cache_dir")] = None,
     cache_size: Annotated[str | None, setting_option("cache_size")] = None,
+    log_backlog: Annotated[str | None, setting_option("log_backlog")] = None,
+    work_dir_retention: Annotated[float | None, setting_option("work_dir_retention")] = None,
     mount: Mounts = None,
     ca: CaOpt = None,
     share_token: ShareToken = False,
@@ -158,6 +177,8 @@ def worker(
         pool=pool,
         cache_dir=cache_dir,
         cache_size=cache_size,
+        log_backlog=log_backlog,
+        work_dir_retention=work_dir_retention,
         mount=",".join(mount) if mount else None,
         ca=ca,
     )
@@ -186,6 +207,10 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         pool=s["pool"],
         cache_dir=s["cache_dir"],
         cache_size=s["cache_size"],
+        log_backlog=s["log_backlog"],
+        work_dir_retention=(
+            s["work_dir_retention"] * 3600.0 if s["work_dir_retention"] > 0 else None
+        ),
         mounts=mounts,
         ca=s["ca"],
         share_token=_share_token() if share_token else None,

@@ -31,7 +31,7 @@ def placement(j: JobOut) -> str:
 def show_detail(d: JobDetail) -> None:
     out.print(
         f"[bold]{d.id}[/bold] {escape(d.name)}: {styled(d.status)}"
-        f"  attempts {d.attempts}/{d.max_attempts}  priority {d.priority}"
+        f"  attempt {d.attempt} (budget {d.attempts}/{d.max_attempts})  priority {d.priority}"
     )
     out.print(f"  command: {escape(' '.join(d.spec.command))}")
     if d.spec.hyper:
@@ -61,6 +61,8 @@ def show_detail(d: JobDetail) -> None:
             f"{a.outcome or 'in progress'} exit={a.exit_code if a.exit_code is not None else '-'}"
             f"{' error=' + escape(a.error) if a.error else ''}"
         )
+        if a.late_result:
+            out.print(f"    [yellow]late result:[/yellow] {escape(a.late_result)}")
 
 
 def _inputs(d: JobDetail) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -14,9 +15,11 @@ import httpx
 from gpufleet.client import _ops as ops
 from gpufleet.client._api import Call, headers, raise_for, unreachable
 from gpufleet.client._direct import Direct, proxied
+from gpufleet.client._servers import NOT_SENT, Servers
 from gpufleet.client._tls import CaPath
 from gpufleet.client._tls import context as tls_context
 from gpufleet.client._transfer import Progress, Sent, Transfers
+from gpufleet.errors import ServerUnavailable
 from gpufleet.wire import (
     ApplyResult,
     ArtifactAttach,
@@ -69,7 +72,9 @@ class Client:
     """A blocking client for the gpufleet API.
 
     An ``https://`` server's certificate is verified against the default trust store, or
-    only against the CA certificates in the PEM file ``ca`` when given.
+    only against the CA certificates in the PEM file ``ca`` when given. ``server`` may
+    name several servers of one database, ``URL1,URL2``: a call goes to the next when one
+    cannot be reached (see :mod:`gpufleet.client._servers`).
     Errors raise :class:`gpufleet.errors.GpufleetError` subclasses."""
 
     def __init__(
@@ -79,16 +84,38 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         ca: CaPath | None = None,
     ) -> None:
-        self.server = server.rstrip("/")
-        # One TLS context for both HTTP paths (httpx, and blob downloads over http.client).
-        tls = tls_context(self.server, ca)
-        self._http = httpx.Client(
-            base_url=self.server, headers=headers(token), timeout=timeout, verify=_verify(tls)
-        )
-        direct = (
-            None if proxied(self.server) else Direct(self.server, self._http.headers, timeout, tls)
-        )
-        self._transfers = Transfers(self._http, self.server, direct)
+        self.servers = Servers(server)
+        self._token, self._timeout, self._ca = token, timeout, ca
+        self._to: dict[str, tuple[httpx.Client, Transfers]] = {}
+
+    @property
+    def server(self) -> str:
+        """The server in use."""
+        return self.servers.current
+
+    def _at(self, url: str) -> tuple[httpx.Client, Transfers]:
+        if url not in self._to:
+            # One TLS context for both HTTP paths (httpx, and downloads over http.client).
+            tls = tls_context(url, self._ca)
+            http = httpx.Client(
+                base_url=url,
+                headers=headers(self._token),
+                timeout=self._timeout,
+                verify=_verify(tls),
+            )
+            direct = None if proxied(url) else Direct(url, http.headers, self._timeout, tls)
+            self._to[url] = (http, Transfers(http, url, direct))
+        return self._to[url]
+
+    def _transfer(self, run: Callable[[Transfers], T]) -> T:
+        """A blob transfer on the server in use; when it cannot be reached, the next
+        call goes to the next server (a transfer resumes where it was, on any server)."""
+        url = self.server
+        try:
+            return run(self._at(url)[1])
+        except ServerUnavailable:
+            self.servers.failed(url)
+            raise
 
     def __enter__(self) -> Client:
         return self
@@ -97,13 +124,21 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        for http, _ in self._to.values():
+            http.close()
 
     def call(self, call: Call[T]) -> T:
-        try:
-            resp = self._http.send(call.request(self._http))
-        except httpx.TransportError as exc:
-            raise unreachable(self.server, exc) from exc
+        for left in range(len(self.servers.urls) - 1, -1, -1):
+            url = self.server
+            http = self._at(url)[0]
+            try:
+                resp = http.send(call.request(http))
+                break
+            except httpx.TransportError as exc:
+                self.servers.failed(url)
+                if left and isinstance(exc, NOT_SENT):
+                    continue
+                raise unreachable(url, exc) from exc
         raise_for(resp)
         return call.parse(resp)
 
@@ -185,18 +220,18 @@ class Client:
 
     def has_blob(self, sha256: str) -> int | None:
         """The blob's size if the server has it, else None."""
-        return self._transfers.has(sha256)
+        return self._transfer(lambda t: t.has(sha256))
 
     def put_blob(
         self, path: Path, sha256: str | None = None, progress: Progress | None = None
     ) -> Sent:
         """Upload a file as a blob unless the server has it (then no body is sent).
         Large files go through a resumable session."""
-        return self._transfers.put(path, sha256, progress or _quiet)
+        return self._transfer(lambda t: t.put(path, sha256, progress or _quiet))
 
     def get_blob(self, sha256: str, dest: Path, progress: Progress | None = None) -> int:
         """Download a blob to ``dest``, verified; resumes a ``dest.partial``."""
-        return self._transfers.get(sha256, dest, progress or _quiet)
+        return self._transfer(lambda t: t.get(sha256, dest, progress or _quiet))
 
     def blobs(self, limit: int = 1000) -> list[BlobOut]:
         return self.call(ops.blobs(limit))
@@ -240,15 +275,25 @@ class AsyncClient:
         timeout: float = DEFAULT_TIMEOUT,
         ca: CaPath | None = None,
     ) -> None:
-        self.server = server.rstrip("/")
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
-        self._http = httpx.AsyncClient(
-            base_url=self.server,
-            headers=headers(token),
-            timeout=timeout,
-            limits=limits,
-            verify=_verify(tls_context(self.server, ca)),
-        )
+        self.servers = Servers(server)
+        self._token, self._timeout, self._ca = token, timeout, ca
+        self._to: dict[str, httpx.AsyncClient] = {}
+
+    @property
+    def server(self) -> str:
+        """The server in use."""
+        return self.servers.current
+
+    def _at(self, url: str) -> httpx.AsyncClient:
+        if url not in self._to:
+            self._to[url] = httpx.AsyncClient(
+                base_url=url,
+                headers=headers(self._token),
+                timeout=self._timeout,
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+                verify=_verify(tls_context(url, self._ca)),
+            )
+        return self._to[url]
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -259,13 +304,22 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for http in self._to.values():
+            await http.aclose()
 
     async def call(self, call: Call[T]) -> T:
-        try:
-            resp = await self._http.send(call.request(self._http))
-        except httpx.TransportError as exc:
-            raise unreachable(self.server, exc) from exc
+        """As :meth:`Client.call`: a server that cannot be reached passes the call on."""
+        for left in range(len(self.servers.urls) - 1, -1, -1):
+            url = self.server
+            http = self._at(url)
+            try:
+                resp = await http.send(call.request(http))
+                break
+            except httpx.TransportError as exc:
+                self.servers.failed(url)
+                if left and isinstance(exc, NOT_SENT):
+                    continue
+                raise unreachable(url, exc) from exc
         raise_for(resp)
         return call.parse(resp)
 

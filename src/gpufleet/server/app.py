@@ -27,6 +27,7 @@ from gpufleet.server.deps import ServerState
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
+from gpufleet.server.requests import RequestIds
 from gpufleet.server.responses import error_response
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
@@ -81,27 +82,30 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
-async def _on_crash(_: Request, exc: Exception) -> JSONResponse:
-    log.exception("internal error", exc_info=exc)
-    return error_response(500, "internal_error", "internal server error; see the server log")
-
-
-UPLOAD_SWEEP_EVERY = 600.0
+UPLOAD_SWEEP_EVERY = 600.0  # and retention (server/retention.py)
 
 
 async def _sweeper(services: Services, interval: float) -> None:
-    """Expire leases every ``interval``; upload sessions every ten minutes."""
+    """Expire leases every ``interval``; tidy the fleet every five seconds at most (a
+    worker goes offline a lease after its last heartbeat); upload sessions every ten
+    minutes."""
     loop = asyncio.get_running_loop()
-    next_uploads = loop.time()
+    next_uploads = next_tidy = loop.time()
+    tidy_every = max(interval, min(services.settings.lease_timeout / 4, 5.0))
     while True:
         await asyncio.sleep(interval)
         try:
-            requeued, offline = await run_in_threadpool(services.leases.sweep)
+            requeued = await run_in_threadpool(services.leases.expire)
+            offline: list[str] = []
+            if loop.time() >= next_tidy:
+                next_tidy = loop.time() + tidy_every
+                offline = await run_in_threadpool(services.leases.tidy)
             if loop.time() >= next_uploads:
                 next_uploads = loop.time() + UPLOAD_SWEEP_EVERY
                 expired = await run_in_threadpool(services.blobs.uploads.expire)
                 if expired:
                     log.warning("removed %d upload session(s) unfinished for a day", expired)
+                await run_in_threadpool(services.retention.run)
         except Exception:  # keep sweeping: one failed sweep must not stop expiry forever
             log.exception("sweep failed")
             continue
@@ -112,10 +116,14 @@ async def _sweeper(services: Services, interval: float) -> None:
 
 
 def create_app(
-    store: SqlStore, settings: QueueSettings, blobs: BlobService, limits: Limits | None = None
+    store: SqlStore,
+    settings: QueueSettings,
+    blobs: BlobService,
+    limits: Limits | None = None,
+    access_log: bool = False,
 ) -> FastAPI:
     """The server app over ``store`` (already migrated) and ``blobs``, behind the abuse
-    ``limits`` (the defaults when None)."""
+    ``limits`` (the defaults when None); ``access_log``: a log line per request."""
     notifier = Notifier()
 
     def on_change() -> None:
@@ -141,11 +149,13 @@ def create_app(
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
-    app.add_exception_handler(Exception, _on_crash)
     app.add_middleware(AuditLog, writer=audit)
     app.add_middleware(RefuseNul)
     # Added last, so outermost: a refused flood costs no audit row, no database write.
     app.add_middleware(LimitsMiddleware, limits=limits)
+    # Outermost of all: every answer carries its request id, and a crash anywhere inside
+    # is answered (and logged) once, with that id.
+    app.add_middleware(RequestIds, access_log=access_log)
     app.include_router(routes_jobs.router)
     app.include_router(routes_workers.router)
     app.include_router(routes_blobs.router)
@@ -155,8 +165,8 @@ def create_app(
 def _lifespan(
     store: SqlStore, st: ServerState
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """What the server does at start (clean up, extend leases after an outage, sweep,
-    listen to other replicas) and undoes at stop."""
+    """What the server does at start (clean up, sweep, listen to other replicas) and
+    undoes at stop."""
     services = st.services
 
     @contextlib.asynccontextmanager
@@ -168,11 +178,11 @@ def _lifespan(
         cleaned = await run_in_threadpool(services.blobs.startup)
         if cleaned:
             log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
-        # If no worker could heartbeat lately, the service was down (not just this replica):
-        # give leases one lease_timeout from now before the first sweep, so an outage kills
-        # no healthy job. With other replicas up, heartbeats are recent and nothing changes.
-        await run_in_threadpool(services.leases.after_outage)
-        interval = max(0.05, min(services.settings.lease_timeout / 4, 5.0))
+        # Leases are not extended at a start: a worker that had no heartbeat answered for a
+        # whole lease has stopped its jobs itself (it fences), so a lease that lapsed while
+        # no server ran is requeued at the first sweep. Sweeps come every second at most,
+        # so a lapsed lease is requeued within a second of its end.
+        interval = max(0.05, min(services.settings.lease_timeout / 4, 1.0))
         task = asyncio.create_task(_sweeper(services, interval))
         stop_listening = threading.Event()
         listener = None

@@ -34,20 +34,13 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server.asgi import StatusWatch
+from gpufleet.server.requests import loggable
 from gpufleet.store import Store, TokenRow
-from gpufleet.tokens import redact
 
 log = logging.getLogger("gpufleet.audit")
 CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _PERIODIC = re.compile(r"^/v1/(workers/[^/]+/heartbeat|jobs/[^/]+/output)$")
 _CLAIM = re.compile(r"^/v1/workers/[^/]+/claim$")
-
-
-def _printable(text: str) -> str:
-    """A path as text a log or a database keeps: control characters (NUL, newlines)
-    escaped, so a crafted path can neither fail the insert nor forge a line, and anything
-    token-shaped cut to its hint."""
-    return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
 class AuditWriter:
@@ -78,7 +71,7 @@ class AuditWriter:
             "address": "-",
             "target": target[:200],
             "event": event,
-            "detail": _printable(detail)[:2000],
+            "detail": loggable(detail)[:2000],
         }
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -155,7 +148,7 @@ class AuditLog:
             "role": token.role if token else None,
             "address": str(client[0])[:64] if client else "-",
             "method": scope["method"],
-            "path": _printable(scope["path"])[:2000],
+            "path": loggable(scope["path"])[:2000],
             "status": status,
             "target": str(st["audit_target"])[:200] if "audit_target" in st else None,
         }

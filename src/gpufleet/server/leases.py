@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus, WorkerStatus
@@ -340,6 +341,22 @@ class Leases:
             self.on_change()
         return done.job
 
+    def refused_result(
+        self, job_id: str, attempt: int, token_id: str, exit_code: int | None, error: str | None
+    ) -> None:
+        """A result for an attempt that had ended (its lease lost, the job cancelled) is
+        refused with 409; keep what it said in that attempt's history, if a worker of
+        ``token_id`` ran the attempt."""
+        ran = next((a for a in self.store.attempts(job_id) if a.attempt == attempt), None)
+        holder = self.fleet.claimer(ran.worker_id) if ran and ran.worker_id else None
+        if holder is None or holder.token_id != token_id:
+            return
+        said = f"exit code {exit_code}" if exit_code is not None else "no exit code"
+        if error:
+            said += f" ({printable(error)[:500]})"
+        when = datetime.fromtimestamp(self.clock(), UTC).isoformat(timespec="seconds")
+        self.store.late_result(job_id, attempt, f"{said}, sent at {when}; refused")
+
     def attach_artifact(self, job_id: str, attempt: int, sha256: str) -> None:
         self.flow.attach(self._held(job_id, attempt), attempt, sha256)
 
@@ -357,18 +374,14 @@ class Leases:
         change = lifecycle.release(job, self.clock(), "its worker handed it back")
         return self.store.release(change) is not None
 
-    def after_outage(self) -> int:
-        """At server start: if no worker heartbeated within a third of the lease, extend
-        every active lease by one lease timeout. Returns how many were extended."""
-        now = self.clock()
-        beats = [w.last_heartbeat for w in self.store.list_workers() if w.last_heartbeat]
-        if beats and now - max(beats) < self.settings.lease_timeout / 3:
-            return 0
-        return self.store.extend_all_leases(now + self.settings.lease_timeout)
-
     def sweep(self) -> tuple[list[str], list[str]]:
         """Expire leases of silent workers, mark those workers offline, forget ephemeral
-        workers gone for longer than their TTL."""
+        workers gone for longer than their TTL. Returns (requeued jobs, offline workers)."""
+        return self.expire(), self.tidy()
+
+    def expire(self) -> list[str]:
+        """Requeue (or fail) the jobs whose lease has lapsed; their ids. Safe to run on
+        several servers at once: each requeue is a conditional update of one lease."""
         now = self.clock()
         expired = self.store.expired_leases(now)
         names = {w.id: w.name for w in self.store.list_workers()} if expired else {}
@@ -383,9 +396,13 @@ class Leases:
             then = "failed: no attempts left" if final else "requeued"
             detail = f"attempt {job.lease} on worker {who}: no heartbeat; {then}"
             self.on_event("lease.lost", job.id, detail, None)
-        if self.store.refresh_waiting():  # dependencies met by another replica
-            self.on_change()
-        offline = self.fleet.sweep()
         if requeued:
             self.on_change()
-        return requeued, offline
+        return requeued
+
+    def tidy(self) -> list[str]:
+        """Recount dependencies another replica met, mark silent workers offline and
+        forget ephemeral ones gone past their TTL; the ids that went offline."""
+        if self.store.refresh_waiting():
+            self.on_change()
+        return self.fleet.sweep()

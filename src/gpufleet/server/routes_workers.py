@@ -16,7 +16,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from gpufleet.errors import NotFound
+from gpufleet.errors import Conflict, NotFound
 from gpufleet.scheduling.matching import FreeGpu, FreeResources, JobView, free_gpu_mib, selection
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
@@ -252,9 +252,14 @@ def append_output(
 @router.post("/jobs/{job_id}/finish", response_model=JobOut, tags=["worker protocol"])
 def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worker) -> JobOut:
     """End an attempt: exit code 0 succeeds; anything else retries or fails, keeping the
-    last lines of the attempt's stderr (``stderr_tail``)."""
-    _holder(request, caller, job_id, body.attempt)
+    last lines of the attempt's stderr (``stderr_tail``). A result for an attempt that
+    has ended is refused (409) and kept in that attempt's history (``late_result``)."""
     leases = state(request).services.leases
+    try:
+        _holder(request, caller, job_id, body.attempt)
+    except Conflict:
+        leases.refused_result(job_id, body.attempt, caller.id, body.exit_code, body.error)
+        raise
     job = leases.finish(job_id, body.attempt, body.exit_code, body.error, body.stderr_tail)
     return views.job_out(job, {})
 

@@ -37,6 +37,7 @@ class ServerOptions:
     limits: Limits = field(default_factory=Limits)
     tls_cert: Path | None = None  # PEM certificate chain; with tls_key, serve HTTPS
     tls_key: Path | None = None
+    access_log: bool = False  # a line per request (else only 5xx and warnings are logged)
 
 
 def database_url(data_dir: Path, db: str | None) -> str:
@@ -195,7 +196,9 @@ def serve(opts: ServerOptions) -> None:
     blobs = BlobService(
         store, BlobFiles(opts.data_dir / "blobs"), BlobSettings(max_size=opts.max_blob_size)
     )
-    app = create_app(store, opts.queue, blobs, opts.limits)
+    if opts.access_log:
+        logging.getLogger("gpufleet.access").setLevel(logging.INFO)
+    app = create_app(store, opts.queue, blobs, opts.limits, access_log=opts.access_log)
     config = uvicorn.Config(
         app,
         log_level="warning",

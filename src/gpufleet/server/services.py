@@ -26,6 +26,7 @@ from gpufleet.server.explain import Explain
 from gpufleet.server.fleet import Fleet, OnEvent, no_event
 from gpufleet.server.leases import Leases
 from gpufleet.server.reads import Reads
+from gpufleet.server.retention import Retention
 from gpufleet.server.settings import QueueSettings
 from gpufleet.server.steering import Steering
 from gpufleet.server.submission import Submission
@@ -56,3 +57,4 @@ class Services:
         self.steering = Steering(store, self.reads, self.flow, clock, on_change)
         self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
         self.leases = Leases(store, settings, self.fleet, self.flow, clock, on_change, on_event)
+        self.retention = Retention(store, settings, clock)

@@ -10,10 +10,14 @@ class QueueSettings:
     """``lease_timeout``: seconds a lease lives without a heartbeat; ``prefer_cuda_grace``:
     seconds a job preferring CUDA waits for a GPU; ``retry_backoff``: base seconds between
     attempts; ``candidates``: jobs a claim looks at, at most; ``ephemeral_ttl``: seconds an
-    offline ephemeral worker is kept before it is forgotten."""
+    offline ephemeral worker is kept before it is forgotten; ``log_retention``: seconds a
+    finished job's output lines are kept after it ended, ``audit_retention``: seconds an
+    audit record is kept (None: forever)."""
 
     lease_timeout: float = 120.0
     prefer_cuda_grace: float = 300.0
     retry_backoff: float = 10.0
     candidates: int = 200
     ephemeral_ttl: float = 3600.0
+    log_retention: float | None = 30 * 86400.0
+    audit_retention: float | None = 90 * 86400.0

@@ -36,6 +36,7 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         id=job.id,
         name=job.name,
         status=job.status.value,
+        attempt=job.lease,
         attempts=job.attempts,
         max_attempts=job.max_attempts,
         priority=job.priority,
@@ -71,6 +72,7 @@ def attempt_out(a: AttemptRow) -> AttemptOut:
         outcome=a.outcome,
         error=a.error,
         stderr_tail=list(a.stderr_tail),
+        late_result=a.late_result,
     )
 
 

@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
+from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statements
@@ -400,16 +400,6 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                     held.add((job_id, lease))
         return held
 
-    def extend_all_leases(self, expires: float) -> int:
-        """Give every active lease until ``expires`` (a server start: workers could not
-        heartbeat while it was down). Returns how many."""
-        j = t.jobs.c
-        where = j.status.in_([s.value for s in ACTIVE]) & (j.lease_expires_at < expires)
-        with self._write() as conn:
-            return conn.execute(
-                update(t.jobs).where(where).values(lease_expires_at=expires)
-            ).rowcount
-
     def expired_leases(self, now: float) -> list[JobRow]:
         j = t.jobs.c
         q = select(t.jobs).where(j.status.in_([s.value for s in ACTIVE]), j.lease_expires_at < now)
@@ -448,6 +438,14 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             ).all()
         return [AttemptRow.from_row(r) for r in rows]
 
+    def late_result(self, job_id: str, attempt: int, text: str) -> None:
+        """Keep, in the attempt's history, a result its worker sent after it had ended (the
+        first one sent; a retry of it changes nothing)."""
+        a = t.attempts.c
+        first = (a.job_id == job_id) & (a.attempt == attempt) & a.late_result.is_(None)
+        with self._write() as conn:
+            conn.execute(update(t.attempts).where(first), {"late_result": text})
+
     def active_jobs(self, worker_id: str | None = None) -> list[JobRow]:
         j = t.jobs.c
         q = select(t.jobs).where(j.status.in_([s.value for s in ACTIVE]))
@@ -481,6 +479,25 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                     ],
                 )
         return True, (None if held.stop_requested_at is None else float(held.stop_grace or 0))
+
+    def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int:
+        """Delete up to ``batch`` rows: log lines of jobs that ended before ``logs_before``,
+        then audit records from before ``audit_before`` (None: keep). Returns how many;
+        called again while it returns ``batch``. Each delete is conditional, so servers
+        sharing the database may run it at once."""
+        lines, j, a = t.job_logs.c, t.jobs.c, t.audit.c
+        ended = select(j.id).where(
+            j.status.in_([s.value for s in TERMINAL]), j.finished_at < logs_before
+        )
+        done = 0
+        with self._write() as conn:
+            if logs_before is not None:
+                old = select(lines.seq).where(lines.job_id.in_(ended)).limit(batch)
+                done += conn.execute(t.job_logs.delete().where(lines.seq.in_(old))).rowcount
+            if audit_before is not None and done < batch:
+                old = select(a.seq).where(a.at < audit_before).limit(batch - done)
+                done += conn.execute(t.audit.delete().where(a.seq.in_(old))).rowcount
+        return done
 
     def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
         c = t.job_logs.c

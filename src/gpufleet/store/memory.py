@@ -18,7 +18,7 @@ from typing import Any
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
-from gpufleet.domain.models import ACTIVE, JobSpec, JobStatus
+from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
@@ -108,6 +108,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
         self.jobs: dict[str, dict[str, Any]] = {}
         self.attempt_rows: dict[tuple[str, int], dict[str, Any]] = {}
         self.log_rows: list[dict[str, Any]] = []
+        self._pruned_seq = 0  # the last log number given before the rows were pruned
         self.deps: dict[str, list[str]] = {}  # job id -> the jobs it needs
         self._init_records()
 
@@ -303,6 +304,38 @@ class MemoryStore(MemoryRecords, NamedChanges):
                 AttemptRow.from_mapping(dict(a)) for a in sorted(rows, key=lambda a: a["attempt"])
             ]
 
+    def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int:
+        with self._lock:
+            ended = {
+                i
+                for i, j in self.jobs.items()
+                if logs_before is not None
+                and j["status"] in {s.value for s in TERMINAL}
+                and (j["finished_at"] or 0) < logs_before
+            }
+            doomed = [n for n, r in enumerate(self.log_rows) if r["job_id"] in ended][:batch]
+            if self.log_rows:  # numbers go on from the last ever given
+                self._pruned_seq = self.log_rows[-1]["seq"]
+            for n in reversed(doomed):
+                del self.log_rows[n]
+            left = batch - len(doomed)
+            old = (
+                []
+                if audit_before is None
+                else [n for n, r in enumerate(self.audit_rows) if r["at"] < audit_before][:left]
+            )
+            if self.audit_rows:
+                self.audit_seq = max(self.audit_seq, self.audit_rows[-1]["seq"])
+            for n in reversed(old):
+                del self.audit_rows[n]
+            return len(doomed) + len(old)
+
+    def late_result(self, job_id: str, attempt: int, text: str) -> None:
+        with self._lock:
+            row = self.attempt_rows.get((job_id, attempt))
+            if row is not None and row.get("late_result") is None:
+                row["late_result"] = text
+
     def dependencies(self, job_id: str) -> list[JobRow]:
         with self._lock:
             needed = set(self.deps.get(job_id, ()))
@@ -339,15 +372,6 @@ class MemoryStore(MemoryRecords, NamedChanges):
                     j["lease_expires_at"] = expires
                     held.add((job_id, lease))
         return held
-
-    def extend_all_leases(self, expires: float) -> int:
-        n = 0
-        with self._lock:
-            for j in self.jobs.values():
-                if j["status"] in _ACTIVE and (j["lease_expires_at"] or 0) < expires:
-                    j["lease_expires_at"] = expires
-                    n += 1
-        return n
 
     def request_stop(self, job_id: str, now: float, grace: float) -> bool:
         with self._lock:
@@ -459,7 +483,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
             if j is None or j["lease"] != lease or j["status"] not in _ACTIVE:
                 return False, None
             for stream, line in lines:
-                seq = len(self.log_rows) + 1
+                seq = self.log_rows[-1]["seq"] + 1 if self.log_rows else self._pruned_seq + 1
                 self.log_rows.append(
                     {
                         "seq": seq,

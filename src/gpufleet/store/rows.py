@@ -107,6 +107,7 @@ class AttemptRow:
     outcome: str | None
     error: str | None
     stderr_tail: tuple[str, ...] = ()
+    late_result: str | None = None
 
     @classmethod
     def from_row(cls, r: Any) -> AttemptRow:

@@ -20,6 +20,9 @@ from sqlalchemy import (
 )
 
 metadata = MetaData()
+# Ever-growing row numbers (log lines, audit records): 64-bit. SQLite's INTEGER PRIMARY KEY
+# is 64-bit already, and only that exact type is its auto-increment rowid.
+SEQ = BigInteger().with_variant(Integer, "sqlite")
 
 jobs = Table(
     "jobs",
@@ -95,6 +98,9 @@ attempts = Table(
     Column("outcome", String(32)),
     Column("error", Text),
     Column("stderr_tail", Text),
+    # A result its worker sent after the attempt had ended (lease lost, cancelled): refused
+    # with 409, and kept here so the history shows it (what, and when).
+    Column("late_result", Text),
 )
 
 workers = Table(
@@ -135,7 +141,7 @@ hosts = Table(
 job_logs = Table(
     "job_logs",
     metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("seq", SEQ, primary_key=True, autoincrement=True),
     Column("job_id", String(64), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("stream", String(8), nullable=False),
@@ -168,7 +174,7 @@ tokens = Table(
 audit = Table(
     "audit",
     metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("seq", SEQ, primary_key=True, autoincrement=True),
     Column("at", Float, nullable=False),
     Column("token_id", String(64)),
     Column("token_name", String(200)),

@@ -216,13 +216,26 @@ class AttemptOut(BaseModel):
     stderr_tail: list[str] = Field(
         default_factory=list, description="the attempt's last stderr lines, when it failed"
     )
+    late_result: str | None = Field(
+        None,
+        description="a result its worker sent after the attempt had ended (its lease lost, "
+        "or the job cancelled), which the server refused: what it said, and when",
+    )
 
 
 class JobOut(BaseModel):
     id: str
     name: str
     status: JobState
-    attempts: int
+    attempt: int = Field(
+        0,
+        description="the number of its latest attempt (0: never claimed), as in its history "
+        "and the workers' logs; it counts on across requeues",
+    )
+    attempts: int = Field(
+        description="attempts counted against max_attempts: a requeue gives a fresh budget "
+        "(and the attempt number counts on)"
+    )
     max_attempts: int
     priority: int
     worker: str | None

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 from gpufleet import archive
 from gpufleet.client import AsyncClient, Client
 from gpufleet.client.session import Session
-from gpufleet.domain.models import Capability
+from gpufleet.domain.models import Capability, GpuInfo
 from gpufleet.errors import (
     ConfigError,
     Forbidden,
@@ -41,6 +42,7 @@ from gpufleet.wire import (
     WhoAmI,
     WorkerRegister,
 )
+from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus
 from gpufleet.worker.jobs import JobSteps, Running, Stopped, say
@@ -50,8 +52,13 @@ from gpufleet.worker.runner import (
 )
 from gpufleet.worker.slots import Slots
 from gpufleet.worker.staging import Stager
+from gpufleet.worker.workdirs import prune_work_dirs
 
 T = TypeVar("T")
+RETRY_CAP = 2.0  # seconds between tries at most while the server is away
+PRUNE_EVERY = 600.0  # seconds between removals of old work dirs
+FENCE_CHECK = 0.25  # seconds between self-fencing checks
+SPILL = ".unsent-output"  # under the work dir: output held while the server is away
 
 
 @dataclass
@@ -80,6 +87,8 @@ class Agent(JobSteps):
         self.stager = Stager(cache, opts.mounts, archive.Limits())
         opts.work_dir.mkdir(parents=True, exist_ok=True)
         remove_leftovers(opts.work_dir, ".artifact.")
+        # Output an earlier worker process could not send: its attempts have ended.
+        shutil.rmtree(opts.work_dir / SPILL, ignore_errors=True)
         self.slots = Slots(opts.cpu_slots, capability.gpus)
         # Keyed by lease: a job cancelled and requeued may come back to this worker while
         # its old attempt is still being killed.
@@ -119,6 +128,8 @@ class Agent(JobSteps):
             tasks = [
                 asyncio.create_task(self.heartbeat_loop()),
                 asyncio.create_task(self.claim_loop()),
+                asyncio.create_task(self.fence_loop()),
+                asyncio.create_task(self.prune_loop()),
             ]
             await self.wait_drained()
             for t in tasks:
@@ -189,7 +200,8 @@ class Agent(JobSteps):
     async def retrying(
         self, what: str, call: Callable[[], Awaitable[T]], give_up: float | None = None
     ) -> T:
-        """Retry while the server is away (backoff with jitter, capped at 10 s)."""
+        """Retry while the server is away (backoff with jitter, capped at RETRY_CAP: a
+        server back from a restart is found within two seconds, well inside a lease)."""
         delay, started, warned = 0.2, time.monotonic(), False
         while True:
             try:
@@ -211,7 +223,7 @@ class Agent(JobSteps):
             # A drain (a signal) wakes the wait: a worker with nothing running stops at once.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay * (0.5 + random.random()))
-            delay = min(delay * 2, 10.0)
+            delay = min(delay * 2, RETRY_CAP)
 
     async def register(self) -> None:
         body = WorkerRegister(
@@ -284,9 +296,10 @@ class Agent(JobSteps):
                 LeaseRef(job_id=r.lease.job_id, attempt=r.lease.attempt)
                 for r in self.running.values()
             ],
-            gpus=[GpuModel.from_domain(g) for g in live_gpus(self.capability)],
+            gpus=[GpuModel.from_domain(g) for g in await self.live_gpus()],
             draining=self.draining,
         )
+        sent = time.monotonic()
         try:
             resp = await self.client.heartbeat(self.worker_id, body)
         except NotFound:
@@ -297,6 +310,8 @@ class Agent(JobSteps):
             run = self.running.get((o.job_id, o.attempt))
             if run is None:
                 continue
+            if o.order != "cancel":  # the server renewed this lease
+                run.renewed = max(run.renewed, sent)
             if o.order == "cancel" and run.stop_reason in (None, "stop"):
                 say(f"job {o.job_id}: the server says kill it (cancelled or lease lost)")
                 await self.stop_job(run, "cancel")
@@ -327,10 +342,57 @@ class Agent(JobSteps):
             except GpufleetError as exc:
                 say(f"heartbeat refused: {exc.message}")
 
+    async def fence_loop(self) -> None:
+        """Self-fencing: a job whose lease this worker has not seen renewed for a lease
+        timeout is stopped here, server or no server. By then the server has requeued it
+        (or will within its sweep), so another attempt may start elsewhere: the two
+        never overlap while this worker runs. SIGTERM goes ``margin`` before the lease
+        ends and SIGKILL at its end. A worker that is frozen (SIGSTOP, a paused VM)
+        cannot do this: its jobs run on until it thaws, and then stop at once."""
+        while True:
+            await asyncio.sleep(FENCE_CHECK)
+            lease = self.lease_timeout
+            if lease is None:
+                continue
+            margin = min(3.0, lease / 4)
+            now = time.monotonic()
+            for run in list(self.running.values()):
+                silent = now - run.renewed
+                if run.stop_reason in ("cancel", "lost") or silent < lease - margin:
+                    continue
+                say(
+                    f"job {run.lease.job_id} attempt {run.lease.attempt}: no heartbeat "
+                    f"answered for {silent:.1f}s (the lease is {lease:g}s); stopping it, "
+                    "since the server requeues it"
+                )
+                await self.stop_job(run, "lost", grace=max(0.0, lease - silent))
+
+    async def prune_loop(self) -> None:
+        """Remove finished jobs' work dirs past --work-dir-retention, now and every ten
+        minutes."""
+        keep = self.opts.work_dir_retention
+        while keep is not None:
+            busy = {f"{job}-{attempt}" for job, attempt in self.running}
+            try:
+                gone = await asyncio.to_thread(prune_work_dirs, self.opts.work_dir, keep, busy)
+            except OSError as exc:
+                say(f"could not prune old work dirs: {exc}")
+                gone = 0
+            if gone:
+                say(f"removed {gone} work dir(s) of jobs ended over {keep / 3600:g}h ago")
+            await asyncio.sleep(PRUNE_EVERY)
+
     # ---- claiming ----------------------------------------------------------------------
 
-    def claim_body(self, supersede: bool = False) -> ClaimRequest:
-        live = live_gpus(self.capability)
+    async def live_gpus(self) -> tuple[GpuInfo, ...]:
+        """This worker's GPUs with their free memory now. NVML is read in a thread: a
+        driver call that hangs must not stop heartbeats."""
+        if self.capability.gpus_simulated or not self.capability.gpus:
+            return self.capability.gpus
+        return await asyncio.to_thread(live_gpus, self.capability)
+
+    async def claim_body(self, supersede: bool = False) -> ClaimRequest:
+        live = await self.live_gpus()
         return ClaimRequest(
             cpu_slots=self.slots.cpu_free,
             gpus=self.slots.free_gpus(live),
@@ -353,7 +415,7 @@ class Agent(JobSteps):
                 if (stale or not polls) and self.slots.any_free() and len(polls) < 2:
                     for old in polls.values():
                         old.replaced = True
-                    body = self.claim_body(supersede=bool(polls))
+                    body = await self.claim_body(supersede=bool(polls))
                     polls[asyncio.create_task(self.poll(body))] = Poll(time.monotonic())
                     stale = False
                 if not polls:  # nothing free: wait for a slot
@@ -428,7 +490,9 @@ class Agent(JobSteps):
             return
         self.slots.take(lease.gpus)
         self.lease_timeout = lease.lease_timeout
-        run = self.running[(lease.job_id, lease.attempt)] = Running(lease)
+        spill = self.opts.work_dir / SPILL / f"{lease.job_id}-{lease.attempt}"
+        backlog = Backlog(spill, disk=self.opts.log_backlog)
+        run = self.running[(lease.job_id, lease.attempt)] = Running(lease, backlog)
         self.spawn(self.run_job(run))
         if self.opts.ephemeral:
             self.begin_drain(None, "ephemeral worker took its one job")

@@ -35,6 +35,7 @@ from gpufleet.wire import (
     ReleaseRequest,
     StartRequest,
 )
+from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env, oom_kills
 from gpufleet.worker.slots import Slots
@@ -60,30 +61,23 @@ def say(msg: str) -> None:
 @dataclass
 class Running:
     lease: Lease
+    backlog: Backlog  # output not yet sent: bounded in memory, then on disk
     proc: JobProcess | None = None
-    lines: list[LogLine] = field(default_factory=list)
     # set when we end it: "cancel", "lost", "drain", "timeout"; "stop": asked to finish early
     stop_reason: str | None = None
     killing: bool = False
     stop_grace: float = 60.0  # a stop: seconds after SIGINT before SIGTERM
     # The job's last stderr lines: what a failed job says about why (shown by `show`).
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    # When the server last renewed the lease, on this worker's monotonic clock: the claim's
+    # answer, then the send time of each heartbeat answered with the lease held (the
+    # server's renewal came after it, so the lease lives at least a lease from here).
+    renewed: float = field(default_factory=time.monotonic)
 
     def on_line(self, stream: str, line: str) -> None:
-        self.lines.append(LogLine(stream=stream, line=line))
+        self.backlog.add(stream, line)
         if stream == "stderr":
             self.tail.append(line[:STDERR_TAIL_CHARS])
-
-
-def take_batch(lines: list[LogLine]) -> tuple[list[LogLine], list[LogLine]]:
-    """The next log batch (at least one line; at most MAX_BATCH lines and, past the first,
-    MAX_BATCH_CHARS characters) and what is left."""
-    size = 0
-    for n, line in enumerate(lines[:MAX_BATCH]):
-        size += len(line.line)
-        if n and size > MAX_BATCH_CHARS:
-            return lines[:n], lines[n:]
-    return lines[:MAX_BATCH], lines[MAX_BATCH:]
 
 
 def is_secret_env(name: str) -> bool:
@@ -136,6 +130,9 @@ class JobSteps(ABC):
         finally:
             self.running.pop((lease.job_id, lease.attempt), None)
             self.slots.give(lease.gpus)
+            run.backlog.clear()
+            with contextlib.suppress(OSError):  # its age, for --work-dir-retention
+                os.utime(self.opts.work_dir / f"{lease.job_id}-{lease.attempt}")
 
     async def _launch(self, run: Running, workdir: Path) -> str | None:
         """Stage the job's inputs and start its process; why it could not, or None."""
@@ -209,7 +206,7 @@ class JobSteps(ABC):
 
     def note(self, run: Running, message: str) -> None:
         """A line from the worker itself in the job's output."""
-        run.lines.append(LogLine(stream="stderr", line=f"[gpufleet] {message}"))
+        run.backlog.add("stderr", f"[gpufleet] {message}")
 
     async def collect(self, run: Running, workdir: Path) -> str | None:
         """Archive the job's outputs, upload them and attach them to the attempt. Returns
@@ -247,9 +244,9 @@ class JobSteps(ABC):
         finally:
             out.unlink(missing_ok=True)
 
-    async def stop_job(self, run: Running, reason: str) -> None:
-        """SIGTERM the job's process group, SIGKILL it 3 s later; once per job. A job whose
-        process already ended keeps its result."""
+    async def stop_job(self, run: Running, reason: str, grace: float = 3.0) -> None:
+        """SIGTERM the job's process group, SIGKILL it ``grace`` seconds later; once per
+        job. A job whose process already ended keeps its result."""
         if run.proc is not None and run.proc.proc.returncode is not None:
             return
         if run.stop_reason in (None, "stop"):  # a kill overrides a stop: nothing is kept
@@ -258,7 +255,7 @@ class JobSteps(ABC):
             return
         run.killing = True
         run.proc.signal_group(signal.SIGTERM)
-        self.spawn(self._kill_later(run.proc))
+        self.spawn(self._kill_later(run.proc, grace))
 
     async def _kill_later(self, proc: JobProcess, grace: float = 3.0) -> None:
         if await proc.wait(grace) is None:
@@ -289,12 +286,16 @@ class JobSteps(ABC):
             await self._kill_later(proc)
 
     async def flush(self, run: Running) -> None:
-        while run.lines:
-            batch, run.lines = take_batch(run.lines)
-            body = LogAppend(attempt=run.lease.attempt, lines=batch)
+        """Send the job's unsent output, a batch at a time (each at most MAX_BATCH lines
+        and, past the first, MAX_BATCH_CHARS characters); a batch is removed once the
+        server has it."""
+        while batch := run.backlog.peek(MAX_BATCH, MAX_BATCH_CHARS):
+            lines = [LogLine(stream=stream, line=line) for stream, line in batch]
+            body = LogAppend(attempt=run.lease.attempt, lines=lines)
             stop = await self.retrying(
                 "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60
             )
+            run.backlog.sent()
             if stop is not None and run.proc is not None and run.proc.proc.returncode is None:
                 self.stop_early(run, stop)
 
@@ -319,8 +320,7 @@ class JobSteps(ABC):
             try:
                 await self.flush(run)
             except ServerUnavailable:  # the result matters more than the last lines
-                say(f"job {lease.job_id}: dropped {len(run.lines)} unsent log lines")
-                run.lines.clear()
+                say(f"job {lease.job_id}: dropped {run.backlog.clear()} unsent log lines")
             if run.stop_reason == "drain":
                 await self.retrying(
                     "release",

@@ -3,7 +3,7 @@
 This module is deliberately thin: it only calls ``nvml*`` functions (or runs
 ``nvidia-smi``) and turns their answers into :class:`~gpufleet.domain.models.GpuInfo`.
 No GPU is present in CI, so everything that could go wrong - decoding, unit
-conversion, error handling, always shutting NVML down - lives in small functions
+conversion, error handling, initialising NVML once per process - lives in small functions
 that take the NVML module as an argument (``lib``) and are driven by a fake in the
 tests. The only code that needs real hardware is ``import pynvml`` and the
 ``subprocess`` call to ``nvidia-smi``.
@@ -14,12 +14,15 @@ Any failure at this boundary means "no GPU seen this way": the probes return
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import csv
 import io
 import logging
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -67,12 +70,12 @@ def probe_nvml(lib: Any | None = None) -> GpuProbe | None:
     ``lib`` is the ``pynvml`` module (imported lazily when omitted) or a fake with the
     same functions. Returns ``None`` when NVML is missing or any NVML call fails.
     """
-    return _with_nvml(lib, _read_probe)
+    return shared(lib).read(_read_probe)
 
 
 def live_free_mib(lib: Any | None = None) -> dict[int, int] | None:
     """Current free memory in MiB per GPU index, or ``None`` when NVML is unavailable."""
-    return _with_nvml(lib, _read_free_mib)
+    return shared(lib).read(_read_free_mib)
 
 
 def _load_nvml(lib: Any | None) -> Any | None:
@@ -85,27 +88,87 @@ def _load_nvml(lib: Any | None) -> Any | None:
     return pynvml
 
 
-def _with_nvml(lib: Any | None, read: Callable[[Any], _T]) -> _T | None:
-    """Run ``read(nvml)`` between ``nvmlInit`` and ``nvmlShutdown``; any failure is None."""
-    nvml = _load_nvml(lib)
-    if nvml is None:
-        return None
-    # NVML raises its own NVMLError subclasses (LibraryNotFound, DriverNotLoaded, ...)
-    # and a fake raises whatever it likes: at this boundary every failure means the
-    # same thing, "no GPU via NVML", so the catch is deliberately broad.
-    try:
-        nvml.nvmlInit()
-    except Exception as exc:
-        _log.debug("NVML unavailable: %s", exc)
-        return None
-    try:
-        return read(nvml)
-    except Exception as exc:
-        _log.debug("NVML query failed: %s", exc)
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
+class Nvml:
+    """NVML for the life of a process: ``nvmlInit`` on the first read, once, and
+    ``nvmlShutdown`` once, at :meth:`close` (at exit for :func:`shared` ones). A worker
+    reads free memory at every heartbeat and claim; each read is then the query alone.
+
+    An init that fails (no driver, no library) is tried again at most every
+    ``retry`` seconds. Reads may come from several threads; they take turns."""
+
+    def __init__(
+        self,
+        lib: Any | None = None,
+        retry: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lib = lib
+        self._nvml: Any | None = None
+        self._failed_at: float | None = None
+        self._retry = retry
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def _open(self) -> Any | None:
+        if self._nvml is not None:
+            return self._nvml
+        if self._failed_at is not None and self._clock() - self._failed_at < self._retry:
+            return None
+        nvml = _load_nvml(self._lib)
+        # NVML raises its own NVMLError subclasses (LibraryNotFound, DriverNotLoaded, ...)
+        # and a fake raises whatever it likes: at this boundary every failure means the
+        # same thing, "no GPU via NVML", so the catches are deliberately broad.
+        try:
+            if nvml is None:
+                raise ImportError("no pynvml")
+            nvml.nvmlInit()
+        except Exception as exc:
+            _log.debug("NVML unavailable: %s", exc)
+            self._failed_at = self._clock()
+            return None
+        self._nvml = nvml
+        return nvml
+
+    def read(self, read: Callable[[Any], _T]) -> _T | None:
+        """``read(nvml)`` on an initialised NVML; None if NVML or the read fails."""
+        with self._lock:
+            nvml = self._open()
+            if nvml is None:
+                return None
+            try:
+                return read(nvml)
+            except Exception as exc:
+                _log.debug("NVML query failed: %s", exc)
+                return None
+
+    def close(self) -> None:
+        """Shut NVML down if it was initialised (a failing shutdown is ignored)."""
+        with self._lock:
+            nvml, self._nvml = self._nvml, None
+            if nvml is not None:
+                with contextlib.suppress(Exception):
+                    nvml.nvmlShutdown()
+
+
+_SHARED: dict[int, tuple[Any, Nvml]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(lib: Any | None = None) -> Nvml:
+    """This process's NVML handle for ``lib`` (the real ``pynvml`` when None; a test's
+    fake otherwise), shut down at exit."""
+    with _SHARED_LOCK:
+        if not _SHARED:
+            atexit.register(_close_shared)
+        _, handle = _SHARED.setdefault(id(lib), (lib, Nvml(lib)))
+        return handle
+
+
+def _close_shared() -> None:
+    with _SHARED_LOCK:
+        handles = [h for _, h in _SHARED.values()]
+    for handle in handles:
+        handle.close()
 
 
 def _read_probe(nvml: Any) -> GpuProbe:

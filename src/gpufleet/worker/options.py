@@ -22,6 +22,9 @@ class WorkerOptions:
     cache_dir: Path | None = None  # default: WORK_DIR/cache
     cache_size: int = 50 << 30
     mounts: tuple[str, ...] = ()
+    log_backlog: int = 256 << 20  # bytes of a job's unsent output kept on disk
+    work_dir_retention: float | None = 86400.0  # seconds a finished job's dir stays; None: ever
+
     ca: Path | None = None  # PEM CA file an https:// server's certificate must chain to
     # A submitter token of this worker's pool, put in the session string (--share-token).
     share_token: str | None = None
