@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -456,6 +457,24 @@ def test_lease_protocol_happy_path(store: SqlStore, queue: Services, clock: Fake
     [attempt] = store.attempts(submitted.id)
     assert (attempt.outcome, attempt.exit_code, attempt.finished_at) == ("succeeded", 0, T0 + 26)
     assert attempt.started_at == T0 + 1
+
+
+def test_a_batch_of_output_sent_again_is_stored_once(store: SqlStore, queue: Services) -> None:
+    """A worker whose upload's answer was lost sends the batch again, naming its first
+    line: the lines the server has are skipped, the rest appended."""
+    w = register(queue, "w1")
+    queue.submission.submit(spec())
+    lease = claim(queue, w)
+    send = partial(queue.leases.append_logs, lease.job_id, lease.attempt)
+    send([("stdout", "a"), ("stdout", "b")], 0)
+    send([("stdout", "a"), ("stdout", "b")], 0)  # its answer was lost
+    send([("stdout", "b"), ("stdout", "c")], 1)  # overlapping: only c is new
+    send([("stderr", "d")], None)  # no first line named: after what is there
+    send([("stdout", "e")], 4)
+    send([("stdout", "e")], 4)
+    lines = [(x.stream, x.line) for x in store.logs(lease.job_id, after=0, limit=100)]
+    assert lines == [("stdout", "a"), ("stdout", "b"), ("stdout", "c"), ("stderr", "d"),
+                     ("stdout", "e")]  # fmt: skip
 
 
 def _stale_setup(

@@ -307,12 +307,17 @@ class Leases:
             self.on_change()
 
     def append_logs(
-        self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]]
+        self,
+        job_id: str,
+        attempt: int,
+        lines: Sequence[tuple[str, str]],
+        first: int | None = None,
     ) -> float | None:
-        """Append output lines; the stop grace when the job has been asked to stop (the
+        """Append output lines (from line ``first`` of the attempt on: lines the server has
+        already are skipped); the stop grace when the job has been asked to stop (the
         worker learns it here, within a second of a stop, as well as at its heartbeat)."""
         lines = [(stream, printable(line)) for stream, line in lines]
-        done, stop = self.store.append_logs(job_id, attempt, lines, self.clock())
+        done, stop = self.store.append_logs(job_id, attempt, lines, self.clock(), first)
         if not done:
             self._held(job_id, attempt)
         return stop

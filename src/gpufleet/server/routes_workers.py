@@ -244,7 +244,7 @@ def append_output(
     ``Gpufleet-Stop: GRACE`` (seconds), so the worker learns it within a log batch."""
     _holder(request, caller, job_id, body.attempt)
     lines = [(ln.stream, ln.line) for ln in body.lines]
-    stop = state(request).services.leases.append_logs(job_id, body.attempt, lines)
+    stop = state(request).services.leases.append_logs(job_id, body.attempt, lines, body.first)
     if stop is not None:
         response.headers[STOP_HEADER] = f"{stop:g}"
 

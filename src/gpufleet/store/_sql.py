@@ -36,7 +36,7 @@ from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps, write_hosts
 from gpufleet.store._values import job_values
 from gpufleet.store.api import Batch, Hold, Written
-from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, log_offsets
 from gpufleet.store.stored import spec_json
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -457,11 +457,18 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
     # ---- logs -------------------------------------------------------------------------
 
     def append_logs(
-        self, job_id: str, lease: int, lines: Sequence[tuple[str, str]], now: float
+        self,
+        job_id: str,
+        lease: int,
+        lines: Sequence[tuple[str, str]],
+        now: float,
+        first: int | None = None,
     ) -> tuple[bool, float | None]:
-        """Append output lines if the lease still holds the job. Returns whether it did,
-        and the stop grace when the job has been asked to stop (read in the same go)."""
-        j = t.jobs.c
+        """Append output lines if the lease still holds the job, line ``first`` of the
+        attempt on (None: after what it has): lines it has already are skipped, so a batch
+        sent again is stored once. Returns whether the lease held, and the stop grace when
+        the job has been asked to stop (read in the same go)."""
+        j, a = t.jobs.c, t.attempts.c
         with self._write() as conn:
             held = conn.execute(
                 select(j.stop_requested_at, j.stop_grace).where(
@@ -470,14 +477,19 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             ).first()
             if held is None:
                 return False, None
-            if lines:
+            this = (a.job_id == job_id) & (a.attempt == lease)
+            # the attempt's row is locked: appends of one attempt count one at a time
+            have = conn.execute(select(a.log_lines).where(this).with_for_update()).scalar()
+            fresh = log_offsets(have or 0, first, lines)
+            if fresh:
                 conn.execute(
                     t.job_logs.insert(),
                     [
                         {"job_id": job_id, "attempt": lease, "stream": s, "line": ln, "ts": now}
-                        for s, ln in lines
+                        for s, ln in fresh.lines
                     ],
                 )
+                conn.execute(update(t.attempts).where(this), {"log_lines": fresh.end})
         return True, (None if held.stop_requested_at is None else float(held.stop_grace or 0))
 
     def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int:

@@ -24,7 +24,7 @@ from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
 from gpufleet.store._values import job_values
 from gpufleet.store.api import Applied, Batch, ClaimView, StaleClaim, Store, Written
-from gpufleet.store.rows import AttemptRow, JobRow, LogRow
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow, log_offsets
 from gpufleet.store.stored import spec_json
 
 _ACTIVE = {s.value for s in ACTIVE}
@@ -476,13 +476,22 @@ class MemoryStore(MemoryRecords, NamedChanges):
     # ---- logs -------------------------------------------------------------------------
 
     def append_logs(
-        self, job_id: str, lease: int, lines: Sequence[tuple[str, str]], now: float
+        self,
+        job_id: str,
+        lease: int,
+        lines: Sequence[tuple[str, str]],
+        now: float,
+        first: int | None = None,
     ) -> tuple[bool, float | None]:
         with self._lock:
             j = self.jobs.get(job_id)
             if j is None or j["lease"] != lease or j["status"] not in _ACTIVE:
                 return False, None
-            for stream, line in lines:
+            attempt = self.attempt_rows[(job_id, lease)]
+            fresh = log_offsets(attempt["log_lines"], first, lines)
+            if fresh:
+                attempt["log_lines"] = fresh.end
+            for stream, line in fresh.lines if fresh else ():
                 seq = self.log_rows[-1]["seq"] + 1 if self.log_rows else self._pruned_seq + 1
                 self.log_rows.append(
                     {

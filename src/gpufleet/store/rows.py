@@ -4,6 +4,7 @@ by the tolerant models of :mod:`gpufleet.store.stored`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Self
@@ -108,6 +109,7 @@ class AttemptRow:
     error: str | None
     stderr_tail: tuple[str, ...] = ()
     late_result: str | None = None
+    log_lines: int = 0
 
     @classmethod
     def from_row(cls, r: Any) -> AttemptRow:
@@ -249,3 +251,20 @@ class ArtifactRow(_Columns):
     file_count: int
     bytes: int
     created_at: float
+
+
+@dataclass(frozen=True)
+class FreshLines:
+    lines: Sequence[tuple[str, str]]
+    end: int  # the attempt's line count after them
+
+
+def log_offsets(
+    have: int, first: int | None, lines: Sequence[tuple[str, str]]
+) -> FreshLines | None:
+    """Of a batch of an attempt's output lines starting at line ``first`` (None: after the
+    ``have`` lines the store has), the ones the store lacks; None when it has them all (a
+    batch sent again after its answer was lost)."""
+    start = have if first is None else first
+    fresh = lines[max(0, have - start) :]
+    return FreshLines(fresh, start + len(lines)) if fresh else None

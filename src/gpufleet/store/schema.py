@@ -101,6 +101,9 @@ attempts = Table(
     # A result its worker sent after the attempt had ended (lease lost, cancelled): refused
     # with 409, and kept here so the history shows it (what, and when).
     Column("late_result", Text),
+    # How many output lines the attempt's worker has sent: a batch sent again (its answer
+    # lost) names its first line, and the lines already here are not stored twice.
+    Column("log_lines", BigInteger, nullable=False, default=0, server_default="0"),
 )
 
 workers = Table(

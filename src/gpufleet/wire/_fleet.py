@@ -223,6 +223,13 @@ class LogLine(Strict):
 class LogAppend(Strict):
     attempt: Attempt
     lines: list[LogLine] = Field(max_length=100_000)
+    first: int | None = Field(
+        None,
+        ge=0,
+        le=2**62,
+        description="how many of this attempt's lines the worker sent before this batch: "
+        "a batch sent again (its answer lost) is not stored twice. None: after what is there",
+    )
 
 
 class FinishRequest(Strict):

@@ -73,6 +73,9 @@ class Running:
     # answer, then the send time of each heartbeat answered with the lease held (the
     # server's renewal came after it, so the lease lives at least a lease from here).
     renewed: float = field(default_factory=time.monotonic)
+    # Output lines the server has acknowledged: the next batch's first line, so a batch
+    # sent again after its answer was lost is stored once.
+    sent_lines: int = 0
 
     def on_line(self, stream: str, line: str) -> None:
         self.backlog.add(stream, line)
@@ -291,11 +294,12 @@ class JobSteps(ABC):
         server has it."""
         while batch := run.backlog.peek(MAX_BATCH, MAX_BATCH_CHARS):
             lines = [LogLine(stream=stream, line=line) for stream, line in batch]
-            body = LogAppend(attempt=run.lease.attempt, lines=lines)
+            body = LogAppend(attempt=run.lease.attempt, lines=lines, first=run.sent_lines)
             stop = await self.retrying(
                 "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60
             )
             run.backlog.sent()
+            run.sent_lines += len(lines)
             if stop is not None and run.proc is not None and run.proc.proc.returncode is None:
                 self.stop_early(run, stop)
 
