@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEV := $(VENV)/.dev-installed
 DEMO := $(VENV)/.demo-installed
 
-.PHONY: demo test lint bench docs clean
+.PHONY: demo test test-postgresql chaos lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ demo: $(DEMO)
 ## make test: lint, types, import layers, then every test suite
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make test-postgresql: the integration (with fuzz) and e2e suites again, on PostgreSQL
+test-postgresql: $(DEV)
+	GPUFLEET_TEST_BACKENDS=postgresql $(PY) -m pytest tests/integration tests/e2e $(PYTEST_ARGS)
+
+## make chaos: the chaos suite at CI size (real servers and workers, seeded faults)
+chaos: $(DEV)
+	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check src tests bench examples

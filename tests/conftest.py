@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 PG_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+# The databases the integration and e2e suites run on, each a parameter of their tests:
+# `make test` runs them on SQLite, `make test-postgresql` (in CI) on PostgreSQL.
+BACKENDS = os.environ.get("GPUFLEET_TEST_BACKENDS", "sqlite").replace(" ", "").split(",")
 FOLDER_MARKS = {"unit", "contract", "integration", "e2e"}
 
 
@@ -69,3 +72,19 @@ def pg_url(pg_server: str) -> Iterator[str]:
     yield f"{pg_server}?options=-csearch_path%3D{schema}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The database a test's server runs on: "sqlite" or "postgresql"."""
+    if request.param not in ("sqlite", "postgresql"):
+        pytest.fail(f"GPUFLEET_TEST_BACKENDS: unknown backend {request.param!r}")
+    return str(request.param)
+
+
+@pytest.fixture
+def database(backend: str, request: pytest.FixtureRequest) -> str | None:
+    """The ``--db`` URL of the test's server: None (SQLite in its data dir), or a fresh
+    PostgreSQL schema, dropped after the test (set up before, and so torn down after, the
+    fixtures that use it)."""
+    return str(request.getfixturevalue("pg_url")) if backend == "postgresql" else None

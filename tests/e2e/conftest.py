@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,52 +19,20 @@ import pytest
 
 from gpufleet.client import Client
 from gpufleet.config import load_token
+from tests.procs import Proc, alive, free_port, listening, wait_for
+
+__all__ = ["PYTHON", "Fleet", "Proc", "alive", "free_port", "wait_for"]
 
 PYTHON = sys.executable
 FAKE_NVML = str(Path(__file__).parents[1] / "fake_nvml")
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy, at most ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-class Proc:
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self.file = log.open("wb")
-        self.popen = subprocess.Popen(argv, env=env, stdout=self.file, stderr=subprocess.STDOUT)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-
-    def stop(self, timeout: float = 10.0) -> int:
-        self.signal(signal.SIGTERM)
-        try:
-            code = self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            code = self.popen.wait(5)
-        self.file.close()
-        return code
-
-
 class Fleet:
     """A server and its workers, all started as real processes in ``root``."""
 
-    def __init__(self, root: Path, config_dir: Path) -> None:
+    def __init__(self, root: Path, config_dir: Path, database: str | None = None) -> None:
         self.root = root
+        self.database = database  # the servers' --db unless a test names one
         self.env = {**os.environ, "GPUFLEET_CONFIG_DIR": str(config_dir), "PYTHONUNBUFFERED": "1"}
         self.procs: list[Proc] = []
         self.url = ""
@@ -89,8 +55,8 @@ class Fleet:
             "0.2",
             *args,
         ]
-        if db:
-            argv += ["--db", db]
+        if db or self.database:
+            argv += ["--db", db or str(self.database)]
         self._server_argv = argv
         log, n = self.root / "server.log", 1
         while log.exists():  # a second server of the fleet logs to a file of its own
@@ -98,8 +64,7 @@ class Fleet:
             log = self.root / f"server.{n}.log"
         self.server = proc = Proc(argv, self.env, log)
         self.procs.append(proc)
-        line = wait_for(lambda: _listening(proc), 30, "the server to listen")
-        self.url = line.split("listening on ", 1)[1].split()[0]
+        self.url = wait_for(lambda: listening(proc), 30, "the server to listen")
         self.env["GPUFLEET_SERVER"] = self.url
         return self.url
 
@@ -111,7 +76,7 @@ class Fleet:
         time.sleep(down_for)
         proc = self.server = Proc(self._server_argv, self.env, self.root / "server.restarted.log")
         self.procs.append(proc)
-        wait_for(lambda: _listening(proc), 30, "the restarted server to listen")
+        wait_for(lambda: listening(proc), 30, "the restarted server to listen")
 
     def start_worker(
         self,
@@ -207,34 +172,9 @@ class Fleet:
             proc.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, which this sandbox's init may not reap, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
-
-
-def _listening(proc: Proc) -> str | None:
-    if proc.popen.poll() is not None:
-        raise AssertionError(f"server exited early:\n{proc.text()}")
-    for line in proc.text().splitlines():
-        if "listening on" in line:
-            return line
-    return None
-
-
 @pytest.fixture
-def fleet(tmp_path: Path, _isolated_config: Path) -> Iterator[Fleet]:
-    f = Fleet(tmp_path, _isolated_config)
+def fleet(database: str | None, tmp_path: Path, _isolated_config: Path) -> Iterator[Fleet]:
+    f = Fleet(tmp_path, _isolated_config, database)
     try:
         yield f
     finally:

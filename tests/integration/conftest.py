@@ -1,4 +1,5 @@
-"""The API in-process: a migrated SQLite store per test, the app over it, and tokens.
+"""The API in-process: a migrated store per test (SQLite, or PostgreSQL with
+``GPUFLEET_TEST_BACKENDS``), the app over it, and tokens.
 
 ``fastapi.testclient`` is imported inside the ``client`` fixture, not at module level: its
 import warns (starlette wants ``httpx2``), and each test module ignores exactly that warning
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqlStore]:
-    store = SqlStore(f"sqlite:///{tmp_path}/db.sqlite")
+def store(database: str | None, tmp_path: Path) -> Iterator[SqlStore]:
+    """A migrated store on the test's backend (a SQLite file, or a PostgreSQL schema)."""
+    store = SqlStore(database or f"sqlite:///{tmp_path}/db.sqlite")
     store.migrate()
     yield store
     store.close()

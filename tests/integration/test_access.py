@@ -9,12 +9,12 @@ database exactly as it was (the audit log aside: it records refusals on purpose)
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import sqlalchemy
 
 from gpufleet.archive import pack_path
 from gpufleet.domain.models import Role
@@ -47,15 +47,20 @@ class World:
             method, path.format(**self.ids), json=body, headers=bearer(self.secrets[who])
         )
 
-    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
-        """Every table but the audit log, row by row."""
-        with sqlite3.connect(self.db) as conn:
-            tables = [
-                r[0]
-                for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-                if r[0] not in ("audit", "sqlite_sequence", "alembic_version")
-            ]
-            return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
+    def snapshot(self, every: bool = False) -> dict[str, list[tuple[Any, ...]]]:
+        """Every table but the audit log (``every``: with it), row by row."""
+        skip = () if every else ("audit", "alembic_version")
+        engine = self.store.engine
+        tables = [t for t in sqlalchemy.inspect(engine).get_table_names() if t not in skip]
+        with engine.connect() as conn:
+            return {
+                t: sorted(map(tuple, conn.execute(sqlalchemy.text(f"SELECT * FROM {t}"))), key=repr)
+                for t in tables
+            }
+
+    def sql(self, statement: str, **params: Any) -> None:
+        with self.store.engine.begin() as conn:
+            conn.execute(sqlalchemy.text(statement), params)
 
 
 @pytest.fixture
@@ -300,9 +305,10 @@ def test_the_database_holds_no_secret(world: World, tmp_path: Path) -> None:
     r = world.call("admin", "POST", "/v1/tokens", {"name": "n", "role": "worker", "pools": ["a"]})
     world.secrets["new"] = r.json()["token"]
     world.call("admin", "POST", f"/v1/tokens/{r.json()['id']}/rotate")
+    everything = repr(world.snapshot(every=True)).encode()  # on either database
     world.store.close()
-    raw = b"".join(p.read_bytes() for p in tmp_path.glob("db.sqlite*"))
-    assert raw
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("db.sqlite*")) + everything
+    assert r.json()["id"].encode() in everything  # the dump has the tokens' rows
     for secret in world.secrets.values():
         assert secret.encode() not in raw
         assert secret[7:].encode() not in raw  # not even the part after the hint
@@ -402,8 +408,7 @@ def test_a_submit_warning_names_no_worker_of_another_pool(world: World) -> None:
 def test_a_legacy_token_without_pools_is_confined_to_default(world: World) -> None:
     auth = Auth(world.store)
     row, secret = auth.create("old", Role.SUBMITTER, ["a"])
-    with sqlite3.connect(world.db) as conn:  # as a token made before pools existed
-        conn.execute("UPDATE tokens SET pool = NULL WHERE id = ?", (row.id,))
+    world.sql("UPDATE tokens SET pool = NULL WHERE id = :id", id=row.id)  # as before pools
     world.secrets["old"] = secret
     assert_error(world.call("old", "GET", "/v1/jobs/{pending_a}"), 404)
     assert world.call("old", "GET", "/v1/whoami").json()["role"] == "submitter"
@@ -413,8 +418,7 @@ def test_a_legacy_token_without_pools_is_confined_to_default(world: World) -> No
 def test_a_worker_from_before_tokens_owned_workers_is_bound_to_the_first_of_its_pool(
     world: World,
 ) -> None:
-    with sqlite3.connect(world.db) as conn:
-        conn.execute("UPDATE workers SET token_id = NULL WHERE name = 'wa1'")
+    world.sql("UPDATE workers SET token_id = NULL WHERE name = 'wa1'")
     world.client.app.state.gpufleet.services.fleet.forget(world.ids["wa1"])  # type: ignore[attr-defined]
     beat = _fill(BEAT, world.ids)
     # Another pool cannot take it, by heartbeat or by registering its name.

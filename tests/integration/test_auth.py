@@ -53,12 +53,12 @@ def test_token_revoked_in_the_store_is_401(client: TestClient, store: SqlStore) 
     assert_error(client.get("/v1/jobs", headers=bearer(secret)), 401, "unauthorized")
 
 
-def test_health_needs_no_token_and_names_the_database(client: TestClient) -> None:
+def test_health_needs_no_token_and_names_the_database(client: TestClient, backend: str) -> None:
     r = client.get("/v1/health")
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["status"] == "ok"
-    assert body["database"] == "sqlite"
+    assert body["database"] == backend
     assert body["version"]
 
 

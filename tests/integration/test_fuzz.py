@@ -168,19 +168,17 @@ class Template:
     """A migrated database with the fuzz's callers and a little state, which each test
     copies (migrating and seeding per test would cost a quarter of the module's time)."""
 
-    path: Path
+    url: str  # a SQLite file each test copies, or a PostgreSQL schema of one test
     callers: dict[str, dict[str, str]]
     tables: list[Watched]
     targets: dict[str, tuple[str, ...]]  # "jobs" and "workers": refs to aim calls at
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
+def _seed(url: str, blobs_dir: Path) -> Template:
     """Worker ``w`` is enrolled with the fuzzing worker token (which may act as it), ``g``
     with the admin's (which that token may not act as), both in pool ``default``. Job ``j``
     waits in ``default``, job ``o`` in ``other``, the only pool the submitter may use."""
-    path = tmp_path_factory.mktemp("fuzz") / "db.sqlite"
-    store = SqlStore(f"sqlite:///{path}")
+    store = SqlStore(url)
     store.migrate()
     auth = Auth(store)
     callers = {
@@ -188,7 +186,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
         "submitter": bearer(auth.create("fuzz-submitter", Role.SUBMITTER, pools=["other"])[1]),
         "worker": bearer(auth.create("fuzz-worker", Role.WORKER, pools=["default"])[1]),
     }
-    blobs = BlobService(store, BlobFiles(path.with_name("blobs")), BlobSettings())
+    blobs = BlobService(store, BlobFiles(blobs_dir), BlobSettings())
     admin, submitter, worker = callers["admin"], callers["submitter"], callers["worker"]
     try:
         with asgi.get_client(create_app(store, QueueSettings(), blobs)) as session:
@@ -202,9 +200,26 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
     assert [r.status_code for r in made] == [201] * 4, [r.text for r in made]
     jobs = (j.json()["job"]["id"], o.json()["job"]["id"])
     tables = _watched(store)
-    store.close()  # the last connection's close folds the WAL into the file
+    store.close()  # on SQLite, the last connection's close folds the WAL into the file
+    return Template(url, callers, tables, {"jobs": jobs, "workers": ("w", "g")})
+
+
+@pytest.fixture(scope="module")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Template:
+    path = tmp_path_factory.mktemp("fuzz") / "db.sqlite"
+    made = _seed(f"sqlite:///{path}", path.with_name("blobs"))
     assert not path.with_name("db.sqlite-wal").exists()
-    return Template(path, callers, tables, {"jobs": jobs, "workers": ("w", "g")})
+    return made
+
+
+@pytest.fixture
+def template(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Template:
+    """On SQLite, one template file per module, copied by each test; on PostgreSQL, a
+    fresh schema per test, seeded alike."""
+    if backend == "sqlite":
+        made: Template = request.getfixturevalue("sqlite_template")
+        return made
+    return _seed(request.getfixturevalue("pg_url"), tmp_path / "template-blobs")
 
 
 @pytest.fixture(name="settings")  # the conftest's name; ``settings`` here is hypothesis'
@@ -217,9 +232,13 @@ def long_leases() -> QueueSettings:
 
 @pytest.fixture
 def store(template: Template, tmp_path: Path) -> Iterator[SqlStore]:
-    """The conftest's store, copied from the template instead of migrated anew."""
-    shutil.copyfile(template.path, tmp_path / "db.sqlite")
-    store = SqlStore(f"sqlite:///{tmp_path}/db.sqlite")
+    """The conftest's store, copied from the template instead of migrated anew (on
+    PostgreSQL, the test's own template)."""
+    if template.url.startswith("sqlite:"):
+        shutil.copyfile(template.url.removeprefix("sqlite:///"), tmp_path / "db.sqlite")
+        store = SqlStore(f"sqlite:///{tmp_path}/db.sqlite")
+    else:
+        store = SqlStore(template.url)
     yield store
     store.close()
 
