@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
+
 from gpufleet.client import Client
 from gpufleet.config import load_token
 from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
@@ -131,6 +133,7 @@ class Report:
     # how many, and how long after the later of the lease's end and a server's return
     across_restart: int = 0
     overdue: list[float] = field(default_factory=list)
+    requeued_server_up: list[float] = field(default_factory=list)  # the others
     seconds: float = 0.0
 
     def ok(self) -> bool:
@@ -161,10 +164,19 @@ class Report:
             f"after a worker's SIGKILL ({len(self.requeued)} attempts): recorded lost p50"
             f" {p(self.requeued, 50)} max {p(self.requeued, 100)}; next attempt started p50"
             f" {p(self.restarted, 50)} max {p(self.restarted, 100)}",
-            f"  {self.across_restart} of them while no server ran: recorded lost after the"
-            f" lease's end or a server's return (the later) p50 {p(self.overdue, 50)}"
+            f"  with a server up throughout ({len(self.requeued_server_up)}): recorded lost"
+            f" p50 {p(self.requeued_server_up, 50)} max {p(self.requeued_server_up, 100)}",
+            f"  while no server ran ({self.across_restart}): recorded lost after the lease's"
+            f" end or a server's return (the later) p50 {p(self.overdue, 50)}"
             f" max {p(self.overdue, 100)}",
         ]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v1/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 class Watcher(threading.Thread):
@@ -246,6 +258,7 @@ class Chaos:
             argv += ["--db", self.plan.db]
         proc = Proc(argv, self.env, self._log(f"server-{i}"))
         wait_for(lambda: listening(proc), 60, f"server {i} to listen")
+        wait_for(lambda: _answers(self.urls[i]), 60, f"server {i} to answer")  # serving now
         self.servers[i] = proc
         if self.no_server and self.no_server[-1][1] == math.inf:
             self.no_server[-1] = (self.no_server[-1][0], time.time())
@@ -595,6 +608,8 @@ class Chaos:
                 if back:
                     r.across_restart += 1
                     r.overdue.append(finished - max(due, *back))
+                else:
+                    r.requeued_server_up.append(finished - killed[0])
 
     def was_paused(self, worker: str | None, start: float, end: float) -> bool:
         return any(p0 < end and start < p1 for p0, p1 in self.pauses.get(worker or "", []))

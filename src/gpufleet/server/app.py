@@ -86,14 +86,18 @@ UPLOAD_SWEEP_EVERY = 600.0  # and retention (server/retention.py)
 
 
 async def _sweeper(services: Services, interval: float) -> None:
-    """Expire leases every ``interval``; tidy the fleet every five seconds at most (a
-    worker goes offline a lease after its last heartbeat); upload sessions every ten
-    minutes."""
+    """Expire leases at start and every ``interval``; tidy the fleet every five seconds
+    at most (a worker goes offline a lease after its last heartbeat); upload sessions and
+    retention every ten minutes. The first sweep runs at once: a lease that lapsed while
+    no server ran goes back to the queue as the server starts (its worker has fenced)."""
     loop = asyncio.get_running_loop()
     next_uploads = next_tidy = loop.time()
     tidy_every = max(interval, min(services.settings.lease_timeout / 4, 5.0))
+    first = True
     while True:
-        await asyncio.sleep(interval)
+        if not first:
+            await asyncio.sleep(interval)
+        first = False
         try:
             requeued = await run_in_threadpool(services.leases.expire)
             offline: list[str] = []
