@@ -224,6 +224,12 @@ def test_an_upload_cut_mid_way_resumes_from_the_committed_offset(
                 f"Content-Length: {len(data)}\r\n\r\n"
             )
             s.sendall(head.encode() + data[: 3 << 20])
+            # cut once the server is writing (cut at once, it may stop before a byte)
+            wait_for(
+                lambda: http.get(f"/v1/uploads/{up['id']}").json()["offset"] > 0,
+                10,
+                "the server to write the first bytes",
+            )
         seen: list[int] = []
 
         def settled() -> int | None:  # the server has noticed the cut and stopped writing
