@@ -108,7 +108,10 @@ def test_a_package_is_not_unpacked_through_a_shared_input_link(tmp_path: Path) -
         return dest.stat().st_size
 
     stager = Stager(
-        BlobCache(tmp_path / "cache", 1 << 30, fetch), (str(tmp_path / "mnt"),), archive.Limits()
+        BlobCache(tmp_path / "cache", 1 << 30, fetch),
+        (str(tmp_path / "mnt"),),
+        archive.Limits(),
+        archive.Remembered(tmp_path / "mount-digests.json"),
     )
     work = tmp_path / "job"
     work.mkdir()

@@ -12,6 +12,7 @@ whole archive passed, so a refused or damaged archive leaves nothing behind.
 """
 
 from gpufleet.archive._files import copy_hashing, merge_into
+from gpufleet.archive._fingerprint import Remembered, fingerprint, remembered_digest
 from gpufleet.archive._pack import pack_outputs, pack_path, tree_digest
 from gpufleet.archive._rules import DEFAULT_EXCLUDES, IGNORE_FILE, SUFFIX, Entry, Limits, Packed
 from gpufleet.archive._unpack import extract, scan
@@ -23,11 +24,14 @@ __all__ = [
     "Entry",
     "Limits",
     "Packed",
+    "Remembered",
     "copy_hashing",
     "extract",
+    "fingerprint",
     "merge_into",
     "pack_outputs",
     "pack_path",
+    "remembered_digest",
     "scan",
     "tree_digest",
 ]

@@ -84,7 +84,8 @@ class Agent(JobSteps):
         cache = BlobCache(
             opts.cache_dir or opts.work_dir / "cache", opts.cache_size, self.data.get_blob
         )
-        self.stager = Stager(cache, opts.mounts, archive.Limits())
+        digests = archive.Remembered(opts.work_dir / "mount-digests.json")
+        self.stager = Stager(cache, opts.mounts, archive.Limits(), digests)
         opts.work_dir.mkdir(parents=True, exist_ok=True)
         remove_leftovers(opts.work_dir, ".artifact.")
         # Output an earlier worker process could not send: its attempts have ended.

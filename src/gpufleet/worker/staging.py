@@ -39,10 +39,17 @@ def human(n: int | None) -> str:
 
 
 class Stager:
-    def __init__(self, cache: BlobCache, mounts: tuple[str, ...], limits: archive.Limits) -> None:
+    def __init__(
+        self,
+        cache: BlobCache,
+        mounts: tuple[str, ...],
+        limits: archive.Limits,
+        digests: archive.Remembered,
+    ) -> None:
         self.cache = cache
         self.mounts = mounts
         self.limits = limits
+        self.digests = digests  # shared-mount hashes, by the tree's fingerprint
 
     async def stage(self, inputs: list[StagedInput], workdir: Path, note: Note) -> None:
         """Put every input in place, or raise InputError saying which one failed and why."""
@@ -92,7 +99,9 @@ class Stager:
             raise InputError(f"{inp.path} is under no --mount of this worker")
         if not Path(inp.path).exists():
             raise InputError(f"{inp.path} does not exist on this worker (mount {mount})")
-        digest = await asyncio.to_thread(archive.tree_digest, Path(inp.path))
+        digest, remembered = await asyncio.to_thread(
+            archive.remembered_digest, Path(inp.path), self.digests, archive.tree_digest
+        )
         if digest != inp.sha256:
             raise InputError(
                 f"{inp.path} on this worker does not match what was submitted "
@@ -102,7 +111,8 @@ class Stager:
         link = workdir / (Path(inp.path).name if inp.dest == "." else inp.dest)
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(inp.path, target_is_directory=Path(inp.path).is_dir())
-        note(f"input {inp.path}: shared mount, checked by hash, linked as {link.name}")
+        how = "unchanged since it was hashed" if remembered else "checked by hash"
+        note(f"input {inp.path}: shared mount, {how}, linked as {link.name}")
 
 
 def _inside(workdir: Path, dest: str) -> Path:
