@@ -423,6 +423,12 @@ def normalize_url(value: str) -> str:
     return value.strip().rstrip("/")
 
 
+def server_urls(value: str) -> list[str]:
+    """The URLs of ``URL1,URL2`` (servers sharing one database), each normalized; empty
+    parts and repeats dropped."""
+    return list(dict.fromkeys(u for u in map(normalize_url, value.split(",")) if u))
+
+
 def _parse_url(value: Any, base: Path) -> str:
     """A URL, or several comma-separated (servers sharing one database)."""
     if isinstance(value, str):
@@ -634,10 +640,10 @@ def load_token(server: str) -> str | None:
         servers = _read_credentials(path)
     except (OSError, ValueError):
         return None
-    for url in server.split(","):
-        token = servers.get(normalize_url(url))
+    for url in server_urls(server):
+        token = servers.get(url)
         if token:
-            return tokens.clean(token, f"{path} (for {normalize_url(url)})")
+            return tokens.clean(token, f"{path} (for {url})")
     return None
 
 

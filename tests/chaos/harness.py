@@ -242,7 +242,6 @@ class Chaos:
         self.names: list[str] = []
         self.ids: dict[str, str] = {}
         self.report = Report()
-        self.lock = threading.Lock()
 
     # ---- processes ------------------------------------------------------------------
 
@@ -424,75 +423,69 @@ class Chaos:
 
     def drive(self, c: Client | None, queue: list[Event], started: float) -> None:
         """Deal the events of ``queue`` at their times: the client's (with ``c``) or the
-        processes' (without)."""
-        plan, rng = self.plan, self.rng
+        processes' (without). A fault may bring another event (a restart, a resume), or
+        come back half a second later when nothing may take it now."""
         heapq.heapify(queue)
         while queue:
             event = heapq.heappop(queue)
             delay = started + event.at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            later = event.at + 0.5
             if event.kind == "submit":
                 assert c is not None
                 self.submit(c, f"j{event.target:05d}")
-            elif event.kind == "kill worker":
-                up = [i for i, w in enumerate(self.workers) if w and i not in self.paused]
-                if not up:
-                    heapq.heappush(queue, Event(later, event.kind))
-                    continue
-                i = rng.choice(up)
-                proc = self.workers[i]
-                assert proc is not None
-                proc.kill()
-                self.kills.append((f"w{i}", time.time()))
-                self.retired.append(proc)
-                self.workers[i] = None
-                down = rng.uniform(*plan.worker_down)
-                heapq.heappush(queue, Event(event.at + down, "start worker", i))
-                self.report.faults["worker SIGKILL"] += 1
-            elif event.kind == "start worker":
-                self.start_worker(event.target)
-            elif event.kind == "pause worker":
-                up = [i for i, w in enumerate(self.workers) if w and i not in self.paused]
-                if not up:
-                    heapq.heappush(queue, Event(later, event.kind))
-                    continue
-                i = rng.choice(up)
-                proc = self.workers[i]
-                assert proc is not None
-                proc.signal(signal.SIGSTOP)
-                self.paused.add(i)
-                length = plan.lease + rng.uniform(*plan.pause_past_lease)
-                self.pauses[f"w{i}"].append((time.time(), time.time() + length))
-                heapq.heappush(queue, Event(event.at + length, "resume worker", i))
-                self.report.faults["worker SIGSTOP past the lease"] += 1
-            elif event.kind == "resume worker":
-                proc = self.workers[event.target]
-                assert proc is not None
-                proc.signal(signal.SIGCONT)
-                self.paused.discard(event.target)
-            elif event.kind == "kill server":
-                up = [i for i, s in enumerate(self.servers) if s]
-                if len(up) < plan.servers:  # one down at a time
-                    heapq.heappush(queue, Event(later, event.kind))
-                    continue
-                i = rng.choice(up)
-                proc = self.servers[i]
-                assert proc is not None
-                proc.kill()
-                self.retired.append(proc)
-                self.servers[i] = None
-                if not any(self.servers):
-                    self.no_server.append((time.time(), math.inf))
-                down = rng.uniform(*plan.server_down)
-                heapq.heappush(queue, Event(event.at + down, "start server", i))
-                self.report.faults["server SIGKILL"] += 1
-            elif event.kind == "start server":
-                self.start_server(event.target)
             elif event.kind == "cancel/requeue":
                 assert c is not None
                 self.cancel_requeue(c)
+            elif (after := self.deal(event)) is not None:
+                heapq.heappush(queue, after)
+
+    def deal(self, event: Event) -> Event | None:
+        plan, rng, i = self.plan, self.rng, event.target
+        if event.kind == "start worker":
+            self.start_worker(i)
+        elif event.kind == "resume worker":
+            self._worker(i).signal(signal.SIGCONT)
+            self.paused.discard(i)
+        elif event.kind == "start server":
+            self.start_server(i)
+        elif event.kind in ("kill worker", "pause worker"):
+            up = [n for n, w in enumerate(self.workers) if w and n not in self.paused]
+            if not up:
+                return Event(event.at + 0.5, event.kind)
+            i = rng.choice(up)
+            if event.kind == "kill worker":
+                self._worker(i).kill()
+                self.kills.append((f"w{i}", time.time()))
+                self.retired.append(self._worker(i))
+                self.workers[i] = None
+                self.report.faults["worker SIGKILL"] += 1
+                return Event(event.at + rng.uniform(*plan.worker_down), "start worker", i)
+            self._worker(i).signal(signal.SIGSTOP)
+            self.paused.add(i)
+            length = plan.lease + rng.uniform(*plan.pause_past_lease)
+            self.pauses[f"w{i}"].append((time.time(), time.time() + length))
+            self.report.faults["worker SIGSTOP past the lease"] += 1
+            return Event(event.at + length, "resume worker", i)
+        elif event.kind == "kill server":
+            if not all(self.servers):  # one down at a time
+                return Event(event.at + 0.5, event.kind)
+            i = rng.randrange(plan.servers)
+            proc = self.servers[i]
+            assert proc is not None
+            proc.kill()
+            self.retired.append(proc)
+            self.servers[i] = None
+            if not any(self.servers):
+                self.no_server.append((time.time(), math.inf))
+            self.report.faults["server SIGKILL"] += 1
+            return Event(event.at + rng.uniform(*plan.server_down), "start server", i)
+        return None
+
+    def _worker(self, i: int) -> Proc:
+        proc = self.workers[i]
+        assert proc is not None, f"worker {i} is not running"
+        return proc
 
     def wait_all(self, c: Client, started: float) -> None:
         left = set(self.ids.values())

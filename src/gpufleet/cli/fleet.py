@@ -101,8 +101,8 @@ def server(
         prefer_cuda_grace=s["prefer_cuda_grace"],
         retry_backoff=s["retry_backoff"],
         ephemeral_ttl=s["ephemeral_ttl"],
-        log_retention=_days(s["log_retention"]),
-        audit_retention=_days(s["audit_retention"]),
+        log_retention=_seconds(s["log_retention"], DAY),
+        audit_retention=_seconds(s["audit_retention"], DAY),
     )
     serve(
         ServerOptions(
@@ -119,9 +119,13 @@ def server(
     )
 
 
-def _days(days: float) -> float | None:
-    """Seconds in ``days``; None (keep forever) for 0."""
-    return days * 86400.0 if days > 0 else None
+DAY, HOUR = 86400.0, 3600.0
+
+
+def _seconds(retention: float, unit: float) -> float | None:
+    """A retention setting (in days or hours, ``unit`` seconds each) in seconds; None
+    (keep forever) for 0."""
+    return retention * unit if retention > 0 else None
 
 
 Ephemeral = Annotated[
@@ -208,9 +212,7 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         cache_dir=s["cache_dir"],
         cache_size=s["cache_size"],
         log_backlog=s["log_backlog"],
-        work_dir_retention=(
-            s["work_dir_retention"] * 3600.0 if s["work_dir_retention"] > 0 else None
-        ),
+        work_dir_retention=_seconds(s["work_dir_retention"], HOUR),
         mounts=mounts,
         ca=s["ca"],
         share_token=_share_token() if share_token else None,

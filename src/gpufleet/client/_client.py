@@ -15,7 +15,7 @@ import httpx
 from gpufleet.client import _ops as ops
 from gpufleet.client._api import Call, headers, raise_for, unreachable
 from gpufleet.client._direct import Direct, proxied
-from gpufleet.client._servers import NOT_SENT, Servers
+from gpufleet.client._servers import Servers
 from gpufleet.client._tls import CaPath
 from gpufleet.client._tls import context as tls_context
 from gpufleet.client._transfer import Progress, Sent, Transfers
@@ -128,17 +128,15 @@ class Client:
             http.close()
 
     def call(self, call: Call[T]) -> T:
-        for left in range(len(self.servers.urls) - 1, -1, -1):
+        for tried in self.servers.tries():
             url = self.server
             http = self._at(url)[0]
             try:
                 resp = http.send(call.request(http))
                 break
             except httpx.TransportError as exc:
-                self.servers.failed(url)
-                if left and isinstance(exc, NOT_SENT):
-                    continue
-                raise unreachable(url, exc) from exc
+                if not self.servers.pass_on(url, exc, tried):
+                    raise unreachable(url, exc) from exc
         raise_for(resp)
         return call.parse(resp)
 
@@ -309,17 +307,15 @@ class AsyncClient:
 
     async def call(self, call: Call[T]) -> T:
         """As :meth:`Client.call`: a server that cannot be reached passes the call on."""
-        for left in range(len(self.servers.urls) - 1, -1, -1):
+        for tried in self.servers.tries():
             url = self.server
             http = self._at(url)
             try:
                 resp = await http.send(call.request(http))
                 break
             except httpx.TransportError as exc:
-                self.servers.failed(url)
-                if left and isinstance(exc, NOT_SENT):
-                    continue
-                raise unreachable(url, exc) from exc
+                if not self.servers.pass_on(url, exc, tried):
+                    raise unreachable(url, exc) from exc
         raise_for(resp)
         return call.parse(resp)
 

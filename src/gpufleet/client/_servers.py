@@ -13,31 +13,37 @@ import threading
 
 import httpx
 
+from gpufleet.config import server_urls
 from gpufleet.errors import ConfigError
 
 # The request never left: safe to send again, to another server.
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
-def split(servers: str) -> list[str]:
-    """The URLs of ``URL1,URL2`` (whitespace and trailing slashes dropped)."""
-    urls = [u.strip().rstrip("/") for u in servers.split(",") if u.strip()]
-    if not urls:
-        raise ConfigError("no server URL given")
-    return list(dict.fromkeys(urls))
-
-
 class Servers:
     """The servers a client may call, and the one in use."""
 
     def __init__(self, servers: str) -> None:
-        self.urls = split(servers)
+        self.urls = server_urls(servers)
+        if not self.urls:
+            raise ConfigError("no server URL given")
         self._at = 0
         self._lock = threading.Lock()
 
     @property
     def current(self) -> str:
         return self.urls[self._at]
+
+    def tries(self) -> range:
+        """One try per server: a call that cannot connect goes on to the next."""
+        return range(len(self.urls))
+
+    def pass_on(self, url: str, exc: httpx.TransportError, tried: int) -> bool:
+        """``url`` failed a call with ``exc`` on its try number ``tried``: whether the call
+        goes on to the next server (it was never sent, and servers are left). Either way
+        the next call goes to the next server."""
+        self.failed(url)
+        return isinstance(exc, NOT_SENT) and tried < len(self.urls) - 1
 
     def failed(self, url: str) -> None:
         """``url`` could not be reached: the next call goes to the next server (unless

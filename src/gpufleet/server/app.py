@@ -93,11 +93,7 @@ async def _sweeper(services: Services, interval: float) -> None:
     loop = asyncio.get_running_loop()
     next_uploads = next_tidy = loop.time()
     tidy_every = max(interval, min(services.settings.lease_timeout / 4, 5.0))
-    first = True
     while True:
-        if not first:
-            await asyncio.sleep(interval)
-        first = False
         try:
             requeued = await run_in_threadpool(services.leases.expire)
             offline: list[str] = []
@@ -112,11 +108,12 @@ async def _sweeper(services: Services, interval: float) -> None:
                 await run_in_threadpool(services.retention.run)
         except Exception:  # keep sweeping: one failed sweep must not stop expiry forever
             log.exception("sweep failed")
-            continue
-        for job_id in requeued:
-            log.warning("lease expired for job %s", job_id)
-        for worker_id in offline:
-            log.warning("worker %s is offline (no heartbeat)", worker_id)
+        else:
+            for job_id in requeued:
+                log.warning("lease expired for job %s", job_id)
+            for worker_id in offline:
+                log.warning("worker %s is offline (no heartbeat)", worker_id)
+        await asyncio.sleep(interval)
 
 
 def create_app(

@@ -37,11 +37,6 @@ def loggable(text: str) -> str:
     return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
-def request_id(scope: Scope) -> str:
-    """The id of the request being served (set by :class:`RequestIds`); "-" outside one."""
-    return str(scope.get("state", {}).get("request_id", "-"))
-
-
 class RequestIds:
     """ASGI middleware: request ids, the access log, and one log line per 5xx."""
 
@@ -55,7 +50,6 @@ class RequestIds:
             return
         given = dict(scope["headers"]).get(HEADER.encode(), b"").decode("latin-1")
         rid = given if _GIVEN.fullmatch(given) else secrets.token_hex(8)
-        scope.setdefault("state", {})["request_id"] = rid
         started, status = time.monotonic(), 0
 
         async def send_with_id(message: Message) -> None:

@@ -39,7 +39,7 @@ class MemoryRecords:
         self.host_entries: dict[str, dict[str, Any]] = {}
         self.tokens: dict[str, dict[str, Any]] = {}
         self.audit_rows: list[dict[str, Any]] = []
-        self.audit_seq = 0  # the last audit number given before the rows were pruned
+        self.audit_seq = 0  # the last audit number given (numbers never repeat, as in SQL)
         self.blobs: dict[str, dict[str, Any]] = {}
         self.blob_pools: set[tuple[str, str]] = set()
         self.uploads: dict[str, dict[str, Any]] = {}
@@ -202,8 +202,8 @@ class MemoryRecords:
         keys = [c.name for c in t.audit.columns if c.name != "seq"]
         with self._lock:
             for r in rows:
-                seq = self.audit_rows[-1]["seq"] + 1 if self.audit_rows else self.audit_seq + 1
-                self.audit_rows.append({"seq": seq, **{k: r.get(k) for k in keys}})
+                self.audit_seq += 1
+                self.audit_rows.append({"seq": self.audit_seq, **{k: r.get(k) for k in keys}})
 
     def audit(self, since: float, limit: int, after: int = 0) -> list[AuditRow]:
         with self._lock:

@@ -28,6 +28,7 @@ from gpufleet.store.rows import AttemptRow, JobRow, LogRow, log_offsets
 from gpufleet.store.stored import spec_json
 
 _ACTIVE = {s.value for s in ACTIVE}
+_TERMINAL = {s.value for s in TERMINAL}
 _PENDING = lifecycle.INITIAL.value
 _FAILED = {s.value for s in _FAILS_DEPENDENTS}
 
@@ -108,7 +109,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
         self.jobs: dict[str, dict[str, Any]] = {}
         self.attempt_rows: dict[tuple[str, int], dict[str, Any]] = {}
         self.log_rows: list[dict[str, Any]] = []
-        self._pruned_seq = 0  # the last log number given before the rows were pruned
+        self.log_seq = 0  # the last log line number given (numbers never repeat, as in SQL)
         self.deps: dict[str, list[str]] = {}  # job id -> the jobs it needs
         self._init_records()
 
@@ -306,16 +307,16 @@ class MemoryStore(MemoryRecords, NamedChanges):
 
     def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int:
         with self._lock:
-            ended = {
-                i
-                for i, j in self.jobs.items()
-                if logs_before is not None
-                and j["status"] in {s.value for s in TERMINAL}
-                and (j["finished_at"] or 0) < logs_before
-            }
+            ended = (
+                set()
+                if logs_before is None
+                else {
+                    i
+                    for i, j in self.jobs.items()
+                    if j["status"] in _TERMINAL and (j["finished_at"] or 0) < logs_before
+                }
+            )
             doomed = [n for n, r in enumerate(self.log_rows) if r["job_id"] in ended][:batch]
-            if self.log_rows:  # numbers go on from the last ever given
-                self._pruned_seq = self.log_rows[-1]["seq"]
             for n in reversed(doomed):
                 del self.log_rows[n]
             left = batch - len(doomed)
@@ -324,8 +325,6 @@ class MemoryStore(MemoryRecords, NamedChanges):
                 if audit_before is None
                 else [n for n, r in enumerate(self.audit_rows) if r["at"] < audit_before][:left]
             )
-            if self.audit_rows:
-                self.audit_seq = max(self.audit_seq, self.audit_rows[-1]["seq"])
             for n in reversed(old):
                 del self.audit_rows[n]
             return len(doomed) + len(old)
@@ -492,10 +491,10 @@ class MemoryStore(MemoryRecords, NamedChanges):
             if fresh:
                 attempt["log_lines"] = fresh.end
             for stream, line in fresh.lines if fresh else ():
-                seq = self.log_rows[-1]["seq"] + 1 if self.log_rows else self._pruned_seq + 1
+                self.log_seq += 1
                 self.log_rows.append(
                     {
-                        "seq": seq,
+                        "seq": self.log_seq,
                         "job_id": job_id,
                         "attempt": lease,
                         "stream": stream,

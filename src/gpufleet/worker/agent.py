@@ -52,7 +52,7 @@ from gpufleet.worker.runner import (
 )
 from gpufleet.worker.slots import Slots
 from gpufleet.worker.staging import Stager
-from gpufleet.worker.workdirs import prune_work_dirs
+from gpufleet.worker.workdirs import job_dir_name, prune_work_dirs
 
 T = TypeVar("T")
 RETRY_CAP = 2.0  # seconds between tries at most while the server is away
@@ -373,7 +373,7 @@ class Agent(JobSteps):
         minutes."""
         keep = self.opts.work_dir_retention
         while keep is not None:
-            busy = {f"{job}-{attempt}" for job, attempt in self.running}
+            busy = {job_dir_name(job, attempt) for job, attempt in self.running}
             try:
                 gone = await asyncio.to_thread(prune_work_dirs, self.opts.work_dir, keep, busy)
             except OSError as exc:
@@ -491,7 +491,7 @@ class Agent(JobSteps):
             return
         self.slots.take(lease.gpus)
         self.lease_timeout = lease.lease_timeout
-        spill = self.opts.work_dir / SPILL / f"{lease.job_id}-{lease.attempt}"
+        spill = self.opts.work_dir / SPILL / job_dir_name(lease.job_id, lease.attempt)
         backlog = Backlog(spill, disk=self.opts.log_backlog)
         run = self.running[(lease.job_id, lease.attempt)] = Running(lease, backlog)
         self.spawn(self.run_job(run))

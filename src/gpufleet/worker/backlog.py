@@ -62,6 +62,7 @@ class Backlog:
         self.dropped_lines = 0
         self.dropped_bytes = 0
         self._inflight: list[tuple[str, str]] = []  # the batch being sent
+        self.acked = 0  # lines the server has (marker lines included): the next one's number
 
     def __len__(self) -> int:
         on_disk = sum(s.lines - s.read_lines for s in self._segments)
@@ -151,6 +152,7 @@ class Backlog:
 
     def sent(self) -> None:
         """The batch :meth:`peek` returned reached the server."""
+        self.acked += len(self._inflight)
         self._inflight = []
 
     def clear(self) -> int:

@@ -40,6 +40,7 @@ from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env, oom_kills
 from gpufleet.worker.slots import Slots
 from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
+from gpufleet.worker.workdirs import job_dir_name
 
 T = TypeVar("T")
 FLUSH_SECONDS = 1.0
@@ -73,9 +74,6 @@ class Running:
     # answer, then the send time of each heartbeat answered with the lease held (the
     # server's renewal came after it, so the lease lives at least a lease from here).
     renewed: float = field(default_factory=time.monotonic)
-    # Output lines the server has acknowledged: the next batch's first line, so a batch
-    # sent again after its answer was lost is stored once.
-    sent_lines: int = 0
 
     def on_line(self, stream: str, line: str) -> None:
         self.backlog.add(stream, line)
@@ -110,9 +108,10 @@ class JobSteps(ABC):
     ) -> T:
         """``call``, retried while the server is away."""
 
-    def workdir(self, lease: Lease) -> Path:
-        path = self.opts.work_dir / f"{lease.job_id}-{lease.attempt}"
-        path.mkdir(parents=True, exist_ok=True)
+    def workdir(self, lease: Lease, make: bool = True) -> Path:
+        path = self.opts.work_dir / job_dir_name(lease.job_id, lease.attempt)
+        if make:
+            path.mkdir(parents=True, exist_ok=True)
         return path
 
     async def run_job(self, run: Running) -> None:
@@ -135,7 +134,7 @@ class JobSteps(ABC):
             self.slots.give(lease.gpus)
             run.backlog.clear()
             with contextlib.suppress(OSError):  # its age, for --work-dir-retention
-                os.utime(self.opts.work_dir / f"{lease.job_id}-{lease.attempt}")
+                os.utime(self.workdir(lease, make=False))
 
     async def _launch(self, run: Running, workdir: Path) -> str | None:
         """Stage the job's inputs and start its process; why it could not, or None."""
@@ -294,12 +293,12 @@ class JobSteps(ABC):
         server has it."""
         while batch := run.backlog.peek(MAX_BATCH, MAX_BATCH_CHARS):
             lines = [LogLine(stream=stream, line=line) for stream, line in batch]
-            body = LogAppend(attempt=run.lease.attempt, lines=lines, first=run.sent_lines)
+            # first: the lines sent before, so a batch sent again is stored once
+            body = LogAppend(attempt=run.lease.attempt, lines=lines, first=run.backlog.acked)
             stop = await self.retrying(
                 "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60
             )
             run.backlog.sent()
-            run.sent_lines += len(lines)
             if stop is not None and run.proc is not None and run.proc.proc.returncode is None:
                 self.stop_early(run, stop)
 

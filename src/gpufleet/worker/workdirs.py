@@ -18,6 +18,11 @@ from pathlib import Path
 JOB_DIR = re.compile(r"^j-[0-9a-f]+-\d+$")
 
 
+def job_dir_name(job_id: str, attempt: int) -> str:
+    """The folder of one attempt of a job under the work dir (and of its unsent output)."""
+    return f"{job_id}-{attempt}"
+
+
 def prune_work_dirs(
     work_dir: Path, keep: float, busy: Collection[str], now: float | None = None
 ) -> int:
