@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3server import CREDENTIALS, S3Server
+
 PG_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 # The databases the integration and e2e suites run on, each a parameter of their tests:
 # `make test` runs them on SQLite, `make test-postgresql` (in CI) on PostgreSQL.
@@ -88,3 +90,22 @@ def database(backend: str, request: pytest.FixtureRequest) -> str | None:
     PostgreSQL schema, dropped after the test (set up before, and so torn down after, the
     fixtures that use it)."""
     return str(request.getfixturevalue("pg_url")) if backend == "postgresql" else None
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-protocol server (moto's server mode) on loopback, for the test session."""
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The S3 server, with its credentials in this process's environment (as a server
+    started with ``--blob-store s3://`` reads them)."""
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    return s3_server

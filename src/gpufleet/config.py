@@ -128,6 +128,20 @@ SETTINGS: dict[str, Setting] = {
         ),
         _setting("tls_key", None, "path", "PEM private key (unencrypted) of tls_cert"),
         _setting(
+            "blob_store",
+            None,
+            "str",
+            "where blobs live: s3://BUCKET/PREFIX for an S3-compatible object store shared "
+            "by several servers (credentials from AWS_* or ~/.aws; needs gpufleet[s3]); "
+            "default: data_dir/blobs",
+        ),
+        _setting(
+            "s3_endpoint",
+            None,
+            "url",
+            "URL of an S3-compatible server (MinIO, Ceph) for blob_store; default: AWS",
+        ),
+        _setting(
             "max_blob_size",
             64 << 30,
             "size",

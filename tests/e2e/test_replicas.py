@@ -1,13 +1,17 @@
 """Two servers on one PostgreSQL database: kill either one mid-run, and the CLI and the
-workers carry on through the other (``--server URL1,URL2``)."""
+workers carry on through the other (``--server URL1,URL2``); with ``--blob-store s3://``
+they share blobs without sharing a data dir."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 from gpufleet.wire import JobSpecModel
 from tests.e2e.conftest import Fleet, Proc, free_port, wait_for
+from tests.e2e.test_data import last_line, project
+from tests.s3server import CREDENTIALS, S3Server
 
 LEASE = 4.0
 
@@ -63,3 +67,42 @@ def test_two_servers_on_one_database_carry_on_when_either_dies(
             assert job.history[-1].outcome == "succeeded"
     for log in (a.text(), b.text(), a2.text()):
         assert "Traceback" not in log and "internal error" not in log, log
+
+
+def test_two_servers_share_blobs_through_an_object_store_not_a_data_dir(
+    pg_url: str, s3: S3Server, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Each server has a data dir of its own; blobs live in one bucket. A package sent
+    through A runs on a worker of B, its results come back through B, and a large blob put
+    through A (a resumable, multipart upload) is read through B."""
+    bucket = s3.bucket()
+    fleet.env.update(CREDENTIALS)
+    shared = ("--blob-store", f"s3://{bucket}/fleet", "--s3-endpoint", s3.endpoint)
+    url_a = fleet.start_server("--data-dir", str(tmp_path / "a"), *shared, db=pg_url)
+    url_b = fleet.start_server("--data-dir", str(tmp_path / "b"), *shared, db=pg_url)
+    assert f"blobs: s3://{bucket}/fleet/" in fleet.server.text()  # type: ignore[union-attr]
+    via_a, via_b = {"GPUFLEET_SERVER": f"{url_a},{url_b}"}, {"GPUFLEET_SERVER": f"{url_b},{url_a}"}
+    fleet.url = fleet.env["GPUFLEET_SERVER"] = f"{url_a},{url_b}"  # the admin token is A's
+    fleet.start_worker("wb", "--server", f"{url_b},{url_a}")  # B while B is up
+
+    proj = project(tmp_path)
+    job = last_line(
+        fleet.cli("submit", "--package", str(proj), "--", "python", "train.py", env=via_a).stdout
+    )
+    assert fleet.wait_status(job, "succeeded", "failed")["status"] == "succeeded"
+    fleet.cli("download", job, "-o", str(tmp_path / "results"), env=via_b)
+    model = (tmp_path / "results" / "outputs" / "model.txt").read_text()
+    assert model == "model of " + "digits " * 1000
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(40 << 20))  # over the CLI's 32 MiB: a resumable session
+    sha = fleet.cli("blobs", "put", str(big), env=via_a).stdout.strip()
+    fleet.cli("blobs", "get", sha, "-o", str(tmp_path / "big.copy"), env=via_b)
+    assert (tmp_path / "big.copy").read_bytes() == big.read_bytes()
+
+    for data_dir in (tmp_path / "a", tmp_path / "b"):  # no blob bytes on either server's disk
+        assert not [p for p in data_dir.rglob("*") if p.is_file() and p.stat().st_size > 1 << 20]
+    assert f"fleet/objects/{sha[:2]}/{sha}" in s3.keys(bucket)
+    assert s3.unfinished(bucket) == [] and s3.keys(bucket, "fleet/uploads/") == []
+    for proc in fleet.procs:
+        assert "Traceback" not in proc.text(), proc.text()

@@ -254,7 +254,7 @@ def served(app: FastAPI, store: SqlStore, template: Template) -> Iterator[Served
     with asgi.get_client(app):  # starts the lifespan before the first read, and leaves it on
         pass
     try:
-        blob_root = app.state.gpufleet.services.blobs.files.root
+        blob_root = app.state.gpufleet.services.blobs.storage.root
         yield Served(app, template.callers, store, template.tables, blob_root, template.targets)
     finally:
         # The ASGI transport keeps a started lifespan (the lease sweeper) until told to stop.

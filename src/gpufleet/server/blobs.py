@@ -11,7 +11,6 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -21,7 +20,7 @@ from gpufleet.errors import HashMismatch, NotFound, TooLarge, UnsafeArchive
 from gpufleet.server.pump import pump
 from gpufleet.server.uploads import SESSION_TTL, UploadSessions
 from gpufleet.store import Store
-from gpufleet.store.blobfiles import BlobFiles, BlobWriter
+from gpufleet.store.blobbytes import BlobBytes
 from gpufleet.store.rows import BlobRow
 
 
@@ -40,12 +39,12 @@ class BlobService:
     def __init__(
         self,
         store: Store,
-        files: BlobFiles,
+        storage: BlobBytes,
         settings: BlobSettings,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
-        self.files = files
+        self.storage = storage
         self.settings = settings
         self.clock = clock
         self.uploads = UploadSessions(self, clock)
@@ -53,12 +52,12 @@ class BlobService:
     def startup(self) -> int:
         """Drop expired sessions and what a crash left behind."""
         live = self.store.upload_ids(self.clock() - SESSION_TTL)
-        return self.files.clean(live, self.clock())
+        return self.storage.clean(live, self.clock())
 
     def has(self, sha256: str) -> int | None:
         """The blob's size if the server holds it complete, else None."""
         row = self.store.get_blob(sha256)
-        if row is None or not self.files.exists(sha256):
+        if row is None or not self.storage.exists(sha256):
             return None
         return row.size
 
@@ -111,18 +110,15 @@ class BlobService:
                 await pump(body, [hasher.update], limit, idle)
                 self.verify(sha256, hasher.hexdigest())
             return False
-        temp = self.files.temp()
-        writer, hasher = BlobWriter(temp), hashlib.sha256()
+        writer, hasher = self.storage.writer(sha256), hashlib.sha256()
         try:
             limit, idle = self.settings.max_size, self.settings.idle_timeout
             await pump(body, [writer.write, hasher.update], limit, idle)
-            await run_in_threadpool(writer.sync)
-            writer.close()
             self.verify(sha256, hasher.hexdigest())
-            await run_in_threadpool(self.commit, temp, sha256, writer.size)
+            await run_in_threadpool(writer.commit, sha256)
+            await run_in_threadpool(self.record, sha256, writer.size)
         finally:
-            writer.close()
-            temp.unlink(missing_ok=True)
+            await run_in_threadpool(writer.close)
         return True
 
     @staticmethod
@@ -134,9 +130,8 @@ class BlobService:
                 detail={"expected": sha256, "got": got},
             )
 
-    def commit(self, written: Path, sha256: str, size: int) -> None:
-        """Move a complete, verified, fsynced file into place, then record its row."""
-        self.files.commit(written, sha256)
+    def record(self, sha256: str, size: int) -> None:
+        """Record the row of a blob whose verified bytes are stored: now it exists."""
         self.store.record_blob(sha256, size, self.clock())
 
     # ---- archives ---------------------------------------------------------------------
@@ -145,7 +140,7 @@ class BlobService:
         """Check blob ``sha256`` as a gpufleet archive (every unpacking rule, nothing
         written) once; the verdict is kept. Raises UnsafeArchive for a bad one."""
         row = self.store.get_blob(sha256)
-        if row is None or not self.files.exists(sha256):
+        if row is None or not self.storage.exists(sha256):
             raise NotFound(f"no blob {sha256}; upload it first", detail={"blob": sha256})
         summary = json.loads(row.archive) if row.archive else None
         if summary is None:
@@ -157,7 +152,7 @@ class BlobService:
 
     def _scan_file(self, sha256: str, size: int) -> dict[str, Any]:
         try:
-            with open(self.files.path(sha256), "rb") as f:
+            with self.storage.reader(sha256) as f:
                 packed = archive.scan(f, self.settings.limits, compressed_size=size)
         except UnsafeArchive as exc:
             return {"error": exc.message}

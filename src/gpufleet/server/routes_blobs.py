@@ -7,8 +7,8 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
-from fastapi.responses import FileResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from gpufleet.errors import (
@@ -98,20 +98,37 @@ async def get_blob(sha256: BlobId, request: Request, caller: User) -> Response:
     size = await run_in_threadpool(blobs.require, sha256)
     if not await run_in_threadpool(_readable, request, caller, sha256):
         raise _no_blob(sha256)
-    _check_range(request.headers.get("range"), size)
-    response = FileResponse(
-        blobs.files.path(sha256),
+    wanted = _check_range(request.headers.get("range"), size)
+    headers = {
+        "ETag": f'"{sha256}"',
+        "Cache-Control": "private, max-age=31536000, immutable",
+        "Accept-Ranges": "bytes",
+    }
+    path = blobs.storage.local_path(sha256)
+    if path is not None:
+        response = FileResponse(path, media_type="application/octet-stream", headers=headers)
+        response.chunk_size = 1 << 20
+        return response
+    # An object store: its bytes pass through (its credentials stay on the server).
+    start, end, status = 0, size - 1, 200
+    if wanted is not None:
+        start, end, status = *wanted, 206
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+    headers["Content-Length"] = str(end - start + 1)
+    chunks = await run_in_threadpool(blobs.storage.chunks, sha256, start, end)
+    return StreamingResponse(
+        iterate_in_threadpool(chunks),
+        status_code=status,
         media_type="application/octet-stream",
-        headers={"ETag": f'"{sha256}"', "Cache-Control": "private, max-age=31536000, immutable"},
+        headers=headers,
     )
-    response.chunk_size = 1 << 20
-    return response
 
 
-def _check_range(header: str | None, size: int) -> None:
-    """Answer bad ranges in the API's error shape (Starlette would answer plain text)."""
+def _check_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The (first, last) byte a ``Range`` header asks for, None without one; bad ranges are
+    answered in the API's error shape (Starlette would answer plain text)."""
     if header is None:
-        return
+        return None
     m = _RANGE.match(header.strip())
     if m is None or (not m.group(1) and not m.group(2)):
         raise ValidationFailed(
@@ -120,14 +137,19 @@ def _check_range(header: str | None, size: int) -> None:
         )
     start = int(m.group(1)) if m.group(1) else None
     end = int(m.group(2)) if m.group(2) else None
-    if (start is not None and start >= size) or (
-        start is not None and end is not None and end < start
+    if (
+        (start is not None and start >= size)
+        or (start is not None and end is not None and end < start)
+        or (start is None and end == 0)
     ):
         err = GpufleetError(
             f"range {header!r} is outside the blob ({size} bytes)", detail={"size": size}
         )
         err.code, err.status = "range_not_satisfiable", 416
         raise err
+    if start is None:  # the last END bytes
+        return max(0, size - (end or 0)), size - 1
+    return start, size - 1 if end is None else min(end, size - 1)
 
 
 @router.put(

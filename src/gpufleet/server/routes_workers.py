@@ -59,7 +59,13 @@ def _worker_out(request: Request, w: WorkerRecord) -> WorkerOut:
 def list_workers(
     request: Request,
     caller: Reader,
-    pool: Annotated[str | None, Query(description="only this pool's workers")] = None,
+    pool: Annotated[
+        str | None,
+        Query(
+            description="only this pool's workers",
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",  # a pool's name (wire.PoolName)
+        ),
+    ] = None,
 ) -> list[WorkerOut]:
     """Workers (a submitter: of its pools), with live GPU memory and status."""
     pools = caller.pools if pool is None else [p for p in [pool] if caller.sees(p)]

@@ -22,7 +22,7 @@ from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.limits import Limits
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import SqlStore
-from gpufleet.store.blobfiles import BlobFiles
+from gpufleet.store.blobbytes import open_blob_bytes
 from gpufleet.tokens import redact
 
 
@@ -38,6 +38,8 @@ class ServerOptions:
     tls_cert: Path | None = None  # PEM certificate chain; with tls_key, serve HTTPS
     tls_key: Path | None = None
     access_log: bool = False  # a line per request (else only 5xx and warnings are logged)
+    blob_store: str | None = None  # s3://bucket/prefix; None: the data dir
+    s3_endpoint: str | None = None  # an S3-compatible server's URL; None: AWS
 
 
 def database_url(data_dir: Path, db: str | None) -> str:
@@ -171,6 +173,7 @@ def serve(opts: ServerOptions) -> None:
     """Serve until SIGINT/SIGTERM. Prints the URL (and a fresh admin token, once)."""
     tls = tls_context(opts.tls_cert, opts.tls_key)  # a bad file stops us before anything
     opts.data_dir.mkdir(parents=True, exist_ok=True)
+    storage = open_blob_bytes(opts.blob_store, opts.data_dir, opts.s3_endpoint)
     store = SqlStore(database_url(opts.data_dir, opts.db))
     store.migrate()
     sock = _bind(opts.host, opts.port)
@@ -188,14 +191,15 @@ def serve(opts: ServerOptions) -> None:
         print(
             f"Admin token created, saved to {where} (mode 0600){note}", file=sys.stderr, flush=True
         )
-    print(f"gpufleet server listening on {url} (database: {store.dialect})", flush=True)
+    print(
+        f"gpufleet server listening on {url} (database: {store.dialect}, blobs: {storage.where})",
+        flush=True,
+    )
     _warn_if_open(opts.host, tls)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    blobs = BlobService(
-        store, BlobFiles(opts.data_dir / "blobs"), BlobSettings(max_size=opts.max_blob_size)
-    )
+    blobs = BlobService(store, storage, BlobSettings(max_size=opts.max_blob_size))
     if opts.access_log:
         logging.getLogger("gpufleet.access").setLevel(logging.INFO)
     app = create_app(store, opts.queue, blobs, opts.limits, access_log=opts.access_log)

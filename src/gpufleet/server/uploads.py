@@ -1,8 +1,12 @@
-"""Resumable uploads: a session is a file under the data dir plus its row in the store.
+"""Resumable uploads: a session is its row in the store plus its bytes, held by the blob
+storage (:class:`gpufleet.store.blobbytes.SessionBytes`): a file under the data dir, or a
+multipart upload in an object store.
 
-A PATCH appends at the session's current size (its committed offset) while holding an
+A PATCH appends at the session's current size (its committed offset). On disk it holds an
 exclusive ``flock`` on the file, so two requests, in this process or in another replica
-sharing the data dir, never write one session at once. A broken connection, a client that
+sharing the data dir, never write one session at once; an object store's parts are placed
+by offset, so two requests resending the same bytes write the same parts. A broken
+connection, a client that
 stops sending (the idle timeout) or a server going down keeps what arrived; the client
 asks for the offset and resumes from there. Only a body that is too large or a failed
 write goes back to the offset the request started at. The last byte verifies the whole
@@ -15,16 +19,15 @@ import contextlib
 import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from gpufleet.errors import Conflict, HashMismatch, NotFound
+from gpufleet.errors import Conflict, NotFound
 from gpufleet.server.pump import pump
-from gpufleet.store.blobfiles import BlobWriter, Busy, is_locked, new_upload_id
-from gpufleet.streams import file_hasher
+from gpufleet.store.blobbytes import Appender, Busy
+from gpufleet.store.blobfiles import new_upload_id
 from gpufleet.wire import UploadOut
 
 if TYPE_CHECKING:
@@ -37,7 +40,7 @@ class UploadSessions:
     def __init__(self, blobs: BlobService, clock: Callable[[], float] = time.time) -> None:
         self.blobs = blobs
         self.store = blobs.store
-        self.files = blobs.files
+        self.storage = blobs.storage
         self.clock = clock
         # The hash of each session's bytes so far, so a resume need not read them again.
         self._hashers: dict[str, tuple[int, hashlib._Hash]] = {}
@@ -49,7 +52,7 @@ class UploadSessions:
         if readable and self.blobs.has(sha256) is not None:
             return UploadOut(id=None, sha256=sha256, size=size, offset=size, complete=True)
         upload_id = new_upload_id()
-        self.files.session(upload_id).touch()
+        self.storage.start(upload_id, sha256, size)
         self.store.create_upload(upload_id, sha256, size, self.clock())
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=0, complete=False)
 
@@ -57,13 +60,16 @@ class UploadSessions:
         """(sha256, size, bytes so far) of an open session; NotFound when it finished, or
         when nothing happened to it for a day (it expired)."""
         found = self.store.get_upload(upload_id)
+        if found is None:
+            raise _no_session(upload_id)
+        sha256, size, created = found
         try:
-            st = self.files.session(upload_id).stat()
+            kept, touched = self.storage.kept(upload_id, sha256, size)
         except FileNotFoundError:  # finished (or aborted) a moment ago
             raise _no_session(upload_id) from None
-        if found is None or max(found[2], st.st_mtime) < self._expiry():
+        if max(created, touched) < self._expiry():
             raise _no_session(upload_id)
-        return found[0], found[1], st.st_size
+        return sha256, size, kept
 
     def _expiry(self) -> float:
         return self.clock() - SESSION_TTL
@@ -71,7 +77,7 @@ class UploadSessions:
     def state(self, upload_id: str) -> UploadOut:
         sha256, size, offset = self.session(upload_id)
         try:
-            receiving = is_locked(self.files.session(upload_id))
+            receiving = self.storage.receiving(upload_id, sha256)
         except FileNotFoundError:
             raise _no_session(upload_id) from None
         return UploadOut(
@@ -101,7 +107,7 @@ class UploadSessions:
                 detail={"size": size},
             )
         self.blobs.check_length(declared, size - offset)
-        writer = _open_locked(self.files.session(upload_id), upload_id)
+        writer = await run_in_threadpool(self._hold, upload_id, sha256, size)
         try:
             have = writer.size
             if offset != have:
@@ -119,100 +125,105 @@ class UploadSessions:
         finally:
             writer.close()
 
+    def _hold(self, upload_id: str, sha256: str, size: int) -> Appender:
+        """The session's bytes, held for this request; 409 while another request (here or
+        in another replica) writes or finishes them."""
+        try:
+            return self.storage.appender(upload_id, sha256, size)
+        except FileNotFoundError:
+            raise _no_session(upload_id) from None
+        except Busy:
+            raise _busy(upload_id) from None
+
     async def _receive(
         self,
         upload_id: str,
-        writer: BlobWriter,
-        hasher: hashlib._Hash,
+        writer: Appender,
+        hasher: hashlib._Hash | None,
         size: int,
         body: AsyncIterator[bytes],
     ) -> None:
         have = writer.size
+        sinks = [writer.write] if hasher is None else [writer.write, hasher.update]
         try:
             with contextlib.suppress(ClientDisconnect):  # keep what arrived: that is the point
-                await pump(body, [writer.write, hasher.update], size - have, self._idle)
+                await pump(body, sinks, size - have, self._idle)
             await run_in_threadpool(writer.sync)
         except Exception:  # too large, disk full: back to where this request started
             with contextlib.suppress(OSError):
-                writer.truncate(have)  # here, not in a thread: the file closes right after
+                writer.revert(have)  # here, not in a thread: the writer closes right after
             raise
         # Cancelled (the server stopping): what was written stays, and the next PATCH hashes
-        # it from the file.
-        self._hashers[upload_id] = (writer.size, hasher)
+        # it again where it can.
+        if hasher is not None:
+            self._hashers[upload_id] = (writer.size, hasher)
 
     @property
     def _idle(self) -> float:
         return self.blobs.settings.idle_timeout
 
-    def _hasher(self, upload_id: str, writer: BlobWriter, have: int) -> hashlib._Hash:
+    def _hasher(self, upload_id: str, writer: Appender, have: int) -> hashlib._Hash | None:
+        """The hash of the session's bytes so far: this server's, kept from the request
+        before; else read back (a restart, or another replica took the earlier bytes);
+        None when they cannot be read before the end (then they are checked after)."""
         # Taken out: it goes back only once this request's bytes and hash agree.
         cached = self._hashers.pop(upload_id, None)
         if cached is not None and cached[0] == have:
             return cached[1]
-        # A restart, or another replica took the earlier bytes: hash what is there.
-        return file_hasher(writer.path, have)
+        return writer.rehash()
 
     def _complete(
-        self, upload_id: str, sha256: str, writer: BlobWriter, hasher: hashlib._Hash
+        self, upload_id: str, sha256: str, writer: Appender, hasher: hashlib._Hash | None
     ) -> UploadOut:
-        """Verify the whole file (size and hash) and store it as the blob; the session
+        """Verify the whole upload (size and hash) and store it as the blob; the session
         ends either way, and a bad one keeps nothing."""
         size = writer.size
         try:
-            on_disk = writer.on_disk()
-            if on_disk != size:  # only this request could write it; say so if not
-                raise HashMismatch(
-                    f"upload {upload_id} holds {on_disk} bytes on disk, not the {size} "
-                    "received; nothing was kept, start again",
-                    detail={"expected": size, "got": on_disk},
-                )
-            self.blobs.verify(sha256, hasher.hexdigest())
-            self.blobs.commit(writer.path, sha256, size)
+            self.blobs.verify(sha256, writer.seal(hasher))
+            writer.promote(sha256)
+            self.blobs.record(sha256, size)
         finally:
-            self._drop(upload_id, writer)
+            writer.discard()
+            self._forget(upload_id)
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=size, complete=True)
 
-    def abort(self, upload_id: str) -> None:
-        self.session(upload_id)
-        writer = _open_locked(self.files.session(upload_id), upload_id)
-        try:
-            self._drop(upload_id, writer)
-        finally:
-            writer.close()
-
-    def _drop(self, upload_id: str, writer: BlobWriter) -> None:
-        writer.path.unlink(missing_ok=True)
+    def _forget(self, upload_id: str) -> None:
         self.store.delete_upload(upload_id)
         self._hashers.pop(upload_id, None)
+
+    def abort(self, upload_id: str) -> None:
+        sha256, _, _ = self.session(upload_id)
+        self._drop(upload_id, sha256)
+
+    def _drop(self, upload_id: str, sha256: str) -> None:
+        try:
+            self.storage.drop(upload_id, sha256)
+        except FileNotFoundError:
+            pass  # its bytes are gone already: forget the row too
+        except Busy:
+            raise _busy(upload_id) from None
+        self._forget(upload_id)
 
     def expire(self) -> int:
         """Remove sessions nothing happened to for a day and nobody is writing; how many."""
         removed = 0
         for upload_id in self.store.old_uploads(self._expiry()):
-            path = self.files.session(upload_id)
-            touched = _modified(path)
+            found = self.store.get_upload(upload_id)
+            if found is None:
+                continue
+            sha256, size, _ = found
+            try:
+                _, touched = self.storage.kept(upload_id, sha256, size)
+            except FileNotFoundError:
+                touched = None
             if touched is not None and touched >= self._expiry():
                 continue  # old, but still receiving bytes
             try:
-                writer = _open_locked(path, upload_id)
-            except NotFound:
-                self.store.delete_upload(upload_id)
-                continue
+                self._drop(upload_id, sha256)
             except Conflict:
                 continue
-            try:
-                self._drop(upload_id, writer)
-                removed += 1
-            finally:
-                writer.close()
+            removed += 1
         return removed
-
-
-def _modified(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return None
 
 
 def _no_session(upload_id: str) -> NotFound:
@@ -222,16 +233,9 @@ def _no_session(upload_id: str) -> NotFound:
     )
 
 
-def _open_locked(path: Path, upload_id: str) -> BlobWriter:
-    """The session file, opened for appending and locked; 409 while another request
-    (here or in another replica) is writing it."""
-    try:
-        return BlobWriter.locked(path)
-    except FileNotFoundError:
-        raise _no_session(upload_id) from None
-    except Busy:
-        raise Conflict(
-            f"upload {upload_id} is already receiving bytes (another request is sending "
-            "them); ask for its offset again in a moment",
-            detail={"upload": upload_id, "busy": True},
-        ) from None
+def _busy(upload_id: str) -> Conflict:
+    return Conflict(
+        f"upload {upload_id} is already receiving bytes (another request is sending "
+        "them); ask for its offset again in a moment",
+        detail={"upload": upload_id, "busy": True},
+    )

@@ -13,16 +13,21 @@ which :meth:`BlobFiles.clean` removes at a later start.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import os
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from gpufleet.errors import InsufficientStorage, StorageUnusable
+from gpufleet.errors import HashMismatch, InsufficientStorage, StorageUnusable
+from gpufleet.store.blobbytes import Busy
+from gpufleet.streams import file_hasher
 
 
 def _fsync_dir(path: Path) -> None:
@@ -63,10 +68,6 @@ def _writeback_starter() -> Callable[[int, int, int], object] | None:
 
 
 _start_writeback = _writeback_starter()
-
-
-class Busy(Exception):
-    """Another writer holds the file's lock."""
 
 
 def is_locked(path: Path) -> bool:
@@ -160,10 +161,12 @@ class BlobWriter:
 
 
 class BlobFiles:
-    """Where blob bytes live; knows nothing of the database."""
+    """Blob bytes in a directory (see the module's docstring); knows nothing of the
+    database. Implements :class:`gpufleet.store.blobbytes.BlobBytes`."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.where = str(root)
         self.objects = root / "objects"
         self.tmp = root / "tmp"
         self.sessions = root / "uploads"
@@ -174,8 +177,24 @@ class BlobFiles:
     def exists(self, sha256: str) -> bool:
         return self.path(sha256).is_file()
 
-    def temp(self) -> Path:
-        return self.tmp / f"put-{secrets.token_hex(8)}"
+    def local_path(self, sha256: str) -> Path | None:
+        return self.path(sha256)
+
+    @contextlib.contextmanager
+    def reader(self, sha256: str) -> Iterator[BinaryIO]:
+        with open(self.path(sha256), "rb") as f:
+            yield f
+
+    def chunks(self, sha256: str, start: int, end: int) -> Iterator[bytes]:
+        with open(self.path(sha256), "rb") as f:
+            f.seek(start)
+            left = end - start + 1
+            while left > 0 and (data := f.read(min(left, 1 << 20))):
+                left -= len(data)
+                yield data
+
+    def writer(self, sha256: str) -> _TempWriter:
+        return _TempWriter(self, self.tmp / f"put-{secrets.token_hex(8)}")
 
     def session(self, upload_id: str) -> Path:
         return self.sessions / upload_id
@@ -186,6 +205,29 @@ class BlobFiles:
         final.parent.mkdir(exist_ok=True)
         os.replace(written, final)
         _fsync_dir(final.parent)
+
+    # ---- sessions: a file each, appended under an flock -------------------------------
+
+    def start(self, upload_id: str, sha256: str, size: int) -> None:
+        self.session(upload_id).touch()
+
+    def kept(self, upload_id: str, sha256: str, size: int) -> tuple[int, float]:
+        st = self.session(upload_id).stat()
+        return st.st_size, st.st_mtime
+
+    def receiving(self, upload_id: str, sha256: str) -> bool:
+        return is_locked(self.session(upload_id))
+
+    def appender(self, upload_id: str, sha256: str, size: int) -> _SessionFile:
+        return _SessionFile(self, BlobWriter.locked(self.session(upload_id)))
+
+    def drop(self, upload_id: str, sha256: str) -> None:
+        path = self.session(upload_id)
+        writer = BlobWriter.locked(path)
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            writer.close()
 
     def clean(self, live_sessions: set[str], now: float) -> int:
         """Create the folders; remove what a crash left: temp files and session files
@@ -200,6 +242,65 @@ class BlobFiles:
             if session.name not in live_sessions:
                 removed += _remove_if_idle(session, now)
         return removed
+
+
+class _TempWriter:
+    """A single-request upload: a temp file, renamed into place once verified."""
+
+    def __init__(self, files: BlobFiles, path: Path) -> None:
+        self.files, self.path = files, path
+        self._file = BlobWriter(path)
+        self.write = self._file.write
+
+    @property
+    def size(self) -> int:
+        return self._file.size
+
+    def commit(self, sha256: str) -> None:
+        self._file.sync()
+        self._file.close()
+        self.files.commit(self.path, sha256)
+
+    def close(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+class _SessionFile:
+    """A request's hold on a session file (its flock, until :meth:`close`)."""
+
+    def __init__(self, files: BlobFiles, writer: BlobWriter) -> None:
+        self.files, self._file = files, writer
+        self.write, self.sync = writer.write, writer.sync
+
+    @property
+    def size(self) -> int:
+        return self._file.size
+
+    def revert(self, size: int) -> None:
+        self._file.truncate(size)
+
+    def rehash(self) -> hashlib._Hash:
+        return file_hasher(self._file.path, self._file.size)
+
+    def seal(self, hasher: hashlib._Hash | None) -> str:
+        size, on_disk = self._file.size, self._file.on_disk()
+        if on_disk != size:  # only this request could write it; say so if not
+            raise HashMismatch(
+                f"upload {self._file.path.name} holds {on_disk} bytes on disk, not the "
+                f"{size} received; nothing was kept, start again",
+                detail={"expected": size, "got": on_disk},
+            )
+        return (hasher or self.rehash()).hexdigest()
+
+    def promote(self, sha256: str) -> None:
+        self.files.commit(self._file.path, sha256)
+
+    def discard(self) -> None:
+        self._file.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _remove_if_idle(path: Path, now: float, idle: float = LEFTOVER_AFTER) -> int:

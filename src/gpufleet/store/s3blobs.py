@@ -1,0 +1,490 @@
+"""Blob bytes in an S3-compatible object store (AWS S3, MinIO, Ceph RGW), so that several
+servers share blobs without a shared filesystem. Needs the ``s3`` extra (boto3).
+
+::
+
+    PREFIX/objects/ab/abcdef...      complete, verified blobs (never modified)
+    PREFIX/uploads/ID/mpu            a resumable session: the id of its multipart upload
+    PREFIX/uploads/ID/tail-OFFSET    the bytes a session holds past its last whole part
+
+A session's bytes go into a multipart upload of the blob's own key. Part ``k`` always holds
+bytes ``[(k-1)*P, k*P)`` of the blob, P fixed by the blob's size (:func:`part_size`), so
+any server can go on with a session and two requests that resend the same bytes write the
+same parts. Bytes short of a whole part are kept in a small ``tail`` object when a request
+ends, and a resumed request starts from the parts plus that tail. Nothing is visible under
+``objects/`` until the multipart upload is completed, which happens only after the bytes
+hash to the blob's id: the server that saw every byte has the hash already; one that took
+a session over (after a restart or a failover) completes it, reads it back to hash it and
+deletes it again when it is wrong. A row in the database, written after that, is what
+makes a blob exist for clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+from urllib.parse import urlsplit
+
+from gpufleet.errors import ConfigError, Conflict, StorageUnusable
+from gpufleet.store.blobbytes import Busy
+
+MIB = 1 << 20
+MIN_PART = 8 * MIB  # S3 wants 5 MiB or more for every part but the last
+MAX_PARTS = 10_000  # and at most this many
+# A multipart upload nobody finished for this long (a session's life plus an hour) is a
+# crash's leftover.
+ORPHAN_AFTER = 25 * 3600.0
+T = TypeVar("T")
+
+
+def part_size(size: int) -> int:
+    """The part size of a blob of ``size`` bytes: 8 MiB, or more (whole MiB) to stay within
+    S3's 10,000 parts. Every server derives the same from the same size."""
+    per_part = -(-size // MAX_PARTS)
+    return max(MIN_PART, -(-per_part // MIB) * MIB)
+
+
+class S3Blobs:
+    """Implements :class:`gpufleet.store.blobbytes.BlobBytes` on one bucket and prefix."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str) -> None:
+        self.s3, self.bucket = client, bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.where = f"s3://{bucket}/{self.prefix}"
+        self._known: set[str] = set()  # blobs seen to exist (blobs are never deleted)
+        self._mpus: dict[str, str] = {}  # session id -> multipart upload id
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, endpoint: str | None = None) -> S3Blobs:
+        parts = urlsplit(url)
+        if not parts.netloc or parts.query or parts.fragment:
+            raise ConfigError(f"--blob-store {url!r}: say s3://BUCKET[/PREFIX]")
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise ConfigError(
+                "--blob-store s3:// needs boto3: pip install 'gpufleet[s3]'"
+            ) from None
+        config = Config(
+            max_pool_connections=32,
+            connect_timeout=10,
+            read_timeout=120,
+            retries={"max_attempts": 5, "mode": "standard"},
+            s3={"addressing_style": "path"} if endpoint else None,
+        )
+        client = boto3.client("s3", endpoint_url=endpoint or None, config=config)
+        return cls(client, parts.netloc, parts.path)
+
+    # ---- calls, with errors a user can act on ------------------------------------------
+
+    def _call(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(Bucket=self.bucket, **kwargs)
+        except ClientError as exc:
+            if _code(exc) in ("404", "NoSuchKey", "NoSuchUpload"):
+                raise
+            raise _unusable(self.where, what, str(exc)) from exc
+        except BotoCoreError as exc:
+            raise _unusable(self.where, what, str(exc)) from exc
+
+    def _missing(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T | None:
+        """``fn``'s answer, or None when the key or upload is not there."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._call(what, fn, **kwargs)
+        except ClientError:
+            return None
+
+    def check(self) -> None:
+        """Fail now, with a clear message, when the bucket cannot be used."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self._call("checking the bucket", self.s3.head_bucket)
+        except ClientError as exc:  # 404: no such bucket
+            raise _unusable(self.where, "checking the bucket", str(exc)) from exc
+
+    def key(self, sha256: str) -> str:
+        return f"{self.prefix}objects/{sha256[:2]}/{sha256}"
+
+    def _session_key(self, upload_id: str, name: str = "") -> str:
+        return f"{self.prefix}uploads/{upload_id}/{name}"
+
+    # ---- blobs ------------------------------------------------------------------------
+
+    def exists(self, sha256: str) -> bool:
+        if sha256 in self._known:
+            return True
+        found = self._missing("looking for a blob", self.s3.head_object, Key=self.key(sha256))
+        if found is not None:
+            self._known.add(sha256)
+        return found is not None
+
+    def local_path(self, sha256: str) -> Path | None:
+        return None
+
+    @contextlib.contextmanager
+    def reader(self, sha256: str) -> Iterator[BinaryIO]:
+        got = self._call("reading a blob", self.s3.get_object, Key=self.key(sha256))
+        body = got["Body"]
+        try:
+            yield body
+        finally:
+            body.close()
+
+    def chunks(self, sha256: str, start: int, end: int) -> Iterator[bytes]:
+        got = self._call(
+            "reading a blob", self.s3.get_object, Key=self.key(sha256), Range=f"bytes={start}-{end}"
+        )
+        body = got["Body"]
+        try:
+            yield from body.iter_chunks(MIB)
+        finally:
+            body.close()
+
+    def writer(self, sha256: str) -> _PutWriter:
+        return _PutWriter(self, sha256)
+
+    def clean(self, live_sessions: set[str], now: float) -> int:
+        """Check the bucket; abort multipart uploads older than a session can live (a
+        server's crash mid-upload) and remove the tails of sessions that ended."""
+        self.check()
+        removed = 0
+        unfinished = self.s3.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=f"{self.prefix}objects/"
+        )
+        for page in unfinished:
+            for upload in page.get("Uploads", []):
+                if upload["Initiated"].timestamp() < now - ORPHAN_AFTER:
+                    self._abort(upload["Key"], upload["UploadId"])
+                    removed += 1
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=f"{self.prefix}uploads/"
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                upload_id = obj["Key"][len(self.prefix) :].split("/")[1]
+                if upload_id not in live_sessions and obj["LastModified"].timestamp() < now - 3600:
+                    self._call("removing a leftover", self.s3.delete_object, Key=obj["Key"])
+                    removed += 1
+        return removed
+
+    def _abort(self, key: str, mpu: str) -> None:
+        self._missing("aborting an upload", self.s3.abort_multipart_upload, Key=key, UploadId=mpu)
+
+    def _complete(self, key: str, mpu: str) -> None:
+        parts = [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in self._parts(key, mpu)]
+        self._call(
+            "completing an upload",
+            self.s3.complete_multipart_upload,
+            Key=key,
+            UploadId=mpu,
+            MultipartUpload={"Parts": parts},
+        )
+
+    def _parts(self, key: str, mpu: str) -> list[dict[str, Any]]:
+        """The parts uploaded so far, in order. Raises ClientError NoSuchUpload."""
+        parts: list[dict[str, Any]] = []
+        marker = 0
+        while True:
+            page = self._call(
+                "listing parts",
+                self.s3.list_parts,
+                Key=key,
+                UploadId=mpu,
+                PartNumberMarker=marker,
+            )
+            parts.extend(page.get("Parts", []))
+            if not page.get("IsTruncated"):
+                return parts
+            marker = int(page["NextPartNumberMarker"])
+
+    # ---- resumable sessions -----------------------------------------------------------
+
+    def start(self, upload_id: str, sha256: str, size: int) -> None:
+        created = self._call(
+            "starting an upload", self.s3.create_multipart_upload, Key=self.key(sha256)
+        )
+        mpu = created["UploadId"]
+        self._call(
+            "starting an upload",
+            self.s3.put_object,
+            Key=self._session_key(upload_id, "mpu"),
+            Body=mpu.encode(),
+        )
+        with self._lock:
+            self._mpus[upload_id] = mpu
+
+    def _mpu(self, upload_id: str) -> str:
+        """The session's multipart upload id; FileNotFoundError when the session is gone."""
+        with self._lock:
+            known = self._mpus.get(upload_id)
+        if known is not None:
+            return known
+        got = self._missing(
+            "reading an upload", self.s3.get_object, Key=self._session_key(upload_id, "mpu")
+        )
+        if got is None:
+            raise FileNotFoundError(upload_id)
+        mpu = str(got["Body"].read().decode())
+        with self._lock:
+            self._mpus[upload_id] = mpu
+        return mpu
+
+    def _layout(self, upload_id: str, sha256: str, size: int) -> _Layout:
+        """Where a session stands: its whole parts and the tail after them. Raises Busy
+        when its multipart upload is being finished (or a crash left it half finished)."""
+        from botocore.exceptions import ClientError
+
+        mpu, key, step = self._mpu(upload_id), self.key(sha256), part_size(size)
+        try:
+            parts = self._parts(key, mpu)
+        except ClientError:
+            raise Busy(upload_id) from None
+        whole = 0
+        touched = 0.0
+        for part in parts:  # whole parts in a row from 1; a shorter one is the last
+            if part["PartNumber"] != whole + 1 or part["Size"] != min(step, size - whole * step):
+                break
+            whole += 1
+            touched = max(touched, part["LastModified"].timestamp())
+        tail_key = self._session_key(upload_id, f"tail-{whole * step}")
+        tail = self._missing("reading an upload", self.s3.head_object, Key=tail_key)
+        tail_size = int(tail["ContentLength"]) if tail else 0
+        if tail:
+            touched = max(touched, tail["LastModified"].timestamp())
+        return _Layout(mpu, key, step, whole, tail_key, tail_size, touched)
+
+    def kept(self, upload_id: str, sha256: str, size: int) -> tuple[int, float]:
+        try:
+            layout = self._layout(upload_id, sha256, size)
+        except Busy:
+            return size, 0.0
+        return min(size, layout.whole * layout.step + layout.tail_size), layout.touched
+
+    def receiving(self, upload_id: str, sha256: str) -> bool:
+        """True while a session is being finished (its multipart upload is gone but its
+        record is not). Requests that write a session do not lock it: they write the same
+        bytes to the same places, and the hash at the end catches any that do not."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self._parts(self.key(sha256), self._mpu(upload_id))
+        except ClientError:
+            return True
+        return False
+
+    def appender(self, upload_id: str, sha256: str, size: int) -> _SessionParts:
+        layout = self._layout(upload_id, sha256, size)
+        tail = b""
+        if layout.tail_size:
+            got = self._missing("reading an upload", self.s3.get_object, Key=layout.tail_key)
+            tail = got["Body"].read() if got else b""
+        return _SessionParts(self, upload_id, sha256, size, layout, tail)
+
+    def drop(self, upload_id: str, sha256: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._abort(self.key(sha256), self._mpu(upload_id))
+        self._forget(upload_id)
+
+    def _forget(self, upload_id: str) -> None:
+        """Remove a session's own objects (its tails, then its record of the upload)."""
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._session_key(upload_id)
+        )
+        keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+        keys.sort(key=lambda k: k.endswith("/mpu"))  # the record last
+        for key in keys:
+            self._missing("removing an upload", self.s3.delete_object, Key=key)
+        with self._lock:
+            self._mpus.pop(upload_id, None)
+
+
+class _Layout:
+    def __init__(
+        self,
+        mpu: str,
+        key: str,
+        step: int,
+        whole: int,
+        tail_key: str,
+        tail_size: int,
+        touched: float,
+    ) -> None:
+        self.mpu, self.key, self.step, self.whole = mpu, key, step, whole
+        self.tail_key, self.tail_size, self.touched = tail_key, tail_size, touched
+
+
+class _SessionParts:
+    """One request's view of a session: whole parts uploaded as they fill, the rest held
+    here and stored as the tail by :meth:`sync`."""
+
+    def __init__(
+        self, s3: S3Blobs, upload_id: str, sha256: str, total: int, layout: _Layout, tail: bytes
+    ) -> None:
+        self.s3, self.upload_id, self.sha256, self.total = s3, upload_id, sha256, total
+        self.layout = layout
+        self.whole = layout.whole
+        self.buffer = bytearray(tail)
+        self.size = self.whole * layout.step + len(self.buffer)
+        self._tail_key = layout.tail_key if tail else None
+        self._sealed = self._promoted = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.buffer += data
+        self.size += len(data)
+        step = self.layout.step
+        while len(self.buffer) >= step:
+            self._upload_part(bytes(self.buffer[:step]))
+            del self.buffer[:step]
+
+    def _upload_part(self, body: bytes) -> None:
+        self.s3._call(
+            "storing an upload",
+            self.s3.s3.upload_part,
+            Key=self.layout.key,
+            UploadId=self.layout.mpu,
+            PartNumber=self.whole + 1,
+            Body=body,
+        )
+        self.whole += 1
+
+    def sync(self) -> None:
+        start = self.whole * self.layout.step
+        key = self.s3._session_key(self.upload_id, f"tail-{start}")
+        if self.buffer:
+            self.s3._call(
+                "storing an upload", self.s3.s3.put_object, Key=key, Body=bytes(self.buffer)
+            )
+        if self._tail_key is not None and self._tail_key != key:
+            self.s3._missing("storing an upload", self.s3.s3.delete_object, Key=self._tail_key)
+        self._tail_key = key if self.buffer else None
+
+    def revert(self, size: int) -> None:
+        self.buffer.clear()  # not stored: the session goes on from what was
+
+    def rehash(self) -> hashlib._Hash | None:
+        if self.whole:  # parts of an unfinished multipart upload cannot be read back
+            return None
+        return hashlib.sha256(self.buffer)
+
+    def seal(self, hasher: hashlib._Hash | None) -> str:
+        if self.buffer or self.whole == 0:
+            self._upload_part(bytes(self.buffer))
+            self.buffer.clear()
+        if hasher is not None:
+            return hasher.hexdigest()
+        # Taken over from another server: the bytes must be read back to be checked, and
+        # that needs the upload completed. Never over a blob already stored: that one was
+        # checked, these bytes were not.
+        if self.s3.exists(self.sha256):
+            self.discard()
+            raise Conflict(
+                f"upload {self.upload_id}: the blob was stored meanwhile; ask for it again",
+                detail={"upload": self.upload_id},
+            )
+        self.s3._complete(self.layout.key, self.layout.mpu)
+        self._sealed = True
+        digest = hashlib.sha256()
+        with self.s3.reader(self.sha256) as f:
+            while chunk := f.read(MIB):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def promote(self, sha256: str) -> None:
+        if not self._sealed:
+            self.s3._complete(self.layout.key, self.layout.mpu)
+            self._sealed = True
+        self._promoted = True
+        self.s3._known.add(sha256)
+
+    def discard(self) -> None:
+        if not self._sealed:
+            self.s3._abort(self.layout.key, self.layout.mpu)
+        elif not self._promoted:  # completed to be checked, and wrong
+            self.s3._missing("removing an upload", self.s3.s3.delete_object, Key=self.layout.key)
+            self.s3._known.discard(self.sha256)
+        self.s3._forget(self.upload_id)
+
+    def close(self) -> None:
+        self.buffer = bytearray()
+
+
+class _PutWriter:
+    """A single-request upload: parts of a multipart upload of the blob's key as they fill
+    (or one PUT when it fits in a part), completed only by :meth:`commit`."""
+
+    def __init__(self, s3: S3Blobs, sha256: str) -> None:
+        self.s3, self.key = s3, s3.key(sha256)
+        self.size = 0
+        self.buffer = bytearray()
+        self._mpu: str | None = None
+        self._parts: list[dict[str, Any]] = []
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.buffer += data
+        self.size += len(data)
+        while len(self.buffer) >= MIN_PART:
+            self._upload(bytes(self.buffer[:MIN_PART]))
+            del self.buffer[:MIN_PART]
+
+    def _upload(self, body: bytes) -> None:
+        if self._mpu is None:
+            made = self.s3._call(
+                "storing an upload", self.s3.s3.create_multipart_upload, Key=self.key
+            )
+            self._mpu = str(made["UploadId"])
+        number = len(self._parts) + 1
+        done = self.s3._call(
+            "storing an upload",
+            self.s3.s3.upload_part,
+            Key=self.key,
+            UploadId=self._mpu,
+            PartNumber=number,
+            Body=body,
+        )
+        self._parts.append({"PartNumber": number, "ETag": done["ETag"]})
+
+    def commit(self, sha256: str) -> None:
+        if self._mpu is None:
+            self.s3._call(
+                "storing a blob", self.s3.s3.put_object, Key=self.key, Body=bytes(self.buffer)
+            )
+        else:
+            if self.buffer:
+                self._upload(bytes(self.buffer))
+            self.s3._call(
+                "storing a blob",
+                self.s3.s3.complete_multipart_upload,
+                Key=self.key,
+                UploadId=self._mpu,
+                MultipartUpload={"Parts": self._parts},
+            )
+            self._mpu = None
+        self.buffer.clear()
+        self.s3._known.add(sha256)
+
+    def close(self) -> None:
+        if self._mpu is not None:
+            self.s3._abort(self.key, self._mpu)
+            self._mpu = None
+        self.buffer = bytearray()
+
+
+def _code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def _unusable(where: str, what: str, why: str) -> StorageUnusable:
+    return StorageUnusable(
+        f"the object store {where} failed while {what}: {why}", detail={"blob_store": where}
+    )
