@@ -132,6 +132,35 @@ def test_bytes_that_do_not_hash_to_the_id_leave_nothing(
     assert a.has(SHA) is None and store.get_upload(up.id) is None
 
 
+@pytest.mark.parametrize("over", ["part", "tail"])
+def test_bytes_written_over_by_another_request_are_never_stored(
+    store: SqlStore, s3: S3Server, bucket: str, over: str
+) -> None:
+    """Sessions on an object store take no lock. A request elsewhere that writes other
+    bytes over a part or the tail this server stored (and hashed) is caught: the server
+    no longer trusts its hash, reads the upload back, and keeps nothing."""
+    a = server(store, s3, bucket)
+    up = a.uploads.create(SHA, len(DATA))
+    assert up.id is not None
+    first = asyncio.run(a.uploads.append(up.id, 0, body(DATA[: 9 * MIB], cut=True)))
+    record = f"{PREFIX}/uploads/{up.id}/"
+    if over == "part":
+        mpu = s3.client.get_object(Bucket=bucket, Key=record + "mpu")["Body"].read().decode()
+        s3.client.upload_part(
+            Bucket=bucket,
+            Key=f"{PREFIX}/objects/{SHA[:2]}/{SHA}",
+            UploadId=mpu,
+            PartNumber=1,
+            Body=os.urandom(8 * MIB),
+        )
+    else:
+        s3.client.put_object(Bucket=bucket, Key=record + f"tail-{8 * MIB}", Body=os.urandom(MIB))
+    with pytest.raises(HashMismatch, match="nothing was kept"):
+        asyncio.run(a.uploads.append(up.id, first.offset, body(DATA[first.offset :])))
+    assert s3.keys(bucket) == [] and s3.unfinished(bucket) == []
+    assert a.has(SHA) is None
+
+
 def test_aborted_and_expired_sessions_leave_nothing(
     store: SqlStore, s3: S3Server, bucket: str
 ) -> None:

@@ -42,8 +42,9 @@ class UploadSessions:
         self.store = blobs.store
         self.storage = blobs.storage
         self.clock = clock
-        # The hash of each session's bytes so far, so a resume need not read them again.
-        self._hashers: dict[str, tuple[int, hashlib._Hash]] = {}
+        # The hash of each session's bytes so far, so a resume need not read them again,
+        # with the storage's proof that they are still the bytes hashed.
+        self._hashers: dict[str, tuple[int, hashlib._Hash, object | None]] = {}
 
     def create(self, sha256: str, size: int, readable: bool = True) -> UploadOut:
         """A new session; or, when the server has the blob and the caller may read it,
@@ -107,7 +108,10 @@ class UploadSessions:
                 detail={"size": size},
             )
         self.blobs.check_length(declared, size - offset)
-        writer = await run_in_threadpool(self._hold, upload_id, sha256, size)
+        # Taken out: it goes back only once this request's bytes and hash agree.
+        cached = self._hashers.pop(upload_id, None)
+        proof = cached[2] if cached else None
+        writer = await run_in_threadpool(self._hold, upload_id, sha256, size, proof)
         try:
             have = writer.size
             if offset != have:
@@ -115,7 +119,7 @@ class UploadSessions:
                     f"upload {upload_id} is at offset {have}, not {offset}; resume from {have}",
                     detail={"offset": have},
                 )
-            hasher = await run_in_threadpool(self._hasher, upload_id, writer, have)
+            hasher = await run_in_threadpool(self._hasher, cached, writer, have)
             await self._receive(upload_id, writer, hasher, size, body)
             if writer.size < size:
                 return UploadOut(
@@ -125,11 +129,11 @@ class UploadSessions:
         finally:
             writer.close()
 
-    def _hold(self, upload_id: str, sha256: str, size: int) -> Appender:
+    def _hold(self, upload_id: str, sha256: str, size: int, proof: object | None) -> Appender:
         """The session's bytes, held for this request; 409 while another request (here or
         in another replica) writes or finishes them."""
         try:
-            return self.storage.appender(upload_id, sha256, size)
+            return self.storage.appender(upload_id, sha256, size, proof)
         except FileNotFoundError:
             raise _no_session(upload_id) from None
         except Busy:
@@ -156,19 +160,21 @@ class UploadSessions:
         # Cancelled (the server stopping): what was written stays, and the next PATCH hashes
         # it again where it can.
         if hasher is not None:
-            self._hashers[upload_id] = (writer.size, hasher)
+            self._hashers[upload_id] = (writer.size, hasher, writer.proof)
 
     @property
     def _idle(self) -> float:
         return self.blobs.settings.idle_timeout
 
-    def _hasher(self, upload_id: str, writer: Appender, have: int) -> hashlib._Hash | None:
+    @staticmethod
+    def _hasher(
+        cached: tuple[int, hashlib._Hash, object | None] | None, writer: Appender, have: int
+    ) -> hashlib._Hash | None:
         """The hash of the session's bytes so far: this server's, kept from the request
-        before; else read back (a restart, or another replica took the earlier bytes);
-        None when they cannot be read before the end (then they are checked after)."""
-        # Taken out: it goes back only once this request's bytes and hash agree.
-        cached = self._hashers.pop(upload_id, None)
-        if cached is not None and cached[0] == have:
+        before, while the storage vouches they are unchanged; else read back (a restart,
+        or another replica took the earlier bytes); None when they cannot be read before
+        the end (then they are checked after)."""
+        if cached is not None and cached[0] == have and writer.trusted:
             return cached[1]
         return writer.rehash()
 

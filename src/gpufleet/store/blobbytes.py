@@ -43,6 +43,15 @@ class Appender(Protocol):
     def size(self) -> int:
         """Bytes the session holds, this request's included."""
 
+    #: Whether what the session holds is what this server stored in the proof it was
+    #: handed (so this server's hash of those bytes holds).
+    trusted: bool
+
+    @property
+    def proof(self) -> object | None:
+        """What this server stored: hand it back to :meth:`SessionBytes.appender` next
+        time, with the hash of the bytes."""
+
     def write(self, data: bytes | memoryview) -> None: ...
 
     def sync(self) -> None:
@@ -80,9 +89,11 @@ class SessionBytes(Protocol):
     def receiving(self, upload_id: str, sha256: str) -> bool:
         """Whether a request is writing or finishing the session right now."""
 
-    def appender(self, upload_id: str, sha256: str, size: int) -> Appender:
-        """Hold the session for one request. Busy while another request holds it,
-        FileNotFoundError when it is gone."""
+    def appender(
+        self, upload_id: str, sha256: str, size: int, proof: object | None = None
+    ) -> Appender:
+        """Hold the session for one request (``proof``: the last one's, by this server).
+        Busy while another request holds it, FileNotFoundError when it is gone."""
 
     def drop(self, upload_id: str, sha256: str) -> None:
         """Remove a session's bytes (abort or expiry), held by nobody."""

@@ -13,10 +13,12 @@ any server can go on with a session and two requests that resend the same bytes 
 same parts. Bytes short of a whole part are kept in a small ``tail`` object when a request
 ends, and a resumed request starts from the parts plus that tail. Nothing is visible under
 ``objects/`` until the multipart upload is completed, which happens only after the bytes
-hash to the blob's id: the server that saw every byte has the hash already; one that took
-a session over (after a restart or a failover) completes it, reads it back to hash it and
-deletes it again when it is wrong. A row in the database, written after that, is what
-makes a blob exist for clients.
+hash to the blob's id. The server that sent every part and the tail has their hash, and
+keeps it while they still carry the ETags its writes got; it completes the upload with
+exactly those ETags, which S3 refuses if a part was written over since. Any other server
+(after a restart or a failover, or when the ETags differ) completes the upload, reads it
+back to hash it, and deletes it again when it is wrong. A row in the database, written
+after that, is what makes a blob exist for clients.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ import contextlib
 import hashlib
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
-from gpufleet.errors import ConfigError, Conflict, StorageUnusable
+from gpufleet.errors import ConfigError, Conflict, HashMismatch, StorageUnusable
 from gpufleet.store.blobbytes import Busy
 
 MIB = 1 << 20
@@ -250,26 +253,27 @@ class S3Blobs:
             parts = self._parts(key, mpu)
         except ClientError:
             raise Busy(upload_id) from None
-        whole = 0
+        etags: dict[int, str] = {}
         touched = 0.0
         for part in parts:  # whole parts in a row from 1; a shorter one is the last
+            whole = len(etags)
             if part["PartNumber"] != whole + 1 or part["Size"] != min(step, size - whole * step):
                 break
-            whole += 1
+            etags[part["PartNumber"]] = part["ETag"]
             touched = max(touched, part["LastModified"].timestamp())
-        tail_key = self._session_key(upload_id, f"tail-{whole * step}")
+        tail_key = self._session_key(upload_id, f"tail-{len(etags) * step}")
         tail = self._missing("reading an upload", self.s3.head_object, Key=tail_key)
         tail_size = int(tail["ContentLength"]) if tail else 0
         if tail:
             touched = max(touched, tail["LastModified"].timestamp())
-        return _Layout(mpu, key, step, whole, tail_key, tail_size, touched)
+        return _Layout(mpu, key, step, etags, tail_key, tail_size, touched)
 
     def kept(self, upload_id: str, sha256: str, size: int) -> tuple[int, float]:
         try:
             layout = self._layout(upload_id, sha256, size)
         except Busy:
             return size, 0.0
-        return min(size, layout.whole * layout.step + layout.tail_size), layout.touched
+        return min(size, len(layout.etags) * layout.step + layout.tail_size), layout.touched
 
     def receiving(self, upload_id: str, sha256: str) -> bool:
         """True while a session is being finished (its multipart upload is gone but its
@@ -283,13 +287,23 @@ class S3Blobs:
             return True
         return False
 
-    def appender(self, upload_id: str, sha256: str, size: int) -> _SessionParts:
+    def appender(
+        self, upload_id: str, sha256: str, size: int, proof: object | None = None
+    ) -> _SessionParts:
         layout = self._layout(upload_id, sha256, size)
-        tail = b""
+        tail, tail_etag = b"", None
         if layout.tail_size:
             got = self._missing("reading an upload", self.s3.get_object, Key=layout.tail_key)
-            tail = got["Body"].read() if got else b""
-        return _SessionParts(self, upload_id, sha256, size, layout, tail)
+            if got is not None:
+                tail, tail_etag = got["Body"].read(), str(got["ETag"])
+        # What this server stored last time, still there: every part and the tail carry
+        # the ETag S3 gave it for its own writes. Then its hash of them holds.
+        trusted = (
+            isinstance(proof, _Proof)
+            and proof.tail_etag == tail_etag
+            and {n: proof.etags.get(n) for n in layout.etags} == layout.etags
+        )
+        return _SessionParts(self, upload_id, sha256, size, layout, tail, tail_etag, trusted)
 
     def drop(self, upload_id: str, sha256: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -309,19 +323,23 @@ class S3Blobs:
             self._mpus.pop(upload_id, None)
 
 
+@dataclass(frozen=True)
 class _Layout:
-    def __init__(
-        self,
-        mpu: str,
-        key: str,
-        step: int,
-        whole: int,
-        tail_key: str,
-        tail_size: int,
-        touched: float,
-    ) -> None:
-        self.mpu, self.key, self.step, self.whole = mpu, key, step, whole
-        self.tail_key, self.tail_size, self.touched = tail_key, tail_size, touched
+    mpu: str
+    key: str
+    step: int
+    etags: dict[int, str]  # the whole parts, 1..n, and their ETags
+    tail_key: str
+    tail_size: int
+    touched: float
+
+
+@dataclass(frozen=True)
+class _Proof:
+    """What a server stored of a session: the ETags of its parts and its tail."""
+
+    etags: dict[int, str]
+    tail_etag: str | None
 
 
 class _SessionParts:
@@ -329,15 +347,29 @@ class _SessionParts:
     here and stored as the tail by :meth:`sync`."""
 
     def __init__(
-        self, s3: S3Blobs, upload_id: str, sha256: str, total: int, layout: _Layout, tail: bytes
+        self,
+        s3: S3Blobs,
+        upload_id: str,
+        sha256: str,
+        total: int,
+        layout: _Layout,
+        tail: bytes,
+        tail_etag: str | None,
+        trusted: bool,
     ) -> None:
         self.s3, self.upload_id, self.sha256, self.total = s3, upload_id, sha256, total
-        self.layout = layout
-        self.whole = layout.whole
+        self.layout, self.trusted = layout, trusted
+        self.etags = dict(layout.etags)
+        self.whole = len(self.etags)
         self.buffer = bytearray(tail)
         self.size = self.whole * layout.step + len(self.buffer)
         self._tail_key = layout.tail_key if tail else None
+        self._tail_etag = tail_etag
         self._sealed = self._promoted = False
+
+    @property
+    def proof(self) -> _Proof:
+        return _Proof(dict(self.etags), self._tail_etag)
 
     def write(self, data: bytes | memoryview) -> None:
         self.buffer += data
@@ -348,7 +380,7 @@ class _SessionParts:
             del self.buffer[:step]
 
     def _upload_part(self, body: bytes) -> None:
-        self.s3._call(
+        done = self.s3._call(
             "storing an upload",
             self.s3.s3.upload_part,
             Key=self.layout.key,
@@ -357,14 +389,17 @@ class _SessionParts:
             Body=body,
         )
         self.whole += 1
+        self.etags[self.whole] = str(done["ETag"])
 
     def sync(self) -> None:
         start = self.whole * self.layout.step
         key = self.s3._session_key(self.upload_id, f"tail-{start}")
+        self._tail_etag = None
         if self.buffer:
-            self.s3._call(
+            put = self.s3._call(
                 "storing an upload", self.s3.s3.put_object, Key=key, Body=bytes(self.buffer)
             )
+            self._tail_etag = str(put["ETag"])
         if self._tail_key is not None and self._tail_key != key:
             self.s3._missing("storing an upload", self.s3.s3.delete_object, Key=self._tail_key)
         self._tail_key = key if self.buffer else None
@@ -401,11 +436,34 @@ class _SessionParts:
         return digest.hexdigest()
 
     def promote(self, sha256: str) -> None:
-        if not self._sealed:
-            self.s3._complete(self.layout.key, self.layout.mpu)
+        if not self._sealed:  # the parts this server sent and hashed, by their ETags
+            self._complete_own()
             self._sealed = True
         self._promoted = True
         self.s3._known.add(sha256)
+
+    def _complete_own(self) -> None:
+        """Complete the upload with the ETags this server's writes got: S3 refuses it
+        (InvalidPart) if any part was written over since, by bytes this server did not
+        hash."""
+        from botocore.exceptions import ClientError
+
+        parts = [{"PartNumber": n, "ETag": self.etags[n]} for n in range(1, self.whole + 1)]
+        try:
+            self.s3.s3.complete_multipart_upload(
+                Bucket=self.s3.bucket,
+                Key=self.layout.key,
+                UploadId=self.layout.mpu,
+                MultipartUpload={"Parts": parts},
+            )
+        except ClientError as exc:
+            if _code(exc) not in ("InvalidPart", "NoSuchUpload"):
+                raise _unusable(self.s3.where, "completing an upload", str(exc)) from exc
+            raise HashMismatch(
+                f"upload {self.upload_id}: its parts were written over while it was sent "
+                "(another request sent other bytes); nothing was kept, start again",
+                detail={"upload": self.upload_id},
+            ) from exc
 
     def discard(self) -> None:
         if not self._sealed:
