@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from starlette.requests import ClientDisconnect
@@ -26,6 +27,9 @@ from gpufleet.store.blobbytes import open_blob_bytes
 from gpufleet.store.s3blobs import MIN_PART, S3Blobs, part_size
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX, assert_error, bearer
 from tests.s3server import S3Server
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 pytestmark = TESTCLIENT_ON_HTTPX
 
@@ -64,7 +68,7 @@ async def body(data: bytes, cut: bool = False) -> AsyncIterator[bytes]:
         raise ClientDisconnect
 
 
-def stored(s3: S3Server, bucket: str, service: BlobService, sha256: str) -> bytes:
+def stored(service: BlobService, sha256: str) -> bytes:
     with service.storage.reader(sha256) as f:
         return f.read()
 
@@ -96,7 +100,7 @@ def test_a_session_cut_on_one_server_is_finished_on_another(
     assert done.complete
 
     assert a.has(SHA) == len(DATA) == b.has(SHA)
-    assert stored(s3, bucket, a, SHA) == DATA
+    assert stored(a, SHA) == DATA
     # nothing of the session is left: no tail, no record, no unfinished upload
     assert s3.keys(bucket) == [f"{PREFIX}/objects/{SHA[:2]}/{SHA}"]
     assert s3.unfinished(bucket) == []
@@ -111,7 +115,7 @@ def test_a_session_on_one_server_completes_without_a_copy_or_a_read_back(
     first = asyncio.run(a.uploads.append(up.id, 0, body(DATA[: 5 * MIB], cut=True)))
     assert first.offset == 5 * MIB  # all of it in the tail: no whole part yet
     done = asyncio.run(a.uploads.append(up.id, first.offset, body(DATA[5 * MIB :])))
-    assert done.complete and stored(s3, bucket, a, SHA) == DATA
+    assert done.complete and stored(a, SHA) == DATA
     assert s3.unfinished(bucket) == [] and s3.keys(bucket, f"{PREFIX}/uploads/") == []
 
 
@@ -185,7 +189,7 @@ def test_a_bucket_that_cannot_be_used_is_named_at_start(s3: S3Server) -> None:
 
 
 @pytest.fixture
-def http(store: SqlStore, s3: S3Server, bucket: str) -> Iterator[tuple[object, dict[str, str]]]:
+def http(store: SqlStore, s3: S3Server, bucket: str) -> Iterator[tuple[TestClient, dict[str, str]]]:
     from fastapi.testclient import TestClient
 
     app = create_app(store, QueueSettings(), server(store, s3, bucket))
@@ -195,30 +199,30 @@ def http(store: SqlStore, s3: S3Server, bucket: str) -> Iterator[tuple[object, d
 
 
 def test_put_head_and_ranged_get_through_the_api(
-    http: tuple[object, dict[str, str]], s3: S3Server, bucket: str
+    http: tuple[TestClient, dict[str, str]], s3: S3Server, bucket: str
 ) -> None:
     client, admin = http
     small = b"a small blob"
     small_sha = hashlib.sha256(small).hexdigest()
     for data, sha in ((small, small_sha), (DATA, SHA)):  # one PUT; a multipart upload
-        put = client.put(f"/v1/blobs/{sha}", content=data, headers=admin)  # type: ignore[attr-defined]
+        put = client.put(f"/v1/blobs/{sha}", content=data, headers=admin)
         assert put.status_code == 201, put.text
-        head = client.head(f"/v1/blobs/{sha}", headers=admin)  # type: ignore[attr-defined]
+        head = client.head(f"/v1/blobs/{sha}", headers=admin)
         assert head.headers["content-length"] == str(len(data))
-        got = client.get(f"/v1/blobs/{sha}", headers=admin)  # type: ignore[attr-defined]
+        got = client.get(f"/v1/blobs/{sha}", headers=admin)
         assert got.status_code == 200 and got.content == data
 
     part = client.get(
         f"/v1/blobs/{SHA}", headers={**admin, "Range": f"bytes={9 * MIB}-{10 * MIB - 1}"}
-    )  # type: ignore[attr-defined]
+    )
     assert part.status_code == 206 and part.content == DATA[9 * MIB : 10 * MIB]
     assert part.headers["content-range"] == f"bytes {9 * MIB}-{10 * MIB - 1}/{len(DATA)}"
-    suffix = client.get(f"/v1/blobs/{SHA}", headers={**admin, "Range": "bytes=-100"})  # type: ignore[attr-defined]
+    suffix = client.get(f"/v1/blobs/{SHA}", headers={**admin, "Range": "bytes=-100"})
     assert suffix.status_code == 206 and suffix.content == DATA[-100:]
-    outside = client.get(f"/v1/blobs/{SHA}", headers={**admin, "Range": f"bytes={len(DATA)}-"})  # type: ignore[attr-defined]
+    outside = client.get(f"/v1/blobs/{SHA}", headers={**admin, "Range": f"bytes={len(DATA)}-"})
     assert_error(outside, 416, "range_not_satisfiable")
 
-    wrong = client.put(f"/v1/blobs/{'0' * 64}", content=DATA, headers=admin)  # type: ignore[attr-defined]
+    wrong = client.put(f"/v1/blobs/{'0' * 64}", content=DATA, headers=admin)
     assert_error(wrong, 422, "hash_mismatch")
     assert sorted(s3.keys(bucket)) == sorted(
         f"{PREFIX}/objects/{s[:2]}/{s}" for s in (small_sha, SHA)
@@ -227,10 +231,22 @@ def test_put_head_and_ranged_get_through_the_api(
 
 
 def test_an_object_store_that_fails_answers_503_and_keeps_nothing(
-    http: tuple[object, dict[str, str]], s3: S3Server, bucket: str
+    http: tuple[TestClient, dict[str, str]], s3: S3Server, bucket: str
 ) -> None:
     client, admin = http
     s3.client.delete_bucket(Bucket=bucket)  # the operator removed it under the server
-    put = client.put(f"/v1/blobs/{SHA}", content=DATA, headers=admin)  # type: ignore[attr-defined]
+    put = client.put(f"/v1/blobs/{SHA}", content=DATA, headers=admin)
     assert bucket in assert_error(put, 503, "storage_unusable")["message"]
-    assert client.head(f"/v1/blobs/{SHA}", headers=admin).status_code == 404  # type: ignore[attr-defined]
+    assert client.head(f"/v1/blobs/{SHA}", headers=admin).status_code == 404
+
+
+def test_a_blob_removed_from_the_store_under_the_server_answers_503(
+    http: tuple[TestClient, dict[str, str]], s3: S3Server, bucket: str
+) -> None:
+    client, admin = http
+    data = b"soon gone"
+    sha = hashlib.sha256(data).hexdigest()
+    assert client.put(f"/v1/blobs/{sha}", content=data, headers=admin).status_code == 201
+    s3.client.delete_object(Bucket=bucket, Key=f"{PREFIX}/objects/{sha[:2]}/{sha}")
+    got = client.get(f"/v1/blobs/{sha}", headers=admin)
+    assert "it is not there" in assert_error(got, 503, "storage_unusable")["message"]

@@ -101,7 +101,10 @@ class UploadSessions:
         """Append the bytes of one PATCH at ``offset`` (which must be the committed one).
         A ``declared`` length (Content-Length) past the session's end is refused before
         any byte is read."""
-        sha256, size, _ = await run_in_threadpool(self.session, upload_id)
+        found = await run_in_threadpool(self.store.get_upload, upload_id)
+        if found is None:
+            raise _no_session(upload_id)
+        sha256, size, created = found
         if offset > size:
             raise Conflict(
                 f"offset {offset} is past the end of upload {upload_id} ({size} bytes)",
@@ -113,6 +116,8 @@ class UploadSessions:
         proof = cached[2] if cached else None
         writer = await run_in_threadpool(self._hold, upload_id, sha256, size, proof)
         try:
+            if max(created, writer.touched) < self._expiry():
+                raise _no_session(upload_id)
             have = writer.size
             if offset != have:
                 raise Conflict(

@@ -43,6 +43,10 @@ class Appender(Protocol):
     def size(self) -> int:
         """Bytes the session holds, this request's included."""
 
+    @property
+    def touched(self) -> float:
+        """When the session's bytes were last written (its expiry counts from then)."""
+
     #: Whether what the session holds is what this server stored in the proof it was
     #: handed (so this server's hash of those bytes holds).
     trusted: bool
@@ -115,7 +119,8 @@ class BlobBytes(SessionBytes, Protocol):
         """The blob's file when it is on the server's disk (served with sendfile)."""
 
     def chunks(self, sha256: str, start: int, end: int) -> Iterator[bytes]:
-        """Bytes ``start`` to ``end`` (inclusive) of the blob."""
+        """Bytes ``start`` to ``end`` (inclusive) of the blob: opened now (a failure raises
+        here), read as the iterator is."""
 
     def clean(self, live_sessions: set[str], now: float) -> int:
         """At start: create what is needed, remove what a crash left (how many)."""

@@ -141,6 +141,9 @@ class BlobWriter:
         """The file's size as the filesystem has it."""
         return os.fstat(self._fd).st_size
 
+    def modified(self) -> float:
+        return os.fstat(self._fd).st_mtime
+
     def sync(self) -> None:
         """Make what was written durable (the committed offset of a resumable upload)."""
         try:
@@ -186,12 +189,17 @@ class BlobFiles:
             yield f
 
     def chunks(self, sha256: str, start: int, end: int) -> Iterator[bytes]:
-        with open(self.path(sha256), "rb") as f:
-            f.seek(start)
-            left = end - start + 1
-            while left > 0 and (data := f.read(min(left, 1 << 20))):
-                left -= len(data)
-                yield data
+        f = open(self.path(sha256), "rb")  # noqa: SIM115 (closed by the stream)
+
+        def stream() -> Iterator[bytes]:
+            with f:
+                f.seek(start)
+                left = end - start + 1
+                while left > 0 and (data := f.read(min(left, 1 << 20))):
+                    left -= len(data)
+                    yield data
+
+        return stream()
 
     def writer(self, sha256: str) -> _TempWriter:
         return _TempWriter(self, self.tmp / f"put-{secrets.token_hex(8)}")
@@ -283,6 +291,10 @@ class _SessionFile:
     @property
     def size(self) -> int:
         return self._file.size
+
+    @property
+    def touched(self) -> float:
+        return self._file.modified()
 
     def revert(self, size: int) -> None:
         self._file.truncate(size)

@@ -86,13 +86,18 @@ class S3Blobs:
 
     # ---- calls, with errors a user can act on ------------------------------------------
 
-    def _call(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T:
+    def _call(
+        self, what: str, fn: Callable[..., T], passed: tuple[str, ...] = (), **kwargs: Any
+    ) -> T:
+        """``fn(Bucket=..., **kwargs)``. A missing key or upload (or an error code in
+        ``passed``) raises botocore's ClientError, for the caller to say what it means;
+        any other failure StorageUnusable, naming the store and what the server did."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             return fn(Bucket=self.bucket, **kwargs)
         except ClientError as exc:
-            if _code(exc) in ("404", "NoSuchKey", "NoSuchUpload"):
+            if _code(exc) in ("404", "NoSuchKey", "NoSuchUpload", *passed):
                 raise
             raise _unusable(self.where, what, str(exc)) from exc
         except BotoCoreError as exc:
@@ -106,6 +111,15 @@ class S3Blobs:
             return self._call(what, fn, **kwargs)
         except ClientError:
             return None
+
+    def _listed(self, what: str, operation: str, field: str, **kwargs: Any) -> list[Any]:
+        """Every item of a listing (all its pages), with :meth:`_call`'s errors."""
+
+        def every_page(**kw: Any) -> list[Any]:
+            pages = self.s3.get_paginator(operation).paginate(**kw)
+            return [item for page in pages for item in page.get(field, [])]
+
+        return self._call(what, every_page, **kwargs)
 
     def check(self) -> None:
         """Fail now, with a clear message, when the bucket cannot be used."""
@@ -122,6 +136,56 @@ class S3Blobs:
     def _session_key(self, upload_id: str, name: str = "") -> str:
         return f"{self.prefix}uploads/{upload_id}/{name}"
 
+    def _put(self, key: str, body: bytes) -> str:
+        """Store ``body`` at ``key``; its ETag."""
+        return str(self._call("storing an upload", self.s3.put_object, Key=key, Body=body)["ETag"])
+
+    def _delete(self, key: str) -> None:
+        self._missing("removing an upload", self.s3.delete_object, Key=key)
+
+    def _new_upload(self, key: str) -> str:
+        made = self._call("starting an upload", self.s3.create_multipart_upload, Key=key)
+        return str(made["UploadId"])
+
+    def _upload_part(self, key: str, mpu: str, number: int, body: bytes) -> str:
+        """Store part ``number`` of a multipart upload; its ETag."""
+        done = self._call(
+            "storing an upload",
+            self.s3.upload_part,
+            Key=key,
+            UploadId=mpu,
+            PartNumber=number,
+            Body=body,
+        )
+        return str(done["ETag"])
+
+    def _complete(self, key: str, mpu: str, etags: dict[int, str], what: str) -> None:
+        """Complete a multipart upload from exactly these parts: S3 refuses (InvalidPart)
+        when any of them has been written over since, by bytes this server did not see;
+        that keeps nothing."""
+        from botocore.exceptions import ClientError
+
+        parts = [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]
+        try:
+            self._call(
+                "completing an upload",
+                self.s3.complete_multipart_upload,
+                passed=("InvalidPart", "InvalidPartOrder"),
+                Key=key,
+                UploadId=mpu,
+                MultipartUpload={"Parts": parts},
+            )
+        except ClientError as exc:  # or NoSuchUpload: aborted or finished meanwhile
+            raise HashMismatch(
+                f"{what}: the object store no longer holds the parts this server sent "
+                "(another request wrote over them, or ended the upload); nothing was kept, "
+                "start again",
+                detail={"blob_store": self.where},
+            ) from exc
+
+    def _abort(self, key: str, mpu: str) -> None:
+        self._missing("aborting an upload", self.s3.abort_multipart_upload, Key=key, UploadId=mpu)
+
     # ---- blobs ------------------------------------------------------------------------
 
     def exists(self, sha256: str) -> bool:
@@ -135,24 +199,36 @@ class S3Blobs:
     def local_path(self, sha256: str) -> Path | None:
         return None
 
+    def _body(self, sha256: str, **kwargs: Any) -> Any:
+        """The streaming body of blob ``sha256`` (the request made now, so a failure comes
+        before anything is sent on)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            got = self._call("reading a blob", self.s3.get_object, Key=self.key(sha256), **kwargs)
+        except ClientError as exc:  # its row says it exists: removed under the server
+            self._known.discard(sha256)
+            raise _unusable(self.where, f"reading blob {sha256}", "it is not there") from exc
+        return got["Body"]
+
     @contextlib.contextmanager
     def reader(self, sha256: str) -> Iterator[BinaryIO]:
-        got = self._call("reading a blob", self.s3.get_object, Key=self.key(sha256))
-        body = got["Body"]
+        body = self._body(sha256)
         try:
             yield body
         finally:
             body.close()
 
     def chunks(self, sha256: str, start: int, end: int) -> Iterator[bytes]:
-        got = self._call(
-            "reading a blob", self.s3.get_object, Key=self.key(sha256), Range=f"bytes={start}-{end}"
-        )
-        body = got["Body"]
-        try:
-            yield from body.iter_chunks(MIB)
-        finally:
-            body.close()
+        body = self._body(sha256, Range=f"bytes={start}-{end}")
+
+        def stream() -> Iterator[bytes]:
+            try:
+                yield from body.iter_chunks(MIB)
+            finally:
+                body.close()
+
+        return stream()
 
     def writer(self, sha256: str) -> _PutWriter:
         return _PutWriter(self, sha256)
@@ -162,68 +238,26 @@ class S3Blobs:
         server's crash mid-upload) and remove the tails of sessions that ended."""
         self.check()
         removed = 0
-        unfinished = self.s3.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=f"{self.prefix}objects/"
+        objects, uploads = f"{self.prefix}objects/", f"{self.prefix}uploads/"
+        unfinished = self._listed(
+            "listing unfinished uploads", "list_multipart_uploads", "Uploads", Prefix=objects
         )
-        for page in unfinished:
-            for upload in page.get("Uploads", []):
-                if upload["Initiated"].timestamp() < now - ORPHAN_AFTER:
-                    self._abort(upload["Key"], upload["UploadId"])
-                    removed += 1
-        pages = self.s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=f"{self.prefix}uploads/"
-        )
-        for page in pages:
-            for obj in page.get("Contents", []):
-                upload_id = obj["Key"][len(self.prefix) :].split("/")[1]
-                if upload_id not in live_sessions and obj["LastModified"].timestamp() < now - 3600:
-                    self._call("removing a leftover", self.s3.delete_object, Key=obj["Key"])
-                    removed += 1
+        for upload in unfinished:
+            if upload["Initiated"].timestamp() < now - ORPHAN_AFTER:
+                self._abort(upload["Key"], upload["UploadId"])
+                removed += 1
+        for obj in self._listed("listing sessions", "list_objects_v2", "Contents", Prefix=uploads):
+            upload_id = obj["Key"][len(uploads) :].split("/")[0]
+            if upload_id not in live_sessions and obj["LastModified"].timestamp() < now - 3600:
+                self._delete(obj["Key"])
+                removed += 1
         return removed
-
-    def _abort(self, key: str, mpu: str) -> None:
-        self._missing("aborting an upload", self.s3.abort_multipart_upload, Key=key, UploadId=mpu)
-
-    def _complete(self, key: str, mpu: str) -> None:
-        parts = [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in self._parts(key, mpu)]
-        self._call(
-            "completing an upload",
-            self.s3.complete_multipart_upload,
-            Key=key,
-            UploadId=mpu,
-            MultipartUpload={"Parts": parts},
-        )
-
-    def _parts(self, key: str, mpu: str) -> list[dict[str, Any]]:
-        """The parts uploaded so far, in order. Raises ClientError NoSuchUpload."""
-        parts: list[dict[str, Any]] = []
-        marker = 0
-        while True:
-            page = self._call(
-                "listing parts",
-                self.s3.list_parts,
-                Key=key,
-                UploadId=mpu,
-                PartNumberMarker=marker,
-            )
-            parts.extend(page.get("Parts", []))
-            if not page.get("IsTruncated"):
-                return parts
-            marker = int(page["NextPartNumberMarker"])
 
     # ---- resumable sessions -----------------------------------------------------------
 
     def start(self, upload_id: str, sha256: str, size: int) -> None:
-        created = self._call(
-            "starting an upload", self.s3.create_multipart_upload, Key=self.key(sha256)
-        )
-        mpu = created["UploadId"]
-        self._call(
-            "starting an upload",
-            self.s3.put_object,
-            Key=self._session_key(upload_id, "mpu"),
-            Body=mpu.encode(),
-        )
+        mpu = self._new_upload(self.key(sha256))
+        self._put(self._session_key(upload_id, "mpu"), mpu.encode())
         with self._lock:
             self._mpus[upload_id] = mpu
 
@@ -243,14 +277,15 @@ class S3Blobs:
             self._mpus[upload_id] = mpu
         return mpu
 
-    def _layout(self, upload_id: str, sha256: str, size: int) -> _Layout:
-        """Where a session stands: its whole parts and the tail after them. Raises Busy
-        when its multipart upload is being finished (or a crash left it half finished)."""
+    def _layout(self, upload_id: str, sha256: str, size: int, read_tail: bool) -> _Layout:
+        """Where a session stands: its whole parts and the tail after them (its bytes too
+        with ``read_tail``). Raises Busy when its multipart upload is being finished (or a
+        crash left it half finished)."""
         from botocore.exceptions import ClientError
 
         mpu, key, step = self._mpu(upload_id), self.key(sha256), part_size(size)
         try:
-            parts = self._parts(key, mpu)
+            parts = self._listed("listing parts", "list_parts", "Parts", Key=key, UploadId=mpu)
         except ClientError:
             raise Busy(upload_id) from None
         etags: dict[int, str] = {}
@@ -262,15 +297,18 @@ class S3Blobs:
             etags[part["PartNumber"]] = part["ETag"]
             touched = max(touched, part["LastModified"].timestamp())
         tail_key = self._session_key(upload_id, f"tail-{len(etags) * step}")
-        tail = self._missing("reading an upload", self.s3.head_object, Key=tail_key)
-        tail_size = int(tail["ContentLength"]) if tail else 0
-        if tail:
-            touched = max(touched, tail["LastModified"].timestamp())
-        return _Layout(mpu, key, step, etags, tail_key, tail_size, touched)
+        read = self.s3.get_object if read_tail else self.s3.head_object
+        tail = self._missing("reading an upload", read, Key=tail_key)
+        if tail is None:
+            return _Layout(mpu, key, step, etags, tail_key, b"", None, 0, touched)
+        data = tail["Body"].read() if read_tail else b""
+        touched = max(touched, tail["LastModified"].timestamp())
+        size_ = int(tail["ContentLength"])
+        return _Layout(mpu, key, step, etags, tail_key, data, str(tail["ETag"]), size_, touched)
 
     def kept(self, upload_id: str, sha256: str, size: int) -> tuple[int, float]:
         try:
-            layout = self._layout(upload_id, sha256, size)
+            layout = self._layout(upload_id, sha256, size, read_tail=False)
         except Busy:
             return size, 0.0
         return min(size, len(layout.etags) * layout.step + layout.tail_size), layout.touched
@@ -282,7 +320,13 @@ class S3Blobs:
         from botocore.exceptions import ClientError
 
         try:
-            self._parts(self.key(sha256), self._mpu(upload_id))
+            self._call(
+                "reading an upload",
+                self.s3.list_parts,
+                Key=self.key(sha256),
+                UploadId=self._mpu(upload_id),
+                MaxParts=1,
+            )
         except ClientError:
             return True
         return False
@@ -290,20 +334,15 @@ class S3Blobs:
     def appender(
         self, upload_id: str, sha256: str, size: int, proof: object | None = None
     ) -> _SessionParts:
-        layout = self._layout(upload_id, sha256, size)
-        tail, tail_etag = b"", None
-        if layout.tail_size:
-            got = self._missing("reading an upload", self.s3.get_object, Key=layout.tail_key)
-            if got is not None:
-                tail, tail_etag = got["Body"].read(), str(got["ETag"])
+        layout = self._layout(upload_id, sha256, size, read_tail=True)
         # What this server stored last time, still there: every part and the tail carry
         # the ETag S3 gave it for its own writes. Then its hash of them holds.
         trusted = (
             isinstance(proof, _Proof)
-            and proof.tail_etag == tail_etag
+            and proof.tail_etag == layout.tail_etag
             and {n: proof.etags.get(n) for n in layout.etags} == layout.etags
         )
-        return _SessionParts(self, upload_id, sha256, size, layout, tail, tail_etag, trusted)
+        return _SessionParts(self, upload_id, sha256, layout, trusted)
 
     def drop(self, upload_id: str, sha256: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -312,13 +351,14 @@ class S3Blobs:
 
     def _forget(self, upload_id: str) -> None:
         """Remove a session's own objects (its tails, then its record of the upload)."""
-        pages = self.s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self._session_key(upload_id)
-        )
-        keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+        prefix = self._session_key(upload_id)
+        keys = [
+            o["Key"]
+            for o in self._listed("ending an upload", "list_objects_v2", "Contents", Prefix=prefix)
+        ]
         keys.sort(key=lambda k: k.endswith("/mpu"))  # the record last
         for key in keys:
-            self._missing("removing an upload", self.s3.delete_object, Key=key)
+            self._delete(key)
         with self._lock:
             self._mpus.pop(upload_id, None)
 
@@ -330,6 +370,8 @@ class _Layout:
     step: int
     etags: dict[int, str]  # the whole parts, 1..n, and their ETags
     tail_key: str
+    tail: bytes  # read only when asked for
+    tail_etag: str | None
     tail_size: int
     touched: float
 
@@ -347,24 +389,15 @@ class _SessionParts:
     here and stored as the tail by :meth:`sync`."""
 
     def __init__(
-        self,
-        s3: S3Blobs,
-        upload_id: str,
-        sha256: str,
-        total: int,
-        layout: _Layout,
-        tail: bytes,
-        tail_etag: str | None,
-        trusted: bool,
+        self, s3: S3Blobs, upload_id: str, sha256: str, layout: _Layout, trusted: bool
     ) -> None:
-        self.s3, self.upload_id, self.sha256, self.total = s3, upload_id, sha256, total
-        self.layout, self.trusted = layout, trusted
-        self.etags = dict(layout.etags)
-        self.whole = len(self.etags)
-        self.buffer = bytearray(tail)
-        self.size = self.whole * layout.step + len(self.buffer)
-        self._tail_key = layout.tail_key if tail else None
-        self._tail_etag = tail_etag
+        self.s3, self.upload_id, self.sha256 = s3, upload_id, sha256
+        self.layout, self.trusted, self.touched = layout, trusted, layout.touched
+        self.etags = dict(layout.etags)  # every part of the upload, by this request's view
+        self.buffer = bytearray(layout.tail)
+        self.size = len(self.etags) * layout.step + len(self.buffer)
+        self._tail_key = layout.tail_key if layout.tail else None
+        self._tail_etag = layout.tail_etag
         self._sealed = self._promoted = False
 
     @property
@@ -376,45 +409,31 @@ class _SessionParts:
         self.size += len(data)
         step = self.layout.step
         while len(self.buffer) >= step:
-            self._upload_part(bytes(self.buffer[:step]))
+            self._add_part(bytes(self.buffer[:step]))
             del self.buffer[:step]
 
-    def _upload_part(self, body: bytes) -> None:
-        done = self.s3._call(
-            "storing an upload",
-            self.s3.s3.upload_part,
-            Key=self.layout.key,
-            UploadId=self.layout.mpu,
-            PartNumber=self.whole + 1,
-            Body=body,
-        )
-        self.whole += 1
-        self.etags[self.whole] = str(done["ETag"])
+    def _add_part(self, body: bytes) -> None:
+        number = len(self.etags) + 1
+        self.etags[number] = self.s3._upload_part(self.layout.key, self.layout.mpu, number, body)
 
     def sync(self) -> None:
-        start = self.whole * self.layout.step
-        key = self.s3._session_key(self.upload_id, f"tail-{start}")
-        self._tail_etag = None
-        if self.buffer:
-            put = self.s3._call(
-                "storing an upload", self.s3.s3.put_object, Key=key, Body=bytes(self.buffer)
-            )
-            self._tail_etag = str(put["ETag"])
+        key = self.s3._session_key(self.upload_id, f"tail-{len(self.etags) * self.layout.step}")
+        self._tail_etag = self.s3._put(key, bytes(self.buffer)) if self.buffer else None
         if self._tail_key is not None and self._tail_key != key:
-            self.s3._missing("storing an upload", self.s3.s3.delete_object, Key=self._tail_key)
+            self.s3._delete(self._tail_key)
         self._tail_key = key if self.buffer else None
 
     def revert(self, size: int) -> None:
         self.buffer.clear()  # not stored: the session goes on from what was
 
     def rehash(self) -> hashlib._Hash | None:
-        if self.whole:  # parts of an unfinished multipart upload cannot be read back
+        if self.etags:  # parts of an unfinished multipart upload cannot be read back
             return None
         return hashlib.sha256(self.buffer)
 
     def seal(self, hasher: hashlib._Hash | None) -> str:
-        if self.buffer or self.whole == 0:
-            self._upload_part(bytes(self.buffer))
+        if self.buffer or not self.etags:
+            self._add_part(bytes(self.buffer))
             self.buffer.clear()
         if hasher is not None:
             return hasher.hexdigest()
@@ -427,49 +446,29 @@ class _SessionParts:
                 f"upload {self.upload_id}: the blob was stored meanwhile; ask for it again",
                 detail={"upload": self.upload_id},
             )
-        self.s3._complete(self.layout.key, self.layout.mpu)
-        self._sealed = True
+        self._complete()
         digest = hashlib.sha256()
         with self.s3.reader(self.sha256) as f:
             while chunk := f.read(MIB):
                 digest.update(chunk)
         return digest.hexdigest()
 
+    def _complete(self) -> None:
+        what = f"upload {self.upload_id}"
+        self.s3._complete(self.layout.key, self.layout.mpu, self.etags, what)
+        self._sealed = True
+
     def promote(self, sha256: str) -> None:
         if not self._sealed:  # the parts this server sent and hashed, by their ETags
-            self._complete_own()
-            self._sealed = True
+            self._complete()
         self._promoted = True
         self.s3._known.add(sha256)
-
-    def _complete_own(self) -> None:
-        """Complete the upload with the ETags this server's writes got: S3 refuses it
-        (InvalidPart) if any part was written over since, by bytes this server did not
-        hash."""
-        from botocore.exceptions import ClientError
-
-        parts = [{"PartNumber": n, "ETag": self.etags[n]} for n in range(1, self.whole + 1)]
-        try:
-            self.s3.s3.complete_multipart_upload(
-                Bucket=self.s3.bucket,
-                Key=self.layout.key,
-                UploadId=self.layout.mpu,
-                MultipartUpload={"Parts": parts},
-            )
-        except ClientError as exc:
-            if _code(exc) not in ("InvalidPart", "NoSuchUpload"):
-                raise _unusable(self.s3.where, "completing an upload", str(exc)) from exc
-            raise HashMismatch(
-                f"upload {self.upload_id}: its parts were written over while it was sent "
-                "(another request sent other bytes); nothing was kept, start again",
-                detail={"upload": self.upload_id},
-            ) from exc
 
     def discard(self) -> None:
         if not self._sealed:
             self.s3._abort(self.layout.key, self.layout.mpu)
         elif not self._promoted:  # completed to be checked, and wrong
-            self.s3._missing("removing an upload", self.s3.s3.delete_object, Key=self.layout.key)
+            self.s3._delete(self.layout.key)
             self.s3._known.discard(self.sha256)
         self.s3._forget(self.upload_id)
 
@@ -486,47 +485,28 @@ class _PutWriter:
         self.size = 0
         self.buffer = bytearray()
         self._mpu: str | None = None
-        self._parts: list[dict[str, Any]] = []
+        self._etags: dict[int, str] = {}
 
     def write(self, data: bytes | memoryview) -> None:
         self.buffer += data
         self.size += len(data)
         while len(self.buffer) >= MIN_PART:
-            self._upload(bytes(self.buffer[:MIN_PART]))
+            self._add_part(bytes(self.buffer[:MIN_PART]))
             del self.buffer[:MIN_PART]
 
-    def _upload(self, body: bytes) -> None:
+    def _add_part(self, body: bytes) -> None:
         if self._mpu is None:
-            made = self.s3._call(
-                "storing an upload", self.s3.s3.create_multipart_upload, Key=self.key
-            )
-            self._mpu = str(made["UploadId"])
-        number = len(self._parts) + 1
-        done = self.s3._call(
-            "storing an upload",
-            self.s3.s3.upload_part,
-            Key=self.key,
-            UploadId=self._mpu,
-            PartNumber=number,
-            Body=body,
-        )
-        self._parts.append({"PartNumber": number, "ETag": done["ETag"]})
+            self._mpu = self.s3._new_upload(self.key)
+        number = len(self._etags) + 1
+        self._etags[number] = self.s3._upload_part(self.key, self._mpu, number, body)
 
     def commit(self, sha256: str) -> None:
         if self._mpu is None:
-            self.s3._call(
-                "storing a blob", self.s3.s3.put_object, Key=self.key, Body=bytes(self.buffer)
-            )
+            self.s3._put(self.key, bytes(self.buffer))
         else:
             if self.buffer:
-                self._upload(bytes(self.buffer))
-            self.s3._call(
-                "storing a blob",
-                self.s3.s3.complete_multipart_upload,
-                Key=self.key,
-                UploadId=self._mpu,
-                MultipartUpload={"Parts": self._parts},
-            )
+                self._add_part(bytes(self.buffer))
+            self.s3._complete(self.key, self._mpu, self._etags, f"blob {sha256}")
             self._mpu = None
         self.buffer.clear()
         self.s3._known.add(sha256)
