@@ -85,17 +85,15 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
 UPLOAD_SWEEP_EVERY = 600.0  # and retention (server/retention.py)
 
 
-async def _sweeper(services: Services, interval: float, stop: asyncio.Event) -> None:
+async def _sweeper(services: Services, interval: float) -> None:
     """Expire leases at start and every ``interval``; tidy the fleet every five seconds
     at most (a worker goes offline a lease after its last heartbeat); upload sessions and
     retention every ten minutes. The first sweep runs at once: a lease that lapsed while
-    no server ran goes back to the queue as the server starts (its worker has fenced).
-    Ends between sweeps once ``stop`` is set: a sweep's database call runs in a thread,
-    which cancelling would not stop, so the store could close under it."""
+    no server ran goes back to the queue as the server starts (its worker has fenced)."""
     loop = asyncio.get_running_loop()
     next_uploads = next_tidy = loop.time()
     tidy_every = max(interval, min(services.settings.lease_timeout / 4, 5.0))
-    while not stop.is_set():
+    while True:
         try:
             requeued = await run_in_threadpool(services.leases.expire)
             offline: list[str] = []
@@ -115,8 +113,7 @@ async def _sweeper(services: Services, interval: float, stop: asyncio.Event) -> 
                 log.warning("lease expired for job %s", job_id)
             for worker_id in offline:
                 log.warning("worker %s is offline (no heartbeat)", worker_id)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+        await asyncio.sleep(interval)
 
 
 def create_app(
@@ -187,8 +184,7 @@ def _lifespan(
         # no server ran is requeued at the first sweep. Sweeps come every second at most,
         # so a lapsed lease is requeued within a second of its end.
         interval = max(0.05, min(services.settings.lease_timeout / 4, 1.0))
-        stop_sweeping = asyncio.Event()
-        task = asyncio.create_task(_sweeper(services, interval, stop_sweeping))
+        task = asyncio.create_task(_sweeper(services, interval))
         stop_listening = threading.Event()
         listener = None
         if store.dialect == "postgresql":  # wake polls held by this replica on others' changes
@@ -209,9 +205,9 @@ def _lifespan(
             stop_listening.set()
             if listener is not None:
                 listener.join(5)
-            stop_sweeping.set()  # the sweep under way finishes (cancelled after 10 s)
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(task, 10)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
             await st.audit.close()
             st.audit.bind(None)
 
