@@ -10,6 +10,7 @@ each other's rows.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -113,6 +114,13 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             command.upgrade(cfg, "head")
 
     def close(self) -> None:
+        """Close every pooled connection. A connection still checked out (a call running in
+        another thread as the server stops) is waited for, 5 s at most: disposing the pool
+        under it would leave it to be closed by the garbage collector."""
+        pool = self.engine.pool
+        deadline = time.monotonic() + 5.0
+        while getattr(pool, "checkedout", lambda: 0)() and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.engine.dispose()
 
     @contextmanager
