@@ -184,7 +184,7 @@ def test_rows_written_at_an_earlier_revision_read_back_after_upgrading(
     assert [g.name for g in worker.capability.gpus] == ["A100"]
     assert worker.gpu_stats[0].free_mib == 40960
     assert stored.host_policy({h.name: h.policy for h in store.hosts()}["box"]).priority == 2
-    assert [r.line for r in store.logs("j-old", 0, 10)] == ["hi"]
+    assert [r.line for r in store.logs("j-old", 0, 10, ("stdout",))] == ["hi"]
     if "tokens" in written:
         assert [t.name for t in store.list_tokens()] == ["ci"]
     if "artifacts" in written:

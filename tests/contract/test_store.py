@@ -50,6 +50,7 @@ BACKOFF = 10.0
 SETTINGS = QueueSettings(lease_timeout=LEASE, prefer_cuda_grace=60.0, retry_backoff=BACKOFF)
 CPU = FreeResources(cpu_slots=1)
 GIB = 1024
+OUT = ("stdout", "stderr")  # a job's output, of its event log
 
 
 class FakeClock:
@@ -437,14 +438,16 @@ def test_lease_protocol_happy_path(store: SqlStore, queue: Services, clock: Fake
         lease.job_id, lease.attempt, [("stdout", "epoch 1"), ("stderr", "warn")]
     )
     queue.leases.append_logs(lease.job_id, lease.attempt, [("stdout", "epoch 2")])
-    logs = store.logs(submitted.id, after=0, limit=100)
+    logs = store.logs(submitted.id, after=0, limit=100, streams=OUT)
     assert [(x.stream, x.line, x.attempt) for x in logs] == [
         ("stdout", "epoch 1", 1),
         ("stderr", "warn", 1),
         ("stdout", "epoch 2", 1),
     ]
     assert [x.seq for x in logs] == sorted(x.seq for x in logs)
-    assert [x.line for x in store.logs(submitted.id, after=logs[0].seq, limit=1)] == ["warn"]
+    assert [x.line for x in store.logs(submitted.id, after=logs[0].seq, limit=1, streams=OUT)] == [
+        "warn"
+    ]
 
     clock.advance(5)
     done = queue.leases.finish(lease.job_id, lease.attempt, exit_code=0, error=None)
@@ -472,7 +475,7 @@ def test_a_batch_of_output_sent_again_is_stored_once(store: SqlStore, queue: Ser
     send([("stderr", "d")], None)  # no first line named: after what is there
     send([("stdout", "e")], 4)
     send([("stdout", "e")], 4)
-    lines = [(x.stream, x.line) for x in store.logs(lease.job_id, after=0, limit=100)]
+    lines = [(x.stream, x.line) for x in store.logs(lease.job_id, after=0, limit=100, streams=OUT)]
     assert lines == [("stdout", "a"), ("stdout", "b"), ("stdout", "c"), ("stderr", "d"),
                      ("stdout", "e")]  # fmt: skip
 
@@ -536,7 +539,7 @@ def test_wrong_attempt_number_is_a_conflict(store: SqlStore, queue: Services, wr
     with pytest.raises(Conflict):
         STALE_WRITES[write](queue, forged)
     assert job(store, lease.job_id) == before
-    assert store.logs(lease.job_id, after=0, limit=100) == []
+    assert store.logs(lease.job_id, after=0, limit=100, streams=OUT) == []
 
 
 def test_stale_heartbeat_orders_cancel_and_extends_nothing(
@@ -1307,13 +1310,16 @@ def test_retention_deletes_finished_jobs_output_and_old_audit_records_only(
     store.insert_audit([{"at": clock.now, "address": "-", "event": "x", "target": "new"}])
     last = max(r.seq for r in store.logs(ids[2], 0, 100))
 
-    assert q.retention.run() == 7  # the old job's lines; the audit record is 10 days old
-    assert [len(store.logs(i, 0, 100)) for i in ids] == [0, 7, 7]
+    # the old job's lines and its 3 status changes; the audit record is 10 days old
+    assert q.retention.run() == 7 + 3
+    assert [len(store.logs(i, 0, 100, streams=OUT)) for i in ids] == [0, 7, 7]
     assert job(store, ids[0]).status is JobStatus.SUCCEEDED
     assert [a.outcome for a in store.attempts(ids[0])] == ["succeeded"]
     clock.advance(25 * day)
-    assert q.retention.run() == 7 + 1  # now the recent job's lines and the first record
+    assert q.retention.run() == 7 + 3 + 1  # now the recent job's records and the first audit
     assert [a.target for a in store.audit(0, 10)] == ["new"]
     q.leases.append_logs(ids[2], 1, [("stdout", "later")])
-    assert store.logs(ids[2], last, 100)[0].line == "later"  # a follower's cursor holds
+    assert (
+        store.logs(ids[2], last, 100, streams=OUT)[0].line == "later"
+    )  # a follower's cursor holds
     assert q.retention.run() == 0

@@ -148,6 +148,8 @@ class Change:
     # Stored fields that must still hold what the change was decided on (a claim: the
     # spec it was ranked by; a manifest may have changed a pending job since).
     guard: Mapping[str, object] = field(default_factory=dict)
+    # Who asked for it (a token's or worker's name), for the job's event log.
+    by: str | None = None
 
     @property
     def sources(self) -> frozenset[JobStatus]:
@@ -161,6 +163,25 @@ class Change:
     def attempt(self) -> int:
         """The attempt record the change opens or updates."""
         return self.lease + 1 if self.event == Event.CLAIM else self.lease
+
+
+def state_event(change: Change) -> dict[str, object]:
+    """The record a change leaves in its job's event log: the status it led to, the
+    event, the attempt, who asked (a claim: its worker) and why (an error, if any)."""
+    by = change.by
+    if by is None and change.opens is not None:
+        by = str(change.opens.get("worker_name") or "") or None
+    why = change.fields.get("error") or (change.record or {}).get("error")
+    out: dict[str, object] = {
+        "status": change.status.value,
+        "event": change.event.value,
+        "attempt": change.attempt,
+    }
+    if by:
+        out["by"] = by
+    if why:
+        out["why"] = str(why)
+    return out
 
 
 #: What a job loses when it goes back to the queue: no worker holds it.

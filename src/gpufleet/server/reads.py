@@ -4,12 +4,15 @@ health. Routes read through here, never the store."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.errors import NotFound
 from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, Store, TokenRow
 from gpufleet.store.rows import ArtifactRow
+
+#: A job's output: the records of its event log that are lines it wrote.
+OUTPUT = frozenset({"stdout", "stderr"})
 
 
 class Reads:
@@ -47,8 +50,12 @@ class Reads:
         latest one."""
         return self.store.artifact(job.id, job.lease if job.status == JobStatus.SUCCEEDED else None)
 
-    def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
-        return self.store.logs(job_id, after, limit)
+    def logs(
+        self, job_id: str, after: int, limit: int, streams: Collection[str] | None = OUTPUT
+    ) -> list[LogRow]:
+        """The job's event log after ``after``: its output lines, or the records of
+        ``streams`` (None: every record, status changes and progress too)."""
+        return self.store.logs(job_id, after, limit, streams)
 
     def counts(self, pools: Sequence[str] | None) -> dict[str, int]:
         """How many jobs of ``pools`` are in each status."""

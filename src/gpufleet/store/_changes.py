@@ -25,6 +25,7 @@ from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import JobStatus
 from gpufleet.store import schema as t
+from gpufleet.store._values import state_rows
 from gpufleet.store.api import Applied
 from gpufleet.store.rows import JobRow
 
@@ -33,6 +34,7 @@ _J, _A, _D = t.jobs.c, t.attempts.c, t.job_deps.c
 _JSON = frozenset({"gpus", "stderr_tail"})
 _FAILS_DEPENDENTS = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 _OPEN_ATTEMPT = t.attempts.insert()  # built once: its cache key is then computed once
+_EVENT = t.job_logs.insert()
 
 
 def encode(values: Mapping[str, object]) -> dict[str, Any]:
@@ -163,6 +165,8 @@ class ChangeOps(NamedChanges):
             rkeys = tuple(sorted(change.record))
             where = {"_id": change.job_id, "_attempt": change.attempt}
             conn.execute(_record_statement(rkeys), {**encode(change.record), **where})
+        # In the transaction that holds the job's row: its events are numbered in order.
+        conn.execute(_EVENT, state_rows([change]))
         return True
 
     def after(self, conn: Connection, change: Change) -> Applied:
@@ -202,6 +206,7 @@ class ChangeOps(NamedChanges):
         rows = [{**encode(c.fields), "_id": c.job_id, "_lease": c.lease} for c in changes]
         with conn.begin_nested() as nested:
             if conn.execute(stmt, rows).rowcount == len(rows):
+                conn.execute(_EVENT, state_rows(changes))
                 return True
             nested.rollback()
         return False

@@ -25,6 +25,7 @@ from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE
 from gpufleet.store import schema as t
+from gpufleet.store._values import state_rows
 from gpufleet.store.api import ClaimView, StaleClaim
 from gpufleet.store.rows import JobRow
 
@@ -204,8 +205,11 @@ class ClaimSession:
         ids = [c.job_id for c in changes]
         by_id = {c.job_id: c for c in changes}
         picked, counted, taken = _claim_in_one(conn, worker_id, seen, changes)
-        if taken is not None or picked is None:
-            return None if taken is None else str(taken)
+        if taken is not None:  # its row is locked until this commits: its event in order
+            conn.execute(t.job_logs.insert(), state_rows([by_id[str(taken)]]))
+            return str(taken)
+        if picked is None:
+            return None
         if not counted:
             raise StaleClaim(worker_id)
         ids.remove(picked)  # still pending, but its lease or spec moved since the ranking

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statements
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps, write_hosts
-from gpufleet.store._values import job_values
+from gpufleet.store._values import job_values, progress_columns, submit_events
 from gpufleet.store.api import Batch, Hold, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, log_offsets
 from gpufleet.store.stored import spec_json
@@ -246,6 +246,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         # RETURNING names only the rows this call created.
         stmt = self._insert(t.jobs).on_conflict_do_nothing().returning(t.jobs.c.id)
         inserted = set(conn.execute(stmt, fresh).scalars())
+        if inserted:
+            conn.execute(t.job_logs.insert(), submit_events(sorted(inserted), batch.by, now))
         mine = {i: d for i, d in batch.deps.items() if i in inserted and d}
         if mine:
             self.insert_deps(conn, mine)
@@ -478,10 +480,12 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         the job has been asked to stop (read in the same go)."""
         j, a = t.jobs.c, t.attempts.c
         with self._write() as conn:
+            # The job's row is locked, as a status change locks it: the job's events are
+            # numbered in the order they commit, so a follower never skips one.
             held = conn.execute(
-                select(j.stop_requested_at, j.stop_grace).where(
-                    self._lease_where(job_id, lease, ACTIVE)
-                )
+                select(j.stop_requested_at, j.stop_grace, j.metrics)
+                .where(self._lease_where(job_id, lease, ACTIVE))
+                .with_for_update()
             ).first()
             if held is None:
                 return False, None
@@ -498,6 +502,9 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                     ],
                 )
                 conn.execute(update(t.attempts).where(this), {"log_lines": fresh.end})
+                summary = progress_columns(fresh.lines, held.metrics)
+                if summary is not None:
+                    conn.execute(update(t.jobs).where(j.id == job_id), summary)
         return True, (None if held.stop_requested_at is None else float(held.stop_grace or 0))
 
     def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int:
@@ -519,8 +526,41 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                 done += conn.execute(t.audit.delete().where(a.seq.in_(old))).rowcount
         return done
 
-    def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
+    def logs(
+        self, job_id: str, after: int, limit: int, streams: Collection[str] | None = None
+    ) -> list[LogRow]:
+        """The job's event log after ``after``, in order: every record, or those of
+        ``streams`` (stdout, stderr, progress, state)."""
         c = t.job_logs.c
-        q = select(t.job_logs).where(c.job_id == job_id, c.seq > after).order_by(c.seq).limit(limit)
+        q = select(t.job_logs).where(c.job_id == job_id, c.seq > after)
+        if streams is not None:
+            q = q.where(c.stream.in_(sorted(streams)))
         with self._read() as conn:
-            return [LogRow.from_row(r) for r in conn.execute(q).all()]
+            return [LogRow.from_row(r) for r in conn.execute(q.order_by(c.seq).limit(limit)).all()]
+
+    def state_events(
+        self, after: int, limit: int, pools: Sequence[str] | None = None
+    ) -> list[tuple[LogRow, str]]:
+        """Status changes of every job (of ``pools``) after ``after``, in order, each with
+        its job's pool: what the fleet-wide event stream carries."""
+        c, j = t.job_logs.c, t.jobs.c
+        q = (
+            select(t.job_logs, j.pool)
+            .join(t.jobs, j.id == c.job_id)
+            .where(c.stream == "state", c.seq > after)
+        )
+        if pools is not None:
+            q = q.where(j.pool.in_(list(pools)))
+        with self._read() as conn:
+            rows = conn.execute(q.order_by(c.seq).limit(limit)).all()
+        out = []
+        for r in rows:
+            m = dict(r._mapping)
+            pool = str(m.pop("pool"))
+            out.append((LogRow.from_mapping(m), pool))
+        return out
+
+    def last_seq(self) -> int:
+        """The newest event's number (0: none yet): where a new follower starts."""
+        with self._read() as conn:
+            return int(conn.execute(select(func.max(t.job_logs.c.seq))).scalar() or 0)

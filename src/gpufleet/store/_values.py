@@ -1,10 +1,14 @@
-"""Column values both stores write: a new job's row."""
+"""Column values both stores write: a new job's row, and its first event."""
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Sequence
 from typing import Any
 
-from gpufleet.domain import lifecycle
+from gpufleet.domain import lifecycle, progress
+from gpufleet.domain.lifecycle import Change
 from gpufleet.domain.models import JobSpec
 from gpufleet.store.stored import spec_json
 
@@ -31,3 +35,41 @@ def job_values(
         "created_at": now,
         "unrunnable": unrunnable,
     }
+
+
+def submit_events(job_ids: Sequence[str], by: str | None, now: float) -> list[dict[str, Any]]:
+    """The first record of each new job's event log: it is pending, submitted by ``by``."""
+    record: dict[str, object] = {"status": "pending", "event": "submit", "attempt": 0}
+    if by:
+        record["by"] = by
+    line = json.dumps(record, separators=(",", ":"))
+    return [
+        {"job_id": i, "attempt": 0, "stream": "state", "line": line, "ts": now} for i in job_ids
+    ]
+
+
+def progress_columns(
+    lines: Sequence[tuple[str, str]], metrics: str | None
+) -> dict[str, str] | None:
+    """The job's ``progress`` and ``metrics`` columns after these lines are appended (the
+    metrics it had are ``metrics``); None when none of them is a progress record."""
+    records = [json.loads(line) for stream, line in lines if stream == "progress"]
+    if not records:
+        return None
+    folded = progress.fold(records, json.loads(metrics) if metrics else None)
+    return {"progress": progress.encode(records[-1]), "metrics": progress.encode(folded)}
+
+
+def state_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
+    """The event log rows of applied changes: one ``state`` record each."""
+    now = time.time()
+    return [
+        {
+            "job_id": c.job_id,
+            "attempt": c.attempt,
+            "stream": "state",
+            "line": json.dumps(lifecycle.state_event(c), separators=(",", ":")),
+            "ts": now,
+        }
+        for c in changes
+    ]

@@ -72,6 +72,7 @@ class Batch:
     jobs: Sequence[tuple[str, JobSpec, str | None]]
     deps: Mapping[str, Sequence[str]] = field(default_factory=dict)
     submitted_by: str | None = None
+    by: str | None = None  # the submitting token's name, for the jobs' event logs
     hold: Hold | None = None
     grants: Collection[tuple[str, str]] = ()
     hosts: Hosts | None = None
@@ -168,7 +169,13 @@ class JobStore(Protocol):
         now: float,
         first: int | None = None,
     ) -> tuple[bool, float | None]: ...
-    def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]: ...
+    def logs(
+        self, job_id: str, after: int, limit: int, streams: Collection[str] | None = None
+    ) -> list[LogRow]: ...
+    def state_events(
+        self, after: int, limit: int, pools: Sequence[str] | None = None
+    ) -> list[tuple[LogRow, str]]: ...
+    def last_seq(self) -> int: ...
     def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int: ...
 
 

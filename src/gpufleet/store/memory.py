@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,7 +22,7 @@ from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
-from gpufleet.store._values import job_values
+from gpufleet.store._values import job_values, progress_columns, state_rows, submit_events
 from gpufleet.store.api import Applied, Batch, ClaimView, StaleClaim, Store, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, log_offsets
 from gpufleet.store.stored import spec_json
@@ -190,6 +190,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
             values = job_values(job_id, spec, now, unrunnable, batch.submitted_by)
             self.jobs[job_id] = {**defaults(t.jobs), **values}
             created.append(job_id)
+        self._log(submit_events(created, batch.by, now))
         mine = {i: list(dict.fromkeys(d)) for i, d in batch.deps.items() if i in created and d}
         self.deps.update(mine)
         self._recount(list(mine))
@@ -419,7 +420,14 @@ class MemoryStore(MemoryRecords, NamedChanges):
             self.attempt_rows[key] = {**attempt, **encode(change.opens)}
         elif change.record and self.attempt_rows.get(key, {}).get("finished_at", 0) is None:
             self.attempt_rows[key].update(encode(change.record))
+        self._log(state_rows([change]))
         return True
+
+    def _log(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Append rows to the event log, numbered (never a number twice, as in SQL)."""
+        for row in rows:
+            self.log_seq += 1
+            self.log_rows.append({**row, "seq": self.log_seq})
 
     # ---- dependencies -----------------------------------------------------------------
 
@@ -490,25 +498,46 @@ class MemoryStore(MemoryRecords, NamedChanges):
             fresh = log_offsets(attempt["log_lines"], first, lines)
             if fresh:
                 attempt["log_lines"] = fresh.end
-            for stream, line in fresh.lines if fresh else ():
-                self.log_seq += 1
-                self.log_rows.append(
-                    {
-                        "seq": self.log_seq,
-                        "job_id": job_id,
-                        "attempt": lease,
-                        "stream": stream,
-                        "line": line,
-                        "ts": now,
-                    }
-                )
+                j.update(progress_columns(fresh.lines, j["metrics"]) or {})
+            self._log(
+                [
+                    {"job_id": job_id, "attempt": lease, "stream": s, "line": line, "ts": now}
+                    for s, line in (fresh.lines if fresh else ())
+                ]
+            )
             stop = None if j["stop_requested_at"] is None else float(j["stop_grace"] or 0)
             return True, stop
 
-    def logs(self, job_id: str, after: int, limit: int) -> list[LogRow]:
+    def logs(
+        self, job_id: str, after: int, limit: int, streams: Collection[str] | None = None
+    ) -> list[LogRow]:
         with self._lock:
-            found = [r for r in self.log_rows if r["job_id"] == job_id and r["seq"] > after]
+            found = [
+                r
+                for r in self.log_rows
+                if r["job_id"] == job_id
+                and r["seq"] > after
+                and (streams is None or r["stream"] in streams)
+            ]
             return [LogRow.from_mapping(dict(r)) for r in found[:limit]]
+
+    def state_events(
+        self, after: int, limit: int, pools: Sequence[str] | None = None
+    ) -> list[tuple[LogRow, str]]:
+        with self._lock:
+            found = [
+                (LogRow.from_mapping(dict(r)), self.jobs[r["job_id"]]["pool"])
+                for r in self.log_rows
+                if r["stream"] == "state"
+                and r["seq"] > after
+                and r["job_id"] in self.jobs
+                and (pools is None or self.jobs[r["job_id"]]["pool"] in pools)
+            ]
+            return found[:limit]
+
+    def last_seq(self) -> int:
+        with self._lock:
+            return self.log_seq
 
 
 def _keeps_the_contract(store: MemoryStore) -> Store:

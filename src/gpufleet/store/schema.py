@@ -62,6 +62,10 @@ jobs = Table(
     Column("stop_grace", Float),
     # It ended after a stop with exit code 0: succeeded, early.
     Column("stopped_early", Boolean, nullable=False, default=False),
+    # What the job last reported of itself (a progress record, JSON), and the last value
+    # of each metric it has reported (JSON object): read without walking its event log.
+    Column("progress", Text),
+    Column("metrics", Text),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -141,6 +145,8 @@ hosts = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+# One event log per job: output lines (stream stdout or stderr), ``progress`` records and
+# ``state`` records (JSON), numbered by one sequence; a job's records in commit order.
 job_logs = Table(
     "job_logs",
     metadata,
@@ -152,6 +158,13 @@ job_logs = Table(
     Column("ts", Float, nullable=False),
 )
 Index("ix_job_logs_job", job_logs.c.job_id, job_logs.c.seq)
+# The fleet-wide event stream reads status changes only: a partial index of those.
+Index(
+    "ix_job_logs_state",
+    job_logs.c.seq,
+    sqlite_where=job_logs.c.stream == "state",
+    postgresql_where=job_logs.c.stream == "state",
+)
 
 tokens = Table(
     "tokens",

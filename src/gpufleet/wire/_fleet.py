@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
+from gpufleet.domain import progress
 from gpufleet.domain.models import (
     Capability,
     GpuInfo,
@@ -216,8 +217,20 @@ class StartRequest(Strict):
 
 
 class LogLine(Strict):
-    stream: Literal["stdout", "stderr"] = "stdout"
+    """One line of a job's output, or (stream ``progress``) one progress record: a JSON
+    object with the known keys of :mod:`gpufleet.domain.progress` and numeric metrics."""
+
+    stream: Literal["stdout", "stderr", "progress"] = "stdout"
     line: str = Field(max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _record(self) -> LogLine:
+        if self.stream == "progress":
+            try:
+                self.line = progress.encode(progress.parse(self.line))
+            except progress.BadProgress as exc:
+                raise ValueError(f"a progress record: {exc}") from None
+        return self
 
 
 class LogAppend(Strict):
