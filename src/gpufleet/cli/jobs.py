@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -30,13 +30,14 @@ from gpufleet.cli.show import error_line, show_detail
 from gpufleet.cli.watch import watch
 from gpufleet.client import Client
 from gpufleet.domain.manifest import parse_manifest
-from gpufleet.domain.models import InputKind, JobStatus
+from gpufleet.domain.models import InputKind
 from gpufleet.errors import ManifestError
 from gpufleet.wire import (
     HostModel,
     InputModel,
     JobOut,
     JobSpecModel,
+    LogEntry,
     ManifestApply,
 )
 
@@ -216,22 +217,35 @@ def logs(
 
 
 def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
-    """Print a job's output until it ends (or once, without ``keep_going``); its status."""
-    after = 0
-    while True:
-        page = c.logs(job, after)
-        for ln in page.lines:
-            if as_json:
-                sys.stdout.write(ln.model_dump_json() + "\n")
-            else:
-                (sys.stdout if ln.stream == "stdout" else sys.stderr).write(ln.line + "\n")
-        sys.stdout.flush()
-        after = page.next
-        if page.lines and len(page.lines) >= 10_000:
-            continue
-        if not keep_going or (JobStatus(page.status).terminal and not page.lines):
-            return page.status
-        time.sleep(0.5)
+    """Print a job's output until it ends (or what it has, without ``keep_going``); its
+    status. Following reads the job's event stream (SSE), which resumes after a broken
+    connection with nothing missed or printed twice."""
+    if not keep_going:
+        after = 0
+        while True:
+            page = c.logs(job, after)
+            _print_lines(page.lines, as_json)
+            after = page.next
+            if len(page.lines) < 10_000:
+                return page.status
+    d = c.job(job)
+    status: str = d.status
+    for event in c.follow(d.id):
+        if event.type == "log":
+            _print_lines([LogEntry.model_validate(event.data)], as_json)
+        elif event.type in ("state", "end"):
+            status = str(event.data["status"])
+    return status
+
+
+def _print_lines(lines: Sequence[LogEntry], as_json: bool) -> None:
+    for ln in lines:
+        if as_json:
+            sys.stdout.write(ln.model_dump_json() + "\n")
+        else:
+            (sys.stdout if ln.stream == "stdout" else sys.stderr).write(ln.line + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def cancel(
@@ -254,6 +268,7 @@ def stop(
         float,
         typer.Option(
             "--grace",
+            "--stop-grace",
             min=0,
             help="Seconds the job has after SIGINT to save and exit; then SIGTERM, and "
             "SIGKILL 3 s later.",

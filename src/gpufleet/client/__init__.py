@@ -2,5 +2,6 @@
 
 from gpufleet.client._api import Call
 from gpufleet.client._client import AsyncClient, Client
+from gpufleet.client._events import Event
 
-__all__ = ["AsyncClient", "Call", "Client"]
+__all__ = ["AsyncClient", "Call", "Client", "Event"]

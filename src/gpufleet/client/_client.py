@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -12,9 +12,11 @@ from typing import Any, TypeVar
 
 import httpx
 
+from gpufleet.client import _events as events
 from gpufleet.client import _ops as ops
 from gpufleet.client._api import Call, headers, raise_for, unreachable
 from gpufleet.client._direct import Direct, proxied
+from gpufleet.client._events import Event
 from gpufleet.client._servers import Servers
 from gpufleet.client._tls import CaPath
 from gpufleet.client._tls import context as tls_context
@@ -28,6 +30,7 @@ from gpufleet.wire import (
     BlobOut,
     Candidate,
     ClaimRequest,
+    EventsOut,
     FinishRequest,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -173,6 +176,21 @@ class Client:
 
     def logs(self, ref: str, after: int = 0, limit: int = 10_000) -> LogsOut:
         return self.call(ops.logs(ref, after, limit))
+
+    def events(self, ref: str, after: int = 0, limit: int = 1000) -> EventsOut:
+        """One page of a job's event log (status changes, progress records, output
+        lines) after ``after``; ``next`` is where the next page begins."""
+        return self.call(ops.events(ref, after, limit))
+
+    def follow(self, ref: str, after: int = 0) -> Iterator[Event]:
+        """A job's events after ``after`` as they come (Server-Sent Events), resumed
+        after a break with nothing missed or repeated, until the job has ended (the last
+        event is ``end``). Pass a job id, not a name."""
+
+        def at() -> tuple[str, httpx.Client]:
+            return self.server, self._at(self.server)[0]
+
+        return events.follow(at, self.servers.failed, ops._q(ref), after)
 
     def apply(self, plan: ManifestApply) -> ApplyResult:
         return self.call(ops.apply(plan))

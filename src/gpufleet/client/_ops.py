@@ -17,6 +17,7 @@ from gpufleet.wire import (
     BlobOut,
     Candidate,
     ClaimRequest,
+    EventsOut,
     FinishRequest,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -91,6 +92,11 @@ def why(ref: str) -> Call[WhyOut]:
 def logs(ref: str, after: int, limit: int) -> Call[LogsOut]:
     params = {"after": after, "limit": limit}
     return Call("GET", f"/v1/jobs/{_q(ref)}/logs", model(LogsOut), params=params)
+
+
+def events(ref: str, after: int, limit: int) -> Call[EventsOut]:
+    params = {"after": after, "limit": limit, "format": "json"}
+    return Call("GET", f"/v1/jobs/{_q(ref)}/events", model(EventsOut), params=params)
 
 
 def apply(plan: ManifestApply) -> Call[ApplyResult]:

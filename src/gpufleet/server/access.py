@@ -26,6 +26,11 @@ class Caller:
         return self.token.id
 
     @property
+    def name(self) -> str:
+        """The token's name: who did it, in a job's event log."""
+        return self.token.name
+
+    @property
     def role(self) -> Role:
         return Role(self.token.role)
 

@@ -19,11 +19,12 @@ from starlette.exceptions import HTTPException
 
 from gpufleet import __version__
 from gpufleet.errors import GpufleetError
-from gpufleet.server import routes_blobs, routes_jobs, routes_workers
+from gpufleet.server import routes_blobs, routes_events, routes_jobs, routes_workers
 from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import ServerState
+from gpufleet.server.events import Hub
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
@@ -139,6 +140,7 @@ def create_app(
         claim_limiter=CapacityLimiter(1 if store.dialect == "sqlite" else 8),
         audit=audit,
         polls=Polls(),
+        hub=Hub(store),
     )
     app = FastAPI(
         title="gpufleet",
@@ -160,6 +162,7 @@ def create_app(
     app.include_router(routes_jobs.router)
     app.include_router(routes_workers.router)
     app.include_router(routes_blobs.router)
+    app.include_router(routes_events.router)
     return app
 
 
@@ -176,6 +179,7 @@ def _lifespan(
         st.notifier.bind(loop)
         st.polls.bind(loop)
         st.audit.bind(loop)
+        st.hub.bind(loop)
         cleaned = await run_in_threadpool(services.blobs.startup)
         if cleaned:
             log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
@@ -210,5 +214,6 @@ def _lifespan(
                 await task
             await st.audit.close()
             st.audit.bind(None)
+            st.hub.bind(None)
 
     return lifespan

@@ -12,6 +12,7 @@ from gpufleet.domain.models import Role
 from gpufleet.server.access import Caller
 from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
+from gpufleet.server.events import Hub
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
 from gpufleet.server.services import Services
@@ -27,6 +28,7 @@ class ServerState:
     claim_limiter: CapacityLimiter
     audit: AuditWriter
     polls: Polls
+    hub: Hub  # event streams
 
 
 def state(request: Request) -> ServerState:

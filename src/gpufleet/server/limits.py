@@ -21,7 +21,8 @@ What it refuses, before the app sees the request:
   once per token (keyed by a keyed hash of the ``Authorization`` header; no secret is
   kept); more is a 429. Claims and blob transfers are long by design and have their own
   bounds, so they do not count against the token: a fleet sharing one worker token may
-  poll and download on every worker at once.
+  poll and download on every worker at once. Event streams (SSE) are long too: at most
+  ``streams_per_token`` at once per token, apart from the other requests.
 
 Every 413 and 429 is logged at most once per address per window, never with the token.
 The limits hold per server process; everything runs on the event loop, so the tables need
@@ -69,8 +70,10 @@ class Limits:
     max_json_depth: int = 32
     #: Long-polls at once per worker id: one, plus one left over from a cut connection.
     claims_per_worker: int = 2
-    #: Requests at once per token, claims and blob transfers aside.
+    #: Requests at once per token, claims, blob transfers and event streams aside.
     requests_per_token: int = 64
+    #: Event streams (``GET /v1/events``, ``/v1/jobs/{ref}/events``) open at once per token.
+    streams_per_token: int = 1000
     #: Seconds, monotonic; tests pass a fake to move the window without sleeping.
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
@@ -236,6 +239,7 @@ class _Call:
     has_body: bool
     claim_of: str | None  # the worker id, for a long-poll claim
     transfer: bool  # a blob upload or download: streamed, limited elsewhere
+    stream: bool  # an event stream: long, counted apart
 
 
 class LimitsMiddleware:
@@ -249,6 +253,7 @@ class LimitsMiddleware:
         self._known = _KnownTokens(limits.max_tracked)
         self._claims = _Slots(limits.claims_per_worker)
         self._tokens = _Slots(limits.requests_per_token)
+        self._streams = _Slots(limits.streams_per_token)
         self._quiet = _Quiet(window, limits.max_tracked)
         self._key = secrets.token_bytes(16)  # token hashes here match nothing stored
 
@@ -292,6 +297,7 @@ class LimitsMiddleware:
             has_body=chunked or bool(length),
             claim_of=claim_of,
             transfer=_is_transfer(method, path),
+            stream=method == "GET" and path.startswith("/v1/") and path.endswith("/events"),
         )
 
     def _locked_out(self, call: _Call) -> _Refusal | None:
@@ -331,16 +337,21 @@ class LimitsMiddleware:
         return None, _replay(body, receive)
 
     async def _run(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
-        counted = call.claim_of is None and not call.transfer and self.limits.requests_per_token
-        token = call.token if counted else None
-        if token is not None and not self._tokens.take(token):
-            await self._refuse(_busy_token(self.limits), call, scope, receive, send)
+        long = call.claim_of is not None or call.transfer or call.stream
+        slots, limit = (
+            (self._streams, self.limits.streams_per_token)
+            if call.stream
+            else (self._tokens, self.limits.requests_per_token)
+        )
+        token = call.token if limit and not (long and not call.stream) else None
+        if token is not None and not slots.take(token):
+            await self._refuse(_busy_token(limit, call.stream), call, scope, receive, send)
             return
         try:
             await self._run_claim(call, scope, receive, send)
         finally:
             if token is not None:
-                self._tokens.give(token)
+                slots.give(token)
 
     async def _run_claim(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
         worker = call.claim_of if self.limits.claims_per_worker else None
@@ -473,12 +484,13 @@ def _busy_worker(worker: str, cap: int) -> _Refusal:
     )
 
 
-def _busy_token(limits: Limits) -> _Refusal:
+def _busy_token(limit: int, stream: bool = False) -> _Refusal:
+    what = "event streams" if stream else "requests"
     return _Refusal(
         429,
         "rate_limited",
-        f"{limits.requests_per_token} requests with this token are already running (the "
-        "limit per token); wait for some to finish and send fewer at once",
-        {"limit": limits.requests_per_token, "retry_after": 1},
+        f"{limit} {what} with this token are already running (the limit per token); "
+        "wait for some to finish and send fewer at once",
+        {"limit": limit, "retry_after": 1},
         1,
     )

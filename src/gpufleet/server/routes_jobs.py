@@ -86,7 +86,12 @@ def submit(
     pool = spec.pool or caller.default_pool()
     caller.may_use(pool)
     job = state(request).services.submission.submit(
-        spec.to_domain(), pool, wait_for_target=queue, readable=caller.pools, submitted_by=caller.id
+        spec.to_domain(),
+        pool,
+        wait_for_target=queue,
+        readable=caller.pools,
+        submitted_by=caller.id,
+        by=caller.name,
     )
     note(request, job.id)
     return SubmitResult(job=views.job_out(job, _names(request)), warning=job.unrunnable)
@@ -140,7 +145,8 @@ def cancel_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     """Cancel a job; a running one is killed (its whole process group) within a heartbeat.
     A submitter cancels only the jobs it submitted (403 for others of its pools); an
     operator any job of its pools."""
-    job = state(request).services.steering.cancel(ref, caller.pools, caller.owner)
+    job = state(request).services.steering.cancel(ref, caller.pools, caller.owner, caller.name)
+    state(request).hub.touch(job.id)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -155,7 +161,8 @@ def stop_job(
     (``stopped_early``) if it exits 0, failed otherwise, and is not retried. A pending or
     finished job is 409 (cancel a pending one). A submitter stops only its own jobs."""
     grace = (body or StopRequest()).grace
-    job = state(request).services.steering.stop(ref, caller.pools, caller.owner, grace)
+    job = state(request).services.steering.stop(ref, caller.pools, caller.owner, grace, caller.name)
+    state(request).hub.touch(job.id)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -164,7 +171,8 @@ def stop_job(
 def requeue_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     """Put a failed or cancelled job back in the queue with a fresh attempt budget.
     A submitter requeues only the jobs it submitted; an operator any job of its pools."""
-    job = state(request).services.steering.requeue(ref, caller.pools, caller.owner)
+    job = state(request).services.steering.requeue(ref, caller.pools, caller.owner, caller.name)
+    state(request).hub.touch(job.id)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -216,7 +224,7 @@ def apply_manifest(plan: ManifestApply, request: Request, caller: Operator) -> A
         pool = caller.default_pool()
         jobs = [j if j.pool else j.model_copy(update={"pool": pool}) for j in plan.jobs]
         plan = plan.model_copy(update={"jobs": jobs})
-    return state(request).services.submission.apply(plan, caller.pools, caller.id)
+    return state(request).services.submission.apply(plan, caller.pools, caller.id, caller.name)
 
 
 @router.get("/status", response_model=StatusOut, tags=["fleet"])

@@ -5,6 +5,7 @@ status change is the lifecycle's (:mod:`gpufleet.domain.lifecycle`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus
@@ -32,12 +33,16 @@ class Steering:
         self.on_change = on_change
 
     def cancel(
-        self, ref: str, pools: Sequence[str] | None = None, owner: str | None = None
+        self,
+        ref: str,
+        pools: Sequence[str] | None = None,
+        owner: str | None = None,
+        by: str | None = None,
     ) -> JobRow:
         """Cancel a job (of ``pools``; submitted by the token ``owner`` when given)."""
         job = self._steerable(ref, pools, owner, "cancel")
         for _ in range(3):  # a claim or a start may slip in between the read and the change
-            done = self.store.cancel(lifecycle.cancel(job, self.clock()))
+            done = self.store.cancel(replace(lifecycle.cancel(job, self.clock()), by=by))
             if done is not None or job.status.terminal:
                 break
             job = self.reads.job(job.id)
@@ -57,13 +62,14 @@ class Steering:
         pools: Sequence[str] | None = None,
         owner: str | None = None,
         grace: float = 60.0,
+        by: str | None = None,
     ) -> JobRow:
         """Ask a claimed or running job to finish early and keep what it made: its worker
         sends it SIGINT at its next heartbeat or log upload, and SIGTERM then SIGKILL if it
         is still running ``grace`` seconds later. Asking again changes nothing."""
         job = self._steerable(ref, pools, owner, "stop")
         if job.status.active and job.stop_requested_at is None:
-            self.store.request_stop(job.id, self.clock(), grace)
+            self.store.request_stop(job.id, self.clock(), grace, by)
             job = self.reads.job(job.id)
         if not job.status.active:
             advice = "cancel it instead" if job.status == JobStatus.PENDING else "it has ended"
@@ -74,12 +80,16 @@ class Steering:
         return job
 
     def requeue(
-        self, ref: str, pools: Sequence[str] | None = None, owner: str | None = None
+        self,
+        ref: str,
+        pools: Sequence[str] | None = None,
+        owner: str | None = None,
+        by: str | None = None,
     ) -> JobRow:
         """Queue a failed or cancelled job again (of ``pools``; ``owner``'s when given)."""
         job = self._steerable(ref, pools, owner, "requeue")
         self.flow.check_requeue(job)
-        done = self.store.requeue(lifecycle.requeue(job))
+        done = self.store.requeue(replace(lifecycle.requeue(job), by=by))
         if done is None:
             raise Conflict(
                 f"job {job.id} is {job.status.value}; "

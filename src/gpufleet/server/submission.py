@@ -60,6 +60,7 @@ class Submission:
         wait_for_target: bool = True,
         readable: Sequence[str] | None = None,
         submitted_by: str | None = None,
+        by: str | None = None,
     ) -> JobRow:
         """Queue ``spec`` in ``pool`` (None: its own), as submitted by the token
         ``submitted_by``. A job aimed at one worker (requirements.worker) that cannot take
@@ -74,6 +75,7 @@ class Submission:
             [(job_id, spec, self.unrunnable_reason(spec))],
             deps={job_id: spec.dependencies},
             submitted_by=submitted_by,
+            by=by,
             hold=hold,
             grants=self.flow.package_grants([spec]),
         )
@@ -112,6 +114,7 @@ class Submission:
         req: ManifestApply,
         pools: Sequence[str] | None = None,
         submitted_by: str | None = None,
+        by: str | None = None,
     ) -> ApplyResult:
         """Apply a manifest: new jobs are queued, pending ones take its changes, and the
         jobs it no longer has are named (they stay until cancelled). An operator of some
@@ -134,6 +137,7 @@ class Submission:
             [(i, s, unrunnable[i]) for i, s in zip(ids, specs, strict=True)],
             deps={i: s.dependencies for i, s in zip(ids, specs, strict=True)},
             submitted_by=submitted_by,
+            by=by,
             grants=self.flow.package_grants(specs),
             hosts=hosts,
             update=True,

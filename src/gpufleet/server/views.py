@@ -56,6 +56,8 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         stderr_tail=list(job.stderr_tail),
         stop_requested_at=ts(job.stop_requested_at),
         stopped_early=job.stopped_early,
+        progress=json.loads(job.progress) if job.progress else None,
+        metrics=json.loads(job.metrics) if job.metrics else {},
     )
 
 

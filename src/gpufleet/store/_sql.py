@@ -35,8 +35,8 @@ from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statements
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps, write_hosts
-from gpufleet.store._values import job_values, progress_columns, submit_events
-from gpufleet.store.api import Batch, Hold, Written
+from gpufleet.store._values import job_values, progress_columns, stop_event, submit_events
+from gpufleet.store.api import Batch, Hold, QueueGauges, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, log_offsets
 from gpufleet.store.stored import spec_json
 
@@ -393,6 +393,31 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         with self._read() as conn:
             return {s: int(n) for s, n in conn.execute(q).all()}
 
+    def queue_gauges(self) -> QueueGauges:
+        """What /metrics reads of the queue: jobs by status and pool, each pool's oldest
+        pending job, and the bytes kept as artifacts and as other blobs (packages)."""
+        j, a, b = t.jobs.c, t.artifacts.c, t.blobs.c
+        by_pool = select(j.status, j.pool, func.count()).group_by(j.status, j.pool)
+        oldest = (
+            select(j.pool, func.min(j.created_at))
+            .where(j.status == JobStatus.PENDING.value)
+            .group_by(j.pool)
+        )
+        artifact_shas = select(a.sha256).distinct()
+        artifact_bytes = select(func.coalesce(func.sum(b.size), 0)).where(
+            b.sha256.in_(artifact_shas)
+        )
+        package_bytes = select(func.coalesce(func.sum(b.size), 0)).where(
+            b.sha256.not_in(artifact_shas)
+        )
+        with self._read() as conn:
+            return QueueGauges(
+                jobs={(s, p): int(n) for s, p, n in conn.execute(by_pool).all()},
+                oldest_pending={p: float(c) for p, c in conn.execute(oldest).all()},
+                artifact_bytes=int(conn.execute(artifact_bytes).scalar() or 0),
+                package_bytes=int(conn.execute(package_bytes).scalar() or 0),
+            )
+
     def _lease_where(self, job_id: str, lease: int, statuses: Iterable[JobStatus]) -> Any:
         j = t.jobs.c
         return (j.id == job_id) & (j.lease == lease) & j.status.in_([s.value for s in statuses])
@@ -416,8 +441,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         with self._read() as conn:
             return [JobRow.from_row(r) for r in conn.execute(q).all()]
 
-    def request_stop(self, job_id: str, now: float, grace: float) -> bool:
-        """Mark a claimed or running job as asked to stop (once)."""
+    def request_stop(self, job_id: str, now: float, grace: float, by: str | None = None) -> bool:
+        """Mark a claimed or running job as asked to stop (once), and say so in its log."""
         j = t.jobs.c
         where = (
             (j.id == job_id)
@@ -425,10 +450,17 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             & j.stop_requested_at.is_(None)
         )
         with self._write() as conn:
-            res = conn.execute(
-                update(t.jobs).where(where).values(stop_requested_at=now, stop_grace=grace)
-            )
-            return res.rowcount == 1
+            done = conn.execute(
+                update(t.jobs)
+                .where(where)
+                .values(stop_requested_at=now, stop_grace=grace)
+                .returning(j.status, j.lease)
+            ).first()
+            if done is None:
+                return False
+            event = stop_event(job_id, done.status, done.lease, by, grace, now)
+            conn.execute(t.job_logs.insert(), event)
+            return True
 
     def stops(self, leases: Iterable[tuple[str, int]]) -> dict[str, float]:
         """Of these leases, the jobs asked to stop: job id -> grace seconds."""
@@ -560,7 +592,12 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             out.append((LogRow.from_mapping(m), pool))
         return out
 
-    def last_seq(self) -> int:
-        """The newest event's number (0: none yet): where a new follower starts."""
+    def last_seq(self, job_id: str | None = None) -> int:
+        """The newest record's number, of ``job_id``'s log or of all (0: none yet). A
+        job's records commit in number order, so none still to come is numbered below."""
+        c = t.job_logs.c
+        q = select(func.max(c.seq))
+        if job_id is not None:
+            q = q.where(c.job_id == job_id)
         with self._read() as conn:
-            return int(conn.execute(select(func.max(t.job_logs.c.seq))).scalar() or 0)
+            return int(conn.execute(q).scalar() or 0)

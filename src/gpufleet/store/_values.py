@@ -73,3 +73,15 @@ def state_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
         }
         for c in changes
     ]
+
+
+def stop_event(
+    job_id: str, status: str, attempt: int, by: str | None, grace: float, now: float
+) -> dict[str, Any]:
+    """The record ``gpufleet stop`` leaves in the job's log: asked, by whom; no change."""
+    record: dict[str, object] = {"status": status, "event": "stop", "attempt": attempt}
+    if by:
+        record["by"] = by
+    record["why"] = f"asked to stop early (SIGTERM after {grace:g} s if it still runs)"
+    line = json.dumps(record, separators=(",", ":"))
+    return {"job_id": job_id, "attempt": attempt, "stream": "state", "line": line, "ts": now}

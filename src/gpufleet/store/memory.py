@@ -22,8 +22,22 @@ from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
-from gpufleet.store._values import job_values, progress_columns, state_rows, submit_events
-from gpufleet.store.api import Applied, Batch, ClaimView, StaleClaim, Store, Written
+from gpufleet.store._values import (
+    job_values,
+    progress_columns,
+    state_rows,
+    stop_event,
+    submit_events,
+)
+from gpufleet.store.api import (
+    Applied,
+    Batch,
+    ClaimView,
+    QueueGauges,
+    StaleClaim,
+    Store,
+    Written,
+)
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, log_offsets
 from gpufleet.store.stored import spec_json
 
@@ -258,6 +272,24 @@ class MemoryStore(MemoryRecords, NamedChanges):
                     counts[j["status"]] = counts.get(j["status"], 0) + 1
         return counts
 
+    def queue_gauges(self) -> QueueGauges:
+        with self._lock:
+            jobs: dict[tuple[str, str], int] = {}
+            oldest: dict[str, float] = {}
+            for j in self.jobs.values():
+                key = (j["status"], j["pool"])
+                jobs[key] = jobs.get(key, 0) + 1
+                if j["status"] == _PENDING:
+                    oldest[j["pool"]] = min(oldest.get(j["pool"], j["created_at"]), j["created_at"])
+            kept = {r["sha256"] for r in self.artifacts.values()}
+            sizes = {sha: int(b["size"]) for sha, b in self.blobs.items()}
+        return QueueGauges(
+            jobs=jobs,
+            oldest_pending=oldest,
+            artifact_bytes=sum(n for sha, n in sizes.items() if sha in kept),
+            package_bytes=sum(n for sha, n in sizes.items() if sha not in kept),
+        )
+
     def manifest_jobs(
         self, manifest: str, pools: Sequence[str] | None = None
     ) -> list[tuple[str, str]]:
@@ -373,12 +405,13 @@ class MemoryStore(MemoryRecords, NamedChanges):
                     held.add((job_id, lease))
         return held
 
-    def request_stop(self, job_id: str, now: float, grace: float) -> bool:
+    def request_stop(self, job_id: str, now: float, grace: float, by: str | None = None) -> bool:
         with self._lock:
             j = self.jobs.get(job_id)
             if j is None or j["status"] not in _ACTIVE or j["stop_requested_at"] is not None:
                 return False
             j.update(stop_requested_at=now, stop_grace=grace)
+            self._log([stop_event(job_id, j["status"], j["lease"], by, grace, now)])
             return True
 
     # ---- status changes ---------------------------------------------------------------
@@ -535,9 +568,10 @@ class MemoryStore(MemoryRecords, NamedChanges):
             ]
             return found[:limit]
 
-    def last_seq(self) -> int:
+    def last_seq(self, job_id: str | None = None) -> int:
         with self._lock:
-            return self.log_seq
+            seqs = [r["seq"] for r in self.log_rows if job_id is None or r["job_id"] == job_id]
+            return max(seqs, default=0)
 
 
 def _keeps_the_contract(store: MemoryStore) -> Store:

@@ -278,6 +278,23 @@ class LogsOut(BaseModel):
     next: int
 
 
+class EventOut(BaseModel):
+    """One record of a job's event log: ``state`` (a status change: ``status``,
+    ``event``, ``by``, ``why``), ``progress`` (``record``) or ``log`` (``stream``,
+    ``line``); each with ``seq``, ``attempt`` and ``ts`` (seconds since the epoch)."""
+
+    seq: int
+    type: Literal["state", "progress", "log"]
+    data: dict[str, object]
+
+
+class EventsOut(BaseModel):
+    job_id: str
+    status: JobState
+    events: list[EventOut]
+    next: int = Field(description="pass as ?after= to read on")
+
+
 class WhyWorker(BaseModel):
     worker_id: str
     name: str

@@ -264,6 +264,14 @@ class JobOut(BaseModel):
     stopped_early: bool = Field(
         False, description="it was asked to stop and exited 0: succeeded, with its outputs"
     )
+    progress: dict[str, Any] | None = Field(
+        None,
+        description="the latest progress record the job reported (epoch, epochs, step, "
+        "steps, progress, eta_s, message, metrics)",
+    )
+    metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="the last value the job reported of each metric"
+    )
 
 
 class JobDetail(JobOut):

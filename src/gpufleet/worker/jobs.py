@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufleet.client import AsyncClient, Client
+from gpufleet.domain import progress
 from gpufleet.domain.models import DEFAULT_OUTPUTS, HyperStyle
 from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
 from gpufleet.tokens import redact
@@ -37,6 +38,7 @@ from gpufleet.wire import (
 )
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.options import WorkerOptions
+from gpufleet.worker.progress import Progress, ProgressFile
 from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env, oom_kills
 from gpufleet.worker.slots import Slots
 from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
@@ -47,6 +49,7 @@ FLUSH_SECONDS = 1.0
 MAX_BATCH = 5000
 # Characters of output in one log request: JSON-escaped, well under the server's body limit.
 MAX_BATCH_CHARS = 2_000_000
+PROGRESS_DIR = ".progress"
 
 
 class Stopped(GpufleetError):
@@ -74,8 +77,25 @@ class Running:
     # answer, then the send time of each heartbeat answered with the lease held (the
     # server's renewal came after it, so the lease lives at least a lease from here).
     renewed: float = field(default_factory=time.monotonic)
+    progress_file: ProgressFile | None = None  # GPUFLEET_PROGRESS_FILE, once it is named
+
+    def __post_init__(self) -> None:
+        self.progress = Progress(
+            lambda record: self.backlog.add("progress", record),
+            lambda message: self.backlog.add("stderr", f"[gpufleet] {message}"),
+        )
+
+    def read_progress(self, final: bool = False) -> None:
+        """Take what the job appended to its progress file since the last read."""
+        if self.progress_file is not None:
+            for line in self.progress_file.read(final):
+                self.progress.line(line, "GPUFLEET_PROGRESS_FILE")
 
     def on_line(self, stream: str, line: str) -> None:
+        if line.startswith(progress.MARK):
+            self.read_progress()  # what the file has came first: records stay in order
+        if self.progress.marked(line):
+            return
         self.backlog.add(stream, line)
         if stream == "stderr":
             self.tail.append(line[:STDERR_TAIL_CHARS])
@@ -108,6 +128,12 @@ class JobSteps(ABC):
     ) -> T:
         """``call``, retried while the server is away."""
 
+    def progress_path(self, lease: Lease) -> Path:
+        """The job's progress file: beside its folder, so its outputs never include it."""
+        return (
+            self.opts.work_dir / PROGRESS_DIR / f"{job_dir_name(lease.job_id, lease.attempt)}.jsonl"
+        )
+
     def workdir(self, lease: Lease, make: bool = True) -> Path:
         path = self.opts.work_dir / job_dir_name(lease.job_id, lease.attempt)
         if make:
@@ -133,6 +159,7 @@ class JobSteps(ABC):
             self.running.pop((lease.job_id, lease.attempt), None)
             self.slots.give(lease.gpus)
             run.backlog.clear()
+            self.progress_path(lease).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # its age, for --work-dir-retention
                 os.utime(self.workdir(lease, make=False))
 
@@ -140,10 +167,15 @@ class JobSteps(ABC):
         """Stage the job's inputs and start its process; why it could not, or None."""
         lease, spec = run.lease, run.lease.spec
         argv = build_argv(spec.command, spec.hyper, spec.shell, HyperStyle(spec.hyper_style))
+        progress_path = self.progress_path(lease)
+        progress_path.parent.mkdir(parents=True, exist_ok=True)
+        progress_path.unlink(missing_ok=True)  # a worker restarted before: begin again
+        run.progress_file = ProgressFile(progress_path)
         extra = {
             "GPUFLEET_JOB_ID": lease.job_id,
             "GPUFLEET_ATTEMPT": str(lease.attempt),
             "GPUFLEET_JOB_NAME": spec.name,
+            progress.ENV: str(progress_path),
         }
         # The worker's own secrets never reach job code (or its logs).
         base = {k: v for k, v in os.environ.items() if not is_secret_env(k)}
@@ -197,6 +229,9 @@ class JobSteps(ABC):
         flusher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await flusher
+        run.read_progress(final=True)
+        if (bad := run.progress.summary()) is not None:
+            self.note(run, bad)
         error = f"timed out after {spec.timeout:g}s" if run.stop_reason == "timeout" else None
         ours = run.stop_reason is not None  # we signalled it: not the kernel
         error = error or describe_exit(code, oom=not ours and oom_kills() > kills)
@@ -306,6 +341,7 @@ class JobSteps(ABC):
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
             try:
+                run.read_progress()
                 await self.flush(run)
             except Conflict:
                 say(f"job {run.lease.job_id}: lease is stale (409); killing it")

@@ -1,0 +1,111 @@
+"""Event streams: a job's event log (``GET /v1/jobs/{ref}/events``) and the fleet's
+changes (``GET /v1/events``), as Server-Sent Events; a job's log also as JSON pages.
+
+See :mod:`gpufleet.server.events` for how followers share one reader per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from gpufleet.errors import Forbidden, ValidationFailed
+from gpufleet.server import deps
+from gpufleet.server.access import Caller
+from gpufleet.server.deps import state
+from gpufleet.server.events import KINDS, record
+from gpufleet.wire import ERRORS, EventOut, EventsOut
+
+router = APIRouter(prefix="/v1", responses=ERRORS, tags=["events"])
+Reader = Annotated[Caller, Depends(deps.reader)]
+MAX_SEQ = 2**63 - 1
+SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "events, or a JSON page"}
+}
+# No proxy buffering, no caching: a follower sees each batch as it is sent.
+STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+def _resume_point(after: int | None, last_event_id: str | None) -> int:
+    """Where a follower starts: after ``Last-Event-ID`` (a reconnecting EventSource sends
+    it), else after ``?after=``, else from the first record."""
+    if last_event_id is None or not last_event_id.strip():
+        return after or 0
+    text = last_event_id.strip()
+    if not text.isdigit() or int(text) > MAX_SEQ:
+        raise ValidationFailed(
+            f"header Last-Event-ID: {last_event_id[:40]!r} is not an event id "
+            "(a whole number from 0, as sent in an event's id: line)",
+            detail={"field": "header.Last-Event-ID"},
+        )
+    return int(text)
+
+
+@router.get("/jobs/{ref}/events", response_model=EventsOut, responses=SSE)
+async def job_events(
+    ref: str,
+    request: Request,
+    caller: Reader,
+    after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
+    format: Annotated[Literal["sse", "json"], Query()] = "sse",
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    last_event_id: Annotated[str | None, Header(max_length=100)] = None,
+) -> Response | EventsOut:
+    """A job's event log: its status changes (``state``), progress records (``progress``)
+    and output lines (``log``), numbered by one sequence, from after ``Last-Event-ID`` or
+    ``?after=``. As Server-Sent Events (each with ``id: <seq>``), until the job has ended
+    and every record is sent, with a ping comment every 15 s while idle; or, with
+    ``?format=json``, one page of at most ``limit`` records and where the next begins."""
+    st = state(request)
+    start = _resume_point(after, last_event_id)
+    job = await run_in_threadpool(st.services.reads.job, ref, caller.pools)
+    if format == "json":
+        rows = await run_in_threadpool(st.services.reads.logs, job.id, start, limit, None)
+        return EventsOut(
+            job_id=job.id,
+            status=job.status.value,
+            events=[
+                EventOut(seq=r.seq, type=KINDS.get(r.stream, "log"), data=record(r)) for r in rows
+            ],
+            next=rows[-1].seq if rows else start,
+        )
+    stream = st.hub.follow(job.id, job.status.value, start)
+    return EventSourceResponse(_closing(stream), ping=st.hub.ping, headers=STREAM_HEADERS)
+
+
+@router.get("/events", responses=SSE)
+async def fleet_events(
+    request: Request,
+    caller: Reader,
+    pool: Annotated[str | None, Query(max_length=200)] = None,
+) -> Response:
+    """The fleet's changes from now on, as Server-Sent Events: every job's status change
+    (``job``, with its ``job_id``, ``pool`` and the state record) and every worker's change
+    of status, drain or GPU use (``worker``: read the worker again). A submitter sees its
+    pools only; ``?pool=`` narrows to one. The first event (``hello``) says it is open."""
+    st = state(request)
+    pools = caller.pools
+    if pool is not None:
+        if pools is not None and pool not in pools:
+            raise Forbidden(
+                f"pool {pool!r} is not one of this token's pools ({', '.join(pools)})",
+                detail={"pool": pool},
+            )
+        pools = (pool,)
+    stream = st.hub.fleet_events(pools)
+    return EventSourceResponse(_closing(stream), ping=st.hub.ping, headers=STREAM_HEADERS)
+
+
+async def _closing(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``stream``, closed when the response ends (a follower that went away included), so
+    its feed counts one follower fewer at once."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
