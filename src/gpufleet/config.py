@@ -149,6 +149,12 @@ SETTINGS: dict[str, Setting] = {
             minimum=1,
         ),
         _setting(
+            "metrics_public",
+            False,
+            "bool",
+            "`gpufleet server` answers /metrics without a token (else an operator's or admin's)",
+        ),
+        _setting(
             "access_log",
             False,
             "bool",

@@ -78,6 +78,10 @@ def server(
         bool | None,
         typer.Option("--access-log", help=setting_help("access_log"), show_default=False),
     ] = None,
+    metrics_public: Annotated[
+        bool | None,
+        typer.Option("--metrics-public", help=setting_help("metrics_public"), show_default=False),
+    ] = None,
 ) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
     from gpufleet.server import QueueSettings, ServerOptions, serve
@@ -99,6 +103,7 @@ def server(
         tls_cert=tls_cert,
         tls_key=tls_key,
         access_log=access_log,
+        metrics_public=metrics_public,
     )
     queue = QueueSettings(
         lease_timeout=s["lease_timeout"],
@@ -121,6 +126,7 @@ def server(
             tls_cert=s["tls_cert"],
             tls_key=s["tls_key"],
             access_log=s["access_log"],
+            metrics_public=s["metrics_public"],
         )
     )
 

@@ -230,6 +230,7 @@ class GpuInfo:
     uuid: str = ""
     compute_capability: str = ""
     simulated: bool = False
+    util_percent: int | None = None  # how busy it was lately (NVML), when known
 
     @property
     def total_gib(self) -> float:

@@ -19,7 +19,13 @@ from starlette.exceptions import HTTPException
 
 from gpufleet import __version__
 from gpufleet.errors import GpufleetError
-from gpufleet.server import routes_blobs, routes_events, routes_jobs, routes_workers
+from gpufleet.server import (
+    routes_blobs,
+    routes_events,
+    routes_jobs,
+    routes_metrics,
+    routes_workers,
+)
 from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
@@ -123,6 +129,7 @@ def create_app(
     blobs: BlobService,
     limits: Limits | None = None,
     access_log: bool = False,
+    metrics_public: bool = False,
 ) -> FastAPI:
     """The server app over ``store`` (already migrated) and ``blobs``, behind the abuse
     ``limits`` (the defaults when None); ``access_log``: a log line per request."""
@@ -141,7 +148,9 @@ def create_app(
         audit=audit,
         polls=Polls(),
         hub=Hub(store),
+        metrics_public=metrics_public,
     )
+    st.services.metrics.watch(st.services, st.polls, st.hub)
     app = FastAPI(
         title="gpufleet",
         version=__version__,
@@ -163,6 +172,7 @@ def create_app(
     app.include_router(routes_workers.router)
     app.include_router(routes_blobs.router)
     app.include_router(routes_events.router)
+    app.include_router(routes_metrics.router)
     return app
 
 

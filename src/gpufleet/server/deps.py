@@ -29,6 +29,7 @@ class ServerState:
     audit: AuditWriter
     polls: Polls
     hub: Hub  # event streams
+    metrics_public: bool = False  # /metrics without a token
 
 
 def state(request: Request) -> ServerState:

@@ -28,6 +28,7 @@ from gpufleet.scheduling.matching import (
 )
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, OnEvent
+from gpufleet.server.metrics import Metrics
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow
 from gpufleet.wire import HeartbeatRequest, HeartbeatResponse, JobSpecModel, Lease, LeaseOrder
@@ -50,8 +51,10 @@ class Leases:
         clock: Callable[[], float],
         on_change: Callable[[], None],
         on_event: OnEvent,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics or Metrics()
         self.settings = settings
         self.fleet = fleet
         self.flow = flow
@@ -162,6 +165,7 @@ class Leases:
             if claimed is None:
                 return None
             job, change = claimed
+            self.metrics.claimed(job.created_at, float(change.fields["claimed_at"]))  # type: ignore[arg-type]
             return Lease(
                 job_id=job.id,
                 attempt=change.attempt,
@@ -256,7 +260,10 @@ class Leases:
         lease of a claimed job; else the job says why (404, 409, or a retried start)."""
         now = self.clock()
         change = lifecycle.start(job_id, attempt, now, now + self.settings.lease_timeout)
-        if self.store.start(change) is None:
+        done = self.store.start(change)
+        if done is not None:
+            self.metrics.started(done.job.claimed_at, now)
+        else:
             job = self._held(job_id, attempt)
             if job.status == JobStatus.RUNNING:  # a retried start whose answer was lost
                 return
@@ -335,13 +342,13 @@ class Leases:
         job = self._held(job_id, attempt)
         tail = [printable(line) for line in stderr_tail]
         said = printable(error) if error else None
-        change = lifecycle.finish(
-            job, exit_code, said, tail, self.clock(), self.settings.retry_backoff
-        )
+        now = self.clock()
+        change = lifecycle.finish(job, exit_code, said, tail, now, self.settings.retry_backoff)
         done = self.store.finish(change)
         if done is None:
             self._held(job_id, attempt)
             raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
+        self.metrics.ended(change.status.value, job.started_at, now, "retry")
         if change.status == JobStatus.PENDING or done.released:
             self.on_change()
         return done.job
@@ -376,8 +383,12 @@ class Leases:
     def _hand_back(self, job: JobRow) -> bool:
         """Put a job its worker gives up (drained, left, token revoked) back in the queue,
         the attempt not counted (a job asked to stop fails instead)."""
-        change = lifecycle.release(job, self.clock(), "its worker handed it back")
-        return self.store.release(change) is not None
+        now = self.clock()
+        change = lifecycle.release(job, now, "its worker handed it back")
+        if self.store.release(change) is None:
+            return False
+        self.metrics.ended(change.status.value, job.started_at, now, "released")
+        return True
 
     def sweep(self) -> tuple[list[str], list[str]]:
         """Expire leases of silent workers, mark those workers offline, forget ephemeral
@@ -396,6 +407,8 @@ class Leases:
             change = lifecycle.lose(job, now, who)
             if self.store.reap(change) is None:
                 continue
+            self.metrics.lease_expirations.inc()
+            self.metrics.ended(change.status.value, job.started_at, now, "lease_lost")
             requeued.append(job.id)
             final = change.status == JobStatus.FAILED
             then = "failed: no attempts left" if final else "requeued"

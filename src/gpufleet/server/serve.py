@@ -40,6 +40,7 @@ class ServerOptions:
     access_log: bool = False  # a line per request (else only 5xx and warnings are logged)
     blob_store: str | None = None  # s3://bucket/prefix; None: the data dir
     s3_endpoint: str | None = None  # an S3-compatible server's URL; None: AWS
+    metrics_public: bool = False  # /metrics answers without a token
 
 
 def database_url(data_dir: Path, db: str | None) -> str:
@@ -202,7 +203,14 @@ def serve(opts: ServerOptions) -> None:
     blobs = BlobService(store, storage, BlobSettings(max_size=opts.max_blob_size))
     if opts.access_log:
         logging.getLogger("gpufleet.access").setLevel(logging.INFO)
-    app = create_app(store, opts.queue, blobs, opts.limits, access_log=opts.access_log)
+    app = create_app(
+        store,
+        opts.queue,
+        blobs,
+        opts.limits,
+        access_log=opts.access_log,
+        metrics_public=opts.metrics_public,
+    )
     config = uvicorn.Config(
         app,
         log_level="warning",

@@ -25,6 +25,7 @@ from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.explain import Explain
 from gpufleet.server.fleet import Fleet, OnEvent, no_event
 from gpufleet.server.leases import Leases
+from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
 from gpufleet.server.retention import Retention
 from gpufleet.server.settings import QueueSettings
@@ -46,15 +47,21 @@ class Services:
         on_event: OnEvent = no_event,
     ) -> None:
         self.settings = settings
+        self.store = store
         self.clock = clock
+        self.metrics = Metrics()
         self.blobs = blobs
         self.fleet = Fleet(
             store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
         )
         self.flow = DataFlow(store, blobs, clock, on_change)
         self.reads = Reads(store)
-        self.submission = Submission(store, self.reads, self.fleet, self.flow, clock, on_change)
-        self.steering = Steering(store, self.reads, self.flow, clock, on_change)
+        self.submission = Submission(
+            store, self.reads, self.fleet, self.flow, clock, on_change, self.metrics
+        )
+        self.steering = Steering(store, self.reads, self.flow, clock, on_change, self.metrics)
         self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
-        self.leases = Leases(store, settings, self.fleet, self.flow, clock, on_change, on_event)
+        self.leases = Leases(
+            store, settings, self.fleet, self.flow, clock, on_change, on_event, self.metrics
+        )
         self.retention = Retention(store, settings, clock)

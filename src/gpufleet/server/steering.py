@@ -11,6 +11,7 @@ from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus
 from gpufleet.errors import Conflict, Forbidden
 from gpufleet.server.dataflow import DataFlow
+from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
 from gpufleet.store import JobRow, Store
 
@@ -25,8 +26,10 @@ class Steering:
         flow: DataFlow,
         clock: Callable[[], float],
         on_change: Callable[[], None],
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics or Metrics()
         self.reads = reads
         self.flow = flow
         self.clock = clock
@@ -46,6 +49,8 @@ class Steering:
             if done is not None or job.status.terminal:
                 break
             job = self.reads.job(job.id)
+        if done is not None:
+            self.metrics.ended("cancelled", job.started_at, self.clock(), "cancel")
         if done is None:
             raise Conflict(
                 f"job {job.id} is {job.status.value}; "
@@ -96,6 +101,7 @@ class Steering:
                 "only a failed or cancelled job can be requeued",
                 detail={"job": job.id, "status": job.status.value},
             )
+        self.metrics.requeues.labels("operator").inc()
         self.on_change()
         return done.job
 

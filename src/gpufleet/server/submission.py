@@ -14,6 +14,7 @@ from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from gpufleet.scheduling.matching import Assignment, JobView, WorkerView, ever_reason, now_reason
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, WorkerState
+from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
 from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow
 from gpufleet.wire import ApplyResult, ManifestApply
@@ -30,8 +31,10 @@ class Submission:
         flow: DataFlow,
         clock: Callable[[], float],
         on_change: Callable[[], None],
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics or Metrics()
         self.reads = reads
         self.fleet = fleet
         self.flow = flow
@@ -80,6 +83,7 @@ class Submission:
             grants=self.flow.package_grants([spec]),
         )
         self.store.submit(batch, self.clock())
+        self.metrics.submitted.inc()
         self.on_change()
         return self.reads.job(job_id)
 
@@ -145,6 +149,7 @@ class Submission:
         written = self.store.submit(batch, self.clock())  # one transaction, all or nothing
         self.fleet.policies_changed()
         created, updated = written.created, written.updated
+        self.metrics.submitted.inc(len(created))
         if created or updated:
             self.on_change()
         names = {v.name for v in views}

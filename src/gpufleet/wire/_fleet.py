@@ -26,6 +26,7 @@ class GpuModel(Strict):
     uuid: str = ""
     compute_capability: str = ""
     simulated: bool = False
+    util_percent: int | None = Field(None, ge=0, le=100, description="GPU busy, percent")
 
     def to_domain(self) -> GpuInfo:
         return GpuInfo(**self.model_dump())

@@ -1,0 +1,184 @@
+"""Prometheus metrics at ``/metrics``: base units, counters ending in ``_total``, and no
+label per job, user or token (a label's values stay few: statuses, pools, workers, GPUs).
+
+Two kinds:
+
+* **Gauges read from the database at each scrape** (the same on every server sharing it;
+  with several servers, take ``max`` of them, not ``sum``): jobs by status and pool, the
+  oldest pending job's age per pool, workers by status and pool, each worker's GPUs
+  (memory used and total, utilisation), and the bytes kept as artifacts and packages.
+* **What this process did** (``sum`` them across servers): jobs submitted, finished by
+  outcome, claims, lease expirations, requeues by reason, and histograms of queue wait,
+  dispatch latency (claimed to started) and run time; plus the long-polls and event
+  streams open on it now.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpufleet.domain.models import WorkerStatus
+
+if TYPE_CHECKING:
+    from gpufleet.server.events import Hub
+    from gpufleet.server.polls import Polls
+    from gpufleet.server.services import Services
+
+MIB = 1 << 20
+# Seconds: from a moment to a day and more (queue waits and run times are long).
+WAITS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400)
+RUNS = (1, 10, 60, 300, 900, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 86400, 3 * 86400)
+
+
+class Metrics:
+    """This process's counters and histograms (one registry per app, so tests that build
+    many apps do not share them)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.submitted = Counter(
+            "gpufleet_jobs_submitted", "Jobs submitted through this server", registry=r
+        )
+        self.finished = Counter(
+            "gpufleet_jobs_finished",
+            "Jobs that ended through this server, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.claims = Counter("gpufleet_claims", "Jobs claimed by workers", registry=r)
+        self.lease_expirations = Counter(
+            "gpufleet_lease_expirations", "Leases lost for want of a heartbeat", registry=r
+        )
+        self.requeues = Counter(
+            "gpufleet_requeues",
+            "Jobs put back in the queue, by reason (retry, lease_lost, released, operator)",
+            ["reason"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gpufleet_queue_wait_seconds",
+            "Seconds from submission to the claim that took the job",
+            buckets=WAITS,
+            registry=r,
+        )
+        self.dispatch = Histogram(
+            "gpufleet_dispatch_latency_seconds",
+            "Seconds from a claim to the job's process having started",
+            buckets=WAITS,
+            registry=r,
+        )
+        self.run_time = Histogram(
+            "gpufleet_run_duration_seconds",
+            "Seconds an attempt ran, from start to its end",
+            buckets=RUNS,
+            registry=r,
+        )
+
+    def claimed(self, created_at: float, now: float) -> None:
+        self.claims.inc()
+        self.queue_wait.observe(max(0.0, now - created_at))
+
+    def started(self, claimed_at: float | None, now: float) -> None:
+        if claimed_at is not None:
+            self.dispatch.observe(max(0.0, now - claimed_at))
+
+    def ended(self, status: str, started_at: float | None, now: float, reason: str) -> None:
+        """An attempt ended: the job finished (``status`` terminal) or went back to the
+        queue (pending, for ``reason``)."""
+        if started_at is not None:
+            self.run_time.observe(max(0.0, now - started_at))
+        if status == "pending":
+            self.requeues.labels(reason).inc()
+        else:
+            self.finished.labels(status).inc()
+
+    def watch(
+        self, services: Services, polls: Polls, hub: Hub, clock: Callable[[], float] = time.time
+    ) -> None:
+        """Add the gauges read at each scrape."""
+        self.registry.register(_Gauges(services, polls, hub, clock))
+
+
+class _Gauges(Collector):
+    def __init__(
+        self, services: Services, polls: Polls, hub: Hub, clock: Callable[[], float]
+    ) -> None:
+        self.services, self.polls, self.hub, self.clock = services, polls, hub, clock
+
+    def describe(self) -> list[Metric]:
+        return []  # read at scrape time only
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        q = self.services.store.queue_gauges()
+        jobs = GaugeMetricFamily(
+            "gpufleet_jobs", "Jobs in each status, by pool", labels=["status", "pool"]
+        )
+        for (status, pool), n in sorted(q.jobs.items()):
+            jobs.add_metric([status, pool], n)
+        yield jobs
+        oldest = GaugeMetricFamily(
+            "gpufleet_oldest_pending_job_age_seconds",
+            "Age of the oldest pending job, by pool",
+            labels=["pool"],
+        )
+        for pool, created in sorted(q.oldest_pending.items()):
+            oldest.add_metric([pool], max(0.0, now - created))
+        yield oldest
+
+        states = self.services.fleet.states()
+        workers = GaugeMetricFamily(
+            "gpufleet_workers", "Workers in each status, by pool", labels=["status", "pool"]
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for s in states:
+            status_pool = (s.status.value, s.row.pool)
+            counts[status_pool] = counts.get(status_pool, 0) + 1
+        for (status, pool), n in sorted(counts.items()):
+            workers.add_metric([status, pool], n)
+        yield workers
+        labels = ["worker", "gpu", "name"]
+        used = GaugeMetricFamily(
+            "gpufleet_gpu_memory_used_bytes", "GPU memory in use", labels=labels
+        )
+        total = GaugeMetricFamily("gpufleet_gpu_memory_total_bytes", "GPU memory", labels=labels)
+        util = GaugeMetricFamily(
+            "gpufleet_gpu_utilization_ratio", "GPU busy fraction (0-1)", labels=labels
+        )
+        for s in states:
+            if s.status == WorkerStatus.OFFLINE:
+                continue
+            for g in s.row.gpu_stats:
+                key = [s.row.name, str(g.index), g.name]
+                used.add_metric(key, (g.total_mib - g.free_mib) * MIB)
+                total.add_metric(key, g.total_mib * MIB)
+                if g.util_percent is not None:
+                    util.add_metric(key, g.util_percent / 100)
+        yield used
+        yield total
+        yield util
+
+        polls = GaugeMetricFamily(
+            "gpufleet_claim_polls_waiting", "Worker long-polls waiting on this server"
+        )
+        polls.add_metric([], len(self.polls))
+        yield polls
+        streams = GaugeMetricFamily(
+            "gpufleet_event_streams", "Event streams open on this server", labels=["kind"]
+        )
+        streams.add_metric(["job"], self.hub.counters.job_streams)
+        streams.add_metric(["fleet"], self.hub.counters.fleet_streams)
+        yield streams
+        stored = GaugeMetricFamily(
+            "gpufleet_stored_bytes", "Bytes of blobs kept, by kind", labels=["kind"]
+        )
+        stored.add_metric(["artifact"], q.artifact_bytes)
+        stored.add_metric(["package"], q.package_bytes)
+        yield stored
