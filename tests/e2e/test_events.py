@@ -159,7 +159,10 @@ def test_followers_on_one_server_see_events_written_through_another(
     second = fleet.start_server(db=db)
     fleet.url = fleet.env["GPUFLEET_SERVER"] = first  # the worker and the submit: the first
     fleet.start_worker("w1")
-    job = _submit(fleet, "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.3)\n")  # noqa: E501
+    job = _submit(
+        fleet,
+        "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.3)\n",
+    )  # noqa: E501
     with Client(second, token) as c:  # the follower reads the second
         events = list(c.follow(job))
     assert [e.data["line"] for e in events if e.type == "log"] == ["tick 0", "tick 1", "tick 2"]

@@ -128,6 +128,27 @@ def test_why_says_who_can_take_a_job_that_fits(
     assert "needs a GPU" in reasons["cpu-box"]
 
 
+def test_why_gives_the_place_in_the_queue_among_jobs_the_same_workers_could_run(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    register(client, worker, "gpu-box", gpus=[gpu(gib=8)])
+    gpu_job = {"require_cuda": True}
+    first = submit(client, admin, name="a", requirements=gpu_job)
+    submit(client, admin, name="b", requirements=gpu_job)
+    urgent = submit(client, admin, name="urgent", priority=5, requirements=gpu_job)
+    # a job no worker here could run is not ahead of anyone
+    submit(client, admin, name="huge", requirements={"require_cuda": True, "min_vram_gib": 99})
+    last = submit(client, admin, name="c", requirements=gpu_job)
+    places = {
+        j: client.get(f"/v1/jobs/{j}/why", headers=admin).json()["position"]
+        for j in (urgent, first, last)
+    }
+    assert places == {urgent: 1, first: 2, last: 4}
+    why = client.get(f"/v1/jobs/{last}/why", headers=admin).json()
+    assert why["summary"].endswith("(place 4 in its queue)")
+    assert why["workers"][0]["reasons"] == []
+
+
 def test_why_with_no_workers_says_so(client: TestClient, admin: dict[str, str]) -> None:
     job_id = submit(client, admin)
     why = client.get(f"/v1/jobs/{job_id}/why", headers=admin).json()

@@ -445,12 +445,10 @@ def test_explain_gives_one_verdict_per_worker() -> None:
         prefer_cuda_grace=GRACE,
     )
     assert [w.name for w, _ in verdicts] == ["gpu-box", "laptop", "old", "full"]
-    reasons = {w.name: r for w, r in verdicts}
-    assert reasons["gpu-box"] is None
-    assert reasons["laptop"] is not None
+    reasons = {w.name: "; ".join(r) for w, r in verdicts}
+    assert reasons["gpu-box"] == ""
     assert "needs a GPU" in reasons["laptop"]
     assert reasons["old"] == "worker is draining"
-    assert reasons["full"] is not None
     assert "free GPU" in reasons["full"]
 
 
@@ -489,3 +487,34 @@ def test_covering_mount(path: str, held: bool) -> None:
     from gpufleet.domain.models import covering_mount
 
     assert (covering_mount(path, ("/srv/x", "/mnt/lab/")) is not None) is held
+
+
+# ---- every reason -------------------------------------------------------------------------
+
+
+def test_why_names_every_constraint_not_only_the_first() -> None:
+    """A CPU-only host whose allow list excludes the model: both the allow list and the
+    missing CUDA keep it from the job; a draining GPU box with the wrong label says its
+    state and the label."""
+    cpu_box = worker("cpu-box", policy=policy(allow_jobs=("gbt",)))
+    gpu_box = worker(
+        "gpu-box", gpus=(gpu(0),), labels={"site": "lab"}, status=WorkerStatus.DRAINING
+    )
+    spec = job(model="resnet50", require_cuda=True, labels={"site": "cloud*"})
+    free = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 80 * GIB),))
+    verdicts = dict(
+        (w.name, reasons)
+        for w, reasons in explain(
+            JobView("j", spec, 0.0), [(cpu_box, free), (gpu_box, free)], 0.0, GRACE
+        )
+    )
+    cpu = verdicts["cpu-box"]
+    assert any("allow_jobs" in r for r in cpu), cpu
+    assert any("needs a GPU" in r for r in cpu), cpu
+    assert any("label 'site'" in r or "no label 'site'" in r for r in cpu), cpu
+    gpu_reasons = verdicts["gpu-box"]
+    assert gpu_reasons[0] == "worker is draining"
+    assert any("site='lab' does not match" in r for r in gpu_reasons), gpu_reasons
+    assert len(gpu_reasons) == 2  # its GPU fits: nothing else stands in the way
+    # the claim path still stops at the first reason
+    assert ever_reason(spec, cpu_box) == cpu[0]

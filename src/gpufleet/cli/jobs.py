@@ -319,8 +319,9 @@ def why(
     session: SessionOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Why a job waits: what it waits for (a job it needs, a backoff), and for every worker
-    its status and a constraint that keeps it from taking the job."""
+    """Why a job waits: what it waits for (a job it needs, a backoff), its place in the
+    queue, and for every worker its status and every constraint that keeps it from
+    taking the job."""
     with session_client(server, ca, session) as c:
         w = c.why(job)
     if as_json:
@@ -334,7 +335,7 @@ def why(
         table.add_row(
             escape(r.name),
             styled(r.status),
-            escape(r.reason) if r.reason else "[green]may run it[/green]",
+            escape("\n".join(r.reasons) or r.reason or "") or "[green]may run it[/green]",
         )
     if w.workers:
         out.print(table)

@@ -7,6 +7,7 @@ Time comes in as an argument (``now``, seconds since the epoch): nothing here re
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
@@ -130,37 +131,38 @@ def _gpu_job(job: JobSpec, worker: WorkerView) -> bool:
     return len(fitting) >= req.gpus_wanted
 
 
-def _policy_reason(job: JobSpec, worker: WorkerView) -> str | None:
+def _policy_reasons(job: JobSpec, worker: WorkerView) -> Iterator[str]:
     policy = worker.policy
     if policy is None:
-        return None
+        return
     model = job.model or job.name
     if any(_glob(model, p) for p in policy.deny_jobs):
-        return f"host {worker.name} denies model {model!r} (deny_jobs)"
+        yield f"host {worker.name} denies model {model!r} (deny_jobs)"
     if policy.allow_jobs is not None and not any(_glob(model, p) for p in policy.allow_jobs):
         allowed = ", ".join(policy.allow_jobs) or "nothing"
-        return f"host {worker.name} allows only {allowed} (allow_jobs), not {model!r}"
-    return None
+        yield f"host {worker.name} allows only {allowed} (allow_jobs), not {model!r}"
 
 
-def _placement_reason(job: JobSpec, worker: WorkerView) -> str | None:
+def _placement_reasons(job: JobSpec, worker: WorkerView) -> Iterator[str]:
+    """Every placement constraint the worker fails, one reason each, cheapest first (a
+    caller that wants the first stops there)."""
     req = job.requirements
     if job.pool != worker.pool:
-        return f"job is in pool {job.pool!r}, worker in pool {worker.pool!r}"
+        yield f"job is in pool {job.pool!r}, worker in pool {worker.pool!r}"
     if req.worker and req.worker not in (worker.id, worker.name):
-        return f"job targets worker {req.worker!r}"
+        yield f"job targets worker {req.worker!r}"
     if req.allowed_hosts and not any(_glob(worker.name, p) for p in req.allowed_hosts):
-        return f"host {worker.name} is not in allowed_hosts ({', '.join(req.allowed_hosts)})"
+        yield f"host {worker.name} is not in allowed_hosts ({', '.join(req.allowed_hosts)})"
     for key, pattern in req.labels.items():
         have = worker.labels.get(key)
         if have is None:
-            return f"worker has no label {key!r} (job wants {key}={pattern})"
-        if not _glob(have, pattern):
-            return f"label {key}={have!r} does not match {pattern!r}"
+            yield f"worker has no label {key!r} (job wants {key}={pattern})"
+        elif not _glob(have, pattern):
+            yield f"label {key}={have!r} does not match {pattern!r}"
     for path in job.shared_paths:
         if covering_mount(path, worker.capability.mounts) is None:
-            return f"reads {path} in place; no --mount of this worker holds it"
-    return _policy_reason(job, worker)
+            yield f"reads {path} in place; no --mount of this worker holds it"
+    yield from _policy_reasons(job, worker)
 
 
 def _gpu_reason(job: JobSpec, worker: WorkerView) -> str | None:
@@ -184,20 +186,25 @@ def _gpu_reason(job: JobSpec, worker: WorkerView) -> str | None:
     return None
 
 
-def ever_reason(job: JobSpec, worker: WorkerView) -> str | None:
-    """Why ``worker`` could never run ``job`` whatever its load, or None if it could."""
-    reason = _placement_reason(job, worker)
-    if reason:
-        return reason
+def ever_reasons(job: JobSpec, worker: WorkerView) -> Iterator[str]:
+    """Every reason ``worker`` could never run ``job`` whatever its load (none: it could),
+    lazily: the first costs only the checks before it."""
+    yield from _placement_reasons(job, worker)
     req = job.requirements
     ram = effective_ram_gib(worker)
     if req.min_ram_gib > ram:
-        return f"needs {req.min_ram_gib:g} GiB RAM; worker has {ram:.1f} GiB"
+        yield f"needs {req.min_ram_gib:g} GiB RAM; worker has {ram:.1f} GiB"
     if _must_use_gpu(job, worker):
-        return _gpu_reason(job, worker)
-    if worker.cpu_slots == 0 and not (req.prefer_cuda and not req.cpu_only):
-        return "runs in a CPU slot; worker has none (--slots 0)"
-    return None
+        gpu = _gpu_reason(job, worker)
+        if gpu:
+            yield gpu
+    elif worker.cpu_slots == 0 and not (req.prefer_cuda and not req.cpu_only):
+        yield "runs in a CPU slot; worker has none (--slots 0)"
+
+
+def ever_reason(job: JobSpec, worker: WorkerView) -> str | None:
+    """Why ``worker`` could never run ``job`` whatever its load, or None if it could."""
+    return next(ever_reasons(job, worker), None)
 
 
 def assign(job: JobSpec, worker: WorkerView, free: FreeResources) -> Assignment | str:
@@ -222,6 +229,21 @@ def assign(job: JobSpec, worker: WorkerView, free: FreeResources) -> Assignment 
         gpus=tuple(sorted(c.index for c in chosen)),
         vram_mib=sum(usable[c.index].total_mib for c in chosen),
     )
+
+
+def now_reasons(
+    job: JobView, worker: WorkerView, free: FreeResources, now: float, prefer_cuda_grace: float
+) -> Assignment | list[str]:
+    """Whether ``worker`` may take ``job`` right now: an assignment, or every reason it may
+    not (its state, and each constraint it fails; what it lacks now only when nothing
+    else stands in the way)."""
+    reasons = list(ever_reasons(job.spec, worker))
+    if worker.status in (WorkerStatus.DRAINING, WorkerStatus.OFFLINE):
+        reasons.insert(0, f"worker is {worker.status.value}")
+    if reasons:
+        return reasons
+    verdict = now_reason(job, worker, free, now, prefer_cuda_grace)
+    return verdict if not isinstance(verdict, str) else [verdict]
 
 
 def now_reason(
@@ -256,12 +278,12 @@ def explain(
     workers: list[tuple[WorkerView, FreeResources]],
     now: float,
     prefer_cuda_grace: float,
-) -> list[tuple[WorkerView, str | None]]:
-    """For every worker, the reason it will not take the job now (None: it may)."""
-    out: list[tuple[WorkerView, str | None]] = []
+) -> list[tuple[WorkerView, list[str]]]:
+    """For every worker, every reason it will not take the job now (none: it may)."""
+    out: list[tuple[WorkerView, list[str]]] = []
     for worker, free in workers:
-        verdict = now_reason(job, worker, free, now, prefer_cuda_grace)
-        out.append((worker, verdict if isinstance(verdict, str) else None))
+        verdict = now_reasons(job, worker, free, now, prefer_cuda_grace)
+        out.append((worker, verdict if isinstance(verdict, list) else []))
     return out
 
 

@@ -11,6 +11,8 @@ from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
 from gpufleet.store import JobRow, Store
 
+AHEAD = 10_000  # jobs ahead a position counts, at most
+
 
 class Explain:
     """``why``; one per server process."""
@@ -31,9 +33,10 @@ class Explain:
 
     def why(
         self, ref: str, pools: Sequence[str] | None = None
-    ) -> tuple[JobRow, str, list[tuple[WorkerState, str | None]]]:
-        """The job, a one-line summary, and every worker's reason not to take it now (of
-        the workers in ``pools``; None: every worker), each with its status."""
+    ) -> tuple[JobRow, str, list[tuple[WorkerState, list[str]]], int | None]:
+        """The job, a one-line summary, every worker's reasons not to take it now (of the
+        workers in ``pools``; None: every worker), each with its status, and (pending) its
+        place in the queue among the jobs the workers that could run it could run too."""
         job = self.reads.job(ref, pools)
         now = self.clock()
         # The job does not hold a slot against itself.
@@ -45,11 +48,27 @@ class Explain:
         ]
         jv = JobView(job.id, job.spec, job.created_at)
         verdicts = explain(jv, [(s.view, s.free) for s in states], now, self.prefer_cuda_grace)
-        rows = [(s, reason) for s, (_, reason) in zip(states, verdicts, strict=True)]
-        return job, self._why_summary(job, verdicts, now), rows
+        rows = [(s, reasons) for s, (_, reasons) in zip(states, verdicts, strict=True)]
+        position = self._position(job, [s.view for s in states])
+        summary = self._why_summary(job, verdicts, now)
+        if position is not None and job.status == JobStatus.PENDING and not job.waiting:
+            summary += f" (place {position} in its queue)"
+        return job, summary, rows, position
+
+    def _position(self, job: JobRow, workers: list[WorkerView]) -> int | None:
+        """1 + the pending jobs ranked before ``job`` (priority, then age) that one of the
+        workers able to run ``job`` could run too; None unless it is pending. Counts at
+        most ``AHEAD`` jobs ahead."""
+        if job.status != JobStatus.PENDING:
+            return None
+        able = [w for w in workers if ever_reason(job.spec, w) is None]
+        if not able:
+            return None
+        ahead = self.store.queue_ahead(job, AHEAD)
+        return 1 + sum(1 for j in ahead if any(ever_reason(j.spec, w) is None for w in able))
 
     def _why_summary(
-        self, job: JobRow, verdicts: list[tuple[WorkerView, str | None]], now: float
+        self, job: JobRow, verdicts: list[tuple[WorkerView, list[str]]], now: float
     ) -> str:
         if job.status != JobStatus.PENDING:
             where = f" on {job.worker_id}" if job.worker_id and job.status.active else ""
@@ -62,7 +81,7 @@ class Explain:
             return f"retry backoff: claimable in {job.not_before - now:.0f}s"
         if not verdicts:
             return "no workers are registered"
-        ready = [v.name for v, r in verdicts if r is None]
+        ready = [v.name for v, r in verdicts if not r]
         if ready:
             return "claimable now by " + ", ".join(ready)
         if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):

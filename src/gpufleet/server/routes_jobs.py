@@ -179,15 +179,23 @@ def requeue_job(ref: str, request: Request, caller: Submitter) -> JobOut:
 
 @router.get("/jobs/{ref}/why", response_model=WhyOut, tags=["jobs"])
 def why_job(ref: str, request: Request, caller: Reader) -> WhyOut:
-    """For every worker (a submitter: of its pools), the constraint that keeps it from
-    taking this job."""
-    job, summary, verdicts = state(request).services.explain.why(ref, caller.pools)
+    """For every worker (a submitter: of its pools), every constraint that keeps it from
+    taking this job (``reasons``; ``reason`` joins them), and a pending job's place in its
+    queue among the jobs the workers that could run it could run too."""
+    job, summary, verdicts, position = state(request).services.explain.why(ref, caller.pools)
     return WhyOut(
         job_id=job.id,
         status=job.status.value,
         summary=summary,
+        position=position,
         workers=[
-            WhyWorker(worker_id=s.row.id, name=s.row.name, status=s.status.value, reason=r)
+            WhyWorker(
+                worker_id=s.row.id,
+                name=s.row.name,
+                status=s.status.value,
+                reason="; ".join(r) or None,
+                reasons=r,
+            )
             for s, r in verdicts
         ],
     )

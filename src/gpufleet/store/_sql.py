@@ -393,6 +393,26 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         with self._read() as conn:
             return {s: int(n) for s, n in conn.execute(q).all()}
 
+    def queue_ahead(self, job: JobRow, limit: int) -> list[JobRow]:
+        """Pending jobs of ``job``'s pool ranked before it (priority, then age, then id),
+        best first; at most ``limit``."""
+        j = t.jobs.c
+        before = (j.priority > job.priority) | (
+            (j.priority == job.priority)
+            & (
+                (j.created_at < job.created_at)
+                | ((j.created_at == job.created_at) & (j.id < job.id))
+            )
+        )
+        q = (
+            select(t.jobs)
+            .where(j.status == JobStatus.PENDING.value, j.pool == job.pool, before)
+            .order_by(j.priority.desc(), j.created_at, j.id)
+            .limit(limit)
+        )
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
     def queue_gauges(self) -> QueueGauges:
         """What /metrics reads of the queue: jobs by status and pool, each pool's oldest
         pending job, and the bytes kept as artifacts and as other blobs (packages)."""

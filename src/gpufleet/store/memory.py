@@ -272,6 +272,18 @@ class MemoryStore(MemoryRecords, NamedChanges):
                     counts[j["status"]] = counts.get(j["status"], 0) + 1
         return counts
 
+    def queue_ahead(self, job: JobRow, limit: int) -> list[JobRow]:
+        mine = (-job.priority, job.created_at, job.id)
+        found = self._select(
+            lambda j: (
+                j["status"] == _PENDING
+                and j["pool"] == job.pool
+                and (-j["priority"], j["created_at"], j["id"]) < mine
+            ),
+            key=lambda j: (-j["priority"], j["created_at"], j["id"]),
+        )
+        return found[:limit]
+
     def queue_gauges(self) -> QueueGauges:
         with self._lock:
             jobs: dict[tuple[str, str], int] = {}

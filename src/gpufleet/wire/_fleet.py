@@ -300,7 +300,10 @@ class WhyWorker(BaseModel):
     worker_id: str
     name: str
     status: WorkerState
-    reason: str | None
+    reason: str | None = Field(description="every reason, joined with '; ' (None: it may)")
+    reasons: list[str] = Field(
+        default_factory=list, description="each constraint that keeps it from the job"
+    )
 
 
 class WhyOut(BaseModel):
@@ -308,6 +311,11 @@ class WhyOut(BaseModel):
     status: JobState
     summary: str
     workers: list[WhyWorker]
+    position: int | None = Field(
+        None,
+        description="a pending job's place in its queue (1: next) among the jobs the "
+        "workers that could run it could run too",
+    )
 
 
 class StatusOut(BaseModel):
