@@ -162,7 +162,7 @@ def test_followers_on_one_server_see_events_written_through_another(
     job = _submit(
         fleet,
         "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.3)\n",
-    )  # noqa: E501
+    )
     with Client(second, token) as c:  # the follower reads the second
         events = list(c.follow(job))
     assert [e.data["line"] for e in events if e.type == "log"] == ["tick 0", "tick 1", "tick 2"]
