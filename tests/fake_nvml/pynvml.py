@@ -76,3 +76,35 @@ def nvmlSystemGetDriverVersion() -> str:
 
 def nvmlSystemGetCudaDriverVersion() -> int:
     return 12040
+
+
+@dataclass(frozen=True)
+class _Utilization:
+    gpu: int
+    memory: int
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    usedGpuMemory: int | None
+
+
+def nvmlDeviceGetUtilizationRates(handle: int) -> _Utilization:
+    """A GPU's ``util`` (percent) from FAKE_NVML_GPUS; NVMLError when it has none."""
+    gpu = _gpus()[handle]
+    if "util" not in gpu:
+        raise NVMLError("utilization not supported")
+    return _Utilization(gpu=int(gpu["util"]), memory=0)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[_Process]:
+    """The compute processes on a GPU: the GPU's ``processes`` in FAKE_NVML_GPUS, and
+    those a test (or a job it runs) wrote to the JSON file FAKE_NVML_PROCESSES names
+    ({"GPU index": [[pid, MiB], ...]}), as a driver would list them."""
+    listed = [tuple(p) for p in _gpus()[handle].get("processes", [])]
+    path = os.environ.get("FAKE_NVML_PROCESSES")
+    if path and os.path.exists(path):
+        with open(path) as f:
+            listed += [tuple(p) for p in json.load(f).get(str(handle), [])]
+    return [_Process(pid=int(pid), usedGpuMemory=int(mib) * MIB) for pid, mib in listed]

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from gpufleet.worker.nvml import (
     Nvml,
     cuda_version_text,
     live_free_mib,
+    live_readings,
     parse_nvidia_smi,
     probe_nvidia_smi,
     probe_nvml,
@@ -52,6 +54,8 @@ class FakeDevice:
     free_mib: int
     uuid: str
     compute_capability: tuple[int, int] = (8, 6)
+    util: int | None = None  # None: the driver does not say
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, MiB)
 
 
 def two_gpus() -> list[FakeDevice]:
@@ -103,6 +107,18 @@ class FakeNvml:
     def nvmlDeviceGetCudaComputeCapability(self, handle: FakeDevice) -> tuple[int, int]:
         self._call("nvmlDeviceGetCudaComputeCapability")
         return handle.compute_capability
+
+    NVMLError = FakeNvmlError
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> Any:
+        self._call("nvmlDeviceGetUtilizationRates")
+        if handle.util is None:
+            raise FakeNvmlError("not supported")
+        return SimpleNamespace(gpu=handle.util, memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list[Any]:
+        self._call("nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=p, usedGpuMemory=m * MIB) for p, m in handle.processes]
 
     def nvmlSystemGetDriverVersion(self) -> bytes:
         self._call("nvmlSystemGetDriverVersion")
@@ -469,6 +485,20 @@ def test_live_gpus_refreshes_free_memory() -> None:
     assert [gpu.free_mib for gpu in live] == [1234, 16000]
     assert [gpu.total_mib for gpu in live] == [24576, 16376]
     assert [gpu.free_mib for gpu in cap.gpus] == [20000, 16000]
+
+
+def test_live_gpus_read_utilisation_where_the_driver_gives_it() -> None:
+    nvml = FakeNvml()
+    cap = detect(nvml_lib=nvml)
+    nvml.devices[0].util = 87
+    nvml.devices[0].processes = [(4242, 5000), (4243, 1000)]
+
+    live = live_gpus(cap, nvml)
+    assert [gpu.util_percent for gpu in live] == [87, None]  # GPU 1 does not say
+    readings = live_readings(nvml)
+    assert readings is not None
+    assert readings[0].processes == ((4242, 5000), (4243, 1000))
+    assert readings[1].processes == ()
 
 
 def test_live_gpus_unchanged_without_nvml() -> None:

@@ -42,7 +42,11 @@ def read_session(arg: str | None) -> Session | None:
 
 def gpu_summary(gpus: list[GpuModel], simulated: bool) -> str:
     """Each GPU as "NAME free/total GiB", e.g. "A100 38.2/40 GiB"."""
-    text = ", ".join(f"{g.name} {g.free_mib / 1024:.1f}/{g.total_mib / 1024:.0f} GiB" for g in gpus)
+    text = ", ".join(
+        f"{g.name} {g.free_mib / 1024:.1f}/{g.total_mib / 1024:.0f} GiB"
+        + (f" {g.util_percent}%" if g.util_percent is not None else "")
+        for g in gpus
+    )
     return (text + (" (simulated)" if simulated else "")) if text else "-"
 
 

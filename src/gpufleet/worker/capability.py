@@ -23,7 +23,13 @@ import psutil
 
 from gpufleet.domain.models import MIB_PER_GIB, Capability, GpuInfo
 from gpufleet.errors import ConfigError
-from gpufleet.worker.nvml import GpuProbe, live_free_mib, probe_nvidia_smi, probe_nvml
+from gpufleet.worker.nvml import (
+    GpuProbe,
+    GpuReading,
+    live_readings,
+    probe_nvidia_smi,
+    probe_nvml,
+)
 
 GIT_TIMEOUT_SECONDS = 2.0
 _SIMULATE_FLAG = "--simulate-gpus"
@@ -198,16 +204,17 @@ def live_gpus(cap: Capability, nvml_lib: Any | None = None) -> tuple[GpuInfo, ..
     """
     if cap.gpus_simulated or not cap.gpus:
         return cap.gpus
-    free = live_free_mib(nvml_lib)
-    if free is None:
+    now = live_readings(nvml_lib)
+    if now is None:
         return cap.gpus
-    return tuple(_with_free(gpu, free) for gpu in cap.gpus)
+    return tuple(_with_reading(gpu, now) for gpu in cap.gpus)
 
 
-def _with_free(gpu: GpuInfo, free: dict[int, int]) -> GpuInfo:
-    if gpu.simulated or gpu.index not in free:
+def _with_reading(gpu: GpuInfo, now: dict[int, GpuReading]) -> GpuInfo:
+    if gpu.simulated or gpu.index not in now:
         return gpu
-    return dataclasses.replace(gpu, free_mib=free[gpu.index])
+    reading = now[gpu.index]
+    return dataclasses.replace(gpu, free_mib=reading.free_mib, util_percent=reading.util_percent)
 
 
 def capability_json(cap: Capability) -> dict[str, Any]:

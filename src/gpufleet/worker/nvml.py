@@ -78,6 +78,21 @@ def live_free_mib(lib: Any | None = None) -> dict[int, int] | None:
     return shared(lib).read(_read_free_mib)
 
 
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU now: free memory, how busy it was over NVML's last sample period (None
+    when the driver does not say), and the compute processes on it (pid, MiB used)."""
+
+    free_mib: int
+    util_percent: int | None = None
+    processes: tuple[tuple[int, int], ...] = ()
+
+
+def live_readings(lib: Any | None = None) -> dict[int, GpuReading] | None:
+    """Every GPU's :class:`GpuReading` by index, or ``None`` when NVML is unavailable."""
+    return shared(lib).read(_read_live)
+
+
 def _load_nvml(lib: Any | None) -> Any | None:
     if lib is not None:
         return lib
@@ -201,6 +216,26 @@ def _read_free_mib(nvml: Any) -> dict[int, int]:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         free[index] = int(nvml.nvmlDeviceGetMemoryInfo(handle).free) // BYTES_PER_MIB
     return free
+
+
+def _read_live(nvml: Any) -> dict[int, GpuReading]:
+    out: dict[int, GpuReading] = {}
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free) // BYTES_PER_MIB
+        try:
+            util: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nvml.NVMLError:  # not supported on this GPU or driver
+            util = None
+        try:
+            procs = tuple(
+                (int(p.pid), int(p.usedGpuMemory or 0) // BYTES_PER_MIB)
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            )
+        except nvml.NVMLError:  # per-process accounting: some drivers withhold it
+            procs = ()
+        out[index] = GpuReading(free, util, procs)
+    return out
 
 
 def _text(value: object) -> str:

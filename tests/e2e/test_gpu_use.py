@@ -1,0 +1,48 @@
+"""GPU use as workers report it: each heartbeat carries free memory and utilisation
+(NVML, through the fake driver at the boundary), shown in `workers` and in /metrics."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import Fleet, wait_for
+
+pytestmark = pytest.mark.e2e
+
+GIB = 1024
+
+
+def test_workers_and_metrics_show_each_gpus_memory_and_utilisation(fleet: Fleet) -> None:
+    fleet.start_server()
+    described = [
+        {"name": "NVIDIA A100", "total_mib": 40 * GIB, "free_mib": 30 * GIB, "util": 87},
+        {"name": "NVIDIA T4", "total_mib": 16 * GIB, "free_mib": 16 * GIB},  # no utilisation
+    ]
+    fleet.start_gpu_worker("gpu-box", [], env_extra={"FAKE_NVML_GPUS": json.dumps(described)})
+
+    def listed() -> list[dict[str, object]] | None:
+        workers = json.loads(fleet.cli("workers", "--json").stdout)
+        gpus = workers[0]["gpus"] if workers else []
+        return gpus if gpus and gpus[0].get("util_percent") == 87 else None
+
+    gpus = wait_for(listed, 20, "the heartbeat to carry utilisation")
+    assert [g["util_percent"] for g in gpus] == [87, None]
+    assert "87%" in fleet.cli("workers").stdout
+
+    with fleet.client() as c:
+        token = c._token
+    r = httpx.get(f"{fleet.url}/metrics", headers={"Authorization": f"Bearer {token}"})
+    samples = {
+        (s.name, s.labels.get("gpu")): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+        if s.labels.get("worker") == "gpu-box"
+    }
+    assert samples[("gpufleet_gpu_utilization_ratio", "0")] == pytest.approx(0.87)
+    assert ("gpufleet_gpu_utilization_ratio", "1") not in samples
+    assert samples[("gpufleet_gpu_memory_used_bytes", "0")] == 10 * 2**30
+    assert samples[("gpufleet_gpu_memory_total_bytes", "1")] == 16 * 2**30
