@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import httpx
 import pytest
@@ -46,3 +47,30 @@ def test_workers_and_metrics_show_each_gpus_memory_and_utilisation(fleet: Fleet)
     assert ("gpufleet_gpu_utilization_ratio", "1") not in samples
     assert samples[("gpufleet_gpu_memory_used_bytes", "0")] == 10 * 2**30
     assert samples[("gpufleet_gpu_memory_total_bytes", "1")] == 16 * 2**30
+
+
+def test_a_running_job_shows_the_gpu_memory_its_processes_use(fleet: Fleet) -> None:
+    """The fake driver lists the job's own process on GPU 0 (the job writes its pid where
+    the driver reads): the worker counts it for that job, and `show` says so."""
+    fleet.start_server()
+    processes = fleet.root / "nvml-processes.json"
+    fleet.start_gpu_worker(
+        "gpu-box",
+        [("NVIDIA A100", 40, 40)],
+        env_extra={"FAKE_NVML_PROCESSES": str(processes)},
+    )
+    script = (
+        "import json, os, sys, time\n"
+        f"json.dump({{'0': [[os.getpid(), 3072]]}}, open({str(processes)!r}, 'w'))\n"
+        "time.sleep(60)\n"
+    )
+    out = fleet.cli("submit", "--require-cuda", "--", sys.executable, "-c", script).stdout
+    job = out.split()[-1]
+    fleet.wait_status(job, "running")
+    with fleet.client() as c:
+        found = wait_for(lambda: c.job(job).gpu_mib == 3072, 20, "the job's GPU memory")
+        assert found
+    assert "GPU memory in use: 3.0 GiB" in fleet.cli("show", job).stdout
+    fleet.cli("cancel", job)
+    done = fleet.wait_status(job, "cancelled")
+    assert done["gpu_mib"] is None  # only while it runs

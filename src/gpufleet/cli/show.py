@@ -39,6 +39,11 @@ def show_detail(d: JobDetail) -> None:
         out.print(f"  hyper ({d.spec.hyper_style}): {escape(shown)}")
     if d.worker:
         out.print(f"  on: {escape(d.worker)} ({placement(d)}), started {when(d.started_at)}")
+    if d.gpu_mib is not None:
+        out.print(f"  GPU memory in use: {d.gpu_mib / 1024:.1f} GiB (its processes, NVML)")
+    if d.progress:
+        shown = ", ".join(f"{k}={v}" for k, v in d.progress.items())
+        out.print(f"  progress: {escape(shown)}")
     if d.submitted_by:
         out.print(f"  submitted by token {d.submitted_by}")
     if d.stopped_early:

@@ -284,8 +284,12 @@ class Leases:
     def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
         w = self.fleet.worker(worker_id)
         now = self.clock()
+        used = {(r.job_id, r.attempt): r.gpu_mib for r in req.leases if r.gpu_mib is not None}
         held = self.store.extend_leases(
-            [(r.job_id, r.attempt) for r in req.leases], now + self.settings.lease_timeout, w.id
+            [(r.job_id, r.attempt) for r in req.leases],
+            now + self.settings.lease_timeout,
+            w.id,
+            used,
         )
         stats = json.dumps([g.model_dump() for g in req.gpus]) if req.gpus else None
         self.fleet.beat(w, req.draining, stats)

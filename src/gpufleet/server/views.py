@@ -58,6 +58,7 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         stopped_early=job.stopped_early,
         progress=json.loads(job.progress) if job.progress else None,
         metrics=json.loads(job.metrics) if job.metrics else {},
+        gpu_mib=job.gpu_mib if job.status.active else None,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -443,15 +443,23 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         return (j.id == job_id) & (j.lease == lease) & j.status.in_([s.value for s in statuses])
 
     def extend_leases(
-        self, leases: Iterable[tuple[str, int]], expires: float, worker_id: str
+        self,
+        leases: Iterable[tuple[str, int]],
+        expires: float,
+        worker_id: str,
+        gpu_mib: Mapping[tuple[str, int], int] | None = None,
     ) -> set[tuple[str, int]]:
-        """Push back the expiry of every valid lease ``worker_id`` holds; returns those."""
+        """Push back the expiry of every valid lease ``worker_id`` holds (and record the
+        GPU memory each job's processes use, where given); returns those leases."""
         held: set[tuple[str, int]] = set()
+        used = gpu_mib or {}
         with self._write() as conn:
             for job_id, lease in leases:
                 where = self._lease_where(job_id, lease, ACTIVE) & (t.jobs.c.worker_id == worker_id)
-                stmt = update(t.jobs).where(where)
-                if conn.execute(stmt.values(lease_expires_at=expires)).rowcount == 1:
+                values: dict[str, Any] = {"lease_expires_at": expires}
+                if (job_id, lease) in used:
+                    values["gpu_mib"] = used[(job_id, lease)]
+                if conn.execute(update(t.jobs).where(where).values(values)).rowcount == 1:
                     held.add((job_id, lease))
         return held
 

@@ -148,7 +148,11 @@ class JobStore(Protocol):
     def cancel(self, change: Change) -> Applied | None: ...
     def requeue(self, change: Change) -> Applied | None: ...
     def extend_leases(
-        self, leases: Iterable[tuple[str, int]], expires: float, worker_id: str
+        self,
+        leases: Iterable[tuple[str, int]],
+        expires: float,
+        worker_id: str,
+        gpu_mib: Mapping[tuple[str, int], int] | None = None,
     ) -> set[tuple[str, int]]: ...
     def request_stop(
         self, job_id: str, now: float, grace: float, by: str | None = None

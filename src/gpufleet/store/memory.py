@@ -401,9 +401,14 @@ class MemoryStore(MemoryRecords, NamedChanges):
         yield MemoryClaimSession(self)
 
     def extend_leases(
-        self, leases: Iterable[tuple[str, int]], expires: float, worker_id: str
+        self,
+        leases: Iterable[tuple[str, int]],
+        expires: float,
+        worker_id: str,
+        gpu_mib: Mapping[tuple[str, int], int] | None = None,
     ) -> set[tuple[str, int]]:
         held = set()
+        used = gpu_mib or {}
         with self._lock:
             for job_id, lease in leases:
                 j = self.jobs.get(job_id)
@@ -414,6 +419,8 @@ class MemoryStore(MemoryRecords, NamedChanges):
                     and j["worker_id"] == worker_id
                 ):
                     j["lease_expires_at"] = expires
+                    if (job_id, lease) in used:
+                        j["gpu_mib"] = used[(job_id, lease)]
                     held.add((job_id, lease))
         return held
 

@@ -62,6 +62,7 @@ class JobRow:
     stopped_early: bool = False
     progress: str | None = None  # the latest progress record, JSON
     metrics: str | None = None  # the last value of each metric, a JSON object
+    gpu_mib: int | None = None  # GPU memory its processes used, at the last heartbeat
 
     @cached_property
     def spec(self) -> JobSpec:
@@ -83,7 +84,7 @@ class JobRow:
         if missing or extra:
             wrong = [*(f"without {k}" for k in sorted(missing)), *(f"with {k}" for k in extra)]
             raise TypeError(f"a job row {', '.join(wrong)}")
-        # Filled in directly: a frozen dataclass's __init__ sets each of the 31 fields
+        # Filled in directly: a frozen dataclass's __init__ sets each of the 32 fields
         # through object.__setattr__ (9 us a row), and claims and listings read many rows.
         row = object.__new__(cls)
         row.__dict__.update(_JOB_DEFAULTS, **m)

@@ -66,6 +66,8 @@ jobs = Table(
     # of each metric it has reported (JSON object): read without walking its event log.
     Column("progress", Text),
     Column("metrics", Text),
+    # GPU memory the job's processes used at its worker's last heartbeat (MiB), if known.
+    Column("gpu_mib", Integer),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(

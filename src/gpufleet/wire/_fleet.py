@@ -137,6 +137,9 @@ class Candidate(BaseModel):
 class LeaseRef(Strict):
     job_id: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
     attempt: Attempt
+    gpu_mib: int | None = Field(
+        None, ge=0, le=2**40, description="GPU memory the job's processes use now (NVML)"
+    )
 
 
 class FreeGpuModel(Strict):

@@ -272,6 +272,9 @@ class JobOut(BaseModel):
     metrics: dict[str, float | None] = Field(
         default_factory=dict, description="the last value the job reported of each metric"
     )
+    gpu_mib: int | None = Field(
+        None, description="GPU memory its processes used at its worker's last heartbeat (MiB)"
+    )
 
 
 class JobDetail(JobOut):

@@ -44,8 +44,9 @@ from gpufleet.wire import (
 )
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.cache import BlobCache, remove_leftovers
-from gpufleet.worker.capability import live_gpus
+from gpufleet.worker.capability import live_gpus, live_state
 from gpufleet.worker.jobs import JobSteps, Running, Stopped, say
+from gpufleet.worker.nvml import GpuReading, group_gpu_mib
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.runner import (
     kill_leftovers,
@@ -292,12 +293,19 @@ class Agent(JobSteps):
             return await c.whoami()
 
     async def send_heartbeat(self) -> None:
+        gpus, readings = await self.live_state()
         body = HeartbeatRequest(
             leases=[
-                LeaseRef(job_id=r.lease.job_id, attempt=r.lease.attempt)
+                LeaseRef(
+                    job_id=r.lease.job_id,
+                    attempt=r.lease.attempt,
+                    gpu_mib=group_gpu_mib(readings, r.proc.pid)
+                    if r.proc is not None and r.lease.gpus and readings
+                    else None,
+                )
                 for r in self.running.values()
             ],
-            gpus=[GpuModel.from_domain(g) for g in await self.live_gpus()],
+            gpus=[GpuModel.from_domain(g) for g in gpus],
             draining=self.draining,
         )
         sent = time.monotonic()
@@ -391,6 +399,12 @@ class Agent(JobSteps):
         if self.capability.gpus_simulated or not self.capability.gpus:
             return self.capability.gpus
         return await asyncio.to_thread(live_gpus, self.capability)
+
+    async def live_state(self) -> tuple[tuple[GpuInfo, ...], dict[int, GpuReading]]:
+        """:meth:`live_gpus`, with NVML's readings (the processes on each GPU)."""
+        if self.capability.gpus_simulated or not self.capability.gpus:
+            return self.capability.gpus, {}
+        return await asyncio.to_thread(live_state, self.capability)
 
     async def claim_body(self, supersede: bool = False) -> ClaimRequest:
         live = await self.live_gpus()

@@ -197,6 +197,19 @@ def _git_commit(path: Path) -> str | None:
 # ------------------------------------------------------------------ live state
 
 
+def live_state(
+    cap: Capability, nvml_lib: Any | None = None
+) -> tuple[tuple[GpuInfo, ...], dict[int, GpuReading]]:
+    """``cap``'s GPUs as :func:`live_gpus` gives them, and NVML's readings (with the
+    processes on each GPU; empty without NVML or for simulated GPUs)."""
+    if cap.gpus_simulated or not cap.gpus:
+        return cap.gpus, {}
+    now = live_readings(nvml_lib)
+    if now is None:
+        return cap.gpus, {}
+    return tuple(_with_reading(gpu, now) for gpu in cap.gpus), now
+
+
 def live_gpus(cap: Capability, nvml_lib: Any | None = None) -> tuple[GpuInfo, ...]:
     """``cap``'s GPUs with ``free_mib`` refreshed from NVML.
 

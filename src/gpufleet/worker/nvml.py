@@ -19,6 +19,7 @@ import contextlib
 import csv
 import io
 import logging
+import os
 import shutil
 import subprocess
 import threading
@@ -85,7 +86,7 @@ class GpuReading:
 
     free_mib: int
     util_percent: int | None = None
-    processes: tuple[tuple[int, int], ...] = ()
+    processes: tuple[tuple[int, int], ...] | None = None  # None: the driver did not say
 
 
 def live_readings(lib: Any | None = None) -> dict[int, GpuReading] | None:
@@ -227,13 +228,14 @@ def _read_live(nvml: Any) -> dict[int, GpuReading]:
             util: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nvml.NVMLError:  # not supported on this GPU or driver
             util = None
+        procs: tuple[tuple[int, int], ...] | None
         try:
             procs = tuple(
                 (int(p.pid), int(p.usedGpuMemory or 0) // BYTES_PER_MIB)
                 for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             )
         except nvml.NVMLError:  # per-process accounting: some drivers withhold it
-            procs = ()
+            procs = None
         out[index] = GpuReading(free, util, procs)
     return out
 
@@ -310,3 +312,19 @@ def _run_command(argv: list[str]) -> str:
         argv, capture_output=True, text=True, check=True, timeout=SMI_TIMEOUT_SECONDS
     )
     return done.stdout
+
+
+def group_gpu_mib(readings: dict[int, GpuReading], pgid: int) -> int | None:
+    """The GPU memory (MiB) the processes of process group ``pgid`` use, over every GPU;
+    None when the driver lists no processes at all (it does not say)."""
+    if not readings or all(r.processes is None for r in readings.values()):
+        return None
+    total = 0
+    for reading in readings.values():
+        for pid, mib in reading.processes or ():
+            try:
+                if os.getpgid(pid) == pgid:
+                    total += mib
+            except OSError:  # gone, or in another PID namespace (a container)
+                continue
+    return total
