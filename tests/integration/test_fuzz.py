@@ -273,7 +273,8 @@ def _aim(case: schemathesis.Case, targets: dict[str, tuple[str, ...]]) -> None:
     hash of the rest of the call, so a seed replays): random names only ever meet a 404,
     and the pool, enrollment and lease checks behind it are where a refusal could leave
     something half done. The coverage phase keeps its odd names."""
-    kind, params = case.operation.path.split("/")[2], case.path_parameters
+    parts = case.operation.path.split("/")  # /v1/KIND/..., or /metrics
+    kind, params = parts[2 if len(parts) > 2 else 1], case.path_parameters
     if case.meta is None or case.meta.phase.name != "fuzzing" or kind not in targets:
         return
     for name in params or {}:

@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from gpufleet.server import routes_blobs, routes_events, routes_jobs, routes_workers
+from gpufleet.server import (
+    routes_blobs,
+    routes_events,
+    routes_jobs,
+    routes_metrics,
+    routes_workers,
+)
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX
 
 if TYPE_CHECKING:
@@ -59,6 +65,7 @@ EXPECTED = {
     ("DELETE", "/v1/uploads/{upload_id}"),
     ("GET", "/v1/jobs/{ref}/events"),
     ("GET", "/v1/events"),
+    ("GET", "/metrics"),
 }
 
 
@@ -100,6 +107,7 @@ def test_app_serves_every_router(app: FastAPI) -> None:
         + list(routes_workers.router.routes)
         + list(routes_blobs.router.routes)
         + list(routes_events.router.routes)
+        + list(routes_metrics.router.routes)
     )
     assert served == routers
     assert served == EXPECTED
