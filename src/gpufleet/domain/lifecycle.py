@@ -165,23 +165,29 @@ class Change:
         return self.lease + 1 if self.event == Event.CLAIM else self.lease
 
 
+def state_record(
+    status: str, event: str, attempt: int, by: str | None = None, why: str | None = None
+) -> dict[str, object]:
+    """A ``state`` record of a job's event log: the status it is in after ``event``, the
+    attempt, who asked (a token's or worker's name) and why, when known."""
+    out: dict[str, object] = {"status": status, "event": event, "attempt": attempt}
+    if by:
+        out["by"] = by
+    if why:
+        out["why"] = why
+    return out
+
+
 def state_event(change: Change) -> dict[str, object]:
-    """The record a change leaves in its job's event log: the status it led to, the
-    event, the attempt, who asked (a claim: its worker) and why (an error, if any)."""
+    """The record a change leaves in its job's event log (a claim's ``by``: its worker;
+    ``why``: the error it sets, if any)."""
     by = change.by
     if by is None and change.opens is not None:
         by = str(change.opens.get("worker_name") or "") or None
     why = change.fields.get("error") or (change.record or {}).get("error")
-    out: dict[str, object] = {
-        "status": change.status.value,
-        "event": change.event.value,
-        "attempt": change.attempt,
-    }
-    if by:
-        out["by"] = by
-    if why:
-        out["why"] = str(why)
-    return out
+    return state_record(
+        change.status.value, change.event.value, change.attempt, by, str(why) if why else None
+    )
 
 
 #: What a job loses when it goes back to the queue: no worker holds it.

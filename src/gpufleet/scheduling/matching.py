@@ -242,8 +242,8 @@ def now_reasons(
         reasons.insert(0, f"worker is {worker.status.value}")
     if reasons:
         return reasons
-    verdict = now_reason(job, worker, free, now, prefer_cuda_grace)
-    return verdict if not isinstance(verdict, str) else [verdict]
+    fit = _fit_now(job, worker, free, now, prefer_cuda_grace)
+    return [fit] if isinstance(fit, str) else fit
 
 
 def now_reason(
@@ -252,9 +252,14 @@ def now_reason(
     """Whether ``worker`` may take ``job`` right now: an assignment, or the reason it may not."""
     if worker.status in (WorkerStatus.DRAINING, WorkerStatus.OFFLINE):
         return f"worker is {worker.status.value}"
-    reason = ever_reason(job.spec, worker)
-    if reason:
-        return reason
+    return ever_reason(job.spec, worker) or _fit_now(job, worker, free, now, prefer_cuda_grace)
+
+
+def _fit_now(
+    job: JobView, worker: WorkerView, free: FreeResources, now: float, prefer_cuda_grace: float
+) -> Assignment | str:
+    """For a worker that could run ``job``: where it would run now, or why not yet (the
+    CUDA grace window, or no free slot)."""
     req = job.spec.requirements
     if req.prefer_cuda and not _gpu_job(job.spec, worker):
         waited = now - job.created_at

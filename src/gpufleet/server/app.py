@@ -140,14 +140,18 @@ def create_app(
         store.publish_claimable()
 
     audit = AuditWriter(store)
+    hub = Hub(store)
+    services = Services(
+        store, settings, blobs, on_change=on_change, on_event=audit.event, on_written=hub.touch
+    )
     st = ServerState(
-        services=Services(store, settings, blobs, on_change=on_change, on_event=audit.event),
+        services=services,
         auth=Auth(store),
         notifier=notifier,
         claim_limiter=CapacityLimiter(1 if store.dialect == "sqlite" else 8),
         audit=audit,
         polls=Polls(),
-        hub=Hub(store),
+        hub=hub,
         metrics_public=metrics_public,
     )
     st.services.metrics.watch(st.services, st.polls, st.hub)

@@ -27,18 +27,20 @@ second and sent when they differ), filtered per follower by pool.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.store import LogRow, Store
+from gpufleet.store import LogRow, Store, WorkerRow
 
 log = logging.getLogger("gpufleet.server")
 
@@ -46,7 +48,7 @@ RING = 20_000  # a job's newest records a feed keeps for its followers
 BATCH = 5_000  # records read from the store at a time
 POLL = 1.0  # seconds between reads of a followed log when nothing wakes it
 LINGER = 30.0  # seconds a feed with no followers stays (a follower may reconnect)
-FLEET_POLL = 1.0
+T = TypeVar("T")
 KINDS = {"stdout": "log", "stderr": "log", "progress": "progress", "state": "state"}
 
 
@@ -82,66 +84,83 @@ def encode(row: LogRow) -> Encoded:
     return Encoded(row.seq, kind, status, frame(row.seq, kind, data))
 
 
-class Feed:
-    """The records of one job, read once for all of this server's followers of it."""
+class _Reader(Generic[T]):
+    """One reader shared by the followers of a stream: it reads the store (``fetch``, in
+    a thread) when woken or every ``POLL`` seconds, takes what it read on the event loop
+    (``take``), tells its followers when something is new (``updated`` fires, and a fresh
+    one waits for the next), and stops once it has had no follower for ``LINGER``
+    seconds (one may reconnect meanwhile)."""
 
-    def __init__(self, store: Store, job_id: str, floor: int) -> None:
-        self.store = store
-        self.job_id = job_id
-        # Every record numbered after ``floor`` is in ``ring`` or not yet read.
-        self.floor = floor
-        self.last = floor
-        self.ring: deque[Encoded] = deque()
+    what = "events"
+
+    def __init__(self) -> None:
         self.wake = asyncio.Event()
         self.updated = asyncio.Event()
         self.followers = 0
-        self.idle_since: float | None = None
         self.task: asyncio.Task[None] | None = None
 
-    async def run(self, linger: float) -> None:
+    def fetch(self) -> T:
+        """Read what is new (in a thread; it changes nothing)."""
+        raise NotImplementedError
+
+    def take(self, fresh: T) -> bool:
+        """Keep what ``fetch`` read (on the event loop); whether to read again at once."""
+        raise NotImplementedError
+
+    def publish(self) -> None:
+        updated, self.updated = self.updated, asyncio.Event()
+        updated.set()
+
+    async def run(self, linger: float = LINGER) -> None:
         loop = asyncio.get_running_loop()
+        idle_since: float | None = None
         while True:
             try:
-                rows = await run_in_threadpool(self.store.logs, self.job_id, self.last, BATCH)
-            except Exception:  # the database is away: try again, followers wait
-                log.exception("reading job %s's events failed", self.job_id)
-                rows = []
-            if rows:
-                self._take(rows)
-                if len(rows) == BATCH:
+                if self.take(await run_in_threadpool(self.fetch)):
                     continue
-            if self.followers == 0:
-                self.idle_since = self.idle_since or loop.time()
-                if loop.time() - self.idle_since >= linger:
-                    return
-            else:
-                self.idle_since = None
+            except Exception:  # the database is away: try again, followers wait
+                log.exception("reading %s failed", self.what)
+            if self.followers:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = loop.time()
+            elif loop.time() - idle_since >= linger:
+                return
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), POLL)
 
-    def _take(self, rows: Sequence[LogRow]) -> None:
-        self.ring.extend(encode(row) for row in rows)
-        self.last = rows[-1].seq
+
+class Feed(_Reader[list[LogRow]]):
+    """The records of one job, read once for all of this server's followers of it."""
+
+    def __init__(self, store: Store, job_id: str, floor: int) -> None:
+        super().__init__()
+        self.store = store
+        self.job_id = job_id
+        self.what = f"job {job_id}'s events"
+        # Every record numbered after ``floor`` is in ``ring`` or not yet read.
+        self.floor = floor
+        self.last = floor
+        self.ring: deque[Encoded] = deque()
+
+    def fetch(self) -> list[LogRow]:
+        return self.store.logs(self.job_id, self.last, BATCH)
+
+    def take(self, fresh: list[LogRow]) -> bool:
+        if not fresh:
+            return False
+        self.ring.extend(encode(row) for row in fresh)
+        self.last = fresh[-1].seq
         while len(self.ring) > RING:
             self.floor = self.ring.popleft().seq
-        updated, self.updated = self.updated, asyncio.Event()
-        updated.set()
+        self.publish()
+        return len(fresh) == BATCH
 
     def after(self, seq: int) -> list[Encoded]:
         """The records the feed holds numbered after ``seq`` (which is at least ``floor``)."""
-        ring = self.ring
-        if not ring or ring[-1].seq <= seq:
-            return []
-        # binary search: the ring is in sequence order
-        lo, hi = 0, len(ring)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ring[mid].seq <= seq:
-                lo = mid + 1
-            else:
-                hi = mid
-        return [ring[i] for i in range(lo, len(ring))]
+        start = bisect.bisect_right(self.ring, seq, key=lambda ev: ev.seq)
+        return list(itertools.islice(self.ring, start, None))
 
 
 @dataclass
@@ -179,7 +198,7 @@ class Hub:
         """A write to ``job_id``'s log went through this server: its followers read now.
         Safe from any thread."""
         loop = self.loop
-        if loop is None or loop.is_closed() or job_id not in self.feeds:
+        if loop is None or loop.is_closed() or (job_id not in self.feeds and self.fleet is None):
             return
         loop.call_soon_threadsafe(self._wake, job_id)
 
@@ -247,7 +266,7 @@ class Hub:
         if self.fleet is None or self.fleet.task is None or self.fleet.task.done():
             start = await run_in_threadpool(self.store.last_seq)
             self.fleet = FleetFeed(self.store, start)
-            self.fleet.task = asyncio.create_task(self.fleet.run())
+            self.fleet.task = asyncio.create_task(self.fleet.run(self.linger))
         fleet = self.fleet
         fleet.followers += 1
         self.counters.fleet_streams += 1
@@ -270,65 +289,48 @@ class Hub:
 @dataclass
 class FleetEvent:
     generation: int
-    pool: str | None
-    worker: Any  # the worker row, for a worker's change
+    pool: str
     data: bytes
 
 
-@dataclass
-class FleetFeed:
+class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
     """Status changes of every job, and workers' changes, for every fleet follower."""
 
-    store: Store
-    last: int
-    generation: int = 0
-    followers: int = 0
-    events: deque[FleetEvent] = field(default_factory=lambda: deque(maxlen=10_000))
-    updated: asyncio.Event = field(default_factory=asyncio.Event)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    workers: dict[str, str] = field(default_factory=dict)
+    what = "the fleet's events"
+
+    def __init__(self, store: Store, last: int) -> None:
+        super().__init__()
+        self.store = store
+        self.last = last
+        self.generation = 0
+        self.events: deque[FleetEvent] = deque(maxlen=10_000)
+        self.workers: dict[str, str] = {}  # what a follower was last told of each worker
 
     def since(self, generation: int) -> list[FleetEvent]:
-        return [e for e in self.events if e.generation > generation]
+        """The events kept that came after ``generation`` (the newest are last)."""
+        start = bisect.bisect_right(self.events, generation, key=lambda ev: ev.generation)
+        return list(itertools.islice(self.events, start, None))
 
-    async def run(self) -> None:
-        idle = 0.0
-        while True:
-            try:
-                fresh = await run_in_threadpool(self._read)
-            except Exception:
-                log.exception("reading the fleet's events failed")
-                fresh = []
-            if fresh:
-                self.generation += 1
-                for pool, worker, data in fresh:
-                    self.events.append(FleetEvent(self.generation, pool, worker, data))
-                updated, self.updated = self.updated, asyncio.Event()
-                updated.set()
-            idle = idle + FLEET_POLL if self.followers == 0 else 0.0
-            if idle >= LINGER:
-                return
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), FLEET_POLL)
+    def fetch(self) -> tuple[list[tuple[LogRow, str]], list[WorkerRow]]:
+        return self.store.state_events(self.last, BATCH), self.store.list_workers()
 
-    def _read(self) -> list[tuple[str | None, Any, bytes]]:
-        out: list[tuple[str | None, Any, bytes]] = []
-        while True:
-            rows = self.store.state_events(self.last, BATCH)
-            for row, pool in rows:
-                data = {"job_id": row.job_id, "pool": pool, **record(row)}
-                out.append((pool, None, frame(row.seq, "job", data)))
-            if rows:
-                self.last = rows[-1][0].seq
-            if len(rows) < BATCH:
-                break
-        for w in self.store.list_workers():
+    def take(self, fresh: tuple[list[tuple[LogRow, str]], list[WorkerRow]]) -> bool:
+        changes, workers = fresh
+        out = [
+            (pool, frame(row.seq, "job", {"job_id": row.job_id, "pool": pool, **record(row)}))
+            for row, pool in changes
+        ]
+        if changes:
+            self.last = changes[-1][0].seq
+        for w in workers:
             # what a follower shows of a worker changed: it reads the worker again
             key = repr((w.status, w.drain, w.gpu_stats, w.offline_since, w.name, w.pool))
             if self.workers.get(w.id) != key:
                 self.workers[w.id] = key
                 data = {"id": w.id, "name": w.name, "pool": w.pool, "status": w.status.value}
-                out.append((w.pool, w, frame(None, "worker", data)))
-        return out
+                out.append((w.pool, frame(None, "worker", data)))
+        if out:
+            self.generation += 1
+            self.events.extend(FleetEvent(self.generation, pool, data) for pool, data in out)
+            self.publish()
+        return len(changes) == BATCH

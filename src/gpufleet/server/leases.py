@@ -52,9 +52,12 @@ class Leases:
         on_change: Callable[[], None],
         on_event: OnEvent,
         metrics: Metrics | None = None,
+        on_written: Callable[[str], None] = lambda _job_id: None,
     ) -> None:
         self.store = store
         self.metrics = metrics or Metrics()
+        # A job's event log has new records (a status change, output): followers read now.
+        self.on_written = on_written
         self.settings = settings
         self.fleet = fleet
         self.flow = flow
@@ -158,14 +161,16 @@ class Leases:
         if w.drain or w.status in (WorkerStatus.OFFLINE, WorkerStatus.DRAINING):
             return None
         for _ in range(5):
+            now = self.clock()
             try:
-                claimed = self._claim(w, free, self.clock())
+                claimed = self._claim(w, free, now)
             except StaleClaim:
                 continue
             if claimed is None:
                 return None
             job, change = claimed
-            self.metrics.claimed(job.created_at, float(change.fields["claimed_at"]))  # type: ignore[arg-type]
+            self.metrics.claimed(job.created_at, now)
+            self.on_written(job.id)
             return Lease(
                 job_id=job.id,
                 attempt=change.attempt,
@@ -263,6 +268,7 @@ class Leases:
         done = self.store.start(change)
         if done is not None:
             self.metrics.started(done.job.claimed_at, now)
+            self.on_written(job_id)
         else:
             job = self._held(job_id, attempt)
             if job.status == JobStatus.RUNNING:  # a retried start whose answer was lost
@@ -331,6 +337,7 @@ class Leases:
         done, stop = self.store.append_logs(job_id, attempt, lines, self.clock(), first)
         if not done:
             self._held(job_id, attempt)
+        self.on_written(job_id)
         return stop
 
     def finish(
@@ -353,6 +360,8 @@ class Leases:
             self._held(job_id, attempt)
             raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
         self.metrics.ended(change.status.value, job.started_at, now, "retry")
+        for written in (job_id, *done.failed):
+            self.on_written(written)
         if change.status == JobStatus.PENDING or done.released:
             self.on_change()
         return done.job
@@ -392,6 +401,7 @@ class Leases:
         if self.store.release(change) is None:
             return False
         self.metrics.ended(change.status.value, job.started_at, now, "released")
+        self.on_written(job.id)
         return True
 
     def sweep(self) -> tuple[list[str], list[str]]:
@@ -413,6 +423,7 @@ class Leases:
                 continue
             self.metrics.lease_expirations.inc()
             self.metrics.ended(change.status.value, job.started_at, now, "lease_lost")
+            self.on_written(job.id)
             requeued.append(job.id)
             final = change.status == JobStatus.FAILED
             then = "failed: no attempts left" if final else "requeued"

@@ -337,13 +337,8 @@ class LimitsMiddleware:
         return None, _replay(body, receive)
 
     async def _run(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
-        long = call.claim_of is not None or call.transfer or call.stream
-        slots, limit = (
-            (self._streams, self.limits.streams_per_token)
-            if call.stream
-            else (self._tokens, self.limits.requests_per_token)
-        )
-        token = call.token if limit and not (long and not call.stream) else None
+        slots, limit = self._counted_in(call)
+        token = call.token if limit else None
         if token is not None and not slots.take(token):
             await self._refuse(_busy_token(limit, call.stream), call, scope, receive, send)
             return
@@ -352,6 +347,15 @@ class LimitsMiddleware:
         finally:
             if token is not None:
                 slots.give(token)
+
+    def _counted_in(self, call: _Call) -> tuple[_Slots, int]:
+        """The per-token count a call takes a place in, and its limit (0: none). Claims
+        and blob transfers have bounds of their own; event streams are counted apart."""
+        if call.stream:
+            return self._streams, self.limits.streams_per_token
+        if call.claim_of is not None or call.transfer:
+            return self._tokens, 0
+        return self._tokens, self.limits.requests_per_token
 
     async def _run_claim(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
         worker = call.claim_of if self.limits.claims_per_worker else None

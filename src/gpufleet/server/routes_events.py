@@ -6,7 +6,6 @@ See :mod:`gpufleet.server.events` for how followers share one reader per job.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -75,7 +74,7 @@ async def job_events(
             next=rows[-1].seq if rows else start,
         )
     stream = st.hub.follow(job.id, job.status.value, start)
-    return EventSourceResponse(_closing(stream), ping=st.hub.ping, headers=STREAM_HEADERS)
+    return EventSourceResponse(stream, ping=st.hub.ping, headers=STREAM_HEADERS)
 
 
 @router.get("/events", responses=SSE)
@@ -98,14 +97,4 @@ async def fleet_events(
             )
         pools = (pool,)
     stream = st.hub.fleet_events(pools)
-    return EventSourceResponse(_closing(stream), ping=st.hub.ping, headers=STREAM_HEADERS)
-
-
-async def _closing(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``stream``, closed when the response ends (a follower that went away included), so
-    its feed counts one follower fewer at once."""
-    try:
-        async for chunk in stream:
-            yield chunk
-    finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+    return EventSourceResponse(stream, ping=st.hub.ping, headers=STREAM_HEADERS)

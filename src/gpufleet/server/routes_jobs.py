@@ -146,7 +146,6 @@ def cancel_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     A submitter cancels only the jobs it submitted (403 for others of its pools); an
     operator any job of its pools."""
     job = state(request).services.steering.cancel(ref, caller.pools, caller.owner, caller.name)
-    state(request).hub.touch(job.id)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -162,7 +161,6 @@ def stop_job(
     finished job is 409 (cancel a pending one). A submitter stops only its own jobs."""
     grace = (body or StopRequest()).grace
     job = state(request).services.steering.stop(ref, caller.pools, caller.owner, grace, caller.name)
-    state(request).hub.touch(job.id)
     note(request, job.id)
     return views.job_out(job, _names(request))
 
@@ -172,7 +170,6 @@ def requeue_job(ref: str, request: Request, caller: Submitter) -> JobOut:
     """Put a failed or cancelled job back in the queue with a fresh attempt budget.
     A submitter requeues only the jobs it submitted; an operator any job of its pools."""
     job = state(request).services.steering.requeue(ref, caller.pools, caller.owner, caller.name)
-    state(request).hub.touch(job.id)
     note(request, job.id)
     return views.job_out(job, _names(request))
 

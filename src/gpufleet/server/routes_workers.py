@@ -240,7 +240,6 @@ def _holder(request: Request, caller: Caller, job_id: str, attempt: int) -> None
 def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
     _holder(request, caller, job_id, body.attempt)
     state(request).services.leases.start(job_id, body.attempt)
-    state(request).hub.touch(job_id)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
@@ -252,7 +251,6 @@ def append_output(
     _holder(request, caller, job_id, body.attempt)
     lines = [(ln.stream, ln.line) for ln in body.lines]
     stop = state(request).services.leases.append_logs(job_id, body.attempt, lines, body.first)
-    state(request).hub.touch(job_id)
     if stop is not None:
         response.headers[STOP_HEADER] = f"{stop:g}"
 
@@ -269,7 +267,6 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
         leases.refused_result(job_id, body.attempt, caller.id, body.exit_code, body.error)
         raise
     job = leases.finish(job_id, body.attempt, body.exit_code, body.error, body.stderr_tail)
-    state(request).hub.touch(job_id)
     return views.job_out(job, {})
 
 
@@ -277,9 +274,9 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
 def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Worker) -> JobOut:
     """A draining worker hands the job back; the attempt is not counted."""
     _holder(request, caller, job_id, body.attempt)
-    job = state(request).services.leases.release(job_id, body.attempt, body.reason)
-    state(request).hub.touch(job_id)
-    return views.job_out(job, {})
+    return views.job_out(
+        state(request).services.leases.release(job_id, body.attempt, body.reason), {}
+    )
 
 
 @router.post("/jobs/{job_id}/artifact", status_code=204, tags=["workers"])

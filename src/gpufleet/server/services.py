@@ -45,6 +45,7 @@ class Services:
         clock: Callable[[], float] = time.time,
         on_change: Callable[[], None] = lambda: None,
         on_event: OnEvent = no_event,
+        on_written: Callable[[str], None] = lambda _job_id: None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -59,9 +60,19 @@ class Services:
         self.submission = Submission(
             store, self.reads, self.fleet, self.flow, clock, on_change, self.metrics
         )
-        self.steering = Steering(store, self.reads, self.flow, clock, on_change, self.metrics)
+        self.steering = Steering(
+            store, self.reads, self.flow, clock, on_change, self.metrics, on_written
+        )
         self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
         self.leases = Leases(
-            store, settings, self.fleet, self.flow, clock, on_change, on_event, self.metrics
+            store,
+            settings,
+            self.fleet,
+            self.flow,
+            clock,
+            on_change,
+            on_event,
+            self.metrics,
+            on_written,
         )
         self.retention = Retention(store, settings, clock)

@@ -27,9 +27,11 @@ class Steering:
         clock: Callable[[], float],
         on_change: Callable[[], None],
         metrics: Metrics | None = None,
+        on_written: Callable[[str], None] = lambda _job_id: None,
     ) -> None:
         self.store = store
         self.metrics = metrics or Metrics()
+        self.on_written = on_written  # a job's event log has new records
         self.reads = reads
         self.flow = flow
         self.clock = clock
@@ -49,14 +51,15 @@ class Steering:
             if done is not None or job.status.terminal:
                 break
             job = self.reads.job(job.id)
-        if done is not None:
-            self.metrics.ended("cancelled", job.started_at, self.clock(), "cancel")
         if done is None:
             raise Conflict(
                 f"job {job.id} is {job.status.value}; "
                 "only a pending, claimed or running job can be cancelled",
                 detail={"job": job.id, "status": job.status.value},
             )
+        self.metrics.ended("cancelled", job.started_at, self.clock(), "cancel")
+        for written in (job.id, *done.failed):
+            self.on_written(written)
         if job.target:
             self.on_change()  # a slot it held for its worker is free for others
         return done.job
@@ -74,7 +77,8 @@ class Steering:
         is still running ``grace`` seconds later. Asking again changes nothing."""
         job = self._steerable(ref, pools, owner, "stop")
         if job.status.active and job.stop_requested_at is None:
-            self.store.request_stop(job.id, self.clock(), grace, by)
+            if self.store.request_stop(job.id, self.clock(), grace, by):
+                self.on_written(job.id)
             job = self.reads.job(job.id)
         if not job.status.active:
             advice = "cancel it instead" if job.status == JobStatus.PENDING else "it has ended"
@@ -102,6 +106,7 @@ class Steering:
                 detail={"job": job.id, "status": job.status.value},
             )
         self.metrics.requeues.labels("operator").inc()
+        self.on_written(job.id)
         self.on_change()
         return done.job
 

@@ -37,15 +37,17 @@ def job_values(
     }
 
 
+def state_row(job_id: str, attempt: int, record: dict[str, object], now: float) -> dict[str, Any]:
+    """A ``state`` record (:func:`gpufleet.domain.lifecycle.state_record`) of ``attempt``
+    as a row of the job's event log."""
+    line = json.dumps(record, separators=(",", ":"))
+    return {"job_id": job_id, "attempt": attempt, "stream": "state", "line": line, "ts": now}
+
+
 def submit_events(job_ids: Sequence[str], by: str | None, now: float) -> list[dict[str, Any]]:
     """The first record of each new job's event log: it is pending, submitted by ``by``."""
-    record: dict[str, object] = {"status": "pending", "event": "submit", "attempt": 0}
-    if by:
-        record["by"] = by
-    line = json.dumps(record, separators=(",", ":"))
-    return [
-        {"job_id": i, "attempt": 0, "stream": "state", "line": line, "ts": now} for i in job_ids
-    ]
+    record = lifecycle.state_record("pending", "submit", 0, by)
+    return [state_row(i, 0, record, now) for i in job_ids]
 
 
 def progress_columns(
@@ -63,25 +65,13 @@ def progress_columns(
 def state_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
     """The event log rows of applied changes: one ``state`` record each."""
     now = time.time()
-    return [
-        {
-            "job_id": c.job_id,
-            "attempt": c.attempt,
-            "stream": "state",
-            "line": json.dumps(lifecycle.state_event(c), separators=(",", ":")),
-            "ts": now,
-        }
-        for c in changes
-    ]
+    return [state_row(c.job_id, c.attempt, lifecycle.state_event(c), now) for c in changes]
 
 
 def stop_event(
     job_id: str, status: str, attempt: int, by: str | None, grace: float, now: float
 ) -> dict[str, Any]:
     """The record ``gpufleet stop`` leaves in the job's log: asked, by whom; no change."""
-    record: dict[str, object] = {"status": status, "event": "stop", "attempt": attempt}
-    if by:
-        record["by"] = by
-    record["why"] = f"asked to stop early (SIGTERM after {grace:g} s if it still runs)"
-    line = json.dumps(record, separators=(",", ":"))
-    return {"job_id": job_id, "attempt": attempt, "stream": "state", "line": line, "ts": now}
+    why = f"asked to stop early (SIGTERM after {grace:g} s if it still runs)"
+    record = lifecycle.state_record(status, "stop", attempt, by, why)
+    return state_row(job_id, attempt, record, now)
