@@ -14,7 +14,8 @@ import pytest
 
 from gpufleet.client import Client
 from gpufleet.client._events import parse
-from tests.e2e.conftest import Fleet
+from tests.e2e.conftest import Fleet, wait_for
+from tests.procs import Proc, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -168,3 +169,23 @@ def test_followers_on_one_server_see_events_written_through_another(
     assert [e.data["line"] for e in events if e.type == "log"] == ["tick 0", "tick 1", "tick 2"]
     assert events[-1].data["status"] == "succeeded"
     json.dumps([e.data for e in events])  # plain JSON all through
+
+
+def test_logs_follow_rides_out_a_server_restart_with_nothing_missed_or_repeated(
+    fleet: Fleet,
+) -> None:
+    fleet.start_server("--port", str(free_port()), lease_timeout=30)
+    fleet.start_worker("w1")
+    script = (
+        "import time\nfor i in range(40):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"
+    )
+    job = _submit(fleet, script)
+    follower = Proc(
+        [PY, "-m", "gpufleet", "logs", "-f", job], fleet.env, fleet.root / "follower.log"
+    )
+    fleet.procs.append(follower)
+    wait_for(lambda: "line 3" in follower.text(), 30, "the follower to print")
+    fleet.restart_server(down_for=1.0)  # the follower's stream breaks mid-job
+    assert follower.popen.wait(60) == 0, follower.text()
+    printed = [ln for ln in follower.text().splitlines() if ln.startswith("line ")]
+    assert printed == [f"line {i}" for i in range(40)]
