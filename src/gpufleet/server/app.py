@@ -21,6 +21,7 @@ from gpufleet import __version__
 from gpufleet.errors import GpufleetError
 from gpufleet.server import (
     routes_blobs,
+    routes_dashboard,
     routes_events,
     routes_jobs,
     routes_metrics,
@@ -167,6 +168,7 @@ def create_app(
     app.add_exception_handler(HTTPException, _on_http)
     app.add_middleware(AuditLog, writer=audit)
     app.add_middleware(RefuseNul)
+    app.add_middleware(routes_dashboard.SecurityHeaders)
     # Added last, so outermost: a refused flood costs no audit row, no database write.
     app.add_middleware(LimitsMiddleware, limits=limits)
     # Outermost of all: every answer carries its request id, and a crash anywhere inside
@@ -177,6 +179,8 @@ def create_app(
     app.include_router(routes_blobs.router)
     app.include_router(routes_events.router)
     app.include_router(routes_metrics.router)
+    app.include_router(routes_dashboard.router)
+    app.mount("/ui", routes_dashboard.static_files(), name="ui")
     return app
 
 

@@ -27,6 +27,8 @@ log = logging.getLogger("gpufleet.server")
 TOKEN_PREFIX = "gf_"
 HINT = 7  # characters of the secret kept to tell tokens apart: the prefix and 4 more
 CACHE_SECONDS = 2.0
+SESSION_PREFIX = "gs_"
+SESSION_SECONDS = 12 * 3600  # a dashboard sign-in lasts a working day
 
 
 def digest(token: str) -> str:
@@ -124,8 +126,72 @@ class Auth:
             raise Unauthorized("malformed Authorization header: expected 'Bearer <token>'")
         return digest(token.strip())
 
+    # ---- dashboard sessions ---------------------------------------------------------------
+
+    def sign_in(self, token: str) -> tuple[TokenRow, str, float]:
+        """Exchange a client token for a dashboard session: the token's row, the session
+        secret (for an HttpOnly cookie; the server keeps its hash) and when it ends (a
+        working day, or the token's own expiry if sooner). Worker tokens may not."""
+        row = self.check(f"Bearer {token.strip()}")
+        if row.role == Role.WORKER.value:
+            raise Forbidden("a worker token may not sign in to the dashboard")
+        now = self.clock()
+        ends = now + SESSION_SECONDS
+        if row.expires_at is not None:
+            ends = min(ends, row.expires_at)
+        secret = SESSION_PREFIX + secrets.token_urlsafe(32)
+        values = {
+            "hash": digest(secret),
+            "token_id": row.id,
+            "token_hash": row.hash,
+            "created_at": now,
+            "expires_at": ends,
+        }
+        self.store.insert_session(values, now)
+        return row, secret, ends
+
+    def session(self, secret: str) -> TokenRow:
+        """The token behind a dashboard session cookie, or Unauthorized (unknown, ended,
+        signed out, or its token revoked, rotated or expired)."""
+        want = "session:" + digest(secret)
+        row = self._cached(want)
+        if row is None:
+            with self._lock:
+                generation = self._generation
+            row = self.store.session_token(want.removeprefix("session:"), self.clock())
+            if row is None:
+                raise Unauthorized("your dashboard session has ended: sign in again")
+            with self._lock:
+                if generation == self._generation:
+                    self._cache[want] = (time.monotonic(), row)
+        return self._live(row)
+
+    def session_cached(self, secret: str) -> TokenRow | None:
+        """:meth:`session` when it needs no database read, else None."""
+        row = self._cached("session:" + digest(secret))
+        return None if row is None else self._live(row)
+
+    def sign_out(self, secret: str) -> None:
+        self.store.delete_session(digest(secret))
+        self._forget()
+
+    @staticmethod
+    def csrf(secret: str) -> str:
+        """The CSRF token of a session: derived from its secret, which only the HttpOnly
+        cookie holds, so a page elsewhere can neither read nor compute it."""
+        return hashlib.sha256(f"csrf:{secret}".encode()).hexdigest()[:32]
+
+    @classmethod
+    def csrf_ok(cls, secret: str, sent: str | None) -> bool:
+        return sent is not None and hmac.compare_digest(cls.csrf(secret), sent.strip())
+
     def _valid(self, want: str, row: TokenRow | None) -> TokenRow:
-        if row is None or not hmac.compare_digest(row.hash, want) or row.revoked_at is not None:
+        if row is None or not hmac.compare_digest(row.hash, want):
+            raise Unauthorized("invalid or revoked token")
+        return self._live(row)
+
+    def _live(self, row: TokenRow) -> TokenRow:
+        if row.revoked_at is not None:
             raise Unauthorized("invalid or revoked token")
         if row.expires_at is not None and row.expires_at <= self.clock():
             raise Unauthorized(

@@ -9,6 +9,7 @@ from anyio import CapacityLimiter
 from fastapi import Request
 
 from gpufleet.domain.models import Role
+from gpufleet.errors import Forbidden
 from gpufleet.server.access import Caller
 from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
@@ -16,6 +17,7 @@ from gpufleet.server.events import Hub
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
 from gpufleet.server.services import Services
+from gpufleet.store import TokenRow
 
 
 @dataclass
@@ -42,11 +44,38 @@ def note(request: Request, target: str) -> None:
     request.state.audit_target = target
 
 
-async def _caller(request: Request, *roles: Role) -> Caller:
+SESSION_COOKIE = "gpufleet_session"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+async def _token(request: Request) -> TokenRow:
+    """The caller's token: from ``Authorization: Bearer``, else from the dashboard's
+    session cookie, whose state-changing calls must also carry the session's CSRF token."""
     auth, header = state(request).auth, request.headers.get("authorization")
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if header is None and cookie:
+        token = auth.session_cached(cookie)
+        if token is None:
+            token = await anyio.to_thread.run_sync(auth.session, cookie)
+        if request.method not in SAFE_METHODS and not auth.csrf_ok(
+            cookie, request.headers.get(CSRF_HEADER)
+        ):
+            request.state.caller = Caller(token)
+            raise Forbidden(
+                f"header {CSRF_HEADER}: missing or wrong; the dashboard sends its session's "
+                "CSRF token with every change (reload the page)",
+                detail={"field": f"header.{CSRF_HEADER}"},
+            )
+        return token
     token = auth.check_cached(header)
     if token is None:  # a database read (or a wait for a pooled connection): off the loop
         token = await anyio.to_thread.run_sync(auth.check, header)
+    return token
+
+
+async def _caller(request: Request, *roles: Role) -> Caller:
+    token = await _token(request)
     caller = Caller(token)
     request.state.caller = caller  # for the audit log, even when the role check refuses
     require(token, *roles)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.errors import NotFound
+from gpufleet.errors import NotFound, ValidationFailed
 from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, Store, TokenRow
 from gpufleet.store.rows import ArtifactRow
 
@@ -35,10 +35,24 @@ class Reads:
         raise NotFound(f"no job {ref!r}", detail={"job": ref})
 
     def jobs(
-        self, statuses: Iterable[str], limit: int, pools: Sequence[str] | None
+        self,
+        statuses: Iterable[str],
+        limit: int,
+        pools: Sequence[str] | None,
+        name: str | None = None,
+        before: str | None = None,
     ) -> list[JobRow]:
-        """The newest ``limit`` jobs of ``pools`` (None: every pool), oldest first."""
-        return self.store.list_jobs(statuses, limit, pools)
+        """The newest ``limit`` jobs of ``pools`` (None: every pool), oldest first; of
+        those whose name holds ``name``; created before the job ``before`` (a page back)."""
+        cursor = None
+        if before is not None:
+            mark = self.store.get_job(before)
+            if mark is None or (pools is not None and mark.pool not in pools):
+                raise ValidationFailed(
+                    f"before: no job {before!r} to page back from", detail={"field": "before"}
+                )
+            cursor = (mark.created_at, mark.id)
+        return self.store.list_jobs(statuses, limit, pools, name, cursor)
 
     def history(self, job: JobRow) -> tuple[list[AttemptRow], ArtifactRow | None, list[JobRow]]:
         """A job's attempts, its latest artifact, and the jobs whose results it needs."""
@@ -51,15 +65,25 @@ class Reads:
         return self.store.artifact(job.id, job.lease if job.status == JobStatus.SUCCEEDED else None)
 
     def logs(
-        self, job_id: str, after: int, limit: int, streams: Collection[str] | None = OUTPUT
+        self,
+        job_id: str,
+        after: int,
+        limit: int,
+        streams: Collection[str] | None = OUTPUT,
+        before: int | None = None,
     ) -> list[LogRow]:
-        """The job's event log after ``after``: its output lines, or the records of
-        ``streams`` (None: every record, status changes and progress too)."""
-        return self.store.logs(job_id, after, limit, streams)
+        """The job's event log after ``after`` (and before ``before``: the last page of
+        that span): its output lines, or the records of ``streams`` (None: every record,
+        status changes and progress too)."""
+        return self.store.logs(job_id, after, limit, streams, before)
 
     def counts(self, pools: Sequence[str] | None) -> dict[str, int]:
         """How many jobs of ``pools`` are in each status."""
         return self.store.job_counts(pools)
+
+    def matching(self, pools: Sequence[str] | None, name: str | None) -> dict[str, int]:
+        """How many jobs of ``pools`` whose name holds ``name`` are in each status."""
+        return self.store.job_counts(pools, name)
 
     def worker_names(self) -> dict[str, str]:
         """Every worker's name by id (a job shows where it ran by name)."""

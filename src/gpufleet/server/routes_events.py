@@ -45,6 +45,24 @@ def _resume_point(after: int | None, last_event_id: str | None) -> int:
     return int(text)
 
 
+STREAMS = {"state": ("state",), "progress": ("progress",), "log": ("stdout", "stderr")}
+
+
+def _streams(types: str | None) -> list[str] | None:
+    """The stored streams behind ``?types=`` (None: every one)."""
+    if types is None:
+        return None
+    wanted = [t.strip() for t in types.split(",") if t.strip()]
+    bad = [t for t in wanted if t not in STREAMS]
+    if bad or not wanted:
+        raise ValidationFailed(
+            f"types: {(bad or [types])[0][:40]!r} is not an event type; "
+            f"expected a comma-separated list of {', '.join(STREAMS)}",
+            detail={"field": "types"},
+        )
+    return [s for t in wanted for s in STREAMS[t]]
+
+
 @router.get("/jobs/{ref}/events", response_model=EventsOut, responses=SSE)
 async def job_events(
     ref: str,
@@ -53,18 +71,29 @@ async def job_events(
     after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
     format: Annotated[Literal["sse", "json"], Query()] = "sse",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    types: Annotated[
+        str | None, Query(max_length=100, description="JSON only: comma-separated event types")
+    ] = None,
+    before: Annotated[
+        int | None, Query(ge=1, le=MAX_SEQ, description="JSON only: the last page before this")
+    ] = None,
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response | EventsOut:
     """A job's event log: its status changes (``state``), progress records (``progress``)
     and output lines (``log``), numbered by one sequence, from after ``Last-Event-ID`` or
     ``?after=``. As Server-Sent Events (each with ``id: <seq>``), until the job has ended
     and every record is sent, with a ping comment every 15 s while idle; or, with
-    ``?format=json``, one page of at most ``limit`` records and where the next begins."""
+    ``?format=json``, one page of at most ``limit`` records and where the next begins:
+    of the ``types`` named (default: all), and with ``before``, the last page before that
+    record (to scroll back)."""
     st = state(request)
     start = _resume_point(after, last_event_id)
+    streams = _streams(types)
     job = await run_in_threadpool(st.services.reads.job, ref, caller.pools)
     if format == "json":
-        rows = await run_in_threadpool(st.services.reads.logs, job.id, start, limit, None)
+        rows = await run_in_threadpool(
+            st.services.reads.logs, job.id, start, limit, streams, before
+        )
         return EventsOut(
             job_id=job.id,
             status=job.status.value,

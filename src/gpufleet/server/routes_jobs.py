@@ -8,9 +8,9 @@ is confined to its pools, so each route also scopes what it reads and changes to
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet import __version__
@@ -100,10 +100,20 @@ def submit(
 @router.get("/jobs", response_model=list[JobOut], tags=["jobs"])
 def list_jobs(
     request: Request,
+    response: Response,
     caller: Reader,
     status: Annotated[str | None, Query(description="comma-separated statuses")] = None,
+    pool: Annotated[str | None, Query(max_length=200, description="only this pool's")] = None,
+    name: Annotated[str | None, Query(max_length=200, description="names holding this")] = None,
+    before: Annotated[
+        str | None, Query(max_length=200, description="a job id: the page created before it")
+    ] = None,
+    order: Annotated[Literal["oldest", "newest"], Query()] = "oldest",
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
 ) -> list[JobOut]:
+    """The newest ``limit`` jobs that match, oldest first (``order=newest``: newest
+    first). Page back with ``before`` set to the oldest job of a page. ``X-Total-Count``
+    says how many jobs match in all."""
     wanted = [s.strip() for s in status.split(",") if s.strip()] if status else []
     bad = [s for s in wanted if s not in STATUSES]
     if bad:
@@ -111,9 +121,19 @@ def list_jobs(
             f"unknown status {bad[0]!r}; expected one of {', '.join(sorted(STATUSES))}",
             detail={"field": "status"},
         )
+    pools = caller.pools
+    if pool is not None:
+        caller.may_use(pool)
+        pools = (pool,)
+    reads = state(request).services.reads
+    jobs = reads.jobs(wanted, limit, pools, name, before)
+    counts = reads.matching(pools, name)
+    response.headers["X-Total-Count"] = str(
+        sum(n for s, n in counts.items() if not wanted or s in wanted)
+    )
     names = _names(request)
-    jobs = state(request).services.reads.jobs(wanted, limit, caller.pools)
-    return [views.job_out(j, names) for j in jobs]
+    shown = [views.job_out(j, names) for j in jobs]
+    return shown[::-1] if order == "newest" else shown
 
 
 @router.get("/jobs/{ref}", response_model=JobDetail, tags=["jobs"])

@@ -36,6 +36,7 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         id=job.id,
         name=job.name,
         status=job.status.value,
+        pool=job.pool,
         attempt=job.lease,
         attempts=job.attempts,
         max_attempts=job.max_attempts,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, delete, func, select, update
 
 from gpufleet.domain.models import WorkerStatus
 from gpufleet.errors import Conflict
@@ -175,6 +175,30 @@ class FleetOps(ABC):
         with self._read() as conn:
             row = conn.execute(select(t.tokens).where(t.tokens.c.id == token_id)).first()
         return TokenRow.from_row(row) if row else None
+
+    def insert_session(self, values: dict[str, Any], now: float) -> None:
+        """Record a dashboard session; sessions past their time are dropped as it goes."""
+        with self._write() as conn:
+            conn.execute(delete(t.sessions).where(t.sessions.c.expires_at <= now))
+            conn.execute(t.sessions.insert().values(**values))
+
+    def session_token(self, digest: str, now: float) -> TokenRow | None:
+        """The token a live session (by its secret's digest) signed in with; None when the
+        session is unknown, expired, or its token was rotated since."""
+        s, tok = t.sessions.c, t.tokens.c
+        q = (
+            select(t.tokens)
+            .join(t.sessions, (s.token_id == tok.id) & (s.token_hash == tok.hash))
+            .where((s.hash == digest) & (s.expires_at > now))
+        )
+        with self._read() as conn:
+            row = conn.execute(q).first()
+        return TokenRow.from_row(row) if row else None
+
+    def delete_session(self, digest: str) -> bool:
+        with self._write() as conn:
+            res = conn.execute(delete(t.sessions).where(t.sessions.c.hash == digest))
+            return res.rowcount == 1
 
     def rotate_token(self, token_id: str, digest: str, hint: str) -> bool:
         """Give an active token a new secret; the old one stops matching at once."""

@@ -38,6 +38,7 @@ class MemoryRecords:
         self.workers: dict[str, dict[str, Any]] = {}
         self.host_entries: dict[str, dict[str, Any]] = {}
         self.tokens: dict[str, dict[str, Any]] = {}
+        self.sessions: dict[str, dict[str, Any]] = {}
         self.audit_rows: list[dict[str, Any]] = []
         self.audit_seq = 0  # the last audit number given (numbers never repeat, as in SQL)
         self.blobs: dict[str, dict[str, Any]] = {}
@@ -195,6 +196,28 @@ class MemoryRecords:
             return sum(
                 1 for tok in self.tokens.values() if tok["role"] == role and not tok["revoked_at"]
             )
+
+    # ---- dashboard sessions -------------------------------------------------------------
+
+    def insert_session(self, values: dict[str, Any], now: float) -> None:
+        with self._lock:
+            for key in [k for k, v in self.sessions.items() if v["expires_at"] <= now]:
+                del self.sessions[key]
+            self.sessions[values["hash"]] = dict(values)
+
+    def session_token(self, digest: str, now: float) -> TokenRow | None:
+        with self._lock:
+            found = self.sessions.get(digest)
+            if found is None or found["expires_at"] <= now:
+                return None
+            tok = self.tokens.get(found["token_id"])
+            if tok is None or tok["hash"] != found["token_hash"]:
+                return None
+            return TokenRow.from_mapping(dict(tok))
+
+    def delete_session(self, digest: str) -> bool:
+        with self._lock:
+            return self.sessions.pop(digest, None) is not None
 
     # ---- audit ------------------------------------------------------------------------
 

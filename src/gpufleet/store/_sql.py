@@ -374,22 +374,39 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         return [JobRow.from_row(r) for r in rows]
 
     def list_jobs(
-        self, statuses: Iterable[str] = (), limit: int = 1000, pools: Sequence[str] | None = None
+        self,
+        statuses: Iterable[str] = (),
+        limit: int = 1000,
+        pools: Sequence[str] | None = None,
+        name: str | None = None,
+        before: tuple[float, str] | None = None,
     ) -> list[JobRow]:
-        """The newest ``limit`` jobs (of ``pools``; None: every pool), oldest first."""
-        q = select(t.jobs).order_by(t.jobs.c.created_at.desc(), t.jobs.c.id.desc()).limit(limit)
+        """The newest ``limit`` jobs (of ``pools``; None: every pool), oldest first; with
+        ``name``, those whose name holds it (any case); with ``before`` (a job's creation
+        time and id), those created before that job: the next page back."""
+        j = t.jobs.c
+        q = select(t.jobs).order_by(j.created_at.desc(), j.id.desc()).limit(limit)
         statuses = list(statuses)
         if statuses:
-            q = q.where(t.jobs.c.status.in_(statuses))
+            q = q.where(j.status.in_(statuses))
         if pools is not None:
-            q = q.where(t.jobs.c.pool.in_(pools))
+            q = q.where(j.pool.in_(pools))
+        if name:
+            q = q.where(func.lower(j.name).contains(name.lower(), autoescape=True))
+        if before is not None:
+            at, job_id = before
+            q = q.where((j.created_at < at) | ((j.created_at == at) & (j.id < job_id)))
         with self._read() as conn:
             return [JobRow.from_row(r) for r in reversed(conn.execute(q).all())]
 
-    def job_counts(self, pools: Sequence[str] | None = None) -> dict[str, int]:
+    def job_counts(
+        self, pools: Sequence[str] | None = None, name: str | None = None
+    ) -> dict[str, int]:
         q = select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
         if pools is not None:
             q = q.where(t.jobs.c.pool.in_(pools))
+        if name:
+            q = q.where(func.lower(t.jobs.c.name).contains(name.lower(), autoescape=True))
         with self._read() as conn:
             return {s: int(n) for s, n in conn.execute(q).all()}
 
@@ -587,14 +604,24 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         return done
 
     def logs(
-        self, job_id: str, after: int, limit: int, streams: Collection[str] | None = None
+        self,
+        job_id: str,
+        after: int,
+        limit: int,
+        streams: Collection[str] | None = None,
+        before: int | None = None,
     ) -> list[LogRow]:
         """The job's event log after ``after``, in order: every record, or those of
-        ``streams`` (stdout, stderr, progress, state)."""
+        ``streams`` (stdout, stderr, progress, state). With ``before``: the last ``limit``
+        records between the two (a page scrolled back to), still in order."""
         c = t.job_logs.c
         q = select(t.job_logs).where(c.job_id == job_id, c.seq > after)
         if streams is not None:
             q = q.where(c.stream.in_(sorted(streams)))
+        if before is not None:
+            q = q.where(c.seq < before).order_by(c.seq.desc()).limit(limit)
+            with self._read() as conn:
+                return [LogRow.from_row(r) for r in reversed(conn.execute(q).all())]
         with self._read() as conn:
             return [LogRow.from_row(r) for r in conn.execute(q.order_by(c.seq).limit(limit)).all()]
 

@@ -253,22 +253,32 @@ class MemoryStore(MemoryRecords, NamedChanges):
         return found[:limit]
 
     def list_jobs(
-        self, statuses: Iterable[str] = (), limit: int = 1000, pools: Sequence[str] | None = None
+        self,
+        statuses: Iterable[str] = (),
+        limit: int = 1000,
+        pools: Sequence[str] | None = None,
+        name: str | None = None,
+        before: tuple[float, str] | None = None,
     ) -> list[JobRow]:
         wanted = set(statuses)
         found = self._select(
             lambda j: (
-                (not wanted or j["status"] in wanted) and (pools is None or j["pool"] in pools)
+                (not wanted or j["status"] in wanted)
+                and (pools is None or j["pool"] in pools)
+                and _named(j, name)
+                and (before is None or (j["created_at"], j["id"]) < before)
             ),
             key=lambda j: (j["created_at"], j["id"]),
         )
         return found[-limit:] if limit else []
 
-    def job_counts(self, pools: Sequence[str] | None = None) -> dict[str, int]:
+    def job_counts(
+        self, pools: Sequence[str] | None = None, name: str | None = None
+    ) -> dict[str, int]:
         counts: dict[str, int] = {}
         with self._lock:
             for j in self.jobs.values():
-                if pools is None or j["pool"] in pools:
+                if (pools is None or j["pool"] in pools) and _named(j, name):
                     counts[j["status"]] = counts.get(j["status"], 0) + 1
         return counts
 
@@ -561,17 +571,23 @@ class MemoryStore(MemoryRecords, NamedChanges):
             return True, stop
 
     def logs(
-        self, job_id: str, after: int, limit: int, streams: Collection[str] | None = None
+        self,
+        job_id: str,
+        after: int,
+        limit: int,
+        streams: Collection[str] | None = None,
+        before: int | None = None,
     ) -> list[LogRow]:
         with self._lock:
             found = [
                 r
                 for r in self.log_rows
                 if r["job_id"] == job_id
-                and r["seq"] > after
+                and after < r["seq"] < (before if before is not None else r["seq"] + 1)
                 and (streams is None or r["stream"] in streams)
             ]
-            return [LogRow.from_mapping(dict(r)) for r in found[:limit]]
+            page = found[-limit:] if before is not None else found[:limit]
+            return [LogRow.from_mapping(dict(r)) for r in page]
 
     def state_events(
         self, after: int, limit: int, pools: Sequence[str] | None = None
@@ -596,3 +612,8 @@ class MemoryStore(MemoryRecords, NamedChanges):
 def _keeps_the_contract(store: MemoryStore) -> Store:
     """Never called: mypy checks here that the memory store is a :class:`Store`."""
     return store
+
+
+def _named(job: dict[str, Any], name: str | None) -> bool:
+    """Whether a job's name holds ``name`` (any case); every job when there is none."""
+    return not name or name.lower() in str(job["name"]).lower()

@@ -185,6 +185,19 @@ tokens = Table(
     Column("labels", Text, nullable=False, default="{}"),
 )
 
+# Dashboard sign-ins: the browser holds the session secret in an HttpOnly cookie; the
+# server keeps its SHA-256. A session lives until ``expires_at``, its sign-out, or its
+# token's revocation or rotation (``token_hash`` is the token's hash at sign-in).
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("hash", String(64), primary_key=True),
+    Column("token_id", String(64), nullable=False),
+    Column("token_hash", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+
 # Every state-changing call: who (token), from where, what (method, path, target), how it
 # ended (status). Denied calls are recorded too. Lifecycle events the server decides itself
 # (a worker registered, went offline, was removed; a lease lost) have an ``event`` instead

@@ -92,6 +92,23 @@ class WhoAmI(BaseModel):
     pools: list[str] = Field(description="empty: every pool")
 
 
+class SessionCreate(Strict):
+    """A dashboard sign-in: the token, pasted once; the answer sets the session cookie."""
+
+    token: str = Field(min_length=1, max_length=200)
+
+
+class SessionOut(BaseModel):
+    id: str = Field(description="the token's id: a submitter steers the jobs it submitted")
+    name: str
+    role: str
+    pools: list[str] = Field(description="empty: every pool")
+    csrf: str | None = Field(
+        description="send as X-CSRF-Token with every change made through the session cookie"
+    )
+    expires_at: datetime | None = None
+
+
 class AuditOut(BaseModel):
     """A call (method, path, status), or a lifecycle event the server decided itself
     (``event``: worker.registered, worker.offline, worker.removed, lease.lost)."""

@@ -227,6 +227,7 @@ class JobOut(BaseModel):
     id: str
     name: str
     status: JobState
+    pool: str = Field("default", description="the pool it was submitted to")
     attempt: int = Field(
         0,
         description="the number of its latest attempt (0: never claimed), as in its history "

@@ -1,0 +1,199 @@
+"""The dashboard as a user sees it: sign in, watch a job live, stop one, and nothing a job
+wrote runs as script."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from typing import Any
+
+from gpufleet.config import load_token
+from gpufleet.wire import JobSpecModel
+from tests.browser.conftest import Watched, sign_in
+from tests.e2e.conftest import Fleet
+
+EPOCHS = textwrap.dedent(
+    """
+    import json, time
+    for epoch in range(1, 31):
+        print("::gpufleet:: " + json.dumps({"epoch": epoch, "epochs": 30, "loss": 1.0 / epoch}))
+        print(f"epoch {epoch} done, loss {1.0 / epoch:.4f}", flush=True)
+        time.sleep(0.1)
+    """
+)
+
+# Trains until asked to stop (SIGINT), then saves its model and exits 0.
+STOPPABLE = textwrap.dedent(
+    """
+    import pathlib, time
+    step = 0
+    try:
+        while True:
+            step += 1
+            print(f"step {step}", flush=True)
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        pathlib.Path("out").mkdir(exist_ok=True)
+        pathlib.Path("out/model.txt").write_text(f"weights after {step} steps")
+        print("stopped: saved out/model.txt", flush=True)
+    """
+)
+
+
+def _submit(fleet: Fleet, **spec: Any) -> str:
+    with fleet.client() as c:
+        return c.submit(JobSpecModel(**spec)).job.id
+
+
+def _status(w: Watched) -> str:
+    return str(w.page.get_attribute(".job-head", "data-status"))
+
+
+def test_a_job_goes_from_pending_to_succeeded_live_with_its_curve_and_logs(
+    fleet: Fleet, watched: Watched
+) -> None:
+    fleet.start_server()
+    job = _submit(fleet, name="mnist-30", command=[sys.executable, "-c", EPOCHS])
+    sign_in(watched, fleet, load_token(fleet.url) or "")
+    page = watched.page
+    page.goto(f"{fleet.url}/#/jobs/{job}")
+    page.wait_for_selector(".job-head[data-status=pending]")
+    page.wait_for_selector("#why table, #why p")  # why it waits: no worker yet
+    assert "Why is it waiting" in page.inner_text("#why")
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
+
+    fleet.start_worker("w1")
+    page.wait_for_selector(".job-head[data-status=running]", timeout=30_000)
+    page.wait_for_selector("#log .line", timeout=30_000)
+    first_lines = page.locator("#log .line").count()
+    watched.shot("job-running")
+    page.wait_for_selector(".job-head[data-status=succeeded]", timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('#chart').dataset.points === '30'", timeout=10_000
+    )
+    page.wait_for_function(
+        "document.querySelector('#log').innerText.includes('epoch 30 done')", timeout=10_000
+    )
+    assert page.evaluate("window.__sameDocument") is True
+    assert first_lines < 30  # the lines arrived as the job printed them, not at the end
+    assert page.locator("#log .line").count() == 30  # progress lines are not log text
+    assert "::gpufleet::" not in page.inner_text("#log")
+    timeline = page.inner_text("#timeline")
+    for status in ("pending", "running", "succeeded"):
+        assert status in timeline
+    assert page.locator("#chart canvas").count() >= 1  # uPlot drew it
+    watched.shot("job-succeeded")
+
+    page.goto(f"{fleet.url}/#/jobs")
+    page.wait_for_selector("td.name a")
+    assert "mnist-30" in page.inner_text("main")
+    watched.shot("jobs")
+
+    # a GPU worker joins (its GPUs from the fake NVML): the pages show it without a reload
+    page.goto(f"{fleet.url}/#/")
+    page.wait_for_selector(".cards .card")
+    gpus = [
+        {"name": "NVIDIA RTX 4090", "total_mib": 24564, "free_mib": 6100, "util": 87},
+        {"name": "NVIDIA RTX 4090", "total_mib": 24564, "free_mib": 24000, "util": 3},
+    ]
+    fleet.start_gpu_worker("gpu-box", [], env_extra={"FAKE_NVML_GPUS": json.dumps(gpus)})
+    page.wait_for_selector(".gpu [aria-valuetext='utilisation 87 %']", timeout=20_000)
+    assert "NVIDIA RTX 4090" in page.inner_text("main")
+    watched.shot("fleet")
+    page.goto(f"{fleet.url}/#/workers")
+    page.wait_for_selector("article.worker")
+    assert "w1" in page.inner_text("main") and "gpu-box" in page.inner_text("main")
+    watched.shot("workers")
+    assert watched.errors == [] and watched.dialogs == []
+
+
+def test_stop_button_ends_a_long_job_succeeded_early_with_its_artifact(
+    fleet: Fleet, watched: Watched
+) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1")
+    job = _submit(
+        fleet, name="long-train", command=[sys.executable, "-c", STOPPABLE], outputs=["out/*"]
+    )
+    sign_in(watched, fleet, load_token(fleet.url) or "")
+    page = watched.page
+    page.goto(f"{fleet.url}/#/jobs/{job}")
+    page.wait_for_selector(".job-head[data-status=running]", timeout=30_000)
+    page.wait_for_selector("#log .line")
+    page.get_by_role("button", name="Stop (keep outputs)").click()
+    page.wait_for_selector(".job-head[data-status=succeeded]", timeout=30_000)
+    page.wait_for_selector("#artifact-link", timeout=10_000)
+    assert "stopped early" in page.inner_text(".job-head")
+    assert "saved out/model.txt" in page.inner_text("#log")
+    with page.expect_download() as download:
+        page.click("#artifact-link")
+    assert download.value.path().stat().st_size > 0
+    detail = fleet.job(job)
+    assert detail["status"] == "succeeded" and detail["stopped_early"] is True
+    assert watched.errors == []
+
+
+def test_a_job_named_like_html_with_script_output_runs_no_script(
+    fleet: Fleet, watched: Watched
+) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1")
+    name = "<img src=x onerror=alert(1)>"
+    evil = (
+        "print('<script>alert(2)</script>'); "
+        "print('<img src=x onerror=alert(3)>'); "
+        "print('::gpufleet:: ' + __import__('json').dumps({'message': '<b onmouseover=alert(4)>'}))"
+    )
+    job = _submit(fleet, name=name, command=[sys.executable, "-c", evil])
+    fleet.wait_status(job, "succeeded")
+    sign_in(watched, fleet, load_token(fleet.url) or "")
+    page = watched.page
+    page.goto(f"{fleet.url}/#/jobs/{job}")
+    page.wait_for_selector("#log .line")
+    page.wait_for_function(
+        "document.querySelector('#log').innerText.includes('alert(3)')", timeout=10_000
+    )
+    assert page.inner_text(".job-head h1") == name  # shown as text
+    assert "<script>alert(2)</script>" in page.inner_text("#log")
+    assert page.locator("main img, main script, main b").count() == 0
+    page.goto(f"{fleet.url}/#/jobs")
+    page.wait_for_selector("td.name a")
+    assert name in page.inner_text("main")
+    page.goto(f"{fleet.url}/#/")
+    page.wait_for_selector(".cards .card")
+    page.wait_for_timeout(300)
+    assert watched.dialogs == []  # no alert ran
+    assert page.locator("main img").count() == 0
+    watched.shot("escaped")
+    assert watched.errors == []
+
+
+def test_a_submitter_sees_only_its_pools(fleet: Fleet, watched: Watched) -> None:
+    fleet.start_server()
+    fleet.start_worker("w-vision", "--pool", "vision")
+    fleet.start_worker("w-nlp", "--pool", "nlp")
+    mine = _submit(fleet, name="vision-job", command=["true"], pool="vision")
+    theirs = _submit(fleet, name="nlp-secret-job", command=["true"], pool="nlp")
+    made = fleet.cli(
+        "tokens", "create", "--name", "alice", "--role", "submitter", "--pool", "vision", "--json"
+    )
+    token = json.loads(made.stdout)["token"]
+    fleet.wait_status(mine, "succeeded")
+    fleet.wait_status(theirs, "succeeded")
+    sign_in(watched, fleet, token)
+    page = watched.page
+    assert "alice" in page.inner_text("#who")
+    page.goto(f"{fleet.url}/#/jobs")
+    page.wait_for_selector("td.name a")
+    text = page.inner_text("main")
+    assert "vision-job" in text and "nlp-secret-job" not in text
+    page.goto(f"{fleet.url}/#/workers")
+    page.wait_for_selector("article.worker")
+    text = page.inner_text("main")
+    assert "w-vision" in text and "w-nlp" not in text
+    assert page.get_by_role("button", name="Drain").count() == 0  # operators drain
+    page.goto(f"{fleet.url}/#/jobs/{theirs}")
+    page.wait_for_selector("main h1")
+    assert "no job" in page.inner_text("main")  # as if it did not exist
+    watched.shot("submitter")
