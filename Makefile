@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEV := $(VENV)/.dev-installed
 DEMO := $(VENV)/.demo-installed
 
-.PHONY: demo test test-postgresql chaos lint bench docs clean
+.PHONY: demo test test-postgresql chaos browser lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-postgresql: $(DEV)
 ## make chaos: the chaos suite at CI size (real servers and workers, seeded faults)
 chaos: $(DEV)
 	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider $(PYTEST_ARGS)
+
+## make browser: the dashboard in Debian's Chromium (apt-get install chromium) via Playwright;
+## screenshots of each page in artifacts/screenshots
+browser: $(DEV)
+	$(PY) -m pytest tests/browser -m browser -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check src tests bench examples

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobSpec, JobStatus, Requirements, Role, WorkerStatus
-from gpufleet.errors import Conflict, NotFound, Unauthorized
+from gpufleet.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpufleet.scheduling.matching import FreeGpu, FreeResources
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
@@ -920,6 +920,65 @@ def test_runnable_on_some_worker_is_not_flagged(queue: Services) -> None:
 
 
 # ---- tokens -----------------------------------------------------------------------------
+
+
+def test_dashboard_sessions_live_until_they_end_sign_out_or_their_token_changes(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    auth = Auth(store, clock=lambda: clock.now)
+    row, secret = auth.create("alice", Role.OPERATOR)
+    _, session, ends = auth.sign_in(secret)
+    assert ends == clock.now + 12 * 3600
+    assert session.startswith("gs_") and session != secret
+    assert store.session_token(session, clock.now) is None  # kept as a hash only
+    assert auth.session(session).id == row.id
+    auth.sign_out(session)
+    with pytest.raises(Unauthorized, match="sign in again"):
+        auth.session(session)
+
+    _, session, _ = auth.sign_in(secret)
+    clock.advance(12 * 3600 + 1)
+    auth.forget()
+    with pytest.raises(Unauthorized):
+        auth.session(session)  # ended by time
+    _, later, _ = auth.sign_in(secret)  # signing in drops ended sessions as it goes
+    auth.rotate(row.id)
+    with pytest.raises(Unauthorized):
+        auth.session(later)  # the token changed: its sessions end
+    worker_secret = auth.create("w", Role.WORKER)[1]
+    with pytest.raises(Forbidden):
+        auth.sign_in(worker_secret)
+
+
+def test_jobs_page_back_by_cursor_and_filter_by_name(
+    queue: Services, store: SqlStore, clock: FakeClock
+) -> None:
+    made = []
+    for name in [f"run-{i}" for i in range(7)] + ["Other_50%"]:
+        made.append(queue.submission.submit(spec(name)))
+        clock.advance(1)
+    newest = store.list_jobs(limit=3)
+    assert [j.id for j in newest] == [j.id for j in made[-3:]]
+    cursor = (newest[0].created_at, newest[0].id)
+    assert [j.id for j in store.list_jobs(limit=3, before=cursor)] == [j.id for j in made[2:5]]
+    assert [j.name for j in store.list_jobs(name="other_50%")] == ["Other_50%"]
+    # LIKE's wildcards are matched as themselves
+    assert [j.name for j in store.list_jobs(name="_5")] == ["Other_50%"]
+    assert [j.name for j in store.list_jobs(name="%")] == ["Other_50%"]
+    assert store.list_jobs(name="n-_") == []
+    assert store.job_counts(name="RUN-") == {"pending": 7}
+
+
+def test_a_log_read_back_from_before_a_record(queue: Services, store: SqlStore) -> None:
+    submitted = queue.submission.submit(spec())
+    lease = claim(queue, register(queue, "box"))
+    lines = [("stdout", f"l{i}") for i in range(10)]
+    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0)[0]
+    out = store.logs(submitted.id, 0, 100, ["stdout"])
+    assert [r.line for r in out] == [f"l{i}" for i in range(10)]
+    back = store.logs(submitted.id, 0, 3, ["stdout"], before=out[6].seq)
+    assert [r.line for r in back] == ["l3", "l4", "l5"]
+    assert store.logs(submitted.id, 0, 3, None, before=out[0].seq)[-1].stream == "state"
 
 
 def test_tokens_are_stored_as_hashes_and_revocable(store: SqlStore, clock: FakeClock) -> None:
