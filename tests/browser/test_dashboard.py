@@ -70,10 +70,10 @@ def test_a_job_goes_from_pending_to_succeeded_live_with_its_curve_and_logs(
     watched.shot("job-running")
     page.wait_for_selector(".job-head[data-status=succeeded]", timeout=30_000)
     page.wait_for_function(
-        "document.querySelector('#chart').dataset.points === '30'", timeout=10_000
+        "() => document.querySelector('#chart').dataset.points === '30'", timeout=10_000
     )
     page.wait_for_function(
-        "document.querySelector('#log').innerText.includes('epoch 30 done')", timeout=10_000
+        "() => document.querySelector('#log').innerText.includes('epoch 30 done')", timeout=10_000
     )
     assert page.evaluate("window.__sameDocument") is True
     assert first_lines < 30  # the lines arrived as the job printed them, not at the end
@@ -152,7 +152,7 @@ def test_a_job_named_like_html_with_script_output_runs_no_script(
     page.goto(f"{fleet.url}/#/jobs/{job}")
     page.wait_for_selector("#log .line")
     page.wait_for_function(
-        "document.querySelector('#log').innerText.includes('alert(3)')", timeout=10_000
+        "() => document.querySelector('#log').innerText.includes('alert(3)')", timeout=10_000
     )
     assert page.inner_text(".job-head h1") == name  # shown as text
     assert "<script>alert(2)</script>" in page.inner_text("#log")
@@ -197,3 +197,47 @@ def test_a_submitter_sees_only_its_pools(fleet: Fleet, watched: Watched) -> None
     page.wait_for_selector("main h1")
     assert "no job" in page.inner_text("main")  # as if it did not exist
     watched.shot("submitter")
+
+
+LOUD = textwrap.dedent(
+    """
+    import sys
+    for i in range(6000):
+        print(f"line {i}")
+    print("x" * 10000)
+    sys.stdout.write("fetch 10%\\rfetch 50%\\rfetch 100%\\n")
+    print("the end", flush=True)
+    """
+)
+
+
+def test_the_log_view_keeps_5000_lines_cuts_long_ones_and_scrolls_back(
+    fleet: Fleet, watched: Watched
+) -> None:
+    fleet.start_server()
+    job = _submit(fleet, name="loud", command=[sys.executable, "-c", LOUD])
+    sign_in(watched, fleet, load_token(fleet.url) or "")
+    page = watched.page
+    page.goto(f"{fleet.url}/#/jobs/{job}")
+    page.wait_for_selector(".job-head[data-status=pending]")
+    fleet.start_worker("w1")
+    page.wait_for_function(
+        "() => document.querySelector('#log').innerText.includes('the end')", timeout=30_000
+    )
+    lines = page.locator("#log .line")
+    assert lines.count() == 5000  # 6,003 lines came; the page keeps the newest 5,000
+    assert lines.first.inner_text() == "line 1003"
+    assert "more characters cut" in page.inner_text("#log .line:has(.cut)")
+    assert lines.nth(4998).inner_text() == "fetch 100%"  # a CR progress bar's last state
+    # scrolling to the top fetches the lines before; the view stops following
+    page.eval_on_selector("#log", "el => { el.scrollTop = 0; }")
+    page.wait_for_function(
+        "() => document.querySelector('#log .line').innerText === 'line 503'", timeout=10_000
+    )
+    assert lines.count() == 5000
+    assert page.get_by_role("button", name="Jump to latest").is_visible()
+    page.get_by_role("button", name="Jump to latest").click()
+    page.wait_for_function(
+        "() => document.querySelector('#log').innerText.includes('the end')", timeout=10_000
+    )
+    assert watched.errors == []

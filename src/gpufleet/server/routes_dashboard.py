@@ -53,6 +53,11 @@ HEADERS = [
 ]
 
 
+# FastAPI's own API browser (Swagger UI, ReDoc) runs inline script from a CDN: its pages
+# keep their defaults, and the rest of the server's answers get the policy.
+API_BROWSER = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
 class SecurityHeaders:
     """ASGI middleware: every answer forbids inline script, framing and MIME sniffing."""
 
@@ -60,7 +65,7 @@ class SecurityHeaders:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in API_BROWSER:
             await self.app(scope, receive, send)
             return
 

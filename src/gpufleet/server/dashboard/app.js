@@ -92,6 +92,7 @@ function flash(message, isError) {
   flash.timer = setTimeout(() => box.replaceChildren(), isError ? 12000 : 5000);
 }
 
+// Run fn at most once per ms: a call inside the window runs once when it ends.
 function throttle(fn, ms) {
   let timer = null;
   let again = false;
@@ -390,7 +391,9 @@ async function jobsPage(main, params) {
       h("span", { class: "muted" }, jobs.length ? "showing " + jobs.length + " of " + total : ""));
   };
   await load();
-  onFleet(throttle((kind) => (kind === "job" && !before ? load() : null), 1000));
+  // a job's status changed: the first page shows it (a page further back stays put)
+  const reload = throttle(load, 1000);
+  onFleet((kind) => { if (kind === "job" && !before) reload(); });
 }
 
 // ---- one job ----------------------------------------------------------------------------------
