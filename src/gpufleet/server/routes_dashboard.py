@@ -100,7 +100,21 @@ def _session_out(row: TokenRow, csrf: str | None, ends: float | None) -> Session
     )
 
 
-@router.post("/v1/session", response_model=SessionOut, tags=["dashboard"])
+async def _header_holds(request: Request) -> None:
+    """A token in the Authorization header of a sign-in must hold too (checked before the
+    body): the abuse limiter trusts a header that got a 2xx (server/limits.py), so a wrong
+    one must not ride on a good token in the body."""
+    header = request.headers.get("authorization")
+    if header is not None:
+        await run_in_threadpool(state(request).auth.check, header)
+
+
+@router.post(
+    "/v1/session",
+    response_model=SessionOut,
+    tags=["dashboard"],
+    dependencies=[Depends(_header_holds)],
+)
 async def sign_in(body: SessionCreate, request: Request, response: Response) -> SessionOut:
     """Exchange a token (admin, operator or submitter) for a dashboard session: the answer
     sets an HttpOnly, SameSite=Strict cookie and gives the session's CSRF token."""
