@@ -29,6 +29,7 @@ HINT = 7  # characters of the secret kept to tell tokens apart: the prefix and 4
 CACHE_SECONDS = 2.0
 SESSION_PREFIX = "gs_"
 SESSION_SECONDS = 12 * 3600  # a dashboard sign-in lasts a working day
+SESSION_KEY = "session:"  # a session's entry in the lookup cache (beside token digests)
 
 
 def digest(token: str) -> str:
@@ -153,22 +154,22 @@ class Auth:
     def session(self, secret: str) -> TokenRow:
         """The token behind a dashboard session cookie, or Unauthorized (unknown, ended,
         signed out, or its token revoked, rotated or expired)."""
-        want = "session:" + digest(secret)
-        row = self._cached(want)
+        key = digest(secret)
+        row = self._cached(SESSION_KEY + key)
         if row is None:
             with self._lock:
                 generation = self._generation
-            row = self.store.session_token(want.removeprefix("session:"), self.clock())
+            row = self.store.session_token(key, self.clock())
             if row is None:
                 raise Unauthorized("your dashboard session has ended: sign in again")
             with self._lock:
                 if generation == self._generation:
-                    self._cache[want] = (time.monotonic(), row)
+                    self._cache[SESSION_KEY + key] = (time.monotonic(), row)
         return self._live(row)
 
     def session_cached(self, secret: str) -> TokenRow | None:
         """:meth:`session` when it needs no database read, else None."""
-        row = self._cached("session:" + digest(secret))
+        row = self._cached(SESSION_KEY + digest(secret))
         return None if row is None else self._live(row)
 
     def sign_out(self, secret: str) -> None:
