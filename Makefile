@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEV := $(VENV)/.dev-installed
 DEMO := $(VENV)/.demo-installed
+# The suites run on two processes (pytest-xdist): most of an end-to-end test is waiting on
+# real servers and workers. XDIST= runs them in one.
+XDIST ?= -n 2
 
 .PHONY: demo test test-postgresql chaos browser lint bench docs clean
 
@@ -25,11 +28,11 @@ demo: $(DEMO)
 
 ## make test: lint, types, import layers, then every test suite
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## make test-postgresql: the integration (with fuzz) and e2e suites again, on PostgreSQL
 test-postgresql: $(DEV)
-	GPUFLEET_TEST_BACKENDS=postgresql $(PY) -m pytest tests/integration tests/e2e $(PYTEST_ARGS)
+	GPUFLEET_TEST_BACKENDS=postgresql $(PY) -m pytest $(XDIST) tests/integration tests/e2e $(PYTEST_ARGS)
 
 ## make chaos: the chaos suite at CI size (real servers and workers, seeded faults)
 chaos: $(DEV)
