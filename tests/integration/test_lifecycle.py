@@ -190,3 +190,28 @@ def test_a_result_sent_after_its_attempt_ended_is_refused_and_kept_in_the_histor
     assert [j["attempt"] for j in listed if j["id"] == job] == [2]
     history = client.get(f"/v1/jobs/{job}", headers=admin).json()["history"]
     assert [(a["attempt"], a["late_result"] is None) for a in history] == [(1, False), (2, True)]
+
+
+def test_a_big_log_batch_sent_twice_is_stored_once_in_order(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """A batch larger than one store transaction takes (it is stored in parts) and a
+    resend of it and of its second half, as after a lost answer: every line once."""
+    w = register(client, worker, "box")
+    job = submit(client, admin)
+    claim(client, worker, w["id"])
+    client.post(f"/v1/jobs/{job}/start", json={"attempt": 1}, headers=worker)
+    lines = [{"line": f"line {i}"} for i in range(2_500)]
+    lines.insert(1_700, {"stream": "progress", "line": '{"epoch": 2, "loss": 0.25}'})
+    for first, batch in ((0, lines), (0, lines), (1_200, lines[1_200:])):
+        body = {"attempt": 1, "lines": batch, "first": first}
+        r = client.post(f"/v1/jobs/{job}/output", json=body, headers=worker)
+        assert r.status_code == 204, r.text
+    url = f"/v1/jobs/{job}/events?format=json&types=log,progress&limit=5000"
+    stored = client.get(url, headers=admin).json()["events"]
+    said = [e["data"].get("line", e["data"].get("record")) for e in stored]
+    assert said == [*(f"line {i}" for i in range(1_700)), {"epoch": 2, "loss": 0.25}] + [
+        f"line {i}" for i in range(1_700, 2_500)
+    ]
+    shown = client.get(f"/v1/jobs/{job}", headers=admin).json()
+    assert shown["progress"]["epoch"] == 2 and shown["metrics"] == {"loss": 0.25}

@@ -47,6 +47,8 @@ log = logging.getLogger("gpufleet.server")
 RING = 20_000  # a job's newest records a feed keeps for its followers
 BATCH = 5_000  # records read from the store at a time
 POLL = 1.0  # seconds between reads of a followed log when nothing wakes it
+GAP = 0.2  # seconds at least between two reads of a stream: wakes in between are one read
+MAX_SEQ = 2**63 - 1
 LINGER = 30.0  # seconds a feed with no followers stays (a follower may reconnect)
 T = TypeVar("T")
 KINDS = {"stdout": "log", "stderr": "log", "progress": "progress", "state": "state"}
@@ -114,7 +116,13 @@ class _Reader(Generic[T]):
     async def run(self, linger: float = LINGER) -> None:
         loop = asyncio.get_running_loop()
         idle_since: float | None = None
+        read_at = -GAP
         while True:
+            # Writes can wake a reader many times a second (a worker's log batches, each
+            # status change); a read every GAP at most serves them all, and leaves the
+            # writers the database and the CPU.
+            await asyncio.sleep(max(0.0, read_at + GAP - loop.time()))
+            read_at = loop.time()
             try:
                 if self.take(await run_in_threadpool(self.fetch)):
                     continue
@@ -134,15 +142,15 @@ class _Reader(Generic[T]):
 class Feed(_Reader[list[LogRow]]):
     """The records of one job, read once for all of this server's followers of it."""
 
-    def __init__(self, store: Store, job_id: str, floor: int) -> None:
+    def __init__(self, store: Store, job_id: str, floor: int, seed: Sequence[Encoded] = ()) -> None:
         super().__init__()
         self.store = store
         self.job_id = job_id
         self.what = f"job {job_id}'s events"
         # Every record numbered after ``floor`` is in ``ring`` or not yet read.
         self.floor = floor
-        self.last = floor
-        self.ring: deque[Encoded] = deque()
+        self.ring: deque[Encoded] = deque(seed)
+        self.last = self.ring[-1].seq if self.ring else floor
 
     def fetch(self) -> list[LogRow]:
         return self.store.logs(self.job_id, self.last, BATCH)
@@ -209,15 +217,25 @@ class Hub:
         if self.fleet is not None:
             self.fleet.wake.set()
 
+    def _seed(self, job_id: str) -> tuple[int, list[Encoded]]:
+        """A new feed's start: the job's newest records (at most ``RING``), encoded, and
+        the floor below them (0 when they are the whole log). A job's records commit in
+        number order, so none still to come is numbered below the newest one read.
+        Followers that start from the beginning of a log that fits (a dashboard opened,
+        ``logs -f``) then share this one read instead of each reading the store."""
+        rows = self.store.logs(job_id, 0, RING, None, MAX_SEQ)
+        if not rows:
+            return self.store.last_seq(job_id), []
+        floor = 0 if len(rows) < RING else rows[0].seq - 1
+        return floor, [encode(row) for row in rows]
+
     async def _feed(self, job_id: str) -> Feed:
         feed = self.feeds.get(job_id)
         if feed is None or feed.task is None or feed.task.done():
-            # A job's records commit in number order, so none still to come is numbered
-            # below the newest one committed: the feed starts there.
-            floor = await run_in_threadpool(self.store.last_seq, job_id)
+            floor, seed = await run_in_threadpool(self._seed, job_id)
             feed = self.feeds.get(job_id)  # another follower may have made it meanwhile
             if feed is None or feed.task is None or feed.task.done():
-                feed = Feed(self.store, job_id, floor)
+                feed = Feed(self.store, job_id, floor, seed)
                 self.feeds[job_id] = feed
                 feed.task = asyncio.create_task(self._run(feed))
         return feed

@@ -33,6 +33,8 @@ from gpufleet.server.settings import QueueSettings
 from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow
 from gpufleet.wire import HeartbeatRequest, HeartbeatResponse, JobSpecModel, Lease, LeaseOrder
 
+APPEND_CHUNK = 1_000  # output lines a transaction stores at most
+
 
 def printable(text: str) -> str:
     """Job output is arbitrary bytes; a NUL cannot be stored in PostgreSQL text."""
@@ -334,9 +336,15 @@ class Leases:
         already are skipped); the stop grace when the job has been asked to stop (the
         worker learns it here, within a second of a stop, as well as at its heartbeat)."""
         lines = [(stream, printable(line)) for stream, line in lines]
-        done, stop = self.store.append_logs(job_id, attempt, lines, self.clock(), first)
-        if not done:
-            self._held(job_id, attempt)
+        now, stop = self.clock(), None
+        # A big batch goes in as several short transactions: on SQLite each holds the one
+        # write lock, and a claim or a start report waits for at most one of them.
+        for at in range(0, len(lines), APPEND_CHUNK) or [0]:
+            part = lines[at : at + APPEND_CHUNK]
+            start = None if first is None else first + at
+            done, stop = self.store.append_logs(job_id, attempt, part, now, start)
+            if not done:
+                self._held(job_id, attempt)
         self.on_written(job_id)
         return stop
 

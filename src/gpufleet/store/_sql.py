@@ -571,13 +571,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             have = conn.execute(select(a.log_lines).where(this).with_for_update()).scalar()
             fresh = log_offsets(have or 0, first, lines)
             if fresh:
-                conn.execute(
-                    t.job_logs.insert(),
-                    [
-                        {"job_id": job_id, "attempt": lease, "stream": s, "line": ln, "ts": now}
-                        for s, ln in fresh.lines
-                    ],
-                )
+                rows = [(job_id, lease, s, ln, now) for s, ln in fresh.lines]
+                _insert_lines(conn, self.dialect, rows)
                 conn.execute(update(t.attempts).where(this), {"log_lines": fresh.end})
                 summary = progress_columns(fresh.lines, held.metrics)
                 if summary is not None:
@@ -656,3 +651,23 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             q = q.where(c.job_id == job_id)
         with self._read() as conn:
             return int(conn.execute(q).scalar() or 0)
+
+
+LINE_COLUMNS = "job_id, attempt, stream, line, ts"
+
+
+def _insert_lines(
+    conn: Connection, dialect: str, rows: list[tuple[str, int, str, str, float]]
+) -> None:
+    """Insert a batch of a job's log rows through the driver, in the write's transaction:
+    ``COPY`` on PostgreSQL, ``executemany`` on SQLite. A flooding job sends thousands of
+    lines a second, and SQLAlchemy's per-row parameter handling cost more than the insert
+    itself (a 5,000-line batch: about 80 ms on PostgreSQL, which other requests waited
+    behind). Each row takes the next ``seq`` as it goes in, so the order is kept."""
+    raw: Any = conn.connection.driver_connection
+    if dialect == "postgresql":
+        with raw.cursor() as cur, cur.copy(f"COPY job_logs ({LINE_COLUMNS}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+    else:
+        raw.executemany(f"INSERT INTO job_logs ({LINE_COLUMNS}) VALUES (?, ?, ?, ?, ?)", rows)
