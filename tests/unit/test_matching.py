@@ -518,3 +518,19 @@ def test_why_names_every_constraint_not_only_the_first() -> None:
     assert len(gpu_reasons) == 2  # its GPU fits: nothing else stands in the way
     # the claim path still stops at the first reason
     assert ever_reason(spec, cpu_box) == cpu[0]
+
+
+def test_a_job_needing_a_tool_goes_only_to_workers_that_have_it_and_why_says_so() -> None:
+    from dataclasses import replace
+
+    spec = job(tools=("sleap-nn",), require_cuda=True)
+    bare = worker("bare", gpus=(gpu(0),))
+    sleapy = replace(bare, capability=replace(bare.capability, tools={"sleap-nn": "0.3.5"}))
+    assert ever_reason(spec, sleapy) is None
+    assert ever_reason(spec, bare) == "needs sleap-nn on the worker's PATH (tools); worker has none"
+    laptop = worker("laptop")  # no tool and no GPU: both are said
+    verdicts = explain(
+        JobView("j", spec, 0.0), [(laptop, free_all(laptop))], now=0.0, prefer_cuda_grace=GRACE
+    )
+    said = "; ".join(verdicts[0][1])
+    assert "sleap-nn" in said and "needs a GPU" in said

@@ -96,6 +96,7 @@ class Requirements:
     allowed_hosts: tuple[str, ...] = ()
     worker: str | None = None
     cpu_only: bool = False
+    tools: tuple[str, ...] = ()  # commands the worker must have on its PATH (sleap-nn)
 
     @property
     def gpus_wanted(self) -> int:
@@ -159,6 +160,13 @@ class JobInput:
 DEFAULT_OUTPUTS = ("outputs",)
 
 
+class Adapter(StrEnum):
+    """How a worker reads a job's own progress channel and asks it to stop early."""
+
+    SLEAP_TRAIN = "sleap-train"  # sleap-nn train: its ZMQ progress and control sockets
+    SLEAP_TRACK = "sleap-track"  # sleap-nn track --gui: JSON progress lines on stdout
+
+
 class HyperStyle(StrEnum):
     """How ``hyper`` becomes flags. ``dash``: ``batch_size`` is ``--batch-size``, a true
     boolean is a bare flag and a false one is left out (what argparse scripts expect).
@@ -208,6 +216,10 @@ class JobSpec:
     inputs: tuple[JobInput, ...] = ()
     outputs: tuple[str, ...] = DEFAULT_OUTPUTS
     hyper_style: HyperStyle = HyperStyle.DASH
+    # How the worker reads the job's own progress channel and asks it to stop early
+    # (None: a plain process; see gpufleet.worker.adapters).
+    adapter: str | None = None
+    tags: tuple[str, ...] = ()  # words to find and group jobs by ("sleap", "centroid")
 
     @property
     def dependencies(self) -> tuple[str, ...]:
@@ -258,6 +270,7 @@ class Capability:
     git_commit: str | None = None
     gpus_simulated: bool = False
     mounts: tuple[str, ...] = ()  # shared paths this worker can read (--mount)
+    tools: dict[str, str] = field(default_factory=dict)  # command on PATH -> its version
 
 
 @dataclass(frozen=True)

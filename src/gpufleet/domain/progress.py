@@ -31,7 +31,7 @@ class BadProgress(ValueError):
     """A progress line that is not a record; the message says why."""
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -57,13 +57,13 @@ def check(value: Mapping[str, Any]) -> dict[str, Any]:
     for key in COUNTS:
         if key in value and value[key] is not None:
             n = value[key]
-            if not _number(n) or not math.isfinite(n) or n < 0 or n != int(n) or n > 2**53:
+            if not is_number(n) or not math.isfinite(n) or n < 0 or n != int(n) or n > 2**53:
                 raise BadProgress(f"{key!r} must be a whole number >= 0, not {n!r}")
             out[key] = int(n)
     for key, low, high in (("progress", 0.0, 1.0), ("eta_s", 0.0, 1e9)):
         if key in value and value[key] is not None:
             n = value[key]
-            if not _number(n) or not math.isfinite(n) or not low <= n <= high:
+            if not is_number(n) or not math.isfinite(n) or not low <= n <= high:
                 raise BadProgress(f"{key!r} must be a number from {low:g} to {high:g}, not {n!r}")
             out[key] = float(n)
     if "message" in value and value["message"] is not None:
@@ -72,7 +72,7 @@ def check(value: Mapping[str, Any]) -> dict[str, Any]:
         out["message"] = value["message"][:MAX_MESSAGE]
     metrics = 0
     for key, n in value.items():
-        if key in KNOWN or not isinstance(key, str) or not _number(n):
+        if key in KNOWN or not isinstance(key, str) or not is_number(n):
             continue
         if len(key) > MAX_KEY or not key.isprintable():
             raise BadProgress(f"metric name {key[:MAX_KEY]!r}... is not a short printable name")

@@ -162,6 +162,9 @@ def _placement_reasons(job: JobSpec, worker: WorkerView) -> Iterator[str]:
     for path in job.shared_paths:
         if covering_mount(path, worker.capability.mounts) is None:
             yield f"reads {path} in place; no --mount of this worker holds it"
+    for tool in req.tools:
+        if tool not in worker.capability.tools:
+            yield f"needs {tool} on the worker's PATH (tools); worker has none"
     yield from _policy_reasons(job, worker)
 
 

@@ -13,7 +13,7 @@ from gpufleet.domain.models import (
     GpuInfo,
 )
 from gpufleet.wire._base import INT32, Attempt, JobState, Name, PoolName, Strict, _no_nul
-from gpufleet.wire._jobs import JobSpecModel, StderrTail
+from gpufleet.wire._jobs import TOOL_PATTERN, JobSpecModel, StderrTail
 
 # ---- workers ----------------------------------------------------------------------------
 
@@ -51,6 +51,14 @@ class CapabilityModel(Strict):
     gpus_simulated: bool = False
     mounts: list[Annotated[str, Field(max_length=4096), AfterValidator(_no_nul)]] = Field(
         default_factory=list, max_length=100, description="shared paths this worker can read"
+    )
+    tools: dict[
+        Annotated[str, Field(pattern=TOOL_PATTERN)],
+        Annotated[str, Field(max_length=100), AfterValidator(_no_nul)],
+    ] = Field(
+        default_factory=dict,
+        max_length=20,
+        description="commands on the worker's PATH that jobs may ask for, with their versions",
     )
 
     def to_domain(self) -> Capability:

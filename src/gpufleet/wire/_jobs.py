@@ -32,6 +32,10 @@ from gpufleet.wire._base import (
 
 # ---- jobs -------------------------------------------------------------------------------
 
+#: A command a job needs on the worker's PATH, and a job's tag: one plain word each.
+TOOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:=+-]{0,63}$"
+
 
 class RequirementsModel(Strict):
     require_cuda: bool = False
@@ -48,6 +52,12 @@ class RequirementsModel(Strict):
         description="run in a CPU slot even on a worker with GPUs (a job aimed at a GPU "
         "worker otherwise takes one of its GPUs)",
     )
+    tools: list[Annotated[str, Field(pattern=TOOL_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="commands the worker must have on its PATH (it reports them, with "
+        "their versions, in its capability's tools)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RequirementsModel:
@@ -60,7 +70,9 @@ class RequirementsModel(Strict):
 
     def to_domain(self) -> Requirements:
         data = self.model_dump()
-        return Requirements(**{**data, "allowed_hosts": tuple(self.allowed_hosts)})
+        return Requirements(
+            **{**data, "allowed_hosts": tuple(self.allowed_hosts), "tools": tuple(self.tools)}
+        )
 
     @classmethod
     def from_domain(cls, r: Requirements) -> RequirementsModel:
@@ -126,15 +138,27 @@ class JobSpecModel(Strict):
         description="dash: batch_size=64 is --batch-size 64, true is a bare flag, false "
         "is left out; verbatim: --batch_size 64 --use_amp true",
     )
+    adapter: Literal["sleap-train", "sleap-track"] | None = Field(
+        None,
+        description="how the worker reads the job's own progress and asks it to stop: "
+        "sleap-train (sleap-nn's ZMQ channels), sleap-track (sleap-nn's --gui lines); "
+        "None: a plain process",
+    )
+    tags: list[Annotated[str, Field(pattern=TAG_PATTERN)]] = Field(
+        default_factory=list, max_length=20, description="words to find and group jobs by"
+    )
 
     def to_domain(self) -> JobSpec:
-        data = self.model_dump(exclude={"requirements", "inputs", "outputs", "hyper_style"})
+        data = self.model_dump(
+            exclude={"requirements", "inputs", "outputs", "hyper_style", "tags"}
+        )
         return JobSpec(
             **{**data, "command": tuple(self.command), "pool": self.pool or "default"},
             requirements=self.requirements.to_domain(),
             inputs=tuple(i.to_domain() for i in self.inputs),
             outputs=tuple(self.outputs),
             hyper_style=HyperStyle(self.hyper_style),
+            tags=tuple(self.tags),
         )
 
     @classmethod
@@ -153,8 +177,13 @@ class JobSpecModel(Strict):
                 "command": list(s.command),
                 "outputs": list(s.outputs),
                 "hyper_style": s.hyper_style.value,
+                "tags": list(s.tags),
                 "requirements": RequirementsModel.model_construct(
-                    **{**r, "allowed_hosts": list(s.requirements.allowed_hosts)}
+                    **{
+                        **r,
+                        "allowed_hosts": list(s.requirements.allowed_hosts),
+                        "tools": list(s.requirements.tools),
+                    }
                 ),
                 "inputs": [
                     InputModel.model_construct(**{**asdict(i), "kind": i.kind.value})
