@@ -658,3 +658,19 @@ def test_random_trees_round_trip_and_pack_deterministically(
             p: (data, 0o755 if x else 0o644) for p, (data, x) in files.items()
         }
         assert tree_digest(Path(tmp) / "out") == tree_digest(root)
+
+
+def test_a_zips_one_folder_packs_as_the_zip_of_its_contents(tmp_path: Path) -> None:
+    """A SLEAP package made by older tools holds one top-level folder: packing that folder
+    as the root gives the same archive as the flat zip, and the rest is left out."""
+    flat = [("a.txt", b"a", 0o100644), ("sub/b.txt", b"b", 0o100644)]
+    write_zip(tmp_path / "flat.zip", flat)
+    nested = [(f"pkg/{name}", data, mode) for name, data, mode in flat]
+    write_zip(tmp_path / "nested.zip", [*nested, ("other.txt", b"o", 0o100644)])
+    flat_out, nested_out = io.BytesIO(), io.BytesIO()
+    pack_path(tmp_path / "flat.zip", flat_out)
+    packed = pack_path(tmp_path / "nested.zip", nested_out, root="pkg")
+    assert nested_out.getvalue() == flat_out.getvalue() and packed.files == 2
+    write_zip(tmp_path / "out.zip", [*nested, ("pkg/ln", b"../other.txt", 0o120777)])
+    with pytest.raises(UnsafeArchive, match="link leaves pkg/"):
+        pack_path(tmp_path / "out.zip", io.BytesIO(), root="pkg")

@@ -306,7 +306,7 @@ def test_probe_nvidia_smi_is_none_on_failure_or_garbage() -> None:
 
 
 def test_probe_nvidia_smi_is_none_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    monkeypatch.setattr(shutil, "which", lambda _name, path=None: None)
 
     assert probe_nvidia_smi() is None
 
@@ -467,7 +467,7 @@ def test_detect_reads_the_git_commit(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_detect_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    monkeypatch.setattr(shutil, "which", lambda _name, path=None: None)
 
     assert detect(cwd=tmp_path, nvml_lib=FakeNvml()).git_commit is None
 
@@ -527,3 +527,17 @@ def test_capability_json_round_trips_through_json() -> None:
     assert data["gpus_simulated"] is False
     gpus = tuple(GpuInfo(**g) for g in data["gpus"])
     assert Capability(**{**data, "gpus": gpus, "mounts": tuple(data["mounts"])}) == cap
+
+
+def test_tools_on_a_jobs_path_are_offered_with_their_versions(tmp_path: Path) -> None:
+    from gpufleet.worker.capability import find_tools
+    from tests.sleap_pkg import FAKE_SLEAP
+
+    assert find_tools(path=str(FAKE_SLEAP)) == {"sleap-nn": "0.3.5"}
+    assert find_tools(path=str(tmp_path)) == {}
+    broken = tmp_path / "sleap-nn"
+    broken.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    notes: list[str] = []
+    assert find_tools(path=str(tmp_path), notes=notes) == {}
+    assert notes == [f"sleap-nn is on PATH ({broken}) but `sleap-nn --version` failed; not offered"]

@@ -103,7 +103,7 @@ def test_a_config_says_its_model_type_epochs_and_labels() -> None:
 
 @pytest.mark.parametrize("cfg", [[1, 2], {"model_config": {}}, {"data_config": {}}, "text"])
 def test_a_file_that_is_not_a_sleap_nn_config_is_refused(cfg: object) -> None:
-    with pytest.raises(PackageError, match="c.yaml: not a sleap-nn config"):
+    with pytest.raises(PackageError, match=r"c\.yaml: not a sleap-nn config"):
         sleap.config_facts(cfg, "c.yaml")
 
 

@@ -205,11 +205,17 @@ def _zip_item(label: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> _Item:
     return _Item(path, "file", _mode(mode), info.file_size, reader=partial(zf.open, info))
 
 
-def _zip_items(src: Path, zf: zipfile.ZipFile) -> list[_Item]:
+def _zip_items(src: Path, zf: zipfile.ZipFile, root: str = "") -> list[_Item]:
     label = f"{src}: entry"
     items: dict[str, _Item] = {}
     for info in zf.infolist():
         item = _zip_item(label, zf, info)
+        if root:  # only what lies under the folder ``root``, which becomes the root
+            if item.path != root and not item.path.startswith(root + "/"):
+                continue
+            item = replace(item, path=item.path[len(root) + 1 :])
+            if item.kind == "link" and _link_problem(item.path, item.target):
+                raise UnsafeArchive(f"{label} {info.filename!r}: link leaves {root}/")
         if not item.path and item.kind == "dir":
             continue  # "./": the root itself
         if item.path in items:
@@ -224,8 +230,9 @@ def _zip_items(src: Path, zf: zipfile.ZipFile) -> list[_Item]:
 
 
 @contextmanager
-def _sources(src: Path, excludes: Sequence[str]) -> Iterator[list[_Item]]:
-    """The sorted items that pack_path writes for ``src``: a folder, a .zip or one file."""
+def _sources(src: Path, excludes: Sequence[str], root: str = "") -> Iterator[list[_Item]]:
+    """The sorted items that pack_path writes for ``src``: a folder, a .zip or one file
+    (for a zip, only its folder ``root`` when given)."""
     try:
         st = src.stat()
     except FileNotFoundError:
@@ -238,7 +245,7 @@ def _sources(src: Path, excludes: Sequence[str]) -> Iterator[list[_Item]]:
         yield tree.sorted_items()
     elif stat.S_ISREG(st.st_mode) and src.suffix.lower() == ".zip":
         with zipfile.ZipFile(src) as zf:
-            yield _zip_items(src, zf)
+            yield _zip_items(src, zf, root.strip("/"))
     elif stat.S_ISREG(st.st_mode):
         opener = partial(_open_regular, os.path.realpath(src), st.st_size)
         yield [_Item(src.name, "file", _mode(st.st_mode), st.st_size, reader=opener)]
@@ -293,16 +300,19 @@ def _write_archive(items: Sequence[_Item], out: BinaryIO) -> None:
         _write_tar(items, zstream)
 
 
-def pack_path(src: Path, out: BinaryIO, excludes: Sequence[str] = DEFAULT_EXCLUDES) -> Packed:
+def pack_path(
+    src: Path, out: BinaryIO, excludes: Sequence[str] = DEFAULT_EXCLUDES, root: str = ""
+) -> Packed:
     """Write a deterministic archive of ``src`` to ``out``.
 
     ``src`` is a folder (its contents become the archive root), a .zip file (its entries
-    become the root) or a single regular file (stored under its name). Names matching an
+    become the root; with ``root``, the entries of that folder of the zip) or a single
+    regular file (stored under its name). Names matching an
     exclude pattern, or one from the folder's ``.gpufleetignore`` (patterns with a "/" match
     the whole relative path), are left out. Raises :class:`UnsafeArchive` naming the path for
     symlinks leaving ``src``, special files and unsafe zip entries.
     """
-    with _packing(src), _sources(src, excludes) as items:
+    with _packing(src), _sources(src, excludes, root) as items:
         packed = _check_items(items, f"{src}: entry")
         _write_archive(items, out)
     return packed

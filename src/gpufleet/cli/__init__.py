@@ -8,7 +8,7 @@ import typer
 from pydantic import ValidationError
 
 from gpufleet import __version__
-from gpufleet.cli import data, fleet, jobs
+from gpufleet.cli import data, fleet, jobs, sleap
 from gpufleet.errors import GpufleetError
 from gpufleet.tokens import redact
 
@@ -22,6 +22,7 @@ app = typer.Typer(
 jobs.register(app)
 data.register(app)
 fleet.register(app)
+sleap.register(app)
 
 
 @app.callback(invoke_without_command=True)

@@ -85,7 +85,8 @@ def fields_signature(cls: Any) -> inspect.Signature:
                 default=empty if f.default is MISSING else f.default,
                 annotation=hints[f.name],
             )
-            for f in fields(cls)
+            # what must be given (a command's argument) first, then the options in order
+            for f in sorted(fields(cls), key=lambda f: f.default is not MISSING)
         ]
     )
 

@@ -198,7 +198,10 @@ def worker(
         mount=",".join(mount) if mount else None,
         ca=ca,
     )
-    cap = detect(simulate=s["simulate_gpus"])
+    notes: list[str] = []
+    cap = detect(simulate=s["simulate_gpus"], notes=notes)
+    for note in notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}")
     raise typer.Exit(run_worker(_worker_options(s, share_token), cap))
 
 
@@ -400,9 +403,11 @@ def capability(simulate_gpus: SimOpt = None) -> None:
     from gpufleet.worker.capability import capability_json, detect
 
     s = resolve(simulate_gpus=simulate_gpus)
-    sys.stdout.write(
-        json.dumps(capability_json(detect(simulate=s["simulate_gpus"])), indent=2) + "\n"
-    )
+    notes: list[str] = []
+    cap = detect(simulate=s["simulate_gpus"], notes=notes)
+    for note in notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}")
+    sys.stdout.write(json.dumps(capability_json(cap), indent=2) + "\n")
 
 
 @config_app.command("show")

@@ -138,15 +138,13 @@ Pool = Annotated[
 Json = Annotated[bool, _Opt("--json", help="Print JSON instead of a table.")]
 
 
-@dataclass
-class SubmitRequest:
-    """What ``gpufleet submit`` was asked (its options, declared once: the command's
-    signature is made from these fields), and the steps that turn it into a queued job."""
+@dataclass(kw_only=True)
+class Placement:
+    """Where a job may run and how it is queued: the options ``submit`` shares with the
+    commands that submit jobs of their own (``sleap train``, ``sleap track``)."""
 
-    command: Command
     server: Server = None
     ca: CaOpt = None
-    name: Name = None
     require_cuda: RequireCuda = False
     prefer_cuda: PreferCuda = False
     min_vram_gib: MinVram = 0.0
@@ -156,7 +154,6 @@ class SubmitRequest:
     cpu: Cpu = False
     label: Label = None
     host: Host = None
-    env: Env = None
     priority: Priority = 0
     max_attempts: MaxAttempts = 3
     timeout: Timeout = None
@@ -166,34 +163,14 @@ class SubmitRequest:
     session: SessionString = None
     min_gpu_memory: MinGpuMemory = 0
     queue: Queue = False
-    shell: Shell = False
-    package: Package = None
-    input: Input = None
-    output: Output = None
-    wait: Wait = False
-    results: Results = None
     pool: Pool = None
     as_json: Json = False
 
-    def run(self) -> None:
+    def connect(self) -> Client:
+        """The client to submit with: a session's server and token, or the configured."""
         target = self._take_session()
-        requirements = self.requirements()
         token = session_token(target) if target is not None else None
-        with client(self.server, self.ca, token=token) as c:
-            inputs = job_inputs(self.input or [])  # checked before anything is uploaded
-            if self.auto_select or self.select:
-                requirements = self._pick_worker(c, requirements)
-            packages = package_inputs(c, self.package or [], self._mounts_pool(c), self.as_json)
-            inputs = packages + inputs
-            result = c.submit(self.spec(requirements, inputs), queue=self.queue)
-            if result.warning:
-                err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
-            if not self.wait:
-                print_json(result) if self.as_json else print(result.job.id)
-                return
-            err.print(f"job {result.job.id} queued; following it (Ctrl-C stops following only)")
-            status = follow(c, result.job.id, self.as_json)
-            finish_wait(c, result.job.id, status, self.results, self.as_json)
+        return client(self.server, self.ca, token=token)
 
     def _take_session(self) -> Session | None:
         """One way of choosing the worker at most; a session names the server, pool and
@@ -233,24 +210,69 @@ class SubmitRequest:
             cpu_only=self.cpu,
         )
 
-    def _pick_worker(self, c: Client, requirements: RequirementsModel) -> RequirementsModel:
-        probe = JobSpecModel(
-            name=self.name or default_name(self.command),
-            command=self.command,
-            requirements=requirements,
-            pool=self.pool,
-        )
+    def placed(self, c: Client, probe: JobSpecModel) -> RequirementsModel:
+        """The job's requirements, aimed at the worker ``--auto-select`` or ``--select``
+        picks for ``probe`` (a job like the ones to submit) when either was given."""
+        requirements = probe.requirements
+        if not (self.auto_select or self.select):
+            return requirements
         pick = auto_select_worker(c, probe) if self.auto_select else interactive_select(c, probe)
         free = f"{pick.free_gpu_mib / 1024:.1f} GiB GPU memory free"
         err.print(f"worker {escape(pick.worker.name)} ({pick.worker.id}, {free}) chosen")
         return requirements.model_copy(update={"worker": pick.worker.id})
 
-    def _mounts_pool(self, c: Client) -> str:
-        """The pool whose workers' mounts a ``--package`` path may lie on."""
-        if self.pool is not None or not self.package:
+    def mounts_pool(self, c: Client, packages: list[str] | None) -> str:
+        """The pool whose workers' mounts a package's path may lie on."""
+        if self.pool is not None or not packages:
             return self.pool or "default"
         me = c.whoami()
         return "default" if not me.pools or "default" in me.pools else me.pools[0]
+
+    def queued(self) -> dict[str, Any]:
+        """The spec fields these options set besides the requirements."""
+        return {
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "timeout": self.timeout,
+            "pool": self.pool,
+        }
+
+
+@dataclass(kw_only=True)
+class SubmitRequest(Placement):
+    """What ``gpufleet submit`` was asked (its options, declared once: the command's
+    signature is made from these fields), and the steps that turn it into a queued job."""
+
+    command: Command
+    name: Name = None
+    env: Env = None
+    shell: Shell = False
+    package: Package = None
+    input: Input = None
+    output: Output = None
+    wait: Wait = False
+    results: Results = None
+
+    def run(self) -> None:
+        with self.connect() as c:
+            inputs = job_inputs(self.input or [])  # checked before anything is uploaded
+            name = self.name or default_name(self.command)
+            probe = JobSpecModel(
+                name=name, command=self.command, requirements=self.requirements(), pool=self.pool
+            )
+            requirements = self.placed(c, probe)
+            pool = self.mounts_pool(c, self.package)
+            packages = package_inputs(c, self.package or [], pool, self.as_json)
+            inputs = packages + inputs
+            result = c.submit(self.spec(requirements, inputs), queue=self.queue)
+            if result.warning:
+                err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
+            if not self.wait:
+                print_json(result) if self.as_json else print(result.job.id)
+                return
+            err.print(f"job {result.job.id} queued; following it (Ctrl-C stops following only)")
+            status = follow(c, result.job.id, self.as_json)
+            finish_wait(c, result.job.id, status, self.results, self.as_json)
 
     def spec(self, requirements: RequirementsModel, inputs: list[InputModel]) -> JobSpecModel:
         return JobSpecModel(
@@ -258,12 +280,9 @@ class SubmitRequest:
             command=[" ".join(self.command)] if self.shell else self.command,
             env=parse_pairs(self.env or [], "--env"),
             requirements=requirements,
-            priority=self.priority,
-            max_attempts=self.max_attempts,
-            timeout=self.timeout,
             shell=self.shell,
-            pool=self.pool,
             inputs=inputs,
+            **self.queued(),
             outputs=self.output or ["outputs"],
         )
 

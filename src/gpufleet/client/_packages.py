@@ -62,14 +62,15 @@ def package(
     dest: str = ".",
     steps: StepFactory = _no_steps,
     remembered: Remembered | None = None,
+    root: str = "",
 ) -> PackageResult:
-    """Upload ``path`` (a folder, a zip or a file) as a package input, unless the server
-    already has the same content."""
+    """Upload ``path`` (a folder, a zip or a file; of a zip, only its folder ``root`` when
+    given) as a package input, unless the server already has the same content."""
     path = path.expanduser().resolve()
     if not path.exists():
         raise GpufleetError(f"package {path}: no such file or folder")
     remembered = remembered or Remembered(_cache_file("packages.json"))
-    key = archive.fingerprint(path)
+    key = archive.fingerprint(path) + (f":{root}" if root else "")
     known = remembered.get(key)
     if known is not None:
         size = c.has_blob(known)
@@ -78,7 +79,7 @@ def package(
     with tempfile.TemporaryDirectory(prefix="gpufleet-pkg-") as tmp:
         built = Path(tmp) / f"{path.name}{archive.SUFFIX}"
         with open(built, "wb") as f:
-            archive.pack_path(path, f)
+            archive.pack_path(path, f, root=root)
         size = built.stat().st_size
         sent = c.put_blob(built, progress=steps("upload", path.name, size))
     remembered.put(key, sent.sha256)

@@ -118,9 +118,7 @@ def parse_train_script(text: str, where: str = SCRIPT) -> list[TrainLine]:
             raise PackageError(f"{where}, line {number}: cannot be read ({exc})") from None
         rest = _after_train(words)
         if rest is not None:
-            found.append(
-                TrainLine(number, tuple(rest), _config_of(rest, f"{where}, line {number}"))
-            )
+            found.append(TrainLine(number, tuple(rest), config_of(rest, f"{where}, line {number}")))
     if not found:
         commands = ", ".join(" ".join(c) for c in TRAIN_COMMANDS)
         raise PackageError(f"{where}: no train line (a line starting with {commands})")
@@ -151,7 +149,8 @@ def _after_train(words: list[str]) -> list[str] | None:
     return None
 
 
-def _config_of(args: Sequence[str], where: str) -> str:
+def config_of(args: Sequence[str], where: str) -> str:
+    """The config file a train line's arguments name, relative to the package root."""
     name = folder = path = None
     i = 0
     while i < len(args):

@@ -149,9 +149,7 @@ class JobSpecModel(Strict):
     )
 
     def to_domain(self) -> JobSpec:
-        data = self.model_dump(
-            exclude={"requirements", "inputs", "outputs", "hyper_style", "tags"}
-        )
+        data = self.model_dump(exclude={"requirements", "inputs", "outputs", "hyper_style", "tags"})
         return JobSpec(
             **{**data, "command": tuple(self.command), "pool": self.pool or "default"},
             requirements=self.requirements.to_domain(),

@@ -251,6 +251,7 @@ class Agent(JobSteps):
             f"worker {out.name} ({out.id}) registered with {self.opts.server} in pool "
             f"{out.pool}; slots: {self.opts.cpu_slots} CPU, "
             f"{len(self.capability.gpus)} GPU ({gpus or 'no GPU'})"
+            + "".join(f"; {t} {v}" for t, v in self.capability.tools.items())
         )
         if not self.announced:
             self.announced = True

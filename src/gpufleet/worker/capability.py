@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ from gpufleet.worker.nvml import (
 )
 
 GIT_TIMEOUT_SECONDS = 2.0
+TOOL_TIMEOUT_SECONDS = 60.0  # a tool's --version may import a lot on a cold disk
+#: Tools a job may need (requirements.tools): name -> how its --version names its version,
+#: and the modules this worker needs to run that tool's jobs (its adapter's).
+TOOLS = {"sleap-nn": (r"sleap-nn\s+v?(\S+)", ("zmq", "yaml"))}
 _SIMULATE_FLAG = "--simulate-gpus"
 _SIMULATE_FORM = 'NAME:VRAM_GIB (e.g. "A100:80", or "2xA100:80" for two)'
 _REPEAT = re.compile(r"^(\d+)\s*[xX]\s*(.+)$")
@@ -117,13 +122,15 @@ def detect(
     nvml_lib: Any | None = None,
     smi_run: Callable[[list[str]], str] | None = None,
     cwd: Path | None = None,
+    notes: list[str] | None = None,
 ) -> Capability:
     """Detect this host's capability.
 
     GPUs come from ``simulate`` when given (never touching NVML), else NVML, else
     ``nvidia-smi``; with none of them the host has no GPUs. ``nvml_lib`` and
     ``smi_run`` are injectable for tests; ``cwd`` is where disk space and the git
-    commit are read (default: the current directory).
+    commit are read (default: the current directory). Why a tool on PATH is not offered
+    goes to ``notes``.
     """
     where = cwd if cwd is not None else Path.cwd()
     probe = _probe_gpus(simulate, nvml_lib, smi_run)
@@ -140,6 +147,7 @@ def detect(
         torch_version=_torch_version(),
         git_commit=_git_commit(where),
         gpus_simulated=simulate is not None,
+        tools=find_tools(notes=notes),
     )
 
 
@@ -170,6 +178,51 @@ def _torch_version() -> str | None:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def job_path(path: str | None = None) -> str:
+    """The PATH a job runs with: the worker's Python's folder first, then the worker's."""
+    bindir = str(Path(sys.executable).parent)
+    return bindir + os.pathsep + (os.environ.get("PATH", os.defpath) if path is None else path)
+
+
+def find_tools(path: str | None = None, notes: list[str] | None = None) -> dict[str, str]:
+    """The commands jobs may ask for (``requirements.tools``) that are on a job's PATH,
+    with the versions they report. A tool that does not answer ``--version``, or whose
+    jobs need a module this worker lacks, is left out (said in ``notes``): its jobs
+    would fail here."""
+    import importlib.util
+
+    found = {}
+    for name, (pattern, modules) in TOOLS.items():
+        exe = shutil.which(name, path=job_path(path))
+        if exe is None:
+            continue
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            if notes is not None:
+                notes.append(
+                    f"{name} is on PATH but not offered: this worker's Python lacks "
+                    f"{', '.join(missing)} (pip install 'gpufleet[sleap]')"
+                )
+            continue
+        try:
+            done = subprocess.run(
+                [exe, "--version"],
+                capture_output=True,
+                text=True,
+                timeout=TOOL_TIMEOUT_SECONDS,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        said = re.search(pattern, done.stdout + done.stderr)
+        if done.returncode == 0 and said:
+            found[name] = said.group(1)
+        elif notes is not None:
+            notes.append(f"{name} is on PATH ({exe}) but `{name} --version` failed; not offered")
+    return found
 
 
 def _git_commit(path: Path) -> str | None:

@@ -36,6 +36,7 @@ from gpufleet.wire import (
     ReleaseRequest,
     StartRequest,
 )
+from gpufleet.worker.adapters import Adapter, AdapterError, adapter_for
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.progress import Progress, ProgressFile
@@ -78,6 +79,7 @@ class Running:
     # server's renewal came after it, so the lease lives at least a lease from here).
     renewed: float = field(default_factory=time.monotonic)
     progress_file: ProgressFile | None = None  # GPUFLEET_PROGRESS_FILE, once it is named
+    adapter: Adapter = field(default_factory=Adapter)  # the job type's own channel and stop
 
     def __post_init__(self) -> None:
         self.progress = Progress(
@@ -91,7 +93,13 @@ class Running:
             for line in self.progress_file.read(final):
                 self.progress.line(line, "GPUFLEET_PROGRESS_FILE")
 
+    def record(self, record: dict[str, Any]) -> None:
+        """A progress record from the job's adapter."""
+        self.backlog.add("progress", progress.encode(record))
+
     def on_line(self, stream: str, line: str) -> None:
+        if self.adapter.line(stream, line):
+            return
         if line.startswith(progress.MARK):
             self.read_progress()  # what the file has came first: records stay in order
         if self.progress.marked(line):
@@ -156,6 +164,7 @@ class JobSteps(ABC):
                     lease.job_id, FinishRequest(attempt=lease.attempt, error=f"worker error: {exc}")
                 )
         finally:
+            await run.adapter.close()
             self.running.pop((lease.job_id, lease.attempt), None)
             self.slots.give(lease.gpus)
             run.backlog.clear()
@@ -187,6 +196,13 @@ class JobSteps(ABC):
             return exc.message
         if run.stop_reason is not None:  # cancelled while its inputs were fetched
             return f"stopped ({run.stop_reason}) before starting"
+        try:
+            run.adapter = adapter_for(spec.adapter, argv, workdir, run.record)
+            await run.adapter.open()
+            argv = run.adapter.argv(argv)
+        except AdapterError as exc:
+            say(f"job {lease.job_id}: {exc.message}")
+            return exc.message
         try:
             run.proc = await JobProcess.start(argv, workdir, env, run.on_line)
         except OSError as exc:
@@ -226,6 +242,7 @@ class JobSteps(ABC):
             run.stop_reason = run.stop_reason or "timeout"
             code = await run.proc.stop()
         await run.proc.reap(self.workdir(lease))
+        await run.adapter.close()
         flusher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await flusher
@@ -299,23 +316,30 @@ class JobSteps(ABC):
             proc.signal_group(signal.SIGKILL)
 
     def stop_early(self, run: Running, grace: float) -> None:
-        """``gpufleet stop``: ask the job to finish and keep what it made. SIGINT to its
-        process group now; SIGTERM after ``grace`` seconds if it still runs, SIGKILL 3 s
-        later. Its outputs are collected and its result reported as usual. Once per job."""
+        """``gpufleet stop``: ask the job to finish and keep what it made. Its adapter's
+        own stop (sleap-nn's stop command) or else SIGINT to its process group now; each
+        ``grace`` seconds it still runs, the next step: SIGINT (after an adapter's stop),
+        SIGTERM, and SIGKILL 3 s later. Its outputs are collected and its result reported
+        as usual. Once per job."""
         if run.stop_reason is not None:
             return
         run.stop_reason, run.stop_grace = "stop", grace
-        say(
-            f"job {run.lease.job_id}: asked to stop early; SIGINT now, SIGTERM after {grace:g}s "
-            "if it still runs"
-        )
+        say(f"job {run.lease.job_id}: asked to stop early (then {grace:g}s before each next step)")
         if run.proc is not None:  # else as soon as its process has started
             self._interrupt(run)
 
     def _interrupt(self, run: Running) -> None:
         assert run.proc is not None
+        if run.adapter.stop():
+            self.spawn(self._interrupt_later(run.proc, run.stop_grace))
+            return
         run.proc.signal_group(signal.SIGINT)
         self.spawn(self._escalate(run.proc, run.stop_grace))
+
+    async def _interrupt_later(self, proc: JobProcess, grace: float) -> None:
+        if await proc.wait(grace) is None:
+            proc.signal_group(signal.SIGINT)
+            await self._escalate(proc, grace)
 
     async def _escalate(self, proc: JobProcess, grace: float) -> None:
         if await proc.wait(grace) is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.domain.models import HyperStyle, hyper_flags
+from gpufleet.worker.capability import job_path
 
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
@@ -55,8 +56,7 @@ def job_env(
     env.update(extra)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     env["PYTHONUNBUFFERED"] = "1"
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", os.defpath)
+    env["PATH"] = job_path(env.get("PATH", os.defpath))
     return env
 
 

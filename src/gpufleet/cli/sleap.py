@@ -1,0 +1,385 @@
+"""``gpufleet sleap train`` and ``gpufleet sleap track``: a SLEAP training package to the
+best GPU of the fleet, and the trained models and predictions back where SLEAP wants them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from gpufleet.cli._common import err, fields_signature, print_json, styled
+from gpufleet.cli.data import bar, bars, package_inputs
+from gpufleet.cli.submit import Placement
+from gpufleet.client import Client
+from gpufleet.domain import sleap
+from gpufleet.errors import GpufleetError, NotFound
+from gpufleet.wire import InputModel, JobOut, JobSpecModel, RequirementsModel
+
+sleap_app = typer.Typer(
+    help="SLEAP pose estimation: train a package exported by SLEAP on the fleet, track "
+    "with the trained models, get models and predictions back.",
+    no_args_is_help=True,
+)
+
+_Opt = typer.Option
+PackageArg = Annotated[
+    Path,
+    typer.Argument(
+        help="The training package SLEAP exported (File > Export Training Job Package): "
+        "LABELS.slp.training_job.zip."
+    ),
+]
+Epochs = Annotated[
+    int | None, _Opt(min=1, help="Train this many epochs (trainer_config.max_epochs).")
+]
+Wait = Annotated[
+    bool,
+    _Opt("--wait", help="Follow the jobs (epochs, loss, val loss) and download what they made."),
+]
+TrainOut = Annotated[
+    Path | None,
+    _Opt(
+        "--output",
+        "-o",
+        help="With --wait: the folder that gets models/RUN_NAME/ (default: the package's "
+        "folder, where SLEAP looks).",
+    ),
+]
+ThenTrack = Annotated[
+    Path | None,
+    _Opt(
+        help="Then run the trained models on this data (.slp or video): a track job that "
+        "waits for the training jobs."
+    ),
+]
+Data = Annotated[Path, _Opt("--data", help="Data to track: a labels file (.slp) or a video.")]
+Model = Annotated[
+    list[str],
+    _Opt(
+        "--model",
+        help="A trained model: a run folder (models/RUN) or job:NAME_OR_ID of a finished "
+        "or queued `sleap train` job (repeatable; top-down needs both of its models).",
+    ),
+]
+TrackOut = Annotated[
+    Path | None,
+    _Opt(
+        "--output",
+        "-o",
+        help="With --wait: the folder for the predictions file (default: the current folder).",
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    sleap_app.command("train")(train)
+    sleap_app.command("track")(track)
+    app.add_typer(sleap_app, name="sleap")
+
+
+@dataclass(kw_only=True)
+class SleapChoice(Placement):
+    """The options of both commands: where the jobs may run, and whether to wait."""
+
+    wait: Wait = False
+
+    def sleap_requirements(self) -> RequirementsModel:
+        """A SLEAP job prefers a GPU (a CPU worker may take it after the grace window),
+        unless ``--cpu``; and it runs only where sleap-nn is."""
+        req = self.requirements()
+        return req.model_copy(
+            update={"prefer_cuda": req.prefer_cuda or not req.cpu_only, "tools": [sleap.TOOL]}
+        )
+
+    def place(self, c: Client, name: str, command: list[str]) -> RequirementsModel:
+        probe = JobSpecModel(
+            name=name, command=command, requirements=self.sleap_requirements(), pool=self.pool
+        )
+        return self.placed(c, probe)
+
+    def submit(self, c: Client, spec: JobSpecModel) -> JobOut:
+        result = c.submit(spec, queue=self.queue)
+        if result.warning:
+            err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
+        if not self.as_json:
+            err.print(f"job {result.job.id} queued: {escape(spec.name)}")
+        return result.job
+
+
+@dataclass(kw_only=True)
+class TrainRequest(SleapChoice):
+    package: PackageArg
+    epochs: Epochs = None
+    output: TrainOut = None
+    then_track: ThenTrack = None
+
+    def run(self) -> None:
+        from gpufleet.client.sleap import read_package, train_specs
+
+        pkg = read_package(self.package)  # checked before anything is sent
+        if self.then_track is not None and not self.then_track.is_file():
+            raise GpufleetError(f"--then-track {self.then_track}: no such file")
+        with self.connect() as c:
+            requirements = self.place(c, pkg.models[0].run_name, [sleap.TOOL, "train"])
+            package = self._upload(c, pkg.root)
+            specs = train_specs(pkg, package, requirements, self.epochs, **self.queued())
+            jobs = [self.submit(c, spec) for spec in specs]
+            track = None
+            if self.then_track is not None:
+                trained = zip(jobs, pkg.models, strict=True)
+                models = [(_job_input(j.id), m.run_path) for j, m in trained]
+                track = _submit_track(self, c, self.then_track, models, requirements)
+            if not self.wait:
+                ids = [j.id for j in jobs] + ([track.id] if track else [])
+                print_json({"jobs": ids}) if self.as_json else print("\n".join(ids))
+                return
+            statuses = watch(self.connect, [*jobs, *([track] if track else [])], self.as_json)
+            where = self.output or self.package.resolve().parent
+            done = [j for j in jobs if statuses[j.id] == "succeeded"]
+            placed = [path for j in done for path in _models(c, j, where)]
+            predictions = None
+            if track is not None and self.then_track and statuses[track.id] == "succeeded":
+                predictions = _predictions(c, track, self.then_track, where)
+        _report(statuses, placed, predictions, self.as_json)
+
+    def _upload(self, c: Client, root: str) -> InputModel:
+        from gpufleet.client._packages import package
+
+        with bars(self.as_json) as progress:
+            result = package(
+                c,
+                self.package,
+                ".",
+                lambda _w, label, size: bar(progress, f"upload {label}", size),
+                root=root,
+            )
+        if not self.as_json:
+            how = "unchanged, " if result.reused else ""
+            err.print(f"package {escape(self.package.name)}: {how}{result.sent} bytes sent")
+        return result.input
+
+
+def _job_input(job_id: str) -> InputModel:
+    return InputModel(kind="job", ref=job_id, dest=".", label=f"job:{job_id}")
+
+
+@dataclass(kw_only=True)
+class TrackRequest(SleapChoice):
+    data: Data
+    model: Model
+    output: TrackOut = None
+
+    def run(self) -> None:
+        if not self.data.is_file():
+            raise GpufleetError(f"--data {self.data}: no such file")
+        if not self.model:
+            raise GpufleetError("--model: give at least one trained model (a folder or job:NAME)")
+        with self.connect() as c:
+            models = [_model_input(c, item) for item in self.model]
+            requirements = self.place(c, f"track {self.data.name}", [sleap.TOOL, "track"])
+            job = _submit_track(self, c, self.data, models, requirements)
+            if not self.wait:
+                print_json({"jobs": [job.id]}) if self.as_json else print(job.id)
+                return
+            statuses = watch(self.connect, [job], self.as_json)
+            predictions = None
+            if statuses[job.id] == "succeeded":
+                predictions = _predictions(c, job, self.data, self.output or Path.cwd())
+        _report(statuses, [], predictions, self.as_json)
+
+
+def _model_input(c: Client, item: str) -> tuple[InputModel, str]:
+    """A ``--model``: a local run folder (uploaded as ``models/NAME``) or a training job's
+    run folder (its artifact)."""
+    from gpufleet.client._packages import package
+    from gpufleet.client.sleap import run_path_of
+
+    if item.startswith("job:"):
+        try:
+            job = c.job(item[4:])
+        except NotFound:
+            raise GpufleetError(f"--model {item}: no such job") from None
+        path = run_path_of(job.spec)
+        if path is None:
+            raise GpufleetError(f"--model {item}: not a `gpufleet sleap train` job")
+        if job.status in ("failed", "cancelled"):
+            raise GpufleetError(f"--model {item}: that job {job.status}; requeue it first")
+        return _job_input(job.id), path
+    folder = Path(item)
+    if not folder.is_dir():
+        raise GpufleetError(f"--model {item}: no such folder (or give job:NAME)")
+    if not any((folder / marker).is_file() for marker in ("training_config.yaml", "best.ckpt")):
+        raise GpufleetError(f"--model {item}: no training_config.yaml or best.ckpt in it")
+    dest = f"models/{folder.resolve().name}"
+    return package(c, folder, dest).input, dest
+
+
+def _submit_track(
+    req: SleapChoice,
+    c: Client,
+    data: Path,
+    models: list[tuple[InputModel, str]],
+    requirements: RequirementsModel,
+) -> JobOut:
+    from gpufleet.client.sleap import track_spec
+
+    pool = req.mounts_pool(c, [str(data)])
+    (data_input,) = package_inputs(c, [str(data.resolve())], pool, req.as_json)
+    name = data.name if data_input.kind != "path" else data_input.dest
+    spec = track_spec(data_input, name, models, requirements, **req.queued())
+    return req.submit(c, spec)
+
+
+def watch(connect: Callable[[], Client], jobs: list[JobOut], quiet: bool) -> dict[str, str]:
+    """Follow the jobs (each over its event stream, in a thread of its own) until every
+    one has ended, printing each status change and each epoch with its loss and val loss
+    (tracking: every tenth of the frames). Their end statuses."""
+    statuses: dict[str, str] = {}
+    failures: list[BaseException] = []
+
+    def one(job: JobOut) -> None:
+        try:
+            with connect() as c:
+                statuses[job.id] = _follow(c, job, quiet)
+        except BaseException as exc:  # shown by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=one, args=(j,), daemon=True) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():  # a short join at a time, so Ctrl-C is seen
+            t.join(0.5)
+    if failures:
+        raise failures[0]
+    return statuses
+
+
+def _follow(c: Client, job: JobOut, quiet: bool) -> str:
+    status: str = job.status
+    tenth = -1
+    for event in c.follow(job.id):
+        line = None
+        if event.type == "state":
+            status = str(event.data["status"])
+            by = event.data.get("by")
+            line = styled(status) + (f" ({escape(str(by))})" if by else "")
+        elif event.type == "end":
+            status = str(event.data["status"])
+        elif event.type == "progress":
+            record = event.data.get("record")
+            record = record if isinstance(record, dict) else {}
+            line, tenth = _record_line(record, tenth)
+        if line and not quiet:
+            err.print(f"{escape(job.name)}: {line}")
+    if status == "failed" and not quiet:
+        d = c.job(job.id)
+        err.print(f"{escape(job.name)}: [red]failed[/red]: {escape(d.error or '')}")
+    return status
+
+
+def _record_line(record: dict[str, Any], tenth: int) -> tuple[str | None, int]:
+    """What to print of a progress record: an epoch's end (it has the loss), or tracking
+    having passed another tenth of the frames."""
+    if "loss" in record and record.get("epoch") is not None:
+        said = f"epoch {record['epoch']}" + (f"/{record['epochs']}" if record.get("epochs") else "")
+        for key in ("loss", "val_loss"):
+            if isinstance(record.get(key), int | float):
+                said += f", {key} {record[key]:.4g}"
+        return said, tenth
+    done = record.get("progress")
+    if isinstance(done, int | float) and int(done * 10) > tenth:
+        frames = f" of {record['steps']} frames" if record.get("steps") else ""
+        return f"{100 * done:.0f}%{frames}", int(done * 10)
+    return None, tenth
+
+
+def _download(c: Client, job: JobOut, into: Path) -> Path | None:
+    from gpufleet.cli.data import fetch_results
+
+    try:
+        return fetch_results(c, job.id, into, quiet=True)
+    except NotFound:
+        err.print(f"{escape(job.name)}: left no artifact")
+        return None
+
+
+def _models(c: Client, job: JobOut, where: Path) -> list[Path]:
+    from gpufleet.client.sleap import place_models
+
+    with tempfile.TemporaryDirectory(prefix=".gpufleet-sleap-", dir=_made(where)) as tmp:
+        unpacked = _download(c, job, Path(tmp) / "artifact")
+        return place_models(unpacked, where / "models") if unpacked else []
+
+
+def _predictions(c: Client, job: JobOut, data: Path, where: Path) -> Path | None:
+    """The predictions file, into ``where``, pointing at the user's ``data``."""
+    from gpufleet.client.sleap import predictions_name, repoint
+
+    name = predictions_name(data.name)
+    with tempfile.TemporaryDirectory(prefix=".gpufleet-sleap-", dir=_made(where)) as tmp:
+        unpacked = _download(c, job, Path(tmp) / "artifact")
+        found = next(unpacked.rglob(name), None) if unpacked else None
+        if found is None:
+            err.print(f"{escape(job.name)}: no {escape(name)} in its artifact")
+            return None
+        repoint(found, data)
+        target, n = where / name, 0
+        while target.exists():  # never over a file that is there
+            n += 1
+            target = where / f"{name.removesuffix('.slp')}.{n}.slp"
+        found.rename(target)
+    return target
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _report(
+    statuses: dict[str, str], placed: list[Path], predictions: Path | None, as_json: bool
+) -> None:
+    if as_json:
+        print_json(
+            {
+                "jobs": statuses,
+                "models": [str(p) for p in placed],
+                "predictions": str(predictions) if predictions else None,
+            }
+        )
+    else:
+        for path in placed:
+            err.print(f"model: {escape(str(path))}")
+        if predictions is not None:
+            err.print(f"predictions: {escape(str(predictions))}")
+    if any(s != "succeeded" for s in statuses.values()):
+        raise typer.Exit(1)
+
+
+def train(**asked: Any) -> None:
+    """Train the models of a SLEAP training package on the fleet.
+
+    One job per model (top-down's two models may run at once on two GPUs). The package is
+    checked here first and uploaded once (a re-run sends nothing). With --wait, follows
+    the epochs and puts each trained model in OUTPUT/models/RUN_NAME/."""
+    TrainRequest(**asked).run()
+
+
+def track(**asked: Any) -> None:
+    """Run trained SLEAP models on data (sleap-nn track) on the fleet.
+
+    With --wait, downloads the predictions file, pointed at your own copy of the data so
+    it opens in SLEAP at once."""
+    TrackRequest(**asked).run()
+
+
+train.__signature__ = fields_signature(TrainRequest)  # type: ignore[attr-defined]
+track.__signature__ = fields_signature(TrackRequest)  # type: ignore[attr-defined]

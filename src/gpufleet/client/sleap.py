@@ -1,0 +1,300 @@
+"""SLEAP on the fleet, the client's part: read a training package, make its jobs, put the
+trained models where SLEAP looks for them, and point predictions at the user's own data.
+
+    pkg = read_package(Path("labels.slp.training_job.zip"))   # checked; PackageError says why
+    specs = train_specs(pkg, package_input, requirements)     # one job per model
+    ...
+    place_models(unpacked_artifact, Path("project/models"))   # project/models/<run_name>/
+    repoint(Path("x.predictions.slp"), Path("labels.pkg.slp"))
+
+The package zip holds its files at the root (SLEAP 1.6's export) or in one folder (older
+tools); both are read. PyYAML (configs) and h5py (predictions) come with
+``pip install 'gpufleet[sleap]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+import zipfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet.domain import sleap
+from gpufleet.domain.models import Adapter
+from gpufleet.domain.sleap import PackageError
+from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
+
+DEFAULT_CKPT_DIR = "models"
+MARKERS = ("training_config.yaml", "training_config.json", "best.ckpt")  # a run folder has one
+
+
+def _yaml() -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise PackageError(
+            "reading a SLEAP package needs PyYAML: pip install 'gpufleet[sleap]'"
+        ) from None
+    return yaml
+
+
+@dataclass(frozen=True)
+class SleapModel:
+    """One model of a package: its train line and what the job needs to know."""
+
+    line: sleap.TrainLine
+    model_type: str
+    ckpt_dir: str
+    run_name: str
+    epochs: int | None  # from the config (None: it does not say)
+    added: tuple[str, ...]  # overrides gpufleet adds (a ckpt_dir or run_name it lacks)
+
+    @property
+    def run_path(self) -> str:
+        """Where the run folder lands, relative to the job directory."""
+        return posixpath.join(self.ckpt_dir, self.run_name)
+
+
+@dataclass(frozen=True)
+class SleapPackage:
+    path: Path
+    root: str  # the zip's folder that holds the package ("" when at the root)
+    models: tuple[SleapModel, ...]
+    labels: tuple[str, ...]  # the labels files the configs train on
+
+
+def read_package(path: Path) -> SleapPackage:
+    """Read and check a SLEAP training package. Raises :class:`PackageError` naming the
+    file (and the line or config) when it is not one gpufleet can run."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = {n.rstrip("/") for n in zf.namelist()}
+            root = _root_of(path, names)
+            inside = f"{path.name}:{root + '/' if root else ''}"
+            script = zf.read(_join(root, sleap.SCRIPT)).decode("utf-8", "replace")
+            lines = sleap.parse_train_script(script, f"{inside}{sleap.SCRIPT}")
+            pairs = [_model(zf, names, root, inside, line) for line in lines]
+    except FileNotFoundError:
+        raise PackageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise PackageError(f"{path}: a folder; give the exported .zip") from None
+    except zipfile.BadZipFile:
+        raise PackageError(f"{path}: not a zip file (SLEAP exports a .zip package)") from None
+    labels = sorted({label for _, used in pairs for label in used})
+    return SleapPackage(path, root, tuple(m for m, _ in pairs), tuple(labels))
+
+
+def _root_of(path: Path, names: set[str]) -> str:
+    if sleap.SCRIPT in names:
+        return ""
+    tops = {n.split("/", 1)[0] for n in names}
+    if len(tops) == 1 and f"{next(iter(tops))}/{sleap.SCRIPT}" in names:
+        return next(iter(tops))
+    raise PackageError(
+        f"{path}: not a SLEAP training package (no {sleap.SCRIPT} at its root or in its one "
+        "folder); export one from SLEAP with File > Export Training Job Package"
+    )
+
+
+def _join(root: str, name: str) -> str:
+    return f"{root}/{name}" if root else name
+
+
+def _model(
+    zf: zipfile.ZipFile, names: set[str], root: str, inside: str, line: sleap.TrainLine
+) -> tuple[SleapModel, tuple[str, ...]]:
+    where = f"{inside}{sleap.SCRIPT}, line {line.number}"
+    if _join(root, line.config) not in names:
+        raise PackageError(f"{where} names config {line.config}, which the package lacks")
+    config = f"{inside}{line.config}"
+    try:
+        data = _yaml().safe_load(zf.read(_join(root, line.config)))
+    except Exception as exc:  # yaml's errors, whatever the version calls them
+        if isinstance(exc, PackageError):
+            raise
+        raise PackageError(f"{config}: not YAML ({exc})") from None
+    facts = sleap.config_facts(data, config)
+    labels = facts.train_labels + facts.val_labels
+    if not facts.train_labels:
+        raise PackageError(f"{config}: names no labels (data_config.train_labels_path)")
+    for label in labels:
+        _check_labels(label, names, root, config)
+    model_type = sleap.model_type_of(line.config, facts)
+    ckpt_dir = line.value(sleap.CKPT_DIR) or facts.ckpt_dir or DEFAULT_CKPT_DIR
+    _check_relative(ckpt_dir, f"{where}: {sleap.CKPT_DIR}")
+    run_name = line.value(sleap.RUN_NAME) or facts.run_name or _run_name(zf, model_type)
+    if "/" in run_name or run_name in (".", ".."):
+        raise PackageError(f"{where}: {sleap.RUN_NAME} {run_name!r} is not a folder name")
+    added = []
+    if line.value(sleap.CKPT_DIR) is None and facts.ckpt_dir is None:
+        added.append(f"++{sleap.CKPT_DIR}={sleap.hydra_quoted(ckpt_dir)}")
+    if line.value(sleap.RUN_NAME) is None and facts.run_name is None:
+        added.append(f"++{sleap.RUN_NAME}={sleap.hydra_quoted(run_name)}")
+    model = SleapModel(line, model_type, ckpt_dir, run_name, facts.max_epochs, tuple(added))
+    return model, labels
+
+
+def _check_labels(label: str, names: set[str], root: str, config: str) -> None:
+    if posixpath.isabs(label):
+        raise PackageError(
+            f"{config}: data_config names {label}, a path on the machine that exported it; "
+            "export the package with the labels inside it"
+        )
+    if _join(root, posixpath.normpath(label)) not in names:
+        raise PackageError(f"{config}: labels file {label} is not in the package")
+
+
+def _check_relative(path: str, where: str) -> None:
+    normal = posixpath.normpath(path)
+    if posixpath.isabs(normal) or normal == ".." or normal.startswith("../"):
+        raise PackageError(f"{where} {path!r} must be a folder inside the job's directory")
+
+
+def _run_name(zf: zipfile.ZipFile, model_type: str) -> str:
+    """A run name for a config that sets none: the package's newest entry's time (so the
+    same package gives the same name) and the model type, as SLEAP names its runs."""
+    newest = max((info.date_time for info in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
+    stamp = datetime(*newest, tzinfo=UTC).strftime("%y%m%d_%H%M%S")
+    return f"{stamp}.{model_type}"
+
+
+def train_specs(
+    pkg: SleapPackage,
+    package: InputModel,
+    requirements: RequirementsModel,
+    epochs: int | None = None,
+    **common: Any,
+) -> list[JobSpecModel]:
+    """One job per model: ``sleap-nn train`` with the line's own arguments (and an
+    ``--epochs`` override), run in the unpacked package, keeping its run folder."""
+    needs = requirements.model_copy(update={"tools": sorted({*requirements.tools, sleap.TOOL})})
+    specs = []
+    for m in pkg.models:
+        args = [*m.line.args, *m.added]
+        if epochs is not None:
+            args = sleap.with_override(args, sleap.MAX_EPOCHS, str(epochs))
+        specs.append(
+            JobSpecModel(
+                name=m.run_name,
+                command=[sleap.TOOL, "train", *args],
+                requirements=needs,
+                inputs=[package],
+                outputs=[f"{m.run_path}*"],
+                adapter=Adapter.SLEAP_TRAIN.value,
+                tags=["sleap", m.model_type],
+                model=m.model_type,
+                mode="train",
+                **common,
+            )
+        )
+    return specs
+
+
+def run_path_of(spec: JobSpecModel) -> str | None:
+    """Where a SLEAP training job's run folder lands (``models/RUN``), from its command."""
+    if spec.adapter != Adapter.SLEAP_TRAIN.value:
+        return None
+    args = spec.command[2:]
+    ckpt_dir = sleap.override_value(args, sleap.CKPT_DIR)
+    run_name = sleap.override_value(args, sleap.RUN_NAME)
+    if ckpt_dir is None or run_name is None:
+        return None
+    return posixpath.join(ckpt_dir, run_name)
+
+
+def predictions_name(data: str) -> str:
+    """The predictions file for ``data``, named as SLEAP names them."""
+    return f"{posixpath.basename(data)}.predictions.slp"
+
+
+def track_spec(
+    data: InputModel,
+    data_name: str,
+    models: list[tuple[InputModel, str]],
+    requirements: RequirementsModel,
+    **common: Any,
+) -> JobSpecModel:
+    """A job that runs ``sleap-nn track`` on ``data_name`` with the models (each an input
+    and its path in the job directory) and keeps the predictions file."""
+    needs = requirements.model_copy(update={"tools": sorted({*requirements.tools, sleap.TOOL})})
+    out = predictions_name(data_name)
+    command = [sleap.TOOL, "track", "--data_path", data_name]
+    for _, path in models:
+        command += ["--model_paths", path]
+    inputs = [data, *(i for i, _ in models)]
+    return JobSpecModel(
+        name=f"track {data_name}",
+        command=[*command, "-o", out, "--gui"],
+        requirements=needs,
+        inputs=list({(i.kind, i.ref, i.dest): i for i in inputs}.values()),
+        outputs=[out],
+        adapter=Adapter.SLEAP_TRACK.value,
+        tags=["sleap", "track"],
+        mode="track",
+        **common,
+    )
+
+
+def run_folders(tree: Path) -> list[Path]:
+    """The sleap-nn run folders under ``tree``: folders holding a training config or a
+    checkpoint (found by looking: sleap-nn may have added ``-1`` to a name)."""
+    found = {p.parent for marker in MARKERS for p in tree.rglob(marker) if p.is_file()}
+    return sorted(f for f in found if not any(o != f and o in f.parents for o in found))
+
+
+def place_models(tree: Path, models_dir: Path) -> list[Path]:
+    """Move each run folder under ``tree`` to ``models_dir/<its name>``, where SLEAP's GUI
+    and ``sleap-nn track`` look; a name already there gets ``-1``, ``-2`` (nothing is
+    overwritten). Returns where each went."""
+    placed = []
+    models_dir.mkdir(parents=True, exist_ok=True)
+    for folder in run_folders(tree):
+        target, n = models_dir / folder.name, 0
+        while target.exists():
+            n += 1
+            target = models_dir / f"{folder.name}-{n}"
+        shutil.move(str(folder), str(target))
+        placed.append(target)
+    return placed
+
+
+def repoint(predictions: Path, data: Path) -> int:
+    """Point the videos a predictions file names at ``data`` (the user's own copy, by its
+    absolute path), so it opens in SLEAP at once. Returns how many it changed."""
+    try:
+        import h5py
+    except ImportError:
+        raise PackageError(
+            "pointing predictions at your data needs h5py: pip install 'gpufleet[sleap]'"
+        ) from None
+    target = str(data.expanduser().resolve())
+    changed = 0
+    with h5py.File(predictions, "r+") as f:
+        if "videos_json" not in f:
+            return 0
+        old = f["videos_json"]
+        entries = [json.loads(v) for v in old[()]]
+        for video in entries:
+            changed += _repoint_video(video, target)
+        dtype, maxshape = old.dtype, old.maxshape
+        del f["videos_json"]
+        f.create_dataset(
+            "videos_json", data=[json.dumps(v) for v in entries], dtype=dtype, maxshape=maxshape
+        )
+    return changed
+
+
+def _repoint_video(video: dict[str, Any], target: str) -> int:
+    changed = 0
+    backend = video.get("backend")
+    if isinstance(backend, dict) and "filename" in backend:
+        backend["filename"] = target
+        changed = 1
+    if "filename" in video:
+        video["filename"] = target
+        changed = 1
+    return changed

@@ -1,0 +1,164 @@
+"""The SLEAP adapters: sleap-nn's own progress and stop, relayed for the fleet.
+
+``sleap-nn train`` publishes its progress over ZMQ and listens for a stop command when
+given ``++trainer_config.zmq.publish_port=P ++trainer_config.zmq.controller_port=C``. It
+*connects* to both ports on 127.0.0.1, so the worker binds them: a SUB socket for the
+progress and a PUB socket for the commands, each on a free port picked per job, so several
+SLEAP jobs share one host (one per GPU). ``epoch_end`` messages become progress records
+(epoch, epochs, loss, val_loss and the rest of the logs as metrics), batch messages at most
+one a second; ``gpufleet stop`` sends ``{"command": "stop"}``, after which sleap-nn ends
+the epoch's current batch, keeps its model and exits 0.
+
+``sleap-nn track --gui`` prints JSON progress lines on stdout; those become records too.
+Only a worker needs pyzmq and PyYAML (``pip install 'gpufleet[sleap]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpufleet.domain import sleap
+from gpufleet.worker.adapters import Adapter, AdapterError, Emit
+
+LOOPBACK = "tcp://127.0.0.1"
+ASK_EVERY = 1.0  # seconds between stop commands until the job has ended
+DRAIN_MS = 100  # how long to wait for one more queued message when the process has ended
+MODULES = ("zmq", "yaml")
+
+
+def missing_modules() -> list[str]:
+    """The modules the SLEAP adapters need that this worker's Python lacks."""
+    import importlib.util
+
+    return [name for name in MODULES if importlib.util.find_spec(name) is None]
+
+
+def epochs_of(argv: list[str], workdir: Path) -> int | None:
+    """How many epochs a train command runs: its ``trainer_config.max_epochs`` override,
+    else its config's; None when neither says (or the config cannot be read)."""
+    args = argv[2:] if argv[1:2] == ["train"] else argv[1:]
+    said = sleap.override_value(args, sleap.MAX_EPOCHS)
+    if said is not None:
+        return int(said) if said.isdigit() else None
+    try:
+        import yaml
+    except ImportError:
+        return None
+    try:
+        path = workdir / sleap.config_of(args, "the command")
+        facts = sleap.config_facts(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+    except (OSError, ValueError, yaml.YAMLError):  # the job itself will say what is wrong
+        return None
+    return facts.max_epochs
+
+
+class TrainAdapter(Adapter):
+    """``sleap-nn train``: progress from its PUB socket, stop through its controller."""
+
+    def __init__(
+        self, emit: Emit, epochs: int | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.emit = emit
+        self.progress = sleap.TrainProgress(epochs)
+        self.clock = clock
+        self.ports: tuple[int, int] | None = None
+        self.bad = 0
+        self._ctx: Any = None
+        self._sub: Any = None
+        self._pub: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def open(self) -> None:
+        try:
+            import zmq
+            import zmq.asyncio
+        except ImportError:
+            raise AdapterError(
+                "this worker cannot relay sleap-nn's progress: pyzmq is not installed "
+                "(pip install 'gpufleet[sleap]')"
+            ) from None
+        self._ctx = zmq.asyncio.Context()
+        try:
+            self._sub = self._ctx.socket(zmq.SUB)
+            self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self._pub = self._ctx.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            publish = self._sub.bind_to_random_port(LOOPBACK)
+            control = self._pub.bind_to_random_port(LOOPBACK)
+        except zmq.ZMQError as exc:
+            self._ctx.destroy(linger=0)
+            raise AdapterError(f"no free loopback port for sleap-nn's progress: {exc}") from exc
+        self.ports = (publish, control)
+        self._tasks.append(asyncio.create_task(self._relay()))
+
+    def argv(self, argv: list[str]) -> list[str]:
+        assert self.ports is not None, "open() first"
+        publish, control = self.ports
+        out = sleap.with_override(argv, sleap.PUBLISH_PORT, str(publish))
+        return sleap.with_override(out, sleap.CONTROLLER_PORT, str(control))
+
+    async def _relay(self) -> None:
+        while True:
+            self._take(await self._sub.recv())
+
+    def _take(self, raw: bytes) -> None:
+        msg = sleap.message(raw)
+        if msg is None:
+            self.bad += 1
+            return
+        record = self.progress.record(msg, self.clock())
+        if record is not None:
+            self.emit(record)
+
+    def stop(self) -> bool:
+        if self._pub is None:
+            return False
+        if not any(t.get_name() == "ask" for t in self._tasks):
+            self._tasks.append(asyncio.create_task(self._ask(), name="ask"))
+        return True
+
+    async def _ask(self) -> None:
+        """Send the stop command now and again every second: a PUB socket drops what it
+        sends before sleap-nn's controller has connected (it connects when training is
+        set up), and the job may be asked to stop before that."""
+        command = json.dumps(sleap.STOP)
+        while True:
+            await self._pub.send_string(command)
+            await asyncio.sleep(ASK_EVERY)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._ctx is None:
+            return
+        # sleap-nn flushes its last messages (train_end) before it exits: take them
+        while await self._sub.poll(DRAIN_MS):
+            self._take(await self._sub.recv())
+        self._ctx.destroy(linger=0)
+        self._ctx = self._sub = self._pub = None
+
+
+class TrackAdapter(Adapter):
+    """``sleap-nn track --gui``: its JSON progress lines on stdout become records."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+
+    def line(self, stream: str, line: str) -> bool:
+        if stream != "stdout":
+            return False
+        record = sleap.track_record(line)
+        if record is None:
+            return False
+        self.emit(record)
+        return True
