@@ -8,7 +8,7 @@ DEMO := $(VENV)/.demo-installed
 # real servers and workers. XDIST= runs them in one.
 XDIST ?= -n 2
 
-.PHONY: demo test test-postgresql chaos browser lint bench docs clean
+.PHONY: demo test test-postgresql chaos browser test-sleap lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ chaos: $(DEV)
 ## screenshots of each page in artifacts/screenshots
 browser: $(DEV)
 	$(PY) -m pytest tests/browser -m browser -p no:cacheprovider $(PYTEST_ARGS)
+
+## make test-sleap: the real sleap-nn 0.3.5 on the CPU (its virtualenv, about 6 GB, is made
+## once and kept in ~/.cache/gpufleet, or GPUFLEET_SLEAP_VENV)
+test-sleap: $(DEV)
+	$(PY) -m pytest tests/sleap -m sleap -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check src tests bench examples

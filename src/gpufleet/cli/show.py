@@ -34,6 +34,9 @@ def show_detail(d: JobDetail) -> None:
         f"  attempt {d.attempt} (budget {d.attempts}/{d.max_attempts})  priority {d.priority}"
     )
     out.print(f"  command: {escape(' '.join(d.spec.command))}")
+    if d.spec.tags or d.spec.adapter:
+        via = f" (progress and stop through its {d.spec.adapter} adapter)" if d.spec.adapter else ""
+        out.print(f"  tags: {escape(', '.join(d.spec.tags) or '-')}{escape(via)}")
     if d.spec.hyper:
         shown = ", ".join(f"{k}={v}" for k, v in d.spec.hyper.items())
         out.print(f"  hyper ({d.spec.hyper_style}): {escape(shown)}")

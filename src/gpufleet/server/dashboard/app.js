@@ -645,6 +645,7 @@ async function jobPage(main, ref) {
     facts.replaceChildren(
       ...row("id", h("code", {}, job.id)),
       ...row("pool", job.pool),
+      ...row("tags", (job.spec.tags || []).join(", ")),
       ...row("command", h("code", {}, (job.spec.command || []).join(" "))),
       ...row("worker", job.worker ? job.worker + (job.gpus.length ? " · GPU " + job.gpus.join(", ") : "") : ""),
       ...row("GPU memory", job.gpu_mib !== null && job.gpu_mib !== undefined ? mib(job.gpu_mib) : ""),
