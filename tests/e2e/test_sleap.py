@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,8 @@ def test_two_sleap_jobs_run_at_once_on_two_gpus_each_on_its_own_ports(
         env_extra={**SLEAP_PATH, "FAKE_SLEAP_BATCH_S": "0.2"},
     )
     pkg = make_package(tmp_path / "p.zip", epochs=3)
-    fleet.cli("sleap", "train", str(pkg), "--require-cuda", "--wait", "-o", str(tmp_path))
+    done = fleet.cli("sleap", "train", str(pkg), "--auto-select", "--wait", "-o", str(tmp_path))
+    assert "worker twogpu" in done.stderr and "chosen" in done.stderr, done.stderr
     runs = [
         json.loads((tmp_path / "models" / run_name(h) / "fake-run.json").read_text())
         for h in ("centroid", "centered_instance")
@@ -181,3 +183,14 @@ def test_a_sleap_job_waits_for_a_worker_with_sleap_nn_and_why_says_so(
     capability = json.loads(fleet.cli("workers", "--json").stdout)
     tools = {w["name"]: w["capability"]["tools"] for w in capability}
     assert tools == {"plain": {}, "lab": {"sleap-nn": "0.3.5"}}
+
+
+def test_a_session_string_sends_the_package_to_that_worker(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_server()
+    fleet.start_worker("other", env_extra=SLEAP_PATH)
+    chosen = fleet.start_worker("chosen", env_extra=SLEAP_PATH)
+    session = wait_for(lambda: re.search(r"session: (gfs1_\S+)", chosen.text()), 20, "session")
+    pkg = make_package(tmp_path / "p.zip", epochs=1)
+    fleet.cli("sleap", "train", str(pkg), "--cpu", "--session", session[1], "--wait")
+    ran = {j["worker"] for j in jobs_named(fleet).values()}
+    assert ran == {"chosen"}

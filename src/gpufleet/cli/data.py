@@ -210,34 +210,52 @@ def package_inputs(
 ) -> list[InputModel]:
     """``[DEST=]PATH`` items as inputs: paths on a mount some worker of ``pool`` declared
     are passed by reference; everything else is packaged and uploaded if new."""
-    from gpufleet.client._packages import mounted, package, workers_sharing
-
     workers: list[WorkerOut] | None = None
     found = []
     for item in packages:
         dest, path = _package_arg(item, base)
         if workers is None:
             workers = c.workers()
-        sharing = workers_sharing(path, workers, pool)
-        if sharing:
-            err.print(
-                f"{escape(str(path))}: on a shared mount ({', '.join(sharing)}); "
-                "passed by reference"
-            )
-            found.append(mounted(path, dest))
-            continue
-        with bars(quiet) as progress:
-            result = package(
-                c, path, dest or ".", lambda _w, label, size: bar(progress, f"upload {label}", size)
-            )
-        if not quiet:
-            how = "unchanged, " if result.reused else ""
-            err.print(
-                f"package {escape(path.name)}: {how}{result.sent} bytes sent "
-                f"({result.input.ref[:12]})"
-            )
-        found.append(result.input)
+        found.append(package_input(c, path, dest, pool, quiet, workers))
     return found
+
+
+def package_input(
+    c: Client,
+    path: Path,
+    dest: str | None,
+    pool: str,
+    quiet: bool,
+    workers: list[WorkerOut] | None = None,
+    root: str = "",
+) -> InputModel:
+    """``path`` as an input at ``dest``: by reference when it lies on a mount some worker
+    of ``pool`` declared, else packaged and uploaded if the server lacks it. With ``root``
+    (a zip's folder to unpack) it is always packaged: a reference is not unpacked."""
+    from gpufleet.client._packages import mounted, package, workers_sharing
+
+    sharing = (
+        [] if root else workers_sharing(path, c.workers() if workers is None else workers, pool)
+    )
+    if sharing:
+        err.print(
+            f"{escape(str(path))}: on a shared mount ({', '.join(sharing)}); passed by reference"
+        )
+        return mounted(path, dest)
+    with bars(quiet) as progress:
+        result = package(
+            c,
+            path,
+            dest or ".",
+            lambda _w, label, size: bar(progress, f"upload {label}", size),
+            root=root,
+        )
+    if not quiet:
+        how = "unchanged, " if result.reused else ""
+        err.print(
+            f"package {escape(path.name)}: {how}{result.sent} bytes sent ({result.input.ref[:12]})"
+        )
+    return result.input
 
 
 def _package_arg(item: str, base: Path | None) -> tuple[str | None, Path]:

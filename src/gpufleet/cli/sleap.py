@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from gpufleet.cli._common import err, fields_signature, print_json, styled
-from gpufleet.cli.data import bar, bars, package_inputs
+from gpufleet.cli.data import package_input
 from gpufleet.cli.submit import Placement
 from gpufleet.client import Client
 from gpufleet.domain import sleap
@@ -104,8 +104,8 @@ class SleapChoice(Placement):
         )
         return self.placed(c, probe)
 
-    def submit(self, c: Client, spec: JobSpecModel) -> JobOut:
-        result = c.submit(spec, queue=self.queue)
+    def submit(self, c: Client, spec: JobSpecModel, queue: bool = False) -> JobOut:
+        result = c.submit(spec, queue=self.queue or queue)
         if result.warning:
             err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
         if not self.as_json:
@@ -128,14 +128,17 @@ class TrainRequest(SleapChoice):
             raise GpufleetError(f"--then-track {self.then_track}: no such file")
         with self.connect() as c:
             requirements = self.place(c, pkg.models[0].run_name, [sleap.TOOL, "train"])
-            package = self._upload(c, pkg.root)
+            # always unpacked on the worker (never a reference to the zip on a mount)
+            package = package_input(c, self.package, ".", "default", self.as_json, [], pkg.root)
             specs = train_specs(pkg, package, requirements, self.epochs, **self.queued())
-            jobs = [self.submit(c, spec) for spec in specs]
+            # the models after the first wait for a chosen worker the first keeps busy
+            jobs = [self.submit(c, spec, queue=i > 0) for i, spec in enumerate(specs)]
             track = None
             if self.then_track is not None:
                 trained = zip(jobs, pkg.models, strict=True)
                 models = [(_job_input(j.id), m.run_path) for j, m in trained]
-                track = _submit_track(self, c, self.then_track, models, requirements)
+                # it waits for the training jobs, on the worker they keep busy
+                track = _submit_track(self, c, self.then_track, models, requirements, True)
             if not self.wait:
                 ids = [j.id for j in jobs] + ([track.id] if track else [])
                 print_json({"jobs": ids}) if self.as_json else print("\n".join(ids))
@@ -148,22 +151,6 @@ class TrainRequest(SleapChoice):
             if track is not None and self.then_track and statuses[track.id] == "succeeded":
                 predictions = _predictions(c, track, self.then_track, where)
         _report(statuses, placed, predictions, self.as_json)
-
-    def _upload(self, c: Client, root: str) -> InputModel:
-        from gpufleet.client._packages import package
-
-        with bars(self.as_json) as progress:
-            result = package(
-                c,
-                self.package,
-                ".",
-                lambda _w, label, size: bar(progress, f"upload {label}", size),
-                root=root,
-            )
-        if not self.as_json:
-            how = "unchanged, " if result.reused else ""
-            err.print(f"package {escape(self.package.name)}: {how}{result.sent} bytes sent")
-        return result.input
 
 
 def _job_input(job_id: str) -> InputModel:
@@ -182,7 +169,7 @@ class TrackRequest(SleapChoice):
         if not self.model:
             raise GpufleetError("--model: give at least one trained model (a folder or job:NAME)")
         with self.connect() as c:
-            models = [_model_input(c, item) for item in self.model]
+            models = [_model_input(self, c, item) for item in self.model]
             requirements = self.place(c, f"track {self.data.name}", [sleap.TOOL, "track"])
             job = _submit_track(self, c, self.data, models, requirements)
             if not self.wait:
@@ -195,10 +182,9 @@ class TrackRequest(SleapChoice):
         _report(statuses, [], predictions, self.as_json)
 
 
-def _model_input(c: Client, item: str) -> tuple[InputModel, str]:
-    """A ``--model``: a local run folder (uploaded as ``models/NAME``) or a training job's
-    run folder (its artifact)."""
-    from gpufleet.client._packages import package
+def _model_input(req: SleapChoice, c: Client, item: str) -> tuple[InputModel, str]:
+    """A ``--model``: a local run folder (uploaded as ``models/NAME``, or passed by
+    reference when a worker mounts it) or a training job's run folder (its artifact)."""
     from gpufleet.client.sleap import run_path_of
 
     if item.startswith("job:"):
@@ -218,7 +204,8 @@ def _model_input(c: Client, item: str) -> tuple[InputModel, str]:
     if not any((folder / marker).is_file() for marker in ("training_config.yaml", "best.ckpt")):
         raise GpufleetError(f"--model {item}: no training_config.yaml or best.ckpt in it")
     dest = f"models/{folder.resolve().name}"
-    return package(c, folder, dest).input, dest
+    pool = req.mounts_pool(c, [item])
+    return package_input(c, folder.resolve(), dest, pool, req.as_json), dest
 
 
 def _submit_track(
@@ -227,14 +214,15 @@ def _submit_track(
     data: Path,
     models: list[tuple[InputModel, str]],
     requirements: RequirementsModel,
+    queue: bool = False,
 ) -> JobOut:
     from gpufleet.client.sleap import track_spec
 
     pool = req.mounts_pool(c, [str(data)])
-    (data_input,) = package_inputs(c, [str(data.resolve())], pool, req.as_json)
+    data_input = package_input(c, data.resolve(), None, pool, req.as_json)
     name = data.name if data_input.kind != "path" else data_input.dest
     spec = track_spec(data_input, name, models, requirements, **req.queued())
-    return req.submit(c, spec)
+    return req.submit(c, spec, queue=queue)
 
 
 def watch(connect: Callable[[], Client], jobs: list[JobOut], quiet: bool) -> dict[str, str]:

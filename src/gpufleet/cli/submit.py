@@ -174,7 +174,10 @@ class Placement:
 
     def _take_session(self) -> Session | None:
         """One way of choosing the worker at most; a session names the server, pool and
-        worker (and gives the token to send)."""
+        worker (and gives the token to send). Taking it again changes nothing."""
+        target = read_session(self.session)
+        if target is not None and self.worker == target.worker and self.pool == target.pool:
+            return target  # taken already (the options are the session's now)
         chosen = [
             flag
             for flag, on in (
@@ -187,7 +190,6 @@ class Placement:
         ]
         if len(chosen) > 1:
             raise ConfigError(f"{' and '.join(chosen)}: choose the worker one way only")
-        target = read_session(self.session)
         if target is None:
             return None
         if self.pool is not None and self.pool != target.pool:
