@@ -56,6 +56,11 @@ def labels_text(w: WorkerOut) -> str:
     return ",".join(f"{k}={v}{'*' if k in fixed else ''}" for k, v in w.labels.items()) or "-"
 
 
+def tools_text(w: WorkerOut) -> str:
+    """The tools a worker offers jobs, with their versions ("sleap-nn 0.3.5")."""
+    return ", ".join(f"{name} {version}" for name, version in w.capability.tools.items()) or "-"
+
+
 def seen(w: WorkerOut) -> str:
     """When the worker was last heard of; for an offline one, how long it has been gone."""
     if w.status == "offline" and w.offline_since:
@@ -65,9 +70,10 @@ def seen(w: WorkerOut) -> str:
 
 def worker_table(rows: list[WorkerOut], numbered: bool = False) -> Table:
     table = Table(box=None, header_style="bold")
+    tools = any(w.capability.tools for w in rows)  # a column only when some worker has one
     cols = ["#"] if numbered else []
     cols += ["ID", "NAME", "HOST", "POOL", "STATUS", "GPUS (free/total)", "RUNNING"]
-    cols += ["LABELS", "SEEN"]
+    cols += ["LABELS", *(["TOOLS"] if tools else []), "SEEN"]
     for col in cols:
         table.add_column(col)
     for i, w in enumerate(rows, 1):
@@ -81,6 +87,7 @@ def worker_table(rows: list[WorkerOut], numbered: bool = False) -> Table:
             escape(gpu_summary(w.gpus, w.gpus_simulated)),
             escape(", ".join(w.running) or "-"),
             escape(labels_text(w)),
+            *([escape(tools_text(w))] if tools else []),
             seen(w),
         ]
         table.add_row(*cells)
