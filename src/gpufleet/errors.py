@@ -5,6 +5,7 @@
     GpufleetError
     ├── ConfigError            bad configuration value, with its source
     ├── ManifestError          a manifest is wrong: names the file, the job and the field
+    ├── PackageError           a SLEAP package gpufleet cannot run: names the file and line
     ├── InvalidTransition      a job state change the lifecycle table does not allow
     ├── NotFound               an unknown job, worker or token          (HTTP 404)
     ├── Conflict               a stale lease or a state that forbids the call (HTTP 409)
@@ -50,6 +51,14 @@ class ManifestError(GpufleetError):
     """A manifest is malformed; the message names the file, the job and the field."""
 
     code = "manifest_error"
+    status = 422
+
+
+class PackageError(GpufleetError, ValueError):
+    """A SLEAP training package (or its script or configs) that gpufleet cannot run; the
+    message names the file, the line or config, and what is wrong."""
+
+    code = "package_error"
     status = 422
 
 

@@ -59,7 +59,6 @@ def test_a_package_trains_one_job_per_model_and_its_models_come_back(
     assert [(r["epoch"], r["epochs"], r["loss"]) for r in ends] == [
         (e, 4, 1.0 / e) for e in (1, 2, 3, 4)
     ]
-    assert epochs[0] == {"message": "training started", "epochs": 4}
 
     again = fleet.cli("sleap", "train", str(pkg), "--cpu")  # the same package: nothing sent
     assert "unchanged, 0 bytes sent" in again.stderr, again.stderr
@@ -77,8 +76,11 @@ def test_a_folder_shaped_package_trains_too_and_a_broken_one_sends_nothing(
     assert (out / "models" / run_name("bottomup") / "best.ckpt").is_file(), done.stderr
     broken = make_package(tmp_path / "broken.zip", skip=("centroid.yaml",))
     refused = fleet.cli("sleap", "train", str(broken), check=False)
-    assert refused.returncode != 0
-    assert "line 1 names config centroid.yaml, which the package lacks" in refused.stderr
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        "error: broken.zip:train-script.sh, line 1 names config centroid.yaml, which the "
+        "package lacks\n"
+    )
     assert len(jobs_named(fleet)) == 1  # nothing was submitted for it
 
 
@@ -109,7 +111,7 @@ def test_two_sleap_jobs_run_at_once_on_two_gpus_each_on_its_own_ports(
         [("NVIDIA RTX 4090", 24, 24), ("NVIDIA RTX 4090", 24, 24)],
         env_extra={**SLEAP_PATH, "FAKE_SLEAP_BATCH_S": "0.2"},
     )
-    pkg = make_package(tmp_path / "p.zip", epochs=3)
+    pkg = make_package(tmp_path / "p.zip", epochs=6)  # about 4 s each: time to overlap
     done = fleet.cli("sleap", "train", str(pkg), "--auto-select", "--wait", "-o", str(tmp_path))
     assert "worker twogpu" in done.stderr and "chosen" in done.stderr, done.stderr
     runs = [

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.domain import sleap
-from gpufleet.domain.sleap import PackageError, TrainProgress, parse_train_script
+from gpufleet.domain.sleap import TrainProgress, parse_train_script
+from gpufleet.errors import PackageError
 
 GUI_SCRIPT = """#!/bin/bash
 sleap train --config-name centroid.yaml --config-dir . 'trainer_config.ckpt_dir="models"' \
@@ -36,8 +37,10 @@ def test_the_gui_script_gives_one_line_per_model_with_its_config_and_run() -> No
         ("sleap train --config ./models/../bottomup.yaml", "bottomup.yaml"),
         ("sleap-nn train -c bottomup.yaml -d . trainer_config.max_epochs=3", "bottomup.yaml"),
         ("sleap train --config-name=bottomup.yaml --config-dir=sub/", "sub/bottomup.yaml"),
-        # an option's value is never read as the config
+        # an option's value, or an override's, is never read as the config
         ("sleap train --video-paths v.yaml --config-name b.yaml", "b.yaml"),
+        ("sleap train --config-name b.yaml data_config.x=x.json", "b.yaml"),
+        ("CUDA_VISIBLE_DEVICES=0 sleap train -c b.yaml", "b.yaml"),
         ("  sleap train --config-name b.yaml  # the bottom-up model", "b.yaml"),
     ],
 )
@@ -56,6 +59,9 @@ def test_every_accepted_form_of_a_train_line_names_its_config(line: str, config:
         ("sleap train --config-name\n", "line 1: --config-name has no value"),
         ("sleap train --config /etc/b.yaml\n", "line 1: /etc/b.yaml is not inside the package"),
         ("sleap train --config-name b.yaml --config-dir ..\n", "is not inside the package"),
+        ("sleap train -c b.yaml && echo done\n", "line 1: && makes it more than one command"),
+        ("sleap train -c b.yaml > log.txt\n", "line 1: > makes it more than one command"),
+        ("python -m sleap_nn.cli train -c b.yaml\n", "line 1: a train command gpufleet does not"),
     ],
 )
 def test_a_script_gpufleet_cannot_run_is_refused_naming_the_line(script: str, said: str) -> None:
@@ -159,3 +165,25 @@ def test_track_progress_lines_become_records_and_other_lines_do_not() -> None:
     )
     assert sleap.track_record("Predicting frames 25%") is None
     assert sleap.track_record('{"n_processed": -1}') is None
+
+
+def test_a_line_keeps_the_environment_it_sets() -> None:
+    (line,) = parse_train_script("OMP_NUM_THREADS=2 FOO='a b' sleap-nn train -c b.yaml\n")
+    assert line.env == (("OMP_NUM_THREADS", "2"), ("FOO", "a b"))
+    assert line.args == ("-c", "b.yaml")
+
+
+def test_numbers_too_big_for_a_float_are_not_metrics_and_break_nothing() -> None:
+    from gpufleet.domain import progress
+
+    p = TrainProgress(epochs=2)
+    huge = {"event": "epoch_end", "epoch": 0, "logs": {"loss": 10**400, "val/loss": 0.5}}
+    assert p.record(huge, 0.0) == {"epoch": 1, "epochs": 2, "val_loss": 0.5}
+    assert sleap.track_record('{"n_processed": 1, "n_total": 2, "rate": 1%s}' % ("0" * 400)) == {
+        "step": 1,
+        "steps": 2,
+        "progress": 0.5,
+    }
+    assert progress.parse('{"loss": 1%s, "acc": 0.5}' % ("0" * 400)) == {"acc": 0.5}
+    with pytest.raises(progress.BadProgress, match="'epoch' must be a whole number"):
+        progress.parse('{"epoch": 1%s}' % ("0" * 400))

@@ -18,7 +18,7 @@ from gpufleet.client.sleap import (
     track_spec,
     train_specs,
 )
-from gpufleet.domain.sleap import PackageError
+from gpufleet.errors import PackageError
 from gpufleet.wire import InputModel, RequirementsModel
 from tests.sleap_pkg import config, make_package, run_name
 
@@ -63,6 +63,22 @@ def test_each_model_becomes_a_sleap_nn_train_job_with_the_lines_own_arguments(
     assert run_path_of(first) == f"models/{run_name('centroid')}"
 
 
+def test_the_run_folder_is_always_on_the_command_line(tmp_path: Path) -> None:
+    """A config that names its run keeps it, and the job's command says it too: a track
+    job finds the model from the training job alone."""
+    cfg = config("bottomup") | {"trainer_config": {"ckpt_dir": "out", "run_name": "mine"}}
+    line = b"CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=2 sleap train -c bottomup.yaml\n"
+    files = {"bottomup.yaml": yaml.safe_dump(cfg).encode(), "train-script.sh": line}
+    pkg = read_package(make_package(tmp_path / "p.zip", ("bottomup",), files=files))
+    (spec,) = train_specs(pkg, PACKAGE, RequirementsModel())
+    assert spec.command[-2:] == [
+        '++trainer_config.ckpt_dir="out"',
+        '++trainer_config.run_name="mine"',
+    ]
+    assert run_path_of(spec) == "out/mine" and spec.name == "mine"
+    assert spec.env == {"OMP_NUM_THREADS": "2"}  # the worker pins the GPUs itself
+
+
 def test_a_config_without_a_run_name_or_ckpt_dir_gets_them_added(tmp_path: Path) -> None:
     line = b"sleap-nn train --config-name bottomup.yaml trainer_config.max_epochs=2\n"
     path = make_package(tmp_path / "p.zip", ("bottomup",), files={"train-script.sh": line})
@@ -104,9 +120,27 @@ def broken(tmp_path: Path, **kw: object) -> Path:
                     "train-script.sh": b"sleap train -c centroid.yaml trainer_config.ckpt_dir=/x\n"
                 }
             },
-            "trainer_config.ckpt_dir '/x' must be a folder inside",
+            "line 1: trainer_config.ckpt_dir '/x' is not inside the package",
         ),
         ({"folder": "a/b"}, "not a SLEAP training package"),  # two levels: not a shape we read
+        (
+            {
+                "files": {
+                    "train-script.sh": (
+                        "sleap train -c centroid.yaml trainer_config.run_name=" + "r" * 201
+                    ).encode()
+                }
+            },
+            "trainer_config.run_name is over 200 characters",
+        ),
+        (
+            {
+                "files": {
+                    "train-script.sh": b"sleap train -c centroid.yaml trainer_config.run_name=a/b"
+                }
+            },
+            "trainer_config.run_name 'a/b' is not a folder name",
+        ),
     ],
 )
 def test_a_package_gpufleet_cannot_run_is_refused_saying_what_and_where(
@@ -153,6 +187,19 @@ def test_predictions_are_pointed_at_the_users_data(tmp_path: Path) -> None:
         back = [json.loads(v) for v in f["videos_json"][()]]
     assert [v["backend"]["filename"] for v in back] == [str(data.resolve())] * 2
     assert back[0]["backend"]["dataset"] == "video0/video" and back[1]["filename"] == str(data)
+
+
+def test_predictions_with_fixed_width_strings_are_pointed_whole(tmp_path: Path) -> None:
+    """Older files keep videos_json as fixed-width strings; a longer path must not be cut."""
+    out = tmp_path / "old.predictions.slp"
+    video = json.dumps({"backend": {"filename": "a.slp"}}).encode()
+    with h5py.File(out, "w") as f:
+        f.create_dataset("videos_json", data=[video], dtype=f"S{len(video)}")
+    data = tmp_path / ("deep/" * 20) / "labels.pkg.slp"
+    assert repoint(out, data) == 1
+    with h5py.File(out, "r") as f:
+        (back,) = [json.loads(v) for v in f["videos_json"][()]]
+    assert back["backend"]["filename"] == str(data.resolve())
 
 
 def test_a_track_job_runs_sleap_nn_track_with_every_model_and_keeps_the_predictions() -> None:

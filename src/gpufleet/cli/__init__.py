@@ -41,7 +41,7 @@ def main() -> None:
         app()
     except GpufleetError as exc:
         print(f"error: {redact(exc.message)}", file=sys.stderr)
-        sys.exit(2 if exc.code in ("config_error", "manifest_error") else 1)
+        sys.exit(2 if exc.code in ("config_error", "manifest_error", "package_error") else 1)
     except ValidationError as exc:  # a flag value the API would refuse: say which, no traceback
         for problem in exc.errors():
             where = ".".join(str(p) for p in problem["loc"]) or "value"

@@ -87,6 +87,7 @@ def fields_signature(cls: Any) -> inspect.Signature:
             )
             # what must be given (a command's argument) first, then the options in order
             for f in sorted(fields(cls), key=lambda f: f.default is not MISSING)
+            if f.init  # a field the command sets itself is not an option
         ]
     )
 

@@ -79,6 +79,7 @@ TrackOut = Annotated[
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gpufleet sleap train`` and ``gpufleet sleap track``."""
     sleap_app.command("train")(train)
     sleap_app.command("track")(track)
     app.add_typer(sleap_app, name="sleap")
@@ -93,9 +94,11 @@ class SleapChoice(Placement):
     def sleap_requirements(self) -> RequirementsModel:
         """A SLEAP job prefers a GPU (a CPU worker may take it after the grace window),
         unless ``--cpu``; and it runs only where sleap-nn is."""
+        from gpufleet.client.sleap import with_tool
+
         req = self.requirements()
-        return req.model_copy(
-            update={"prefer_cuda": req.prefer_cuda or not req.cpu_only, "tools": [sleap.TOOL]}
+        return with_tool(
+            req.model_copy(update={"prefer_cuda": req.prefer_cuda or not req.cpu_only})
         )
 
     def place(self, c: Client, name: str, command: list[str]) -> RequirementsModel:
@@ -129,7 +132,9 @@ class TrainRequest(SleapChoice):
         with self.connect() as c:
             requirements = self.place(c, pkg.models[0].run_name, [sleap.TOOL, "train"])
             # always unpacked on the worker (never a reference to the zip on a mount)
-            package = package_input(c, self.package, ".", "default", self.as_json, [], pkg.root)
+            package = package_input(
+                c, self.package, ".", pool="", quiet=self.as_json, workers=[], root=pkg.root
+            )
             specs = train_specs(pkg, package, requirements, self.epochs, **self.queued())
             # the models after the first wait for a chosen worker the first keeps busy
             jobs = [self.submit(c, spec, queue=i > 0) for i, spec in enumerate(specs)]
@@ -185,7 +190,7 @@ class TrackRequest(SleapChoice):
 def _model_input(req: SleapChoice, c: Client, item: str) -> tuple[InputModel, str]:
     """A ``--model``: a local run folder (uploaded as ``models/NAME``, or passed by
     reference when a worker mounts it) or a training job's run folder (its artifact)."""
-    from gpufleet.client.sleap import run_path_of
+    from gpufleet.client.sleap import MARKERS, run_path_of
 
     if item.startswith("job:"):
         try:
@@ -201,8 +206,8 @@ def _model_input(req: SleapChoice, c: Client, item: str) -> tuple[InputModel, st
     folder = Path(item)
     if not folder.is_dir():
         raise GpufleetError(f"--model {item}: no such folder (or give job:NAME)")
-    if not any((folder / marker).is_file() for marker in ("training_config.yaml", "best.ckpt")):
-        raise GpufleetError(f"--model {item}: no training_config.yaml or best.ckpt in it")
+    if not any((folder / marker).is_file() for marker in MARKERS):
+        raise GpufleetError(f"--model {item}: no {', '.join(MARKERS)} in it")
     dest = f"models/{folder.resolve().name}"
     pool = req.mounts_pool(c, [item])
     return package_input(c, folder.resolve(), dest, pool, req.as_json), dest
@@ -309,7 +314,7 @@ def _models(c: Client, job: JobOut, where: Path) -> list[Path]:
 
 def _predictions(c: Client, job: JobOut, data: Path, where: Path) -> Path | None:
     """The predictions file, into ``where``, pointing at the user's ``data``."""
-    from gpufleet.client.sleap import predictions_name, repoint
+    from gpufleet.client.sleap import predictions_name, repoint, unused_path
 
     name = predictions_name(data.name)
     with tempfile.TemporaryDirectory(prefix=".gpufleet-sleap-", dir=_made(where)) as tmp:
@@ -319,10 +324,7 @@ def _predictions(c: Client, job: JobOut, data: Path, where: Path) -> Path | None
             err.print(f"{escape(job.name)}: no {escape(name)} in its artifact")
             return None
         repoint(found, data)
-        target, n = where / name, 0
-        while target.exists():  # never over a file that is there
-            n += 1
-            target = where / f"{name.removesuffix('.slp')}.{n}.slp"
+        target = unused_path(where, name.removesuffix(".slp"), ".slp")
         found.rename(target)
     return target
 

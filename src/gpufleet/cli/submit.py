@@ -3,7 +3,7 @@ worker, optionally following it to its end and fetching its results."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -165,19 +165,21 @@ class Placement:
     queue: Queue = False
     pool: Pool = None
     as_json: Json = False
+    # the session taken (its server, pool and worker are then these options'): not an option
+    _taken: Any = field(default=None, init=False, repr=False)
 
     def connect(self) -> Client:
-        """The client to submit with: a session's server and token, or the configured."""
-        target = self._take_session()
+        """The client to submit with: a session's server and token, or the configured.
+        Taking the session again (a second connection) changes nothing."""
+        if self._taken is None:
+            self._taken = (self._take_session(),)
+        target = self._taken[0]
         token = session_token(target) if target is not None else None
         return client(self.server, self.ca, token=token)
 
     def _take_session(self) -> Session | None:
         """One way of choosing the worker at most; a session names the server, pool and
-        worker (and gives the token to send). Taking it again changes nothing."""
-        target = read_session(self.session)
-        if target is not None and self.worker == target.worker and self.pool == target.pool:
-            return target  # taken already (the options are the session's now)
+        worker (and gives the token to send)."""
         chosen = [
             flag
             for flag, on in (
@@ -190,6 +192,7 @@ class Placement:
         ]
         if len(chosen) > 1:
             raise ConfigError(f"{' and '.join(chosen)}: choose the worker one way only")
+        target = read_session(self.session)
         if target is None:
             return None
         if self.pool is not None and self.pool != target.pool:

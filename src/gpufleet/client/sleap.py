@@ -25,10 +25,11 @@ from typing import Any
 
 from gpufleet.domain import sleap
 from gpufleet.domain.models import Adapter
-from gpufleet.domain.sleap import PackageError
+from gpufleet.errors import PackageError
 from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
 
 DEFAULT_CKPT_DIR = "models"
+MAX_RUN_NAME = 200  # a job's name
 MARKERS = ("training_config.yaml", "training_config.json", "best.ckpt")  # a run folder has one
 
 
@@ -61,6 +62,9 @@ class SleapModel:
 
 @dataclass(frozen=True)
 class SleapPackage:
+    """A checked training package: where it is, the zip's folder that holds it, and its
+    models in the order of its script."""
+
     path: Path
     root: str  # the zip's folder that holds the package ("" when at the root)
     models: tuple[SleapModel, ...]
@@ -82,8 +86,9 @@ def read_package(path: Path) -> SleapPackage:
         raise PackageError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise PackageError(f"{path}: a folder; give the exported .zip") from None
-    except zipfile.BadZipFile:
-        raise PackageError(f"{path}: not a zip file (SLEAP exports a .zip package)") from None
+    except (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError) as exc:
+        # not a zip, a damaged one (bad CRC), an encrypted one, an unknown compression
+        raise PackageError(f"{path}: not a zip file SLEAP exported, or damaged ({exc})") from None
     labels = sorted({label for _, used in pairs for label in used})
     return SleapPackage(path, root, tuple(m for m, _ in pairs), tuple(labels))
 
@@ -111,31 +116,34 @@ def _model(
     if _join(root, line.config) not in names:
         raise PackageError(f"{where} names config {line.config}, which the package lacks")
     config = f"{inside}{line.config}"
-    try:
-        data = _yaml().safe_load(zf.read(_join(root, line.config)))
-    except Exception as exc:  # yaml's errors, whatever the version calls them
-        if isinstance(exc, PackageError):
-            raise
-        raise PackageError(f"{config}: not YAML ({exc})") from None
-    facts = sleap.config_facts(data, config)
-    labels = facts.train_labels + facts.val_labels
+    facts = sleap.config_facts(_load_yaml(zf.read(_join(root, line.config)), config), config)
     if not facts.train_labels:
         raise PackageError(f"{config}: names no labels (data_config.train_labels_path)")
+    labels = facts.train_labels + facts.val_labels
     for label in labels:
         _check_labels(label, names, root, config)
     model_type = sleap.model_type_of(line.config, facts)
     ckpt_dir = line.value(sleap.CKPT_DIR) or facts.ckpt_dir or DEFAULT_CKPT_DIR
-    _check_relative(ckpt_dir, f"{where}: {sleap.CKPT_DIR}")
+    sleap.inside_package(ckpt_dir, f"{where}: {sleap.CKPT_DIR} {ckpt_dir!r}")
     run_name = line.value(sleap.RUN_NAME) or facts.run_name or _run_name(zf, model_type)
-    if "/" in run_name or run_name in (".", ".."):
-        raise PackageError(f"{where}: {sleap.RUN_NAME} {run_name!r} is not a folder name")
-    added = []
-    if line.value(sleap.CKPT_DIR) is None and facts.ckpt_dir is None:
-        added.append(f"++{sleap.CKPT_DIR}={sleap.hydra_quoted(ckpt_dir)}")
-    if line.value(sleap.RUN_NAME) is None and facts.run_name is None:
-        added.append(f"++{sleap.RUN_NAME}={sleap.hydra_quoted(run_name)}")
+    _check_run_name(run_name, where)
+    # Set on the command line even when the config has them: the job's run folder is
+    # then known from the job alone (a track job finds the model by it).
+    added = [
+        f"++{key}={sleap.hydra_quoted(value)}"
+        for key, value in ((sleap.CKPT_DIR, ckpt_dir), (sleap.RUN_NAME, run_name))
+        if line.value(key) is None
+    ]
     model = SleapModel(line, model_type, ckpt_dir, run_name, facts.max_epochs, tuple(added))
     return model, labels
+
+
+def _load_yaml(text: bytes, config: str) -> Any:
+    yaml = _yaml()
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PackageError(f"{config}: not YAML ({exc})") from None
 
 
 def _check_labels(label: str, names: set[str], root: str, config: str) -> None:
@@ -148,18 +156,28 @@ def _check_labels(label: str, names: set[str], root: str, config: str) -> None:
         raise PackageError(f"{config}: labels file {label} is not in the package")
 
 
-def _check_relative(path: str, where: str) -> None:
-    normal = posixpath.normpath(path)
-    if posixpath.isabs(normal) or normal == ".." or normal.startswith("../"):
-        raise PackageError(f"{where} {path!r} must be a folder inside the job's directory")
+def _check_run_name(run_name: str, where: str) -> None:
+    """A run name is a folder name and the job's name (at most 200 characters)."""
+    if "/" in run_name or run_name in (".", "..") or "\0" in run_name:
+        raise PackageError(f"{where}: {sleap.RUN_NAME} {run_name!r} is not a folder name")
+    if len(run_name) > MAX_RUN_NAME:
+        raise PackageError(f"{where}: {sleap.RUN_NAME} is over {MAX_RUN_NAME} characters")
 
 
 def _run_name(zf: zipfile.ZipFile, model_type: str) -> str:
     """A run name for a config that sets none: the package's newest entry's time (so the
     same package gives the same name) and the model type, as SLEAP names its runs."""
     newest = max((info.date_time for info in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
-    stamp = datetime(*newest, tzinfo=UTC).strftime("%y%m%d_%H%M%S")
+    try:
+        stamp = datetime(*newest, tzinfo=UTC).strftime("%y%m%d_%H%M%S")
+    except ValueError:  # a zip entry with an impossible date
+        stamp = "000000_000000"
     return f"{stamp}.{model_type}"
+
+
+def with_tool(requirements: RequirementsModel) -> RequirementsModel:
+    """``requirements`` and sleap-nn on the worker's PATH."""
+    return requirements.model_copy(update={"tools": sorted({*requirements.tools, sleap.TOOL})})
 
 
 def train_specs(
@@ -171,7 +189,7 @@ def train_specs(
 ) -> list[JobSpecModel]:
     """One job per model: ``sleap-nn train`` with the line's own arguments (and an
     ``--epochs`` override), run in the unpacked package, keeping its run folder."""
-    needs = requirements.model_copy(update={"tools": sorted({*requirements.tools, sleap.TOOL})})
+    needs = with_tool(requirements)
     specs = []
     for m in pkg.models:
         args = [*m.line.args, *m.added]
@@ -181,6 +199,8 @@ def train_specs(
             JobSpecModel(
                 name=m.run_name,
                 command=[sleap.TOOL, "train", *args],
+                # what the line sets before its command, but the GPUs: the worker pins them
+                env={k: v for k, v in m.line.env if k != "CUDA_VISIBLE_DEVICES"},
                 requirements=needs,
                 inputs=[package],
                 outputs=[f"{m.run_path}*"],
@@ -220,7 +240,7 @@ def track_spec(
 ) -> JobSpecModel:
     """A job that runs ``sleap-nn track`` on ``data_name`` with the models (each an input
     and its path in the job directory) and keeps the predictions file."""
-    needs = requirements.model_copy(update={"tools": sorted({*requirements.tools, sleap.TOOL})})
+    needs = with_tool(requirements)
     out = predictions_name(data_name)
     command = [sleap.TOOL, "track", "--data_path", data_name]
     for _, path in models:
@@ -253,13 +273,20 @@ def place_models(tree: Path, models_dir: Path) -> list[Path]:
     placed = []
     models_dir.mkdir(parents=True, exist_ok=True)
     for folder in run_folders(tree):
-        target, n = models_dir / folder.name, 0
-        while target.exists():
-            n += 1
-            target = models_dir / f"{folder.name}-{n}"
+        target = unused_path(models_dir, folder.name)
         shutil.move(str(folder), str(target))
         placed.append(target)
     return placed
+
+
+def unused_path(folder: Path, stem: str, suffix: str = "") -> Path:
+    """``folder/STEM SUFFIX``, or with ``-1``, ``-2``... after the stem when that is taken:
+    what the user has is never overwritten."""
+    target, n = folder / f"{stem}{suffix}", 0
+    while target.exists():
+        n += 1
+        target = folder / f"{stem}-{n}{suffix}"
+    return target
 
 
 def repoint(predictions: Path, data: Path) -> int:
@@ -280,10 +307,14 @@ def repoint(predictions: Path, data: Path) -> int:
         entries = [json.loads(v) for v in old[()]]
         for video in entries:
             changed += _repoint_video(video, target)
-        dtype, maxshape = old.dtype, old.maxshape
         del f["videos_json"]
+        # variable-length strings, as sleap-io writes them: a fixed width (older files)
+        # would cut the longer path
         f.create_dataset(
-            "videos_json", data=[json.dumps(v) for v in entries], dtype=dtype, maxshape=maxshape
+            "videos_json",
+            data=[json.dumps(v) for v in entries],
+            dtype=h5py.string_dtype(),
+            maxshape=(None,),
         )
     return changed
 

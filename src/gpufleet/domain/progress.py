@@ -32,7 +32,15 @@ class BadProgress(ValueError):
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """An int or float (not a bool) that a float can hold: an integer too large for one
+    (JSON allows 10**400) is not a number here."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def parse(text: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.domain import progress
+from gpufleet.errors import PackageError
 
 SCRIPT = "train-script.sh"
 #: The commands a train-script line may start with; all run as ``sleap-nn train``.
@@ -49,13 +50,10 @@ MAX_EPOCHS = "trainer_config.max_epochs"
 PUBLISH_PORT = "trainer_config.zmq.publish_port"
 CONTROLLER_PORT = "trainer_config.zmq.controller_port"
 STOP = {"command": "stop"}
+#: Shell words that would make a train line more than one command: not run, refused.
+SHELL_OPERATORS = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", "2>", "2>&1"})
 #: epoch_end log keys and the metric names they are plotted under
 PLOTTED = {"loss": "loss", "val/loss": "val_loss", "train/loss": "loss", "val_loss": "val_loss"}
-
-
-class PackageError(ValueError):
-    """Something a SLEAP package or its script says that gpufleet cannot run; the message
-    names the file, the line and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,7 @@ class TrainLine:
     number: int  # the line in the script (1-based; the first line of a continued one)
     args: tuple[str, ...]
     config: str  # the config file, relative to the package root ("centroid.yaml")
+    env: tuple[tuple[str, str], ...] = ()  # VAR=value words before the command
 
     def value(self, key: str) -> str | None:
         """The value the line's last Hydra override of ``key`` gives (its quotes
@@ -80,6 +79,8 @@ def override_key(arg: str) -> str | None:
 
 
 def override_value(args: Sequence[str], key: str) -> str | None:
+    """The value the last Hydra override of ``key`` in ``args`` gives (quotes removed),
+    or None when none sets it."""
     found = None
     for arg in args:
         if override_key(arg) == key:
@@ -116,9 +117,20 @@ def parse_train_script(text: str, where: str = SCRIPT) -> list[TrainLine]:
             words = shlex.split(line, comments=True)
         except ValueError as exc:
             raise PackageError(f"{where}, line {number}: cannot be read ({exc})") from None
+        env, words = _env_prefix(words)
         rest = _after_train(words)
-        if rest is not None:
-            found.append(TrainLine(number, tuple(rest), config_of(rest, f"{where}, line {number}")))
+        said = f"{where}, line {number}"
+        if rest is None:
+            if "train" in words and any("sleap" in w for w in words):
+                forms = ", ".join(" ".join(c) for c in TRAIN_COMMANDS)
+                raise PackageError(f"{said}: a train command gpufleet does not read; use {forms}")
+            continue
+        if shell := sorted(SHELL_OPERATORS.intersection(rest)):
+            raise PackageError(
+                f"{said}: {' '.join(shell)} makes it more than one command; give each model "
+                "one plain sleap train line"
+            )
+        found.append(TrainLine(number, tuple(rest), config_of(rest, said), env))
     if not found:
         commands = ", ".join(" ".join(c) for c in TRAIN_COMMANDS)
         raise PackageError(f"{where}: no train line (a line starting with {commands})")
@@ -140,6 +152,16 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     if pending is not None:
         out.append(pending)
     return out
+
+
+def _env_prefix(words: list[str]) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+    """``VAR=value`` words before a command (the shell's way to set its environment)."""
+    env = []
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        name, value = words[0].split("=", 1)
+        env.append((name, value))
+        words = words[1:]
+    return tuple(env), words
 
 
 def _after_train(words: list[str]) -> list[str] | None:
@@ -171,20 +193,23 @@ def config_of(args: Sequence[str], where: str) -> str:
         if flag in _VALUE_OPTIONS:
             i += 1 if eq else 1 + _VALUE_OPTIONS[flag]
             continue
-        if path is None and not arg.startswith("-") and arg.lower().endswith(CONFIG_SUFFIXES):
+        named = not arg.startswith("-") and override_key(arg) is None
+        if path is None and named and arg.lower().endswith(CONFIG_SUFFIXES):
             path = arg
         i += 1
     if path is None and name is not None:
         path = posixpath.join(folder or ".", name)
     if path is None:
         raise PackageError(f"{where}: names no config (--config-name NAME.yaml)")
-    return _inside_package(path, where)
+    return inside_package(path, f"{where}: {path}")
 
 
-def _inside_package(path: str, where: str) -> str:
+def inside_package(path: str, what: str) -> str:
+    """``path`` normalized, if it stays inside the package (the job's directory); else
+    :class:`PackageError` saying ``what`` is not."""
     normal = posixpath.normpath(path)
     if posixpath.isabs(normal) or normal == ".." or normal.startswith("../"):
-        raise PackageError(f"{where}: {path} is not inside the package")
+        raise PackageError(f"{what} is not inside the package")
     return normal
 
 
@@ -275,16 +300,16 @@ class TrainProgress:
         """The record for ``msg`` (``now``: seconds on any steady clock), or None."""
         event = msg.get("event")
         if event == "train_begin":
-            return self._checked({"message": "training started", "epochs": self.epochs})
+            return checked({"message": "training started", "epochs": self.epochs})
         if event == "train_end":
-            return self._checked({"message": "training ended", "epoch": self.epoch})
+            return checked({"message": "training ended", "epoch": self.epoch})
         if event == "epoch_end":
             return self._epoch_end(msg)
         if event == "batch_end" and now - self.last_batch >= self.every:
             self.last_batch = now
             batch = _count(msg.get("batch"))
             said = f"epoch {self.epoch + 1}" + (f"/{self.epochs}" if self.epochs else "")
-            return self._checked(
+            return checked(
                 {
                     "epoch": self.epoch,
                     "epochs": self.epochs,
@@ -308,14 +333,16 @@ class TrainProgress:
                 out[name] = numbers[key]
             if len(out) >= progress.MAX_METRICS:
                 break
-        return self._checked(out)
+        return checked(out)
 
-    @staticmethod
-    def _checked(record: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            return progress.check({k: v for k, v in record.items() if v is not None})
-        except progress.BadProgress:
-            return None
+
+def checked(record: dict[str, Any]) -> dict[str, Any] | None:
+    """``record`` (its None values left out) in its stored form, or None if it is not a
+    record: a tool's odd message never stops the relay."""
+    try:
+        return progress.check({k: v for k, v in record.items() if v is not None})
+    except progress.BadProgress:
+        return None
 
 
 def _count(value: Any) -> int | None:
@@ -338,4 +365,4 @@ def track_record(line: str) -> dict[str, Any] | None:
         n: Any = value.get(key)
         if progress.is_number(n) and math.isfinite(float(n)) and float(n) >= 0:
             record[name] = float(n)
-    return TrainProgress._checked(record)
+    return checked(record)

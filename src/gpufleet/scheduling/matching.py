@@ -164,7 +164,8 @@ def _placement_reasons(job: JobSpec, worker: WorkerView) -> Iterator[str]:
             yield f"reads {path} in place; no --mount of this worker holds it"
     for tool in req.tools:
         if tool not in worker.capability.tools:
-            yield f"needs {tool} on the worker's PATH (tools); worker has none"
+            have = ", ".join(worker.capability.tools) or "none"
+            yield f"needs {tool} on the worker's PATH (tools); worker has {have}"
     yield from _policy_reasons(job, worker)
 
 

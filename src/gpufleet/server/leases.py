@@ -336,11 +336,18 @@ class Leases:
         already are skipped); the stop grace when the job has been asked to stop (the
         worker learns it here, within a second of a stop, as well as at its heartbeat)."""
         lines = [(stream, printable(line)) for stream, line in lines]
-        now, stop = self.clock(), None
+        now = self.clock()
         # A big batch goes in as several short transactions: on SQLite each holds the one
-        # write lock, and a claim or a start report waits for at most one of them.
-        for at in range(0, len(lines), APPEND_CHUNK) or [0]:
-            part = lines[at : at + APPEND_CHUNK]
+        # write lock, and a claim or a start report waits for at most one of them. Only a
+        # batch that says where it begins (``first``) is split: sent again after a part
+        # went in, the lines the store has are skipped.
+        parts = (
+            [(0, lines)]
+            if first is None or len(lines) <= APPEND_CHUNK
+            else [(at, lines[at : at + APPEND_CHUNK]) for at in range(0, len(lines), APPEND_CHUNK)]
+        )
+        stop = None
+        for at, part in parts:
             start = None if first is None else first + at
             done, stop = self.store.append_logs(job_id, attempt, part, now, start)
             if not done:

@@ -653,7 +653,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             return int(conn.execute(q).scalar() or 0)
 
 
-LINE_COLUMNS = "job_id, attempt, stream, line, ts"
+LINE_COLUMNS = ("job_id", "attempt", "stream", "line", "ts")
 
 
 def _insert_lines(
@@ -665,9 +665,11 @@ def _insert_lines(
     itself (a 5,000-line batch: about 80 ms on PostgreSQL, which other requests waited
     behind). Each row takes the next ``seq`` as it goes in, so the order is kept."""
     raw: Any = conn.connection.driver_connection
+    table, columns = t.job_logs.name, ", ".join(t.job_logs.c[n].name for n in LINE_COLUMNS)
     if dialect == "postgresql":
-        with raw.cursor() as cur, cur.copy(f"COPY job_logs ({LINE_COLUMNS}) FROM STDIN") as copy:
+        with raw.cursor() as cur, cur.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
     else:
-        raw.executemany(f"INSERT INTO job_logs ({LINE_COLUMNS}) VALUES (?, ?, ?, ?, ?)", rows)
+        marks = ", ".join("?" for _ in LINE_COLUMNS)
+        raw.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)

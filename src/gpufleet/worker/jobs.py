@@ -97,8 +97,17 @@ class Running:
         """A progress record from the job's adapter."""
         self.backlog.add("progress", progress.encode(record))
 
+    def _adapted(self, stream: str, line: str) -> bool:
+        """Whether the adapter took the line as progress. The line's reader must never
+        stop (the job would block on a full pipe), whatever the line holds."""
+        try:
+            return self.adapter.line(stream, line)
+        except Exception as exc:  # an adapter's bug: the line stays output
+            say(f"job {self.lease.job_id}: adapter could not read a line: {exc!r}")
+            return False
+
     def on_line(self, stream: str, line: str) -> None:
-        if self.adapter.line(stream, line):
+        if self._adapted(stream, line):
             return
         if line.startswith(progress.MARK):
             self.read_progress()  # what the file has came first: records stay in order
@@ -164,9 +173,12 @@ class JobSteps(ABC):
                     lease.job_id, FinishRequest(attempt=lease.attempt, error=f"worker error: {exc}")
                 )
         finally:
-            await run.adapter.close()
             self.running.pop((lease.job_id, lease.attempt), None)
             self.slots.give(lease.gpus)
+            try:
+                await run.adapter.close()  # sockets let go even when the job went wrong
+            except Exception as exc:
+                say(f"job {lease.job_id}: adapter did not close cleanly: {exc!r}")
             run.backlog.clear()
             self.progress_path(lease).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # its age, for --work-dir-retention

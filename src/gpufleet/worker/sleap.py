@@ -16,7 +16,6 @@ Only a worker needs pyzmq and PyYAML (``pip install 'gpufleet[sleap]'``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -29,14 +28,6 @@ from gpufleet.worker.adapters import Adapter, AdapterError, Emit
 LOOPBACK = "tcp://127.0.0.1"
 ASK_EVERY = 1.0  # seconds between stop commands until the job has ended
 DRAIN_MS = 100  # how long to wait for one more queued message when the process has ended
-MODULES = ("zmq", "yaml")
-
-
-def missing_modules() -> list[str]:
-    """The modules the SLEAP adapters need that this worker's Python lacks."""
-    import importlib.util
-
-    return [name for name in MODULES if importlib.util.find_spec(name) is None]
 
 
 def epochs_of(argv: list[str], workdir: Path) -> int | None:
@@ -108,12 +99,16 @@ class TrainAdapter(Adapter):
             self._take(await self._sub.recv())
 
     def _take(self, raw: bytes) -> None:
+        """One message: a record when it makes one; one it cannot read is counted, and
+        never ends the relay."""
         msg = sleap.message(raw)
+        try:
+            record = None if msg is None else self.progress.record(msg, self.clock())
+        except (ValueError, TypeError, OverflowError):
+            msg = None
         if msg is None:
             self.bad += 1
-            return
-        record = self.progress.record(msg, self.clock())
-        if record is not None:
+        elif record is not None:
             self.emit(record)
 
     def stop(self) -> bool:
@@ -133,19 +128,20 @@ class TrainAdapter(Adapter):
             await asyncio.sleep(ASK_EVERY)
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        # a relay that failed has said so in the worker's log; closing goes on regardless
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._ctx is None:
             return
-        # sleap-nn flushes its last messages (train_end) before it exits: take them
-        while await self._sub.poll(DRAIN_MS):
-            self._take(await self._sub.recv())
-        self._ctx.destroy(linger=0)
-        self._ctx = self._sub = self._pub = None
+        try:
+            # sleap-nn flushes its last messages (train_end) before it exits: take them
+            while await self._sub.poll(DRAIN_MS):
+                self._take(await self._sub.recv())
+        finally:
+            self._ctx.destroy(linger=0)
+            self._ctx = self._sub = self._pub = None
 
 
 class TrackAdapter(Adapter):
