@@ -225,9 +225,9 @@ def test_an_upload_cut_mid_way_resumes_from_the_committed_offset(
             )
             s.sendall(head.encode() + data[: 3 << 20])
             # cut once the server is writing (cut at once, it may stop before a byte)
-            wait_for(
+            wait_for(  # bounded generously: a loaded CI machine once took over 10 s
                 lambda: http.get(f"/v1/uploads/{up['id']}").json()["offset"] > 0,
-                10,
+                30,
                 "the server to write the first bytes",
             )
         seen: list[int] = []
