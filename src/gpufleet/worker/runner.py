@@ -11,29 +11,18 @@ import contextlib
 import os
 import shlex
 import signal
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpufleet.domain.models import HyperStyle, hyper_flags
 from gpufleet.worker.capability import job_path
+from gpufleet.worker.spawn import Child, spawn
 
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
 PGID_MARKER = ".gpufleet-pgid"
 OnLine = Callable[[str, str], None]
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_worker() -> None:
-    """In the child, before exec: on Linux, get SIGKILL when the worker dies, so a
-    killed worker leaves no orphan holding a GPU (its lease is requeued elsewhere)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def build_argv(
@@ -63,7 +52,7 @@ def job_env(
 class JobProcess:
     """A started child process group and the tasks pumping its output."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, pumps: list[asyncio.Task[None]]) -> None:
+    def __init__(self, proc: Child, pumps: list[asyncio.Task[None]]) -> None:
         self.proc = proc
         self.pumps = pumps
 
@@ -75,24 +64,13 @@ class JobProcess:
     async def start(
         cls, argv: list[str], cwd: Path, env: Mapping[str, str], on_line: OnLine
     ) -> JobProcess:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=str(cwd),
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_die_with_worker,
-            limit=LINE_LIMIT,
-        )
-        assert proc.stdout is not None and proc.stderr is not None
+        proc, stdout, stderr = await spawn(argv, cwd, env, LINE_LIMIT)
         # A marker a restarted worker uses to find what a killed one left behind.
         with contextlib.suppress(OSError):  # best effort: only a later cleanup needs it
             (cwd / PGID_MARKER).write_text(str(proc.pid))
         pumps = [
-            asyncio.create_task(_pump(proc.stdout, "stdout", on_line)),
-            asyncio.create_task(_pump(proc.stderr, "stderr", on_line)),
+            asyncio.create_task(_pump(stdout, "stdout", on_line)),
+            asyncio.create_task(_pump(stderr, "stderr", on_line)),
         ]
         return cls(proc, pumps)
 

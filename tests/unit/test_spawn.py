@@ -1,0 +1,95 @@
+"""Starting a job's process: found as exec finds it, its exit seen, its output read, and
+killed with the worker that started it (with setpriv and without)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet.worker import spawn
+from tests.procs import alive, wait_for
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+
+async def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bytes, bytes]:
+    child, out, err = await spawn.spawn(argv, cwd, env, 1 << 16)
+    code = await child.wait()
+    return code, await out.read(), await err.read()
+
+
+def test_a_command_is_found_as_exec_finds_it(tmp_path: Path) -> None:
+    script = tmp_path / "hello.sh"
+    script.write_text("#!/bin/sh\necho hello from $1; echo oops >&2; exit 3\n")
+    script.chmod(0o755)
+    env = {"PATH": os.environ["PATH"]}
+    assert asyncio.run(_run(["./hello.sh", "x"], tmp_path, env)) == (
+        3,
+        b"hello from x\n",
+        b"oops\n",
+    )
+    assert asyncio.run(_run(["true"], tmp_path, env))[0] == 0
+    with pytest.raises(FileNotFoundError):
+        asyncio.run(_run(["no-such-command-here"], tmp_path, env))
+    (tmp_path / "plain.txt").write_text("not a program")
+    with pytest.raises(PermissionError):
+        asyncio.run(_run(["./plain.txt"], tmp_path, env))
+
+
+def test_the_exit_is_seen_with_a_pidfd_or_a_waiting_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def killed() -> int:
+        child, _, _ = await spawn.spawn(["sleep", "30"], tmp_path, dict(os.environ), 1 << 16)
+        assert child.returncode is None
+        os.kill(child.pid, signal.SIGTERM)
+        return await asyncio.wait_for(child.wait(), 10)
+
+    assert asyncio.run(killed()) == -signal.SIGTERM
+    monkeypatch.delattr(os, "pidfd_open")
+    assert asyncio.run(killed()) == -signal.SIGTERM
+
+
+PARENT = """
+import asyncio, os, sys, time
+from pathlib import Path
+from gpufleet.worker import spawn
+if sys.argv[1] == "fallback":
+    spawn._setpriv = lambda: None
+async def main():
+    child, _, _ = await spawn.spawn(["sleep", "60"], Path("."), dict(os.environ), 1 << 16)
+    print(child.pid, flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("how", ["setpriv", "fallback"])
+def test_a_job_dies_with_the_worker_that_started_it(how: str) -> None:
+    if how == "setpriv" and spawn._setpriv() is None:
+        pytest.skip("no setpriv on this machine")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(PARENT), how], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        assert alive(pid)
+        time.sleep(0.2)
+        parent.kill()  # SIGKILL: the worker has no say
+        parent.wait(10)
+        wait_for(lambda: not alive(pid), 10, f"the job ({how}) to die with its worker")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
