@@ -30,7 +30,6 @@ from gpufleet.client import Client
 from gpufleet.client._transfer import Progress as Advance
 from gpufleet.domain.manifest_values import default_job_dest, split_dest
 from gpufleet.errors import GpufleetError, InsufficientStorage
-from gpufleet.streams import file_sha256
 from gpufleet.wire import InputModel, WorkerOut
 
 if TYPE_CHECKING:
@@ -102,8 +101,10 @@ def blobs_put(
     if not file.is_file():
         raise GpufleetError(f"{file}: no such file")
     size = file.stat().st_size
+    from gpufleet.client._packages import remembered_sha256
+
     with client(server, ca) as c, bars(as_json) as progress:
-        sha = file_sha256(file)
+        sha, _ = remembered_sha256(file)  # an unchanged file is not read again
         sent = c.put_blob(file, sha, progress=bar(progress, f"upload {file.name}", size))
     if as_json:
         print_json({"sha256": sent.sha256, "size": sent.size, "sent": sent.sent})

@@ -86,6 +86,16 @@ def package(
     return PackageResult(_blob_input(sent.sha256, size, dest, path), sent.sent, False)
 
 
+def remembered_sha256(path: Path, remembered: Remembered | None = None) -> tuple[str, bool]:
+    """A file's SHA-256, and whether it was remembered rather than read: an unchanged
+    file (same path, size, mtime, ctime and inode) is not read again. The server checks
+    every byte it is sent against the hash, so a wrong memory cannot store a wrong blob."""
+    from gpufleet.streams import file_sha256
+
+    memory = remembered or Remembered(_cache_file("blobs.json"))
+    return archive.remembered_digest(path.expanduser().resolve(), memory, file_sha256)
+
+
 def _blob_input(sha256: str, size: int, dest: str, path: Path) -> InputModel:
     return InputModel(kind="blob", ref=sha256, size=size, dest=dest, label=path.name)
 
