@@ -21,9 +21,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 
 
 async def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bytes, bytes]:
-    child, out, err = await spawn.spawn(argv, cwd, env, 1 << 16)
-    code = await child.wait()
-    return code, await out.read(), await err.read()
+    proc = await spawn.spawn(argv, cwd, env, 1 << 16)
+    out, err = await proc.communicate()
+    return await proc.wait(), out, err
 
 
 def test_a_command_is_found_as_exec_finds_it(tmp_path: Path) -> None:
@@ -44,18 +44,28 @@ def test_a_command_is_found_as_exec_finds_it(tmp_path: Path) -> None:
         asyncio.run(_run(["./plain.txt"], tmp_path, env))
 
 
-def test_the_exit_is_seen_with_a_pidfd_or_a_waiting_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_exit_is_seen_and_many_quick_jobs_all_end(tmp_path: Path) -> None:
     async def killed() -> int:
-        child, _, _ = await spawn.spawn(["sleep", "30"], tmp_path, dict(os.environ), 1 << 16)
-        assert child.returncode is None
-        os.kill(child.pid, signal.SIGTERM)
-        return await asyncio.wait_for(child.wait(), 10)
+        proc = await spawn.spawn(["sleep", "30"], tmp_path, dict(os.environ), 1 << 16)
+        assert proc.returncode is None
+        os.kill(proc.pid, signal.SIGTERM)
+        await proc.communicate()
+        return await asyncio.wait_for(proc.wait(), 10)
 
     assert asyncio.run(killed()) == -signal.SIGTERM
-    monkeypatch.delattr(os, "pidfd_open")
-    assert asyncio.run(killed()) == -signal.SIGTERM
+
+    async def many() -> list[int]:  # many quick jobs, several at once: every exit is seen
+        limit = asyncio.Semaphore(8)
+
+        async def one() -> int:
+            async with limit:
+                proc = await spawn.spawn(["true"], tmp_path, dict(os.environ), 1024)
+                await asyncio.wait_for(proc.communicate(), 10)
+                return await proc.wait()
+
+        return await asyncio.gather(*(one() for _ in range(300)))
+
+    assert asyncio.run(many()) == [0] * 300
 
 
 PARENT = """
@@ -65,8 +75,8 @@ from gpufleet.worker import spawn
 if sys.argv[1] == "fallback":
     spawn._setpriv = lambda: None
 async def main():
-    child, _, _ = await spawn.spawn(["sleep", "60"], Path("."), dict(os.environ), 1 << 16)
-    print(child.pid, flush=True)
+    proc = await spawn.spawn(["sleep", "60"], Path("."), dict(os.environ), 1 << 16)
+    print(proc.pid, flush=True)
     await asyncio.sleep(60)
 asyncio.run(main())
 """

@@ -524,13 +524,9 @@ def run_worker(opts: WorkerOptions, capability: Capability) -> int:
     """Run a worker until it is drained; the process exit code."""
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     try:
-        import uvloop
-
-        runner: Callable[..., int] = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
-        return runner(Agent(opts, capability).run())
+        # asyncio's own loop, not uvloop: its subprocesses start with vfork (see
+        # gpufleet.worker.spawn), uvloop's fork the whole worker for each job
+        return asyncio.run(Agent(opts, capability).run())
     except GpufleetError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

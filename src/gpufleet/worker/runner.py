@@ -17,7 +17,7 @@ from typing import Any
 
 from gpufleet.domain.models import HyperStyle, hyper_flags
 from gpufleet.worker.capability import job_path
-from gpufleet.worker.spawn import Child, spawn
+from gpufleet.worker.spawn import spawn
 
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
@@ -52,7 +52,7 @@ def job_env(
 class JobProcess:
     """A started child process group and the tasks pumping its output."""
 
-    def __init__(self, proc: Child, pumps: list[asyncio.Task[None]]) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, pumps: list[asyncio.Task[None]]) -> None:
         self.proc = proc
         self.pumps = pumps
 
@@ -64,7 +64,9 @@ class JobProcess:
     async def start(
         cls, argv: list[str], cwd: Path, env: Mapping[str, str], on_line: OnLine
     ) -> JobProcess:
-        proc, stdout, stderr = await spawn(argv, cwd, env, LINE_LIMIT)
+        proc = await spawn(argv, cwd, env, LINE_LIMIT)
+        stdout, stderr = proc.stdout, proc.stderr
+        assert stdout is not None and stderr is not None
         # A marker a restarted worker uses to find what a killed one left behind.
         with contextlib.suppress(OSError):  # best effort: only a later cleanup needs it
             (cwd / PGID_MARKER).write_text(str(proc.pid))
