@@ -56,6 +56,7 @@ lint: $(DEV)
 
 bench: $(DEV)
 	$(PY) bench/dispatch.py
+	$(PY) bench/throughput.py
 	$(PY) bench/claims.py
 
 clean:
