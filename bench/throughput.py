@@ -39,9 +39,7 @@ def gpufleet_run(db: str | None, jobs: int) -> float:
         f.start_server(db)
         for i in range(WORKERS):
             work = str(f.root / f"work{i}")
-            f.spawn(
-                f"w{i}", "worker", "--name", f"w{i}", "--slots", str(SLOTS), "--work-dir", work
-            )
+            f.spawn(f"w{i}", "worker", "--name", f"w{i}", "--slots", str(SLOTS), "--work-dir", work)
         with Client(f.url, f.token()) as c:
             deadline = time.monotonic() + 30
             while len(c.workers()) < WORKERS:
