@@ -248,3 +248,32 @@ def test_an_upload_cut_mid_way_resumes_from_the_committed_offset(
         )
         assert done.json()["complete"] is True
         assert http.get(f"/v1/blobs/{sha}").content == data
+
+
+def test_a_job_asking_for_no_outputs_keeps_none_and_says_nothing_about_them(
+    fleet: Fleet,
+) -> None:
+    from gpufleet.wire import JobSpecModel, ManifestApply
+
+    fleet.start_server()
+    fleet.start_worker("w1")
+    make = ["sh", "-c", "mkdir -p outputs && echo made > outputs/model.txt"]
+    with fleet.client() as c:
+        c.apply(
+            ManifestApply(
+                name="outs",
+                jobs=[
+                    JobSpecModel(name="keeps-none", command=make, outputs=[], manifest="outs"),
+                    JobSpecModel(name="asks-for-x", command=make, outputs=["x"], manifest="outs"),
+                ],
+            )
+        )
+        wait_for(
+            lambda: [j.status for j in c.jobs()] == ["succeeded", "succeeded"], 30, "both jobs"
+        )
+    none = json.loads(fleet.cli("show", "keeps-none", "--json").stdout)
+    assert none["artifact"] is None
+    said = fleet.cli("logs", "keeps-none")
+    assert "[gpufleet]" not in said.stdout + said.stderr
+    # a job whose outputs matched nothing is told so (on stderr, as the job's own was)
+    assert "[gpufleet] outputs x matched no files" in fleet.cli("logs", "asks-for-x").stderr

@@ -278,6 +278,8 @@ class JobSteps(ABC):
         """Archive the job's outputs, upload them and attach them to the attempt. Returns
         why that failed, or None (also when no output matched: nothing to keep)."""
         lease = run.lease
+        if not lease.spec.outputs:  # the job keeps nothing: no archive, and nothing to say
+            return None
         # named with this process's id, so a later worker knows a dead one's leftovers
         out = self.opts.work_dir / f".artifact.{os.getpid()}.{lease.job_id}-{lease.attempt}.tar.zst"
         try:
