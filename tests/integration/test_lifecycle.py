@@ -215,3 +215,33 @@ def test_a_big_log_batch_sent_twice_is_stored_once_in_order(
     ]
     shown = client.get(f"/v1/jobs/{job}", headers=admin).json()
     assert shown["progress"]["epoch"] == 2 and shown["metrics"] == {"loss": 0.25}
+
+
+def test_one_poll_fills_every_free_slot_and_never_one_twice(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """``most``: a worker with free slots gets up to that many leases in one answer, one
+    per free slot (GPU jobs on different GPUs), and a later poll counts them as held."""
+    w = register(client, worker, "gpu2", gpus=[gpu(0), gpu(1)], cpu_slots=2)
+    cpu_jobs = [submit(client, admin, name=f"cpu{i}") for i in range(3)]
+    gpu_jobs = [
+        submit(client, admin, name=f"gpu{i}", requirements={"require_cuda": True}) for i in range(3)
+    ]
+    free = [{"index": i, "free_mib": 8 * 1024} for i in (0, 1)]
+    poll = {"cpu_slots": 2, "gpus": free, "wait": 0, "most": 8}
+    first = client.post(f"/v1/workers/{w['id']}/claim", json=poll, headers=worker).json()
+    leases = [first, *first["more"]]
+    assert all(lease["more"] == [] for lease in first["more"])
+    got = {lease["job_id"]: lease["gpus"] for lease in leases}
+    assert len(leases) == len(got) == 4, leases
+    on_gpus = [g for job, g in got.items() if job in gpu_jobs]
+    assert sorted(on_gpus) == [[0], [1]], got
+    assert sum(job in cpu_jobs for job in got) == 2, got
+    # every slot is held now: the same poll again gets nothing
+    again = client.post(f"/v1/workers/{w['id']}/claim", json=poll, headers=worker)
+    assert again.status_code == 204, again.text
+    # one CPU job ends: one slot, one lease, even when more are asked for
+    done = next(job for job in got if job in cpu_jobs)
+    _finish(client, worker, done, exit_code=0)
+    third = client.post(f"/v1/workers/{w['id']}/claim", json=poll, headers=worker).json()
+    assert third["job_id"] in cpu_jobs and third["job_id"] not in got and third["more"] == []

@@ -183,6 +183,15 @@ class Leases:
             )
         return None
 
+    def claim_more(self, worker_id: str, free: FreeResources, most: int) -> list[Lease]:
+        """Up to ``most`` further claims for a worker that just got a lease, with no wait:
+        each is ranked and committed like the first, and each sees the slots the ones
+        before took (the store counts them as held), so they never overlap."""
+        more: list[Lease] = []
+        while len(more) < most and (lease := self.try_claim(worker_id, free)) is not None:
+            more.append(lease)
+        return more
+
     def _claim(
         self, w: WorkerRow, free: FreeResources, now: float
     ) -> tuple[JobRow, lifecycle.Change] | None:
@@ -362,10 +371,12 @@ class Leases:
         exit_code: int | None,
         error: str | None,
         stderr_tail: Sequence[str] = (),
+        held: JobRow | None = None,
     ) -> JobRow:
         """Record the end of an attempt: success, a retry after backoff, or failure. A
-        failed attempt keeps the last lines of its stderr, to say why."""
-        job = self._held(job_id, attempt)
+        failed attempt keeps the last lines of its stderr, to say why. ``held``: the job
+        as :meth:`check_holder` just read it (the change itself is guarded by the lease)."""
+        job = held if held is not None else self._held(job_id, attempt)
         tail = [printable(line) for line in stderr_tail]
         said = printable(error) if error else None
         now = self.clock()

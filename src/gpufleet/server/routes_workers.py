@@ -187,10 +187,15 @@ async def claim(
     try:
         while True:
             if lease is not None:
-                if await request.is_disconnected():  # nobody will run it: hand it back
-                    await to_thread.run_sync(
-                        leases.release, lease.job_id, lease.attempt, "worker went away"
+                if body.most > 1:
+                    lease.more = await to_thread.run_sync(
+                        leases.claim_more, worker_id, free, body.most - 1, limiter=st.claim_limiter
                     )
+                if await request.is_disconnected():  # nobody will run them: hand them back
+                    for one in (lease, *lease.more):
+                        await to_thread.run_sync(
+                            leases.release, one.job_id, one.attempt, "worker went away"
+                        )
                     return Response(status_code=204)
                 # Serialized here, once: the hot path skips FastAPI's second validation pass.
                 note(request, lease.job_id)
@@ -262,11 +267,13 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
     has ended is refused (409) and kept in that attempt's history (``late_result``)."""
     leases = state(request).services.leases
     try:
-        _holder(request, caller, job_id, body.attempt)
+        held = leases.check_holder(job_id, body.attempt, caller.id, caller.pools)
     except Conflict:
         leases.refused_result(job_id, body.attempt, caller.id, body.exit_code, body.error)
         raise
-    job = leases.finish(job_id, body.attempt, body.exit_code, body.error, body.stderr_tail)
+    job = leases.finish(
+        job_id, body.attempt, body.exit_code, body.error, body.stderr_tail, held=held
+    )
     return views.job_out(job, {})
 
 

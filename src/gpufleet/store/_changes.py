@@ -236,12 +236,16 @@ class ChangeOps(NamedChanges):
                 self.fail_dependents(conn, _row(conn, job_id), now)
 
 
+_ROW = select(t.jobs).where(_J.id == bindparam("id"))
+_DEPENDENTS = select(_D.job_id).where(_D.dep_id == bindparam("id"))
+
+
 def _row(conn: Connection, job_id: str) -> JobRow:
-    return JobRow.from_row(conn.execute(select(t.jobs).where(_J.id == job_id)).one())
+    return JobRow.from_row(conn.execute(_ROW, {"id": job_id}).one())
 
 
 def _dependents(conn: Connection, dep_id: str) -> list[str]:
-    return [str(i) for i in conn.scalars(select(_D.job_id).where(_D.dep_id == dep_id))]
+    return [str(i) for i in conn.scalars(_DEPENDENTS, {"id": dep_id})]
 
 
 def _pending_below(conn: Connection, job_id: str) -> list[tuple[str, JobRow]]:

@@ -18,6 +18,15 @@ from gpufleet.domain.models import JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store.rows import ArtifactRow, BlobRow, JobRow
 
+_D, _DJ = t.job_deps.alias("d"), t.jobs.alias("dj")
+# A pending job's unmet dependencies, counted (built once: aliases cost to build).
+_UNMET = (
+    select(func.count())
+    .select_from(_D.join(_DJ, _DJ.c.id == _D.c.dep_id))
+    .where(_D.c.job_id == t.jobs.c.id, _DJ.c.status != JobStatus.SUCCEEDED.value)
+    .scalar_subquery()
+)
+
 
 class DataOps(ABC):
     """Record operations of the data plane."""
@@ -146,21 +155,13 @@ class DataOps(ABC):
         if rows:
             conn.execute(self._insert(t.job_deps).on_conflict_do_nothing(), rows)
 
-    def _unmet(self) -> Any:
-        d, dj = t.job_deps.alias("d"), t.jobs.alias("dj")
-        return (
-            select(func.count())
-            .select_from(d.join(dj, dj.c.id == d.c.dep_id))
-            .where(d.c.job_id == t.jobs.c.id, dj.c.status != JobStatus.SUCCEEDED.value)
-            .scalar_subquery()
-        )
-
     def recount_waiting(self, conn: Connection, job_ids: Sequence[str] | None) -> int:
+        if job_ids is not None and not job_ids:  # a job nothing waits on: most finishes
+            return 0
         j = t.jobs.c
         where = j.status == JobStatus.PENDING.value
         where = where & (j.id.in_(list(job_ids)) if job_ids is not None else j.waiting > 0)
-        unmet = self._unmet()
-        stmt = update(t.jobs).where(where & (j.waiting != unmet)).values(waiting=unmet)
+        stmt = update(t.jobs).where(where & (j.waiting != _UNMET)).values(waiting=_UNMET)
         return int(conn.execute(stmt).rowcount)
 
     def refresh_waiting(self, job_ids: Sequence[str] | None = None) -> int:

@@ -45,6 +45,7 @@ CHANNEL = "gpufleet_claimable"
 TOKENS_CHANGED = "tokens"  # a NOTIFY payload on CHANNEL: drop cached tokens
 SUPERSEDED = "poll"  # "poll REPLICA WORKER_ID": that worker polls anew; end its open poll
 _J = t.jobs.c
+_JOB = select(t.jobs).where(_J.id == bindparam("id"))
 # Only a job still pending with the spec we compared against is changed.
 _PENDING_UPDATE = (
     update(t.jobs)
@@ -359,7 +360,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self._read() as conn:
-            row = conn.execute(select(t.jobs).where(t.jobs.c.id == job_id)).first()
+            row = conn.execute(_JOB, {"id": job_id}).first()
         return JobRow.from_row(row) if row else None
 
     def find_jobs_by_name(

@@ -164,6 +164,14 @@ class ClaimRequest(Strict):
         description="this poll replaces one the worker has open (a slot freed): end that "
         "one, on whichever server replica holds it",
     )
+    most: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="claim up to this many jobs in one answer (the first is the lease, "
+        "the rest in its `more`), as the free slots allow: a worker with several free "
+        "slots fills them in one round trip",
+    )
 
 
 class StagedInput(BaseModel):
@@ -188,6 +196,10 @@ class Lease(BaseModel):
     gpus: list[int]
     lease_timeout: float
     inputs: list[StagedInput] = Field(default_factory=list)
+    more: list[Lease] = Field(
+        default_factory=list,
+        description="further leases of the same poll, when the claim asked for `most` > 1",
+    )
 
 
 class HeartbeatRequest(Strict):

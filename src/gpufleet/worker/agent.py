@@ -409,11 +409,15 @@ class Agent(JobSteps):
 
     async def claim_body(self, supersede: bool = False) -> ClaimRequest:
         live = await self.live_gpus()
+        gpus = self.slots.free_gpus(live)
         return ClaimRequest(
             cpu_slots=self.slots.cpu_free,
-            gpus=self.slots.free_gpus(live),
+            gpus=gpus,
             wait=self.opts.claim_wait,
             supersede=supersede,
+            # as many jobs as could start now: every free CPU slot and GPU could take one
+            # (an ephemeral worker runs one job in all)
+            most=1 if self.opts.ephemeral else min(64, max(1, self.slots.cpu_free + len(gpus))),
         )
 
     async def claim_loop(self) -> None:
@@ -469,7 +473,8 @@ class Agent(JobSteps):
             return True
         if lease is not None:
             self.early_polls = 0
-            await self.accept(lease)
+            for one in (lease, *lease.more):
+                await self.accept(one)
         elif not poll.replaced and self.ended_early(poll):
             await self.after_early_end()
         else:
