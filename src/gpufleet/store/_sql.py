@@ -470,6 +470,9 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         """Push back the expiry of every valid lease ``worker_id`` holds (and record the
         GPU memory each job's processes use, where given); returns those leases."""
         held: set[tuple[str, int]] = set()
+        leases = list(leases)
+        if not leases:  # an idle worker's heartbeat: no transaction
+            return held
         used = gpu_mib or {}
         with self._write() as conn:
             for job_id, lease in leases:
