@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import psutil
 from _fleet import drop_pg_schema, fleet, fresh_pg_schema
 
 from gpufleet.client import Client
@@ -34,7 +35,16 @@ WAIT = 300.0  # seconds any one run may take
 WORKERS, SLOTS = 2, 4
 
 
-def gpufleet_run(db: str | None, jobs: int) -> float:
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    """User + system CPU seconds of ``procs`` and their children (the jobs) so far."""
+    total = 0.0
+    for p in procs:
+        t = p.cpu_times()
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def gpufleet_run(db: str | None, jobs: int, cpu: dict[str, list[float]]) -> float:
     with fleet() as f:
         f.start_server(db)
         for i in range(WORKERS):
@@ -55,6 +65,9 @@ def gpufleet_run(db: str | None, jobs: int) -> float:
                     for i in range(jobs)
                 ],
             )
+            server = psutil.Process(f.procs[0].pid)
+            workers = [psutil.Process(p.pid) for p in f.procs[1:]]
+            server0, workers0 = cpu_seconds([server]), cpu_seconds(workers)
             start = time.perf_counter()
             c.apply(plan)
             deadline = time.monotonic() + WAIT
@@ -63,8 +76,11 @@ def gpufleet_run(db: str | None, jobs: int) -> float:
                     raise SystemExit(f"gpufleet: {failed} job(s) failed: see {f.root}")
                 if time.monotonic() > deadline:
                     raise SystemExit(f"gpufleet: {done} of {jobs} done after {WAIT}s")
-                time.sleep(0.02)
-            return time.perf_counter() - start
+                time.sleep(0.1)  # more often costs the server measurably
+            took = time.perf_counter() - start
+            cpu["server"].append((cpu_seconds([server]) - server0) / jobs * 1000)
+            cpu["workers"].append((cpu_seconds(workers) - workers0) / jobs * 1000)
+            return took
 
 
 def rq_run(jobs: int) -> float:
@@ -120,6 +136,7 @@ def main() -> None:
     parser.add_argument("--no-rq", action="store_true", help="gpufleet only")
     args = parser.parse_args()
     ours: list[float] = []
+    cpu: dict[str, list[float]] = {"server": [], "workers": []}
     theirs: list[float] = []
     for run in range(args.runs):
         order = ["gpufleet", "rq"] if run % 2 == 0 else ["rq", "gpufleet"]
@@ -131,7 +148,7 @@ def main() -> None:
             pg = args.db.startswith("postgres")
             db = fresh_pg_schema(args.db) if pg else None
             try:
-                ours.append(args.jobs / gpufleet_run(db, args.jobs))
+                ours.append(args.jobs / gpufleet_run(db, args.jobs, cpu))
             finally:
                 if db:
                     drop_pg_schema(db)
@@ -144,6 +161,11 @@ def main() -> None:
         ratio = statistics.median(ours) / statistics.median(theirs)
         line += f"; RQ {WORKERS} forking workers {figure(theirs)}; ratio {ratio:.2f}x"
     print(line)
+    server, workers = statistics.median(cpu["server"]), statistics.median(cpu["workers"])
+    print(
+        f"  CPU a job (median of runs): server {server:.2f} ms, the 2 workers with their jobs "
+        f"{workers:.2f} ms; the server alone on one core could run {1000 / server:.0f} jobs/s"
+    )
 
 
 if __name__ == "__main__":

@@ -179,6 +179,7 @@ def test_rows_written_at_an_earlier_revision_read_back_after_upgrading(
     assert job.spec.max_attempts == 500 and job.spec.requirements.gpu_count == 1
     assert [a.outcome for a in store.attempts("j-old")] == ["succeeded"]
     assert [j.id for j in store.list_jobs()] == ["j-old"]
+    assert store.job_counts() == {"succeeded": 1}  # jobs from before the counts are counted
     worker = store.get_worker("w-old")
     assert worker is not None and worker.status is WorkerStatus.AVAILABLE
     assert [g.name for g in worker.capability.gpus] == ["A100"]

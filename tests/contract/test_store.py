@@ -1382,3 +1382,27 @@ def test_retention_deletes_finished_jobs_output_and_old_audit_records_only(
         store.logs(ids[2], last, 100, streams=OUT)[0].line == "later"
     )  # a follower's cursor holds
     assert q.retention.run() == 0
+
+
+def test_job_counts_follow_every_change_and_a_fold(queue: Services, store: SqlStore) -> None:
+    """``status`` and the jobs list read counts the database keeps as jobs change; they
+    must always equal the jobs counted one by one, before and after a fold."""
+    w = register(queue, "box", cpu_slots=4)
+    ids = [queue.submission.submit(spec(f"j{i}")).id for i in range(5)]
+    queue.submission.submit(spec("other", pool="gpu"))
+    first, second = claim(queue, w), claim(queue, w)
+    queue.leases.start(first.job_id, first.attempt)
+    queue.leases.finish(first.job_id, first.attempt, 0, None)
+    queue.leases.finish(second.job_id, second.attempt, 3, "boom")  # retries: pending
+    queue.steering.cancel(next(i for i in ids if i not in (first.job_id, second.job_id)))
+
+    def counted(pools: Sequence[str] | None = None) -> dict[str, int]:
+        rows = store.list_jobs(limit=100, pools=pools)
+        return {s: sum(j.status.value == s for j in rows) for s in {j.status.value for j in rows}}
+
+    for _ in range(2):  # as written, then folded in
+        assert store.job_counts() == counted() == {"pending": 4, "succeeded": 1, "cancelled": 1}
+        assert store.job_counts(["gpu"]) == counted(["gpu"]) == {"pending": 1}
+        gauges = store.queue_gauges().jobs
+        assert gauges[("pending", "default")] == 3 and gauges[("pending", "gpu")] == 1
+        store.fold_job_counts()

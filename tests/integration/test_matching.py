@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pytest
+
+from gpufleet.server import explain
 from tests.integration.helpers import (
     TESTCLIENT_ON_HTTPX,
     assert_error,
@@ -129,7 +132,10 @@ def test_why_says_who_can_take_a_job_that_fits(
 
 
 def test_why_gives_the_place_in_the_queue_among_jobs_the_same_workers_could_run(
-    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+    client: TestClient,
+    admin: dict[str, str],
+    worker: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     register(client, worker, "gpu-box", gpus=[gpu(gib=8)])
     gpu_job = {"require_cuda": True}
@@ -147,6 +153,12 @@ def test_why_gives_the_place_in_the_queue_among_jobs_the_same_workers_could_run(
     why = client.get(f"/v1/jobs/{last}/why", headers=admin).json()
     assert why["summary"].endswith("(place 4 in its queue)")
     assert why["workers"][0]["reasons"] == []
+    # Deep in a long queue only the first jobs ahead are looked at: no exact place then
+    monkeypatch.setattr(explain, "AHEAD", 2)
+    deep = client.get(f"/v1/jobs/{last}/why", headers=admin).json()
+    assert deep["position"] is None
+    assert deep["summary"].endswith("(at least 2 jobs ahead of it in its queue)")
+    assert client.get(f"/v1/jobs/{first}/why", headers=admin).json()["position"] == 2
 
 
 def test_why_with_no_workers_says_so(client: TestClient, admin: dict[str, str]) -> None:

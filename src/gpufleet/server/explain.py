@@ -11,7 +11,9 @@ from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
 from gpufleet.store import JobRow, Store
 
-AHEAD = 10_000  # jobs ahead a position counts, at most
+# Jobs ahead a position counts, at most: each is read and matched, so a job deep in a
+# long queue would cost ``why`` time in proportion (bench/growth.py).
+AHEAD = 1_000
 
 
 class Explain:
@@ -49,23 +51,27 @@ class Explain:
         jv = JobView(job.id, job.spec, job.created_at)
         verdicts = explain(jv, [(s.view, s.free) for s in states], now, self.prefer_cuda_grace)
         rows = [(s, reasons) for s, (_, reasons) in zip(states, verdicts, strict=True)]
-        position = self._position(job, [s.view for s in states])
+        position, exact = self._position(job, [s.view for s in states])
         summary = self._why_summary(job, verdicts, now)
         if position is not None and job.status == JobStatus.PENDING and not job.waiting:
-            summary += f" (place {position} in its queue)"
-        return job, summary, rows, position
+            if exact:
+                summary += f" (place {position} in its queue)"
+            else:
+                summary += f" (at least {position - 1:,} jobs ahead of it in its queue)"
+        return job, summary, rows, position if exact else None
 
-    def _position(self, job: JobRow, workers: list[WorkerView]) -> int | None:
+    def _position(self, job: JobRow, workers: list[WorkerView]) -> tuple[int | None, bool]:
         """1 + the pending jobs ranked before ``job`` (priority, then age) that one of the
-        workers able to run ``job`` could run too; None unless it is pending. Counts at
-        most ``AHEAD`` jobs ahead."""
+        workers able to run ``job`` could run too (None unless it is pending), and whether
+        that is exact: only the first ``AHEAD`` jobs ahead are looked at."""
         if job.status != JobStatus.PENDING:
-            return None
+            return None, True
         able = [w for w in workers if ever_reason(job.spec, w) is None]
         if not able:
-            return None
-        ahead = self.store.queue_ahead(job, AHEAD)
-        return 1 + sum(1 for j in ahead if any(ever_reason(j.spec, w) is None for w in able))
+            return None, True
+        ahead = self.store.queue_ahead(job, AHEAD + 1)
+        before = sum(1 for j in ahead[:AHEAD] if any(ever_reason(j.spec, w) is None for w in able))
+        return 1 + before, len(ahead) <= AHEAD
 
     def _why_summary(
         self, job: JobRow, verdicts: list[tuple[WorkerView, list[str]]], now: float

@@ -463,8 +463,10 @@ class Leases:
         return requeued
 
     def tidy(self) -> list[str]:
-        """Recount dependencies another replica met, mark silent workers offline and
-        forget ephemeral ones gone past their TTL; the ids that went offline."""
+        """Recount dependencies another replica met, fold the job count changes in (on
+        PostgreSQL), mark silent workers offline and forget ephemeral ones gone past
+        their TTL; the ids that went offline."""
+        self.store.fold_job_counts()
         if self.store.refresh_waiting():
             self.on_change()
         return self.fleet.sweep()

@@ -25,6 +25,7 @@ from sqlalchemy import (
     func,
     make_url,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -45,6 +46,17 @@ CHANNEL = "gpufleet_claimable"
 TOKENS_CHANGED = "tokens"  # a NOTIFY payload on CHANNEL: drop cached tokens
 SUPERSEDED = "poll"  # "poll REPLICA WORKER_ID": that worker polls anew; end its open poll
 _J = t.jobs.c
+_C, _CD = t.job_counts.c, t.job_count_deltas.c
+_BOTH = union_all(select(_C.pool, _C.status, _C.n), select(_CD.pool, _CD.status, _CD.n)).subquery()
+_COUNTS = select(_BOTH.c.pool, _BOTH.c.status, func.sum(_BOTH.c.n)).group_by(
+    _BOTH.c.pool, _BOTH.c.status
+)
+_FOLD = """
+WITH gone AS (DELETE FROM job_count_deltas RETURNING pool, status, n)
+INSERT INTO job_counts (pool, status, n)
+SELECT pool, status, sum(n) FROM gone GROUP BY pool, status ORDER BY pool, status
+ON CONFLICT (pool, status) DO UPDATE SET n = job_counts.n + excluded.n
+"""
 _JOB = select(t.jobs).where(_J.id == bindparam("id"))
 # Only a job still pending with the spec we compared against is changed.
 _PENDING_UPDATE = (
@@ -403,13 +415,40 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
     def job_counts(
         self, pools: Sequence[str] | None = None, name: str | None = None
     ) -> dict[str, int]:
+        """Jobs of ``pools`` (None: all) by status; with ``name``, of the jobs whose name
+        holds it (counted from the jobs: a search). Statuses with no job are left out."""
+        if not name:
+            counts: dict[str, int] = {}
+            for (status, pool), n in self._counts().items():
+                if pools is None or pool in pools:
+                    counts[status] = counts.get(status, 0) + n
+            return counts
         q = select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
         if pools is not None:
             q = q.where(t.jobs.c.pool.in_(pools))
-        if name:
-            q = q.where(func.lower(t.jobs.c.name).contains(name.lower(), autoescape=True))
+        q = q.where(func.lower(t.jobs.c.name).contains(name.lower(), autoescape=True))
         with self._read() as conn:
             return {s: int(n) for s, n in conn.execute(q).all()}
+
+    def _counts(self) -> dict[tuple[str, str], int]:
+        """Jobs by (status, pool), from the counts the triggers keep: the same cost for
+        any number of jobs (the deltas not folded in yet are a few seconds' changes)."""
+        with self._read() as conn:
+            rows = conn.execute(_COUNTS).all()
+        counts: dict[tuple[str, str], int] = {}
+        for pool, status, n in rows:
+            counts[(status, pool)] = counts.get((status, pool), 0) + int(n)
+        return {key: n for key, n in counts.items() if n > 0}
+
+    def fold_job_counts(self) -> int:
+        """Fold the count changes PostgreSQL's trigger appended into ``job_counts``; how
+        many were folded. Replicas may fold at once: each change is deleted by exactly
+        one of them, and the sums go in key order (two folds never wait on each other in
+        a circle). Nothing to do on SQLite, whose trigger counts in place."""
+        if self.dialect != "postgresql":
+            return 0
+        with self._write() as conn:
+            return int(conn.exec_driver_sql(_FOLD).rowcount or 0)
 
     def queue_ahead(self, job: JobRow, limit: int) -> list[JobRow]:
         """Pending jobs of ``job``'s pool ranked before it (priority, then age, then id),
@@ -435,7 +474,6 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         """What /metrics reads of the queue: jobs by status and pool, each pool's oldest
         pending job, and the bytes kept as artifacts and as other blobs (packages)."""
         j, a, b = t.jobs.c, t.artifacts.c, t.blobs.c
-        by_pool = select(j.status, j.pool, func.count()).group_by(j.status, j.pool)
         oldest = (
             select(j.pool, func.min(j.created_at))
             .where(j.status == JobStatus.PENDING.value)
@@ -450,7 +488,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         )
         with self._read() as conn:
             return QueueGauges(
-                jobs={(s, p): int(n) for s, p, n in conn.execute(by_pool).all()},
+                jobs=self._counts(),
                 oldest_pending={p: float(c) for p, c in conn.execute(oldest).all()},
                 artifact_bytes=int(conn.execute(artifact_bytes).scalar() or 0),
                 package_bytes=int(conn.execute(package_bytes).scalar() or 0),

@@ -188,6 +188,29 @@ tokens = Table(
 # Dashboard sign-ins: the browser holds the session secret in an HttpOnly cookie; the
 # server keeps its SHA-256. A session lives until ``expires_at``, its sign-out, or its
 # token's revocation or rotation (``token_hash`` is the token's hash at sign-in).
+# Jobs by pool and status, kept by triggers on ``jobs`` (migration 0011), so that counting
+# them costs the same with a hundred jobs or a million. On SQLite the trigger adds to
+# ``job_counts`` directly (one writer: nothing to contend for). On PostgreSQL it appends
+# +1/-1 rows to ``job_count_deltas`` (appends never wait on each other, where one counter
+# row per status would serialize every claim), which the server folds into
+# ``job_counts`` every few seconds; a count reads both.
+job_counts = Table(
+    "job_counts",
+    metadata,
+    Column("pool", String(200), primary_key=True),
+    Column("status", String(16), primary_key=True),
+    Column("n", BigInteger, nullable=False),
+)
+
+job_count_deltas = Table(
+    "job_count_deltas",
+    metadata,
+    Column("seq", SEQ, primary_key=True, autoincrement=True),
+    Column("pool", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("n", Integer, nullable=False),
+)
+
 sessions = Table(
     "sessions",
     metadata,

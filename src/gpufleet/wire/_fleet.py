@@ -337,7 +337,8 @@ class WhyOut(BaseModel):
     position: int | None = Field(
         None,
         description="a pending job's place in its queue (1: next) among the jobs the "
-        "workers that could run it could run too",
+        "workers that could run it could run too; None when over 1,000 jobs are ahead of "
+        "it (only the first 1,000 are looked at: the summary says how many of those count)",
     )
 
 
