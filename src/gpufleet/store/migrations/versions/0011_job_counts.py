@@ -1,7 +1,8 @@
 """Jobs counted by pool and status as they change, so ``status``, the jobs list's total
 and ``/metrics`` cost the same whatever the number of jobs: ``job_counts``, kept by
 triggers on ``jobs`` (on PostgreSQL through ``job_count_deltas``, folded in by the
-server), filled from the jobs already there.
+server), filled from the jobs already there. And ``ix_jobs_created``: the jobs list's
+pages, newest first, read in index order.
 
 Revision ID: 0011
 Revises: 0010
@@ -50,6 +51,7 @@ $$
 
 
 def upgrade() -> None:
+    op.create_index("ix_jobs_created", "jobs", ["created_at", "id"])
     op.create_table(
         "job_counts",
         sa.Column("pool", sa.String(200), primary_key=True),
@@ -88,3 +90,4 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER {name}")
     op.drop_table("job_count_deltas")
     op.drop_table("job_counts")
+    op.drop_index("ix_jobs_created", table_name="jobs")
