@@ -54,10 +54,21 @@ lint: $(DEV)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+## make bench: every figure of docs/performance.md's table, on SQLite and PostgreSQL
+## (about 25 minutes; the RQ side needs redis-server on 127.0.0.1:6379)
+PG_BENCH ?= postgresql://postgres@127.0.0.1:5432/test
 bench: $(DEV)
 	$(PY) bench/dispatch.py
+	$(PY) bench/dispatch.py --db $(PG_BENCH)
 	$(PY) bench/throughput.py
 	$(PY) bench/claims.py
+	$(PY) bench/claims.py --db $(PG_BENCH)
+	$(PY) bench/cli_start.py
+	$(PY) bench/transfer.py
+	$(PY) bench/heartbeats.py
+	$(PY) bench/heartbeats.py --db $(PG_BENCH)
+	$(PY) bench/growth.py
+	$(PY) bench/growth.py --db $(PG_BENCH)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

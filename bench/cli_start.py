@@ -1,0 +1,90 @@
+"""The CLI's start: wall time of whole ``gpufleet`` processes, as a user types them.
+
+    .venv/bin/python bench/cli_start.py [--runs 10]
+
+Times ``gpufleet --help`` and ``gpufleet jobs`` against a real local server (SQLite, no
+jobs), each run a fresh process, the two commands taking turns. Prints the median and the
+range of each, and the modules ``gpufleet jobs`` spends most of its import time on
+(``python -X importtime``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _fleet import fleet
+
+COMMANDS = {"gpufleet --help": ["--help"], "gpufleet jobs": ["jobs"]}
+
+
+def wall(args: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - t0
+
+
+def slowest_imports(env: dict[str, str], top: int = 6) -> list[tuple[int, str]]:
+    """(cumulative microseconds, module) of the slowest top-level imports of `jobs`."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gpufleet", "jobs"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    found = []
+    for line in out.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cumulative, name = (part.strip() for part in line.split(":", 1)[1].split("|"))
+        if cumulative.isdigit() and not name.startswith(" ") and "." not in name.strip():
+            found.append((int(cumulative), name.strip()))
+    return sorted(found, reverse=True)[:top]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    with fleet() as f:
+        f.start_server(None)
+        env = {**f.env, "GPUFLEET_SERVER": f.url}
+        env.pop("PYTHONUNBUFFERED", None)
+        for argv in COMMANDS.values():  # warm the page cache and the bytecode
+            wall(argv, env)
+        times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+        for run in range(args.runs):
+            order = list(COMMANDS.items())
+            for name, argv in order if run % 2 == 0 else reversed(order):
+                times[name].append(wall(argv, env))
+        imports = slowest_imports(env)
+    for name, seconds in times.items():
+        ms = [s * 1000 for s in seconds]
+        print(
+            f"CLI start, {name}: {statistics.median(ms):.0f} ms "
+            f"({min(ms):.0f}-{max(ms):.0f}, {len(ms)} runs)"
+        )
+    print(
+        "  slowest imports of `gpufleet jobs` (cumulative ms): "
+        + ", ".join(f"{name} {us / 1000:.0f}" for us, name in imports)
+    )
+    if os.environ.get("GPUFLEET_SERVER"):
+        print("  (GPUFLEET_SERVER in this environment was ignored: a local server was used)")
+
+
+if __name__ == "__main__":
+    main()
