@@ -1425,3 +1425,25 @@ def test_job_counts_follow_every_change_and_a_fold(queue: Services, store: SqlSt
         gauges = store.queue_gauges().jobs
         assert gauges[("pending", "default")] == 3 and gauges[("pending", "gpu")] == 1
         store.fold_job_counts()
+
+
+def test_a_postgresql_store_reconnects_after_its_connections_were_closed(
+    store: SqlStore, queue: Services, pg_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database restart closes every pooled connection. One idle for a while is checked
+    before use, so the call after the restart is answered, not failed."""
+    if getattr(store, "dialect", None) != "postgresql":
+        pytest.skip("PostgreSQL's connections")
+    import psycopg
+
+    import gpufleet.store._sql as sql
+
+    made = queue.submission.submit(spec("kept"))
+    assert store.get_job(made.id) is not None  # a pooled connection now exists
+    with store.engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    monkeypatch.setattr(sql, "IDLE_PING", 0.0)  # as if it had sat idle
+    job = store.get_job(made.id)
+    assert job is not None and job.name == "kept"
