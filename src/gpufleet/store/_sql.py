@@ -135,11 +135,11 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             # As many pooled connections as the server has threads (anyio's 40): under
             # load a smaller pool opened and closed a connection, with its pragmas, for
             # most calls (a third of a heartbeat's cost with 10,000 workers).
+            # (An in-memory database has one connection, shared: no pool to size.)
+            memory = make_url(self.url).database in (None, "", ":memory:")
+            pool = {} if memory else {"pool_size": POOL_SIZE, "max_overflow": 10}
             self.engine = create_engine(
-                self.url,
-                connect_args={"check_same_thread": False, "timeout": 30},
-                pool_size=POOL_SIZE,
-                max_overflow=10,
+                self.url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
             )
             event.listen(self.engine, "connect", _sqlite_pragmas)
             self._lock: threading.Lock | None = threading.Lock()
