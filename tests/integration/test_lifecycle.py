@@ -245,3 +245,25 @@ def test_one_poll_fills_every_free_slot_and_never_one_twice(
     _finish(client, worker, done, exit_code=0)
     third = client.post(f"/v1/workers/{w['id']}/claim", json=poll, headers=worker).json()
     assert third["job_id"] in cpu_jobs and third["job_id"] not in got and third["more"] == []
+
+
+def test_a_heartbeat_brings_an_offline_worker_back_and_says_so(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """Most heartbeats are one statement; one from a worker the server had marked offline
+    takes the long way, which records its return."""
+    w = register(client, worker, "box")
+    beat = {"gpus": [], "draining": False}
+    assert client.post(f"/v1/workers/{w['id']}/heartbeat", json=beat, headers=worker).is_success
+    assert client.get(f"/v1/workers/{w['id']}", headers=admin).json()["status"] == "available"
+    client.post(f"/v1/workers/{w['id']}/leave", json={"reason": "paused"}, headers=worker)
+    assert client.get(f"/v1/workers/{w['id']}", headers=admin).json()["status"] == "offline"
+    back = client.post(f"/v1/workers/{w['id']}/heartbeat", json=beat, headers=worker)
+    assert back.status_code == 200 and back.json()["drain"] is False
+    shown = client.get(f"/v1/workers/{w['id']}", headers=admin).json()
+    assert shown["status"] == "available" and shown["offline_since"] is None
+    assert ("worker.online", w["id"]) in _events(client, admin)
+    # a worker draining by its own word is shown draining, heartbeat after heartbeat
+    draining = {**beat, "draining": True}
+    client.post(f"/v1/workers/{w['id']}/heartbeat", json=draining, headers=worker)
+    assert client.get(f"/v1/workers/{w['id']}", headers=admin).json()["status"] == "draining"
