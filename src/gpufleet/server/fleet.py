@@ -336,25 +336,6 @@ class Fleet:
         self.store.update_worker(w.id, **values)
         self.forget(w.id)
 
-    def beat_owned(
-        self,
-        worker_id: str,
-        token_id: str,
-        pools: Sequence[str] | None,
-        draining: bool,
-        gpu_stats: str | None,
-    ) -> WorkerRow:
-        """:meth:`own` and :meth:`beat` at once: one statement for a worker alive and
-        owned by ``token_id`` (the usual heartbeat); else the checks one by one, which
-        raise what is wrong, and a worker back from offline is announced."""
-        w = self.store.beat_worker(worker_id, token_id, pools, self.clock(), draining, gpu_stats)
-        if w is None:
-            w = self.own(worker_id, token_id, pools)
-            self.beat(w, draining, gpu_stats)
-            return self.claimer(worker_id)
-        self._claimers[w.id] = (time.monotonic(), w)
-        return w
-
     def leave(self, w: WorkerRow, reason: str) -> None:
         """The worker stopped on purpose (drained, its one job done, a signal)."""
         if self.store.leave(w.id, self.clock()):

@@ -299,20 +299,10 @@ class Leases:
         self.store.extend_leases(leases, self.clock() + self.settings.lease_timeout, worker_id)
 
     def heartbeat(
-        self,
-        worker_id: str,
-        req: HeartbeatRequest,
-        token_id: str | None = None,
-        pools: Sequence[str] | None = None,
+        self, worker_id: str, req: HeartbeatRequest, w: WorkerRow | None = None
     ) -> HeartbeatResponse:
-        """Record the worker alive and extend the leases it holds. With ``token_id``, only
-        the token that enrolled the worker may (checked in the same statement)."""
-        stats = json.dumps([g.model_dump() for g in req.gpus]) if req.gpus else None
-        if token_id is not None:
-            w = self.fleet.beat_owned(worker_id, token_id, pools, req.draining, stats)
-        else:
-            w = self.fleet.worker(worker_id)
-            self.fleet.beat(w, req.draining, stats)
+        """``w``: the worker's row as the caller just read it (its ownership check)."""
+        w = w if w is not None else self.fleet.worker(worker_id)
         now = self.clock()
         used = {(r.job_id, r.attempt): r.gpu_mib for r in req.leases if r.gpu_mib is not None}
         held = self.store.extend_leases(
@@ -321,6 +311,8 @@ class Leases:
             w.id,
             used,
         )
+        stats = json.dumps([g.model_dump() for g in req.gpus]) if req.gpus else None
+        self.fleet.beat(w, req.draining, stats)
         stops = self.store.stops(held)
         orders = []
         for r in req.leases:

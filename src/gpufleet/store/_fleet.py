@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Connection, case, delete, func, select, update
+from sqlalchemy import Connection, delete, func, select, update
 
 from gpufleet.domain.models import WorkerStatus
 from gpufleet.errors import Conflict
@@ -22,7 +22,6 @@ from gpufleet.store.rows import AuditRow, HostRow, TokenRow, WorkerRow
 
 _W = t.workers.c
 _OFFLINE = WorkerStatus.OFFLINE.value
-_DRAINING, _AVAILABLE = WorkerStatus.DRAINING.value, WorkerStatus.AVAILABLE.value
 
 
 class FleetOps(ABC):
@@ -85,33 +84,6 @@ class FleetOps(ABC):
         with self._read() as conn:
             rows = conn.execute(q).all()
         return [WorkerRow.from_row(r) for r in rows]
-
-    def beat_worker(
-        self,
-        worker_id: str,
-        token_id: str,
-        pools: Sequence[str] | None,
-        now: float,
-        draining: bool,
-        gpu_stats: str | None,
-    ) -> WorkerRow | None:
-        """A heartbeat in one statement: the worker (by id) if ``token_id`` enrolled it,
-        it is of ``pools`` and not offline, marked alive now (draining if it or an
-        operator says so), as it is after that. None when any of that fails: the caller
-        then checks and records the heartbeat the long way, which says why."""
-        where = (_W.id == worker_id) & (_W.token_id == token_id) & (_W.status != _OFFLINE)
-        if pools is not None:
-            where = where & _W.pool.in_(pools)
-        status: Any = (
-            _DRAINING if draining else case((_W.drain.is_(True), _DRAINING), else_=_AVAILABLE)
-        )
-        values: dict[str, Any] = {"last_heartbeat": now, "status": status, "offline_since": None}
-        if gpu_stats is not None:
-            values["gpu_stats"] = gpu_stats
-        stmt = update(t.workers).where(where).values(values).returning(*t.workers.c)
-        with self._write() as conn:
-            row = conn.execute(stmt).first()
-        return WorkerRow.from_row(row) if row else None
 
     def update_worker(self, worker_id: str, **values: Any) -> bool:
         with self._write() as conn:

@@ -72,34 +72,6 @@ class MemoryRecords:
                 WorkerRow.from_mapping(dict(w)) for w in rows if pools is None or w["pool"] in pools
             ]
 
-    def beat_worker(
-        self,
-        worker_id: str,
-        token_id: str,
-        pools: Sequence[str] | None,
-        now: float,
-        draining: bool,
-        gpu_stats: str | None,
-    ) -> WorkerRow | None:
-        with self._lock:
-            row = self.workers.get(worker_id)
-            if (
-                row is None
-                or row["token_id"] != token_id
-                or row["status"] == _OFFLINE
-                or (pools is not None and row["pool"] not in pools)
-            ):
-                return None
-            draining = draining or bool(row["drain"])
-            row.update(
-                last_heartbeat=now,
-                status=WorkerStatus.DRAINING.value if draining else WorkerStatus.AVAILABLE.value,
-                offline_since=None,
-            )
-            if gpu_stats is not None:
-                row["gpu_stats"] = gpu_stats
-            return WorkerRow.from_mapping(dict(row))
-
     def update_worker(self, worker_id: str, **values: Any) -> bool:
         with self._lock:
             row = self.workers.get(worker_id)
