@@ -157,7 +157,9 @@ def test_why_gives_the_place_in_the_queue_among_jobs_the_same_workers_could_run(
     monkeypatch.setattr(explain, "AHEAD", 2)
     deep = client.get(f"/v1/jobs/{last}/why", headers=admin).json()
     assert deep["position"] is None
-    assert deep["summary"].endswith("(at least 2 jobs ahead of it in its queue)")
+    assert deep["summary"].endswith(
+        "(over 2 jobs ahead of it in its queue; 2 of the first 2 compete with it)"
+    )
     assert client.get(f"/v1/jobs/{first}/why", headers=admin).json()["position"] == 2
 
 

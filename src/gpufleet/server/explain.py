@@ -57,7 +57,10 @@ class Explain:
             if exact:
                 summary += f" (place {position} in its queue)"
             else:
-                summary += f" (at least {position - 1:,} jobs ahead of it in its queue)"
+                summary += (
+                    f" (over {AHEAD:,} jobs ahead of it in its queue; {position - 1:,} of "
+                    f"the first {AHEAD:,} compete with it)"
+                )
         return job, summary, rows, position if exact else None
 
     def _position(self, job: JobRow, workers: list[WorkerView]) -> tuple[int | None, bool]:

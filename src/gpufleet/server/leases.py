@@ -10,6 +10,7 @@ in :mod:`gpufleet.domain.lifecycle`.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -32,6 +33,8 @@ from gpufleet.server.metrics import Metrics
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow
 from gpufleet.wire import HeartbeatRequest, HeartbeatResponse, JobSpecModel, Lease, LeaseOrder
+
+log = logging.getLogger("gpufleet.server")
 
 APPEND_CHUNK = 1_000  # output lines a transaction stores at most
 
@@ -188,7 +191,14 @@ class Leases:
         each is ranked and committed like the first, and each sees the slots the ones
         before took (the store counts them as held), so they never overlap."""
         more: list[Lease] = []
-        while len(more) < most and (lease := self.try_claim(worker_id, free)) is not None:
+        while len(more) < most:
+            try:
+                lease = self.try_claim(worker_id, free)
+            except Exception:  # the first lease and these are committed: never lose them
+                log.exception("claiming more jobs for worker %s failed", worker_id)
+                break
+            if lease is None:
+                break
             more.append(lease)
         return more
 
@@ -298,11 +308,8 @@ class Leases:
         """A worker registering again still runs these jobs: their leases live on."""
         self.store.extend_leases(leases, self.clock() + self.settings.lease_timeout, worker_id)
 
-    def heartbeat(
-        self, worker_id: str, req: HeartbeatRequest, w: WorkerRow | None = None
-    ) -> HeartbeatResponse:
-        """``w``: the worker's row as the caller just read it (its ownership check)."""
-        w = w if w is not None else self.fleet.worker(worker_id)
+    def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
+        w = self.fleet.worker(worker_id)  # fresh: its drain flag and whether it was offline
         now = self.clock()
         used = {(r.job_id, r.attempt): r.gpu_mib for r in req.leases if r.gpu_mib is not None}
         held = self.store.extend_leases(

@@ -187,7 +187,7 @@ async def claim(
     try:
         while True:
             if lease is not None:
-                if body.most > 1:
+                if body.most > 1 and not await request.is_disconnected():
                     lease.more = await to_thread.run_sync(
                         leases.claim_more, worker_id, free, body.most - 1, limiter=st.claim_limiter
                     )
@@ -224,8 +224,8 @@ def heartbeat(
 ) -> HeartbeatResponse:
     """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
     q = state(request).services
-    w = q.fleet.own(worker_id, caller.id, caller.pools)
-    return q.leases.heartbeat(worker_id, body, w)
+    q.fleet.own(worker_id, caller.id, caller.pools)
+    return q.leases.heartbeat(worker_id, body)
 
 
 @router.post("/workers/{worker_id}/leave", status_code=204, tags=["worker protocol"])

@@ -65,11 +65,12 @@ _JOB = select(t.jobs).where(_J.id == bindparam("id"))
 # in claim order (which planners prefer, and which costs as much as the queue is long):
 # SQLite is told the index, PostgreSQL gets the read fenced off in a subquery (OFFSET 0).
 _AIMED_WHERE = f"target IS NOT NULL AND status = '{JobStatus.PENDING.value}'"
+_JOB_COLUMNS = ", ".join(c.name for c in t.jobs.c)  # named: a column added later is not read
 _AIMED_JOBS = {
-    "sqlite": f"SELECT * FROM jobs INDEXED BY ix_jobs_target WHERE {_AIMED_WHERE} "
-    "ORDER BY priority DESC, created_at, id",
-    "postgresql": f"SELECT * FROM (SELECT * FROM jobs WHERE {_AIMED_WHERE} OFFSET 0) aimed "
-    "ORDER BY priority DESC, created_at, id",
+    "sqlite": f"SELECT {_JOB_COLUMNS} FROM jobs INDEXED BY ix_jobs_target "
+    f"WHERE {_AIMED_WHERE} ORDER BY priority DESC, created_at, id",
+    "postgresql": f"SELECT {_JOB_COLUMNS} FROM (SELECT * FROM jobs WHERE {_AIMED_WHERE} "
+    "OFFSET 0) aimed ORDER BY priority DESC, created_at, id",
 }
 # Only a job still pending with the spec we compared against is changed.
 _PENDING_UPDATE = (

@@ -104,6 +104,7 @@ class Agent(JobSteps):
         self.stopping = asyncio.Event()  # set when the drain begins: wakes retry waits
         self.drain_deadline: float | None = None
         self.early_polls = 0  # polls in a row that someone else ended early
+        self.several = not opts.ephemeral  # ask for a job per free slot in one poll
         self.tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -416,8 +417,8 @@ class Agent(JobSteps):
             wait=self.opts.claim_wait,
             supersede=supersede,
             # as many jobs as could start now: every free CPU slot and GPU could take one
-            # (an ephemeral worker runs one job in all)
-            most=1 if self.opts.ephemeral else min(64, max(1, self.slots.cpu_free + len(gpus))),
+            # (an ephemeral worker runs one job in all; a server before `most` takes one)
+            most=min(64, max(1, self.slots.cpu_free + len(gpus))) if self.several else 1,
         )
 
     async def claim_loop(self) -> None:
@@ -468,6 +469,10 @@ class Agent(JobSteps):
         except Stopped:
             return False
         except GpufleetError as exc:
+            if exc.status == 422 and self.several and "most" in exc.message:
+                say("the server takes one job a poll (it predates `most`); asking for one")
+                self.several = False
+                return True
             say(f"claim refused: {exc.message}")
             await asyncio.sleep(2.0)
             return True

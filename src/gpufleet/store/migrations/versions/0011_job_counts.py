@@ -42,6 +42,9 @@ BEGIN
 END
 $$
 """,
+    # The deltas go to the schema the migration ran in, whoever writes to jobs (an admin's
+    # session with another search_path, a restore with an empty one).
+    "ALTER FUNCTION gpufleet_job_count_delta() SET search_path FROM CURRENT",
     "CREATE TRIGGER job_counts_insert_delete AFTER INSERT OR DELETE ON jobs "
     "FOR EACH ROW EXECUTE FUNCTION gpufleet_job_count_delta()",
     "CREATE TRIGGER job_counts_update AFTER UPDATE OF status, pool ON jobs FOR EACH ROW "
