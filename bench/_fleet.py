@@ -76,6 +76,20 @@ def fleet() -> Iterator[BenchFleet]:
             f.stop()
 
 
+@contextmanager
+def database(db: str) -> Iterator[str | None]:
+    """What a bench's ``--db`` names, for ``start_server``: None for SQLite (the server's
+    own file), else a fresh PostgreSQL schema, dropped afterwards."""
+    if not db.startswith("postgres"):
+        yield None
+        return
+    url = fresh_pg_schema(db)
+    try:
+        yield url
+    finally:
+        drop_pg_schema(url)
+
+
 def fresh_pg_schema(url: str) -> str:
     """A URL on a new, empty schema of the PostgreSQL database at ``url``."""
     import secrets

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import httpx
-from _fleet import drop_pg_schema, fleet, fresh_pg_schema
+from _fleet import database, fleet
 
 from gpufleet.wire import CapabilityModel, JobSpecModel, ManifestApply, WorkerRegister
 
@@ -93,12 +93,8 @@ def main() -> None:
     pg = args.db.startswith("postgres")
     results: dict[int, dict[str, float]] = {}
     for n in sizes:
-        db = fresh_pg_schema(args.db) if pg else None
-        try:
+        with database(args.db) as db:
             results[n] = one_size(db, n, args.calls)
-        finally:
-            if db:
-                drop_pg_schema(db)
         print(f"  {n:,} jobs: " + ", ".join(f"{k} {v:.1f}" for k, v in results[n].items()))
     backend = "postgresql" if pg else "sqlite"
     print(f"cost as the queue grows ({backend}; ms, median of {args.calls} calls):")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import aiohttp
 import psutil
-from _fleet import drop_pg_schema, fleet, fresh_pg_schema, percentile
+from _fleet import database, fleet, percentile
 
 from gpufleet.wire import CapabilityModel, GpuModel, HeartbeatRequest, WorkerRegister
 
@@ -139,17 +139,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to measure")
     parser.add_argument("--db", default="sqlite", help="sqlite, or a postgresql:// URL")
     args = parser.parse_args()
-    pg = args.db.startswith("postgres")
-    db = fresh_pg_schema(args.db) if pg else None
-    try:
-        with fleet() as f:
-            f.start_server(db)
-            asyncio.run(
-                measure(f.url, f.token(), args.workers, args.interval, args.seconds, f.procs[0].pid)
-            )
-    finally:
-        if db:
-            drop_pg_schema(db)
+    with database(args.db) as db, fleet() as f:
+        f.start_server(db)
+        pid = f.procs[0].pid
+        asyncio.run(measure(f.url, f.token(), args.workers, args.interval, args.seconds, pid))
 
 
 if __name__ == "__main__":

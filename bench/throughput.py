@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import psutil
-from _fleet import drop_pg_schema, fleet, fresh_pg_schema
+from _fleet import database, fleet
 
 from gpufleet.client import Client
 from gpufleet.wire import JobSpecModel, ManifestApply
@@ -145,13 +145,8 @@ def main() -> None:
                 if not args.no_rq:
                     theirs.append(args.jobs / rq_run(args.jobs))
                 continue
-            pg = args.db.startswith("postgres")
-            db = fresh_pg_schema(args.db) if pg else None
-            try:
+            with database(args.db) as db:
                 ours.append(args.jobs / gpufleet_run(db, args.jobs, cpu))
-            finally:
-                if db:
-                    drop_pg_schema(db)
     backend = "postgresql" if args.db.startswith("postgres") else "sqlite"
     line = (
         f"throughput, {args.jobs} jobs of `true`, {WORKERS} workers x {SLOTS} slots ({backend}): "
