@@ -5,8 +5,11 @@ server stopped mid-upload, sessions left unfinished for days."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -89,6 +92,47 @@ def test_two_replicas_never_write_one_session_at_once(store: SqlStore, tmp_path:
     asyncio.run(run())
     assert (tmp_path / "blobs" / "objects" / SHA[:2] / SHA).read_bytes() == DATA
     assert a.has(SHA) == len(DATA)
+
+
+def test_a_status_read_at_the_instant_a_patch_starts_does_not_refuse_it(
+    store: SqlStore, tmp_path: Path
+) -> None:
+    """A client polling an upload's state (``receiving``) probes the session's lock; a
+    PATCH arriving during that probe waits it out instead of answering 409."""
+    service = replica(store, tmp_path / "blobs")
+    upload_id, session = new_session(service, tmp_path)
+    probe = os.open(session, os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what the status read holds
+    threading.Timer(0.05, os.close, [probe]).start()  # ... for a moment
+    asyncio.run(finish(service, upload_id, 0))
+    assert service.has(SHA) == len(DATA)
+
+
+def test_a_status_read_racing_patches_never_makes_them_busy(
+    store: SqlStore, tmp_path: Path
+) -> None:
+    service = replica(store, tmp_path / "blobs")
+    upload_id, _ = new_session(service, tmp_path)
+    stop = threading.Event()
+    reads = 0
+
+    def poll() -> None:
+        nonlocal reads
+        with contextlib.suppress(NotFound):  # the last PATCH finished the session
+            while not stop.is_set() and reads < 100_000:
+                service.uploads.state(upload_id)
+                reads += 1
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        for offset in range(0, len(DATA), 256 << 10):  # 24 PATCHes of 256 KiB
+            part = DATA[offset : offset + (256 << 10)]
+            asyncio.run(service.uploads.append(upload_id, offset, body(part)))
+    finally:
+        stop.set()
+        poller.join(10)
+    assert reads > 0 and service.has(SHA) == len(DATA)
 
 
 def test_a_client_that_stops_sending_frees_its_session(store: SqlStore, tmp_path: Path) -> None:

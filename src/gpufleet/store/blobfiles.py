@@ -21,6 +21,7 @@ import hashlib
 import os
 import secrets
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -84,6 +85,26 @@ def is_locked(path: Path) -> bool:
     return False
 
 
+# :func:`is_locked` holds the lock for a moment: a writer retries this long before it
+# takes the lock to be a writer's (Busy).
+PROBE_GRACE = 0.2
+
+
+def _lock_past_probes(fd: int) -> None:
+    """Take ``fd``'s exclusive flock, retrying for :data:`PROBE_GRACE` seconds so that a
+    status read probing the lock at that instant does not turn a PATCH into a 409.
+    Raises BlockingIOError when it stays held (a writer has it)."""
+    deadline = time.monotonic() + PROBE_GRACE
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
+
+
 class BlobWriter:
     """Appends to one file, unbuffered: callers hand it large buffers (from a thread of its
     own, see :class:`gpufleet.streams.Fanout`). Every ``WRITEBACK_EVERY`` bytes it asks the
@@ -104,7 +125,7 @@ class BlobWriter:
         open and the lock). ``size`` is read under the lock."""
         writer = cls(path, append=True, create=False)
         try:
-            fcntl.flock(writer._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_past_probes(writer._fd)
             held = os.fstat(writer._fd)
             named = os.stat(path)  # FileNotFoundError: removed or renamed meanwhile
             if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino) or not held.st_nlink:
