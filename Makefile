@@ -63,6 +63,7 @@ bench: $(DEV)
 	$(PY) bench/throughput.py
 	$(PY) bench/claims.py
 	$(PY) bench/claims.py --db $(PG_BENCH)
+	$(PY) bench/claims.py --db $(PG_BENCH) --servers 2
 	$(PY) bench/cli_start.py
 	$(PY) bench/transfer.py
 	$(PY) bench/heartbeats.py

@@ -40,8 +40,9 @@ class BenchFleet:
 
     def start_server(self, db: str | None) -> str:
         args = ["server", "--port", "0", "--data-dir", str(self.root / "data")]
-        proc = self.spawn("server", *args, *(["--db", db] if db else []))
-        log = self.root / "server.log"
+        name = "server" if not self.url else f"server-{len(self.procs)}"  # replicas
+        proc = self.spawn(name, *args, *(["--db", db] if db else []))
+        log = self.root / f"{name}.log"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
             for line in log.read_text().splitlines():

@@ -2,6 +2,10 @@
 they can, over HTTP against a real server process.
 
     .venv/bin/python bench/claims.py [--jobs 3000] [--workers 16] [--db sqlite|postgresql://...]
+        [--servers 2]
+
+With ``--servers N`` (PostgreSQL) N server processes share the database and the claimers
+are spread over them, as behind a load balancer.
 """
 
 from __future__ import annotations
@@ -57,18 +61,27 @@ async def claimer(
 
 
 async def claim_all(
-    url: str, token: str | None, worker_ids: list[str], wait: float, jobs: int
+    urls: list[str], token: str | None, worker_ids: list[str], wait: float, jobs: int
 ) -> tuple[list[str], float]:
     # aiohttp, not the SDK's httpx, on the load side: httpx's async client spends about
     # 2 ms of CPU a request, which on a 2-core machine would measure the client.
     leases: list[str] = []
     last = [0.0]  # when the latest lease arrived
     headers = {"Authorization": f"Bearer {token}"}
-    async with aiohttp.ClientSession(url, headers=headers) as session:
+    sessions = [aiohttp.ClientSession(url, headers=headers) for url in urls]
+    try:
         started = time.perf_counter()
-        await asyncio.gather(*(claimer(session, w, leases, wait, last, jobs) for w in worker_ids))
+        await asyncio.gather(
+            *(
+                claimer(sessions[i % len(sessions)], w, leases, wait, last, jobs)
+                for i, w in enumerate(worker_ids)
+            )
+        )
         # Up to the last lease: with --wait the final polls then idle on an empty queue.
         return leases, last[0] - started
+    finally:
+        for session in sessions:
+            await session.close()
 
 
 def index_reads(db: str) -> int:
@@ -85,18 +98,21 @@ def index_reads(db: str) -> int:
     return int(row[0]) if row else 0
 
 
-def run(db: str | None, jobs: int, workers: int, wait: float) -> tuple[list[str], float, str]:
+def run(
+    db: str | None, jobs: int, workers: int, wait: float, servers: int = 1
+) -> tuple[list[str], float, str]:
     """The leases, the seconds they took, and what the claims cost: the server's CPU, and
     on PostgreSQL the index entries of ``jobs`` read (a claim that walks the queue reads
     thousands)."""
     with fleet() as f:
-        f.start_server(db)
+        urls = [f.start_server(db)]
         token = f.token()
+        urls += [f.start_server(db) for _ in range(servers - 1)]
         cap = CapabilityModel(hostname="bench", cores=8, ram_mib=32768)
         # The claimers never finish what they claim; the server takes a worker's claimed
         # jobs out of its free slots, so each gets slots enough to hold its whole share.
         slots = min(1024, -(-jobs // workers) + 1)
-        with Client(f.url, token, timeout=300) as c:
+        with Client(urls[0], token, timeout=300) as c:
             ids = [
                 c.register(WorkerRegister(name=f"sim-{i}", capability=cap, cpu_slots=slots)).id
                 for i in range(workers)
@@ -105,13 +121,17 @@ def run(db: str | None, jobs: int, workers: int, wait: float) -> tuple[list[str]
                 JobSpecModel(name=f"c{i}", command=["true"], manifest="bench") for i in range(jobs)
             ]
             c.apply(ManifestApply(name="bench", jobs=specs))
-        server = psutil.Process(f.procs[0].pid)
+        procs = [psutil.Process(p.pid) for p in f.procs]
+
+        def server_cpu() -> float:
+            return sum(sum(p.cpu_times()[:2]) for p in procs)
+
         if db:
             time.sleep(1.5)  # the apply's reads published first (within a second)
-        cpu_before, reads_before = sum(server.cpu_times()[:2]), index_reads(db) if db else 0
-        leases, seconds = asyncio.run(claim_all(f.url, token, ids, wait, jobs))
-        cpu = (sum(server.cpu_times()[:2]) - cpu_before) / max(1, len(leases)) * 1000
-        cost = f"server CPU {cpu:.2f} ms a claim"
+        cpu_before, reads_before = server_cpu(), index_reads(db) if db else 0
+        leases, seconds = asyncio.run(claim_all(urls, token, ids, wait, jobs))
+        cpu = (server_cpu() - cpu_before) / max(1, len(leases)) * 1000
+        cost = f"server CPU {cpu:.2f} ms a claim (all servers)"
         if db:
             time.sleep(1.5)  # PostgreSQL publishes a backend's statistics within a second
             reads = (index_reads(db) - reads_before) / max(1, len(leases))
@@ -131,11 +151,16 @@ def main() -> None:
         help="long-poll seconds per claim; > 0 makes every claimer a waiting worker that "
         "others are ranked against (the last poll waits this long on an empty queue)",
     )
+    parser.add_argument(
+        "--servers", type=int, default=1, help="server processes sharing a PostgreSQL database"
+    )
     args = parser.parse_args()
     pg = args.db.startswith("postgres")
+    if args.servers > 1 and not pg:
+        parser.error("--servers > 1 needs --db postgresql://... (servers share PostgreSQL)")
     db = fresh_pg_schema(args.db) if pg else None
     try:
-        leases, seconds, cost = run(db, args.jobs, args.workers, args.wait)
+        leases, seconds, cost = run(db, args.jobs, args.workers, args.wait, args.servers)
     finally:
         if db:
             drop_pg_schema(db)
@@ -144,7 +169,8 @@ def main() -> None:
     if claimed != args.jobs or len(set(leases)) != claimed:
         raise SystemExit(f"claimed {claimed} ({len(set(leases))} distinct) of {args.jobs} jobs")
     print(
-        f"claim throughput ({backend}, {args.workers} workers, {claimed} jobs): "
+        f"claim throughput ({backend}, {args.servers} server(s), {args.workers} workers, "
+        f"{claimed} jobs): "
         f"{claimed / seconds:.0f} claims/s ({seconds:.2f} s); {cost}"
     )
 
