@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,8 @@ class Leg:
 class Relay:
     """A TCP relay to 127.0.0.1:``port``. Connection ``n`` is closed after ``cuts[n]``
     bytes came back from the server, or after ``up_cuts[n]`` bytes went to it
-    (connections past the lists are never cut)."""
+    (connections past the lists are never cut). ``up_rate``: bytes a second at most
+    toward the server (a slow network)."""
 
     def __init__(
         self,
@@ -52,8 +54,10 @@ class Relay:
         cuts: list[int],
         up_cuts: list[int] | None = None,
         drop_answer_with: bytes | None = None,
+        up_rate: float | None = None,
     ) -> None:
         self.target = port
+        self.up_rate = up_rate
         self.cuts = cuts
         self.up_cuts = up_cuts or []
         self.drop = drop_answer_with  # the first answer holding these bytes is lost
@@ -95,9 +99,12 @@ class Relay:
                     leg.sent += data[: 65536 - len(leg.sent)]
                 server.sendall(data)
                 leg.up += len(data)
+                if self.up_rate:
+                    time.sleep(len(data) / self.up_rate)
                 if cut is not None and leg.up >= cut:
                     _hang_up(client, server)
                     return
+            server.shutdown(socket.SHUT_WR)  # the client hung up: so does the relay
         except OSError:
             pass
 
@@ -314,6 +321,76 @@ def test_an_upload_whose_last_answer_is_lost_is_not_sent_again(
     assert sum(leg.up for leg in relay.legs) < len(data) + MIB  # sent once
     with fleet.client() as c:
         assert c.has_blob(sent.sha256) == len(data)
+
+
+def test_a_large_file_is_sent_while_hashed_and_named_by_what_the_server_received(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    data = os.urandom(40 * MIB)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    relay = Relay(served.port, cuts=[])
+    try:
+        with Client(relay.url, served.token) as c:
+            sent = c.put_blob(src)
+    finally:
+        relay.close()
+    assert sent.sha256 == hashlib.sha256(data).hexdigest() and sent.sent == len(data)
+    # the session was opened without a hash: nothing waited for the file to be hashed
+    opened = [bytes(leg.sent) for leg in relay.legs if b"POST /v1/uploads" in leg.sent]
+    assert opened and b'"sha256":null' in opened[0].replace(b" ", b"")
+    back = tmp_path / "back.bin"
+    with fleet.client() as c:
+        c.get_blob(sent.sha256, back)
+    assert back.read_bytes() == data
+
+
+def test_sending_stops_once_the_hash_shows_the_server_has_the_file(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    data = os.urandom(40 * MIB)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    with fleet.client() as c:
+        first = c.put_blob(src)  # someone sent it before
+    copy = tmp_path / "copy.bin"  # the same bytes, never hashed on this side
+    copy.write_bytes(data)
+    relay = Relay(served.port, cuts=[], up_rate=20 * MIB)  # 2 s for the whole file
+    try:
+        with Client(relay.url, served.token) as c:
+            again = c.put_blob(copy)
+    finally:
+        relay.close()
+    assert again.sha256 == first.sha256 and again.size == len(data)
+    assert again.sent < len(data) // 2, again  # the hash took far less than the sending
+    with fleet.client() as c:  # the abandoned session went; the blob stays
+        assert c.has_blob(first.sha256) == len(data)
+    assert list((fleet.root / "data" / "blobs" / "uploads").iterdir()) == []
+
+
+def test_a_re_put_of_an_unchanged_file_neither_reads_nor_sends_it(
+    served: Served, fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpufleet.archive import Remembered
+    from gpufleet.client import _transfer
+    from gpufleet.client._packages import put_remembered
+
+    reads: list[Path] = []
+    real = _transfer.file_sha256
+    monkeypatch.setattr(_transfer, "file_sha256", lambda p: reads.append(p) or real(p))
+    memory = Remembered(tmp_path / "blobs.json")
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(40 * MIB))
+    with fleet.client() as c:
+        first = put_remembered(c, src, remembered=memory)
+        again = put_remembered(c, src, remembered=memory)
+        assert first.sent == 40 * MIB and len(reads) == 1  # hashed while it was sent
+        assert again == _transfer.Sent(first.sha256, 40 * MIB, 0) and len(reads) == 1
+        changed = os.urandom(40 * MIB)  # same size, new content (and mtime, ctime)
+        src.write_bytes(changed)
+        third = put_remembered(c, src, remembered=memory)
+    assert third.sha256 == hashlib.sha256(changed).hexdigest() and third.sent == 40 * MIB
+    assert len(reads) == 2
 
 
 def _cli_on_a_terminal(fleet: Fleet, *args: str) -> bytes:

@@ -128,6 +128,31 @@ def test_resumable_upload_resumes_from_the_committed_offset(client, admin, tmp_p
     assert again.status_code == 200 and again.json()["complete"] is True
 
 
+def test_a_session_opened_without_its_hash_is_named_by_what_arrived(
+    client, admin, tmp_path
+) -> None:
+    r = client.post("/v1/uploads", json={"size": len(DATA)}, headers=admin)
+    assert r.status_code == 201, r.text
+    up = r.json()
+    assert up["sha256"] is None and up["offset"] == 0 and not up["complete"]
+    url = f"/v1/uploads/{up['id']}"
+    first = client.patch(url, content=DATA[:120_000], headers={**admin, "Upload-Offset": "0"})
+    assert first.json() | {"receiving": False} == up | {"offset": 120_000}
+    assert client.get(url, headers=admin).json()["sha256"] is None  # not named until the end
+    rest = client.patch(url, content=DATA[120_000:], headers={**admin, "Upload-Offset": "120000"})
+    assert rest.status_code == 200, rest.text
+    assert rest.json()["complete"] is True and rest.json()["sha256"] == SHA
+    assert client.get(f"/v1/blobs/{SHA}", headers=admin).content == DATA
+    assert leftovers(tmp_path) == [] and [p.name for p in objects(tmp_path)] == [SHA]
+    # the same bytes again, unnamed: the session ends on the blob already there
+    again = client.post("/v1/uploads", json={"size": len(DATA)}, headers=admin).json()
+    done = client.patch(
+        f"/v1/uploads/{again['id']}", content=DATA, headers={**admin, "Upload-Offset": "0"}
+    )
+    assert done.json()["sha256"] == SHA and [p.name for p in objects(tmp_path)] == [SHA]
+    assert leftovers(tmp_path) == []
+
+
 def test_a_session_whose_bytes_do_not_match_keeps_nothing(client, admin, tmp_path) -> None:
     up = client.post("/v1/uploads", json={"sha256": SHA, "size": 10}, headers=admin).json()
     r = client.patch(

@@ -230,6 +230,18 @@ def test_put_head_and_ranged_get_through_the_api(
     assert s3.unfinished(bucket) == []
 
 
+def test_an_upload_without_its_hash_is_refused_by_name_and_starts_nothing(
+    http: tuple[TestClient, dict[str, str]], s3: S3Server, bucket: str
+) -> None:
+    """An object store's session writes the blob's own key: the hash is needed up front
+    (the SDK then hashes first and opens a named session)."""
+    client, admin = http
+    r = client.post("/v1/uploads", json={"size": len(DATA)}, headers=admin)
+    error = assert_error(r, 422, "validation_error", "sha256")
+    assert error["detail"] == {"field": "sha256"} and f"s3://{bucket}" in error["message"]
+    assert s3.unfinished(bucket) == [] and s3.keys(bucket) == []
+
+
 def test_an_object_store_that_fails_answers_503_and_keeps_nothing(
     http: tuple[TestClient, dict[str, str]], s3: S3Server, bucket: str
 ) -> None:

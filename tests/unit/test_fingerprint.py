@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from gpufleet.archive import Remembered, fingerprint, remembered_digest, tree_digest
 
 
@@ -76,25 +74,3 @@ def test_an_unreadable_memory_is_an_empty_one(tmp_path: Path) -> None:
     data = _tree(tmp_path)
     assert remembered_digest(data, Remembered(memo), tree_digest) == (tree_digest(data), False)
     assert list(Remembered(memo).load().values()) == [tree_digest(data)]
-
-
-def test_a_files_hash_for_blobs_put_is_read_once_while_it_is_unchanged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import hashlib
-
-    from gpufleet import streams
-    from gpufleet.client._packages import remembered_sha256
-
-    reads: list[Path] = []
-    real = streams.file_sha256
-    monkeypatch.setattr(streams, "file_sha256", lambda p: reads.append(p) or real(p))
-    memory = Remembered(tmp_path / "blobs.json")
-    data = tmp_path / "weights.bin"
-    data.write_bytes(b"w" * 1000)
-    want = hashlib.sha256(b"w" * 1000).hexdigest()
-    assert remembered_sha256(data, memory) == (want, False)
-    assert remembered_sha256(data, memory) == (want, True) and len(reads) == 1
-    data.write_bytes(b"v" * 1000)  # same size, new content (and mtime, ctime)
-    assert remembered_sha256(data, memory) == (hashlib.sha256(b"v" * 1000).hexdigest(), False)
-    assert len(reads) == 2

@@ -101,11 +101,10 @@ def blobs_put(
     if not file.is_file():
         raise GpufleetError(f"{file}: no such file")
     size = file.stat().st_size
-    from gpufleet.client._packages import remembered_sha256
+    from gpufleet.client._packages import put_remembered
 
     with client(server, ca) as c, bars(as_json) as progress:
-        sha, _ = remembered_sha256(file)  # an unchanged file is not read again
-        sent = c.put_blob(file, sha, progress=bar(progress, f"upload {file.name}", size))
+        sent = put_remembered(c, file, bar(progress, f"upload {file.name}", size))
     if as_json:
         print_json({"sha256": sent.sha256, "size": sent.size, "sent": sent.sent})
         return

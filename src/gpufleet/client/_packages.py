@@ -19,7 +19,7 @@ import platformdirs
 from gpufleet import archive
 from gpufleet.archive import Remembered
 from gpufleet.client._client import Client
-from gpufleet.client._transfer import Progress
+from gpufleet.client._transfer import Progress, Sent
 from gpufleet.domain.models import covering_mount
 from gpufleet.errors import GpufleetError
 from gpufleet.wire import InputModel, WorkerOut
@@ -86,14 +86,20 @@ def package(
     return PackageResult(_blob_input(sent.sha256, size, dest, path), sent.sent, False)
 
 
-def remembered_sha256(path: Path, remembered: Remembered | None = None) -> tuple[str, bool]:
-    """A file's SHA-256, and whether it was remembered rather than read: an unchanged
-    file (same path, size, mtime, ctime and inode) is not read again. The server checks
+def put_remembered(
+    c: Client, path: Path, progress: Progress | None = None, remembered: Remembered | None = None
+) -> Sent:
+    """Upload a file as a blob, its hash remembered by the file's fingerprint (path, size,
+    mtime, ctime and inode): an unchanged file is not read to hash it again (and is not
+    sent when the server has it), a new one is hashed while it is sent. The server checks
     every byte it is sent against the hash, so a wrong memory cannot store a wrong blob."""
-    from gpufleet.streams import file_sha256
-
     memory = remembered or Remembered(_cache_file("blobs.json"))
-    return archive.remembered_digest(path.expanduser().resolve(), memory, file_sha256)
+    path = path.expanduser().resolve()
+    before = archive.fingerprint(path)
+    sent = c.put_blob(path, memory.get(before), progress)
+    if archive.fingerprint(path) == before:  # not changed while it was read
+        memory.put(before, sent.sha256)
+    return sent
 
 
 def _blob_input(sha256: str, size: int, dest: str, path: Path) -> InputModel:

@@ -2,9 +2,13 @@
 
 Uploads above :data:`SESSION_OVER` bytes go through a resumable session: one streamed
 PATCH carries the rest of the file, and after a broken connection the client asks the
-server where it stands and sends from there. Downloads write to ``NAME.partial`` next to
-the target (hashing as they write), resume with ``Range``, verify the SHA-256 and only
-then rename.
+server where it stands and sends from there. A file whose hash the caller does not know
+is sent at once, hashed meanwhile by a thread reading ahead; the server names the blob by
+what it received and the client checks that name against its own hash. Once the hash is
+known, a server that turns out to have the blob already stops the sending.
+
+Downloads write to ``NAME.partial`` next to the target (hashing as they write), resume
+with ``Range``, verify the SHA-256 and only then rename.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import functools
 import hashlib
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from gpufleet.errors import (
     NotFound,
     ServerUnavailable,
     Unauthorized,
+    ValidationFailed,
 )
 from gpufleet.streams import CHUNK, Fanout, file_hasher, file_sha256
 from gpufleet.wire import UploadCreate, UploadOut
@@ -82,11 +88,47 @@ class _Retry:
             self.mark, self.failures, self.since = position, 0, time.monotonic()
 
 
-def _body(f: BinaryIO, counter: list[int], progress: Progress) -> Iterator[bytes]:
+def _body(
+    f: BinaryIO, counter: list[int], progress: Progress, ahead: _Ahead | None = None
+) -> Iterator[bytes]:
     while chunk := f.read(CHUNK):
+        if ahead is not None and ahead.server_has:
+            raise _ServerHasIt
         counter[0] += len(chunk)
         progress(len(chunk))
         yield chunk
+
+
+class _ServerHasIt(Exception):
+    """Raised inside an upload's body: the hash came in and the server has that blob."""
+
+
+class _Ahead:
+    """A file's SHA-256, computed by a thread while the file is sent; then whether the
+    server has that blob already (the rest need not be sent)."""
+
+    def __init__(self, path: Path, has: Callable[[str], int | None]) -> None:
+        self.path = path
+        self.sha256: str | None = None
+        self.server_has = False
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, args=(has,), name="hash", daemon=True)
+        self._thread.start()
+
+    def _run(self, has: Callable[[str], int | None]) -> None:
+        try:
+            self.sha256 = file_sha256(self.path)
+        except OSError as exc:
+            self._error = exc
+            return
+        with contextlib.suppress(GpufleetError):  # only a shortcut: the upload goes on
+            self.server_has = has(self.sha256) is not None
+
+    def result(self) -> str:
+        self._thread.join()
+        if self.sha256 is None:
+            raise GpufleetError(f"{self.path}: could not read it to hash it: {self._error}")
+        return self.sha256
 
 
 class Transfers:
@@ -122,14 +164,23 @@ class Transfers:
         return int(resp.headers.get("content-length", "0"))
 
     def put(self, path: Path, sha256: str | None = None, progress: Progress = _quiet) -> Sent:
-        """Upload ``path`` unless the server has it already (then no body is sent)."""
+        """Upload ``path`` unless the server has it already (then no body is sent). A
+        large file whose ``sha256`` is not given is sent while it is hashed."""
         size = path.stat().st_size
+        if sha256 is None and size > SESSION_OVER:
+            try:
+                state = self._open_session(None, size)
+            except ValidationFailed as exc:  # the server's blob store needs the hash first
+                if not isinstance(exc.detail, dict) or exc.detail.get("field") != "sha256":
+                    raise
+            else:
+                return self._put_session(path, state, progress, _Ahead(path, self.has))
         sha256 = sha256 or file_sha256(path)
         if self.has(sha256) is not None:
             return Sent(sha256, size, 0)
         if size <= SESSION_OVER:
             return Sent(sha256, size, self._put_once(path, sha256, size, progress))
-        return Sent(sha256, size, self._put_session(path, sha256, size, progress))
+        return self._put_session(path, self._open_session(sha256, size), progress)
 
     def _put_once(self, path: Path, sha256: str, size: int, progress: Progress) -> int:
         counter = [0]
@@ -144,39 +195,65 @@ class Transfers:
             self._send(request).close()
         return counter[0]
 
-    def _put_session(self, path: Path, sha256: str, size: int, progress: Progress) -> int:
+    def _put_session(
+        self, path: Path, state: UploadOut, progress: Progress, ahead: _Ahead | None = None
+    ) -> Sent:
         """Send the file through a resumable session; after a broken connection ask where
         the server stands and go on from there. Gives up only after RETRIES failures in a
-        row that also span PATIENCE seconds without progress."""
-        state = self._open_session(sha256, size)
+        row that also span PATIENCE seconds without progress. ``ahead``: the session has
+        no name yet, and this hashes the file meanwhile."""
         sent, retry = 0, _Retry()
         retry.progress(state.offset)
         while not state.complete:
             if state.receiving:  # a cut request of ours still holds it, until the server notices
                 retry.failed(Conflict(f"upload {state.id} is still receiving an earlier request"))
-                state = self._where(state)
+                state = self._where(state, ahead)
                 continue
             start, counter = state.offset, [0]
             try:
-                state = self._patch(path, state, counter, progress)
+                state = self._patch(path, state, counter, progress, ahead)
                 cut = False
+            except _ServerHasIt:
+                assert ahead is not None
+                self._abandon(state)
+                progress(state.size - start - counter[0])
+                return Sent(ahead.result(), state.size, sent + counter[0])
             except (ServerUnavailable, Conflict, NotFound) as exc:
                 retry.progress(start + counter[0])  # bytes moved: credit them first
                 retry.failed(exc)  # then wait, so the server settles where it stands
-                state, cut = self._where(state), True
+                state, cut = self._where(state, ahead), True
             sent += counter[0]
             progress(state.offset - start - counter[0])  # what the server did not keep
             retry.progress(state.offset)
             if not cut and state.offset == start and not state.complete:
                 retry.failed(ServerUnavailable(f"the server kept none of the bytes for {state.id}"))
-        return sent
+        assert state.sha256 is not None  # a complete upload is named
+        if ahead is not None and ahead.result() != state.sha256:
+            raise HashMismatch(
+                f"{path} changed while it was sent: the server received bytes hashing to "
+                f"{state.sha256}, the file hashes to {ahead.result()}; send it again",
+                detail={"expected": ahead.result(), "got": state.sha256},
+            )
+        return Sent(state.sha256, state.size, sent)
 
-    def _open_session(self, sha256: str, size: int) -> UploadOut:
+    def _abandon(self, state: UploadOut) -> None:
+        """Drop a session the server no longer needs (it has the blob); it may still hold
+        the cut request for a moment. Left to expire if it will not go."""
+        for _ in range(10):
+            try:
+                self._send(self.http.build_request("DELETE", f"/v1/uploads/{state.id}"))
+                return
+            except Conflict:
+                time.sleep(0.2)
+            except GpufleetError:
+                return
+
+    def _open_session(self, sha256: str | None, size: int) -> UploadOut:
         body = UploadCreate(sha256=sha256, size=size).model_dump(mode="json")
         resp = self._send(self.http.build_request("POST", "/v1/uploads", json=body))
         return UploadOut.model_validate_json(resp.content)
 
-    def _where(self, state: UploadOut) -> UploadOut:
+    def _where(self, state: UploadOut, ahead: _Ahead | None = None) -> UploadOut:
         """Where the upload stands now. The session may have ended meanwhile: complete
         (the answer to the last PATCH was lost) or expired (start a new one). While the
         server cannot be reached, the same state, to try again."""
@@ -185,15 +262,22 @@ class Transfers:
             try:
                 resp = self._send(self.http.build_request("GET", f"/v1/uploads/{state.id}"))
             except NotFound:
-                if self.has(state.sha256) is not None:
-                    return state.model_copy(update={"offset": state.size, "complete": True})
+                sha256 = state.sha256 or (ahead.result() if ahead else None)
+                if sha256 is not None and self.has(sha256) is not None:
+                    done = {"sha256": sha256, "offset": state.size, "complete": True}
+                    return state.model_copy(update=done)
                 return self._open_session(state.sha256, state.size)
         except ServerUnavailable:
             return state
         return UploadOut.model_validate_json(resp.content)
 
     def _patch(
-        self, path: Path, state: UploadOut, counter: list[int], progress: Progress
+        self,
+        path: Path,
+        state: UploadOut,
+        counter: list[int],
+        progress: Progress,
+        ahead: _Ahead | None = None,
     ) -> UploadOut:
         assert state.id is not None
         with open(path, "rb") as f:
@@ -202,7 +286,7 @@ class Transfers:
                 "PATCH",
                 f"/v1/uploads/{state.id}",
                 extensions=TRANSFER_TIMEOUT,
-                content=_body(f, counter, progress),
+                content=_body(f, counter, progress, ahead),
                 headers={
                     "Upload-Offset": str(state.offset),
                     "Content-Length": str(state.size - state.offset),

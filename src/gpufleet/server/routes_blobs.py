@@ -205,8 +205,9 @@ def create_upload(
 ) -> UploadOut:
     """Open a resumable upload for a large blob; send its bytes with PATCH. When the server
     already has the blob (and the caller may read it) the answer says ``complete`` and
-    nothing needs sending."""
-    readable = _readable(request, caller, body.sha256)
+    nothing needs sending. Without ``sha256`` the client may hash while it sends: the
+    answer to the last byte names the blob by the hash of what the server received."""
+    readable = body.sha256 is not None and _readable(request, caller, body.sha256)
     out = _uploads(request).create(body.sha256, body.size, readable)
     if out.complete:
         response.status_code = 200
@@ -235,6 +236,7 @@ async def append_upload(
             upload_id, upload_offset, request.stream(), declared=_declared(request)
         )
         if out.complete:
+            assert out.sha256 is not None  # a complete upload is named
             await run_in_threadpool(_grant, request, caller, out.sha256)
         return out
     except ClientDisconnect:

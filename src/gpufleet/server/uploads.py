@@ -11,6 +11,11 @@ stops sending (the idle timeout) or a server going down keeps what arrived; the 
 asks for the offset and resumes from there. Only a body that is too large or a failed
 write goes back to the offset the request started at. The last byte verifies the whole
 file's SHA-256 and its size before the blob is stored. Sessions expire after a day.
+
+A session opened without the SHA-256 (so that the client hashes while it sends, instead
+of reading the file twice) is named at its last byte by the hash of what arrived, where
+the storage allows it (on disk: the session's file is renamed to it). The client checks
+that name against its own hash of what it sent.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import TYPE_CHECKING
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from gpufleet.errors import Conflict, NotFound
+from gpufleet.errors import Conflict, NotFound, ValidationFailed
 from gpufleet.server.pump import pump
 from gpufleet.store.blobbytes import Appender, Busy
 from gpufleet.store.blobfiles import new_upload_id
@@ -46,18 +51,25 @@ class UploadSessions:
         # with the storage's proof that they are still the bytes hashed.
         self._hashers: dict[str, tuple[int, hashlib._Hash, object | None]] = {}
 
-    def create(self, sha256: str, size: int, readable: bool = True) -> UploadOut:
+    def create(self, sha256: str | None, size: int, readable: bool = True) -> UploadOut:
         """A new session; or, when the server has the blob and the caller may read it,
-        the answer that it is complete. A caller who may not read it sends the bytes."""
+        the answer that it is complete. A caller who may not read it sends the bytes.
+        ``sha256`` None: the blob is named at the end (422 where the storage cannot)."""
         self.blobs.check_size(size)
-        if readable and self.blobs.has(sha256) is not None:
+        if sha256 is None and not self.storage.names_at_end:
+            raise ValidationFailed(
+                f"this server keeps blobs in {self.storage.where}, which needs an upload's "
+                "sha256 when it starts; send the blob's SHA-256",
+                detail={"field": "sha256"},
+            )
+        if sha256 is not None and readable and self.blobs.has(sha256) is not None:
             return UploadOut(id=None, sha256=sha256, size=size, offset=size, complete=True)
         upload_id = new_upload_id()
         self.storage.start(upload_id, sha256, size)
         self.store.create_upload(upload_id, sha256, size, self.clock())
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=0, complete=False)
 
-    def session(self, upload_id: str) -> tuple[str, int, int]:
+    def session(self, upload_id: str) -> tuple[str | None, int, int]:
         """(sha256, size, bytes so far) of an open session; NotFound when it finished, or
         when nothing happened to it for a day (it expired)."""
         found = self.store.get_upload(upload_id)
@@ -134,7 +146,9 @@ class UploadSessions:
         finally:
             writer.close()
 
-    def _hold(self, upload_id: str, sha256: str, size: int, proof: object | None) -> Appender:
+    def _hold(
+        self, upload_id: str, sha256: str | None, size: int, proof: object | None
+    ) -> Appender:
         """The session's bytes, held for this request; 409 while another request (here or
         in another replica) writes or finishes them."""
         try:
@@ -184,13 +198,17 @@ class UploadSessions:
         return writer.rehash()
 
     def _complete(
-        self, upload_id: str, sha256: str, writer: Appender, hasher: hashlib._Hash | None
+        self, upload_id: str, sha256: str | None, writer: Appender, hasher: hashlib._Hash | None
     ) -> UploadOut:
-        """Verify the whole upload (size and hash) and store it as the blob; the session
-        ends either way, and a bad one keeps nothing."""
+        """Verify the whole upload (size and hash) and store it as the blob, named by its
+        hash when the session had no name; the session ends either way, and a bad one
+        keeps nothing."""
         size = writer.size
         try:
-            self.blobs.verify(sha256, writer.seal(hasher))
+            got = writer.seal(hasher)
+            if sha256 is None:
+                sha256 = got
+            self.blobs.verify(sha256, got)
             writer.promote(sha256)
             self.blobs.record(sha256, size)
         finally:
@@ -206,7 +224,7 @@ class UploadSessions:
         sha256, _, _ = self.session(upload_id)
         self._drop(upload_id, sha256)
 
-    def _drop(self, upload_id: str, sha256: str) -> None:
+    def _drop(self, upload_id: str, sha256: str | None) -> None:
         try:
             self.storage.drop(upload_id, sha256)
         except FileNotFoundError:

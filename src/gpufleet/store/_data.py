@@ -91,14 +91,15 @@ class DataOps(ABC):
 
     # ---- resumable uploads ------------------------------------------------------------
 
-    def create_upload(self, upload_id: str, sha256: str, size: int, now: float) -> None:
+    def create_upload(self, upload_id: str, sha256: str | None, size: int, now: float) -> None:
         with self._write() as conn:
             conn.execute(
                 t.uploads.insert().values(id=upload_id, sha256=sha256, size=size, created_at=now)
             )
 
-    def get_upload(self, upload_id: str) -> tuple[str, int, float] | None:
-        """(sha256, size, created_at) of an open upload session."""
+    def get_upload(self, upload_id: str) -> tuple[str | None, int, float] | None:
+        """(sha256, size, created_at) of an open upload session (sha256 None: named at
+        its end)."""
         u = t.uploads.c
         with self._read() as conn:
             row = conn.execute(select(u.sha256, u.size, u.created_at).where(u.id == upload_id))

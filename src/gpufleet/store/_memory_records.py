@@ -268,16 +268,19 @@ class MemoryRecords:
             if sha256 in self.blobs:
                 self.blobs[sha256]["archive"] = json.dumps(summary)
 
-    def create_upload(self, upload_id: str, sha256: str, size: int, now: float) -> None:
+    def create_upload(self, upload_id: str, sha256: str | None, size: int, now: float) -> None:
         with self._lock:
             if upload_id in self.uploads:
                 raise ValueError(f"upload {upload_id} exists")
             self.uploads[upload_id] = {"sha256": sha256, "size": size, "created_at": now}
 
-    def get_upload(self, upload_id: str) -> tuple[str, int, float] | None:
+    def get_upload(self, upload_id: str) -> tuple[str | None, int, float] | None:
         with self._lock:
             u = self.uploads.get(upload_id)
-            return (str(u["sha256"]), int(u["size"]), float(u["created_at"])) if u else None
+            if u is None:
+                return None
+            sha256 = None if u["sha256"] is None else str(u["sha256"])
+            return sha256, int(u["size"]), float(u["created_at"])
 
     def delete_upload(self, upload_id: str) -> None:
         with self._lock:

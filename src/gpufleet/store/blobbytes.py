@@ -82,24 +82,30 @@ class Appender(Protocol):
 
 
 class SessionBytes(Protocol):
-    """The bytes of resumable upload sessions, which several servers may share."""
+    """The bytes of resumable upload sessions, which several servers may share. A
+    session's ``sha256`` is None when the client did not give it: the blob is named by
+    the hash of what arrives (only where :attr:`names_at_end`)."""
 
-    def start(self, upload_id: str, sha256: str, size: int) -> None: ...
+    # Whether a session may start without the blob's hash (its bytes do not live where
+    # the blob will).
+    names_at_end: bool
 
-    def kept(self, upload_id: str, sha256: str, size: int) -> tuple[int, float]:
+    def start(self, upload_id: str, sha256: str | None, size: int) -> None: ...
+
+    def kept(self, upload_id: str, sha256: str | None, size: int) -> tuple[int, float]:
         """(bytes kept, when last written). FileNotFoundError when the session's bytes are
         gone (finished or aborted)."""
 
-    def receiving(self, upload_id: str, sha256: str) -> bool:
+    def receiving(self, upload_id: str, sha256: str | None) -> bool:
         """Whether a request is writing or finishing the session right now."""
 
     def appender(
-        self, upload_id: str, sha256: str, size: int, proof: object | None = None
+        self, upload_id: str, sha256: str | None, size: int, proof: object | None = None
     ) -> Appender:
         """Hold the session for one request (``proof``: the last one's, by this server).
         Busy while another request holds it, FileNotFoundError when it is gone."""
 
-    def drop(self, upload_id: str, sha256: str) -> None:
+    def drop(self, upload_id: str, sha256: str | None) -> None:
         """Remove a session's bytes (abort or expiry), held by nobody."""
 
 

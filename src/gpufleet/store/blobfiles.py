@@ -237,22 +237,24 @@ class BlobFiles:
 
     # ---- sessions: a file each, appended under an flock -------------------------------
 
-    def start(self, upload_id: str, sha256: str, size: int) -> None:
+    names_at_end = True  # a session's file is renamed to its hash at the end
+
+    def start(self, upload_id: str, sha256: str | None, size: int) -> None:
         self.session(upload_id).touch()
 
-    def kept(self, upload_id: str, sha256: str, size: int) -> tuple[int, float]:
+    def kept(self, upload_id: str, sha256: str | None, size: int) -> tuple[int, float]:
         st = self.session(upload_id).stat()
         return st.st_size, st.st_mtime
 
-    def receiving(self, upload_id: str, sha256: str) -> bool:
+    def receiving(self, upload_id: str, sha256: str | None) -> bool:
         return is_locked(self.session(upload_id))
 
     def appender(
-        self, upload_id: str, sha256: str, size: int, proof: object | None = None
+        self, upload_id: str, sha256: str | None, size: int, proof: object | None = None
     ) -> _SessionFile:
         return _SessionFile(self, BlobWriter.locked(self.session(upload_id)))
 
-    def drop(self, upload_id: str, sha256: str) -> None:
+    def drop(self, upload_id: str, sha256: str | None) -> None:
         path = self.session(upload_id)
         writer = BlobWriter.locked(path)
         try:

@@ -255,8 +255,11 @@ class S3Blobs:
 
     # ---- resumable sessions -----------------------------------------------------------
 
-    def start(self, upload_id: str, sha256: str, size: int) -> None:
-        mpu = self._new_upload(self.key(sha256))
+    # A session's parts are parts of the blob's own key, which must be known at the start.
+    names_at_end = False
+
+    def start(self, upload_id: str, sha256: str | None, size: int) -> None:
+        mpu = self._new_upload(self.key(_named(sha256)))
         self._put(self._session_key(upload_id, "mpu"), mpu.encode())
         with self._lock:
             self._mpus[upload_id] = mpu
@@ -306,14 +309,14 @@ class S3Blobs:
         size_ = int(tail["ContentLength"])
         return _Layout(mpu, key, step, etags, tail_key, data, str(tail["ETag"]), size_, touched)
 
-    def kept(self, upload_id: str, sha256: str, size: int) -> tuple[int, float]:
+    def kept(self, upload_id: str, sha256: str | None, size: int) -> tuple[int, float]:
         try:
-            layout = self._layout(upload_id, sha256, size, read_tail=False)
+            layout = self._layout(upload_id, _named(sha256), size, read_tail=False)
         except Busy:
             return size, 0.0
         return min(size, len(layout.etags) * layout.step + layout.tail_size), layout.touched
 
-    def receiving(self, upload_id: str, sha256: str) -> bool:
+    def receiving(self, upload_id: str, sha256: str | None) -> bool:
         """True while a session is being finished (its multipart upload is gone but its
         record is not). Requests that write a session do not lock it: they write the same
         bytes to the same places, and the hash at the end catches any that do not."""
@@ -323,7 +326,7 @@ class S3Blobs:
             self._call(
                 "reading an upload",
                 self.s3.list_parts,
-                Key=self.key(sha256),
+                Key=self.key(_named(sha256)),
                 UploadId=self._mpu(upload_id),
                 MaxParts=1,
             )
@@ -332,8 +335,9 @@ class S3Blobs:
         return False
 
     def appender(
-        self, upload_id: str, sha256: str, size: int, proof: object | None = None
+        self, upload_id: str, sha256: str | None, size: int, proof: object | None = None
     ) -> _SessionParts:
+        sha256 = _named(sha256)
         layout = self._layout(upload_id, sha256, size, read_tail=True)
         # What this server stored last time, still there: every part and the tail carry
         # the ETag S3 gave it for its own writes. Then its hash of them holds.
@@ -344,9 +348,9 @@ class S3Blobs:
         )
         return _SessionParts(self, upload_id, sha256, layout, trusted)
 
-    def drop(self, upload_id: str, sha256: str) -> None:
+    def drop(self, upload_id: str, sha256: str | None) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self._abort(self.key(sha256), self._mpu(upload_id))
+            self._abort(self.key(_named(sha256)), self._mpu(upload_id))
         self._forget(upload_id)
 
     def _forget(self, upload_id: str) -> None:
@@ -516,6 +520,14 @@ class _PutWriter:
             self.s3._abort(self.key, self._mpu)
             self._mpu = None
         self.buffer = bytearray()
+
+
+def _named(sha256: str | None) -> str:
+    """A session's blob hash: an object store's sessions always have one (the server
+    refuses to start one without, see ``names_at_end``)."""
+    if sha256 is None:
+        raise ValueError("an object store's upload session needs the blob's SHA-256")
+    return sha256
 
 
 def _code(exc: Exception) -> str:

@@ -273,7 +273,8 @@ uploads = Table(
     "uploads",
     metadata,
     Column("id", String(64), primary_key=True),
-    Column("sha256", String(64), nullable=False),
+    # NULL: the blob is named by the hash of what arrives (migration 0012)
+    Column("sha256", String(64)),
     Column("size", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
 )

@@ -21,7 +21,12 @@ class BlobOut(BaseModel):
 
 
 class UploadCreate(Strict):
-    sha256: Sha256
+    sha256: Sha256 | None = Field(
+        default=None,
+        description="the blob's SHA-256; leave it out to send while hashing: the server "
+        "names the blob by the hash of what it received, and the last answer says it "
+        "(422 where the server's blob store needs it up front)",
+    )
     size: Size
 
 
@@ -29,7 +34,9 @@ class UploadOut(BaseModel):
     """A resumable upload: send the bytes from ``offset`` on with PATCH."""
 
     id: str | None = Field(description="None when the server already had the blob")
-    sha256: str
+    sha256: str | None = Field(
+        description="the blob's id; None until the last byte for a session opened without it"
+    )
     size: int
     offset: int
     complete: bool
