@@ -23,6 +23,9 @@ class BenchFleet:
             "GPUFLEET_CONFIG_DIR": str(root / "config"),
             "PYTHONUNBUFFERED": "1",
         }
+        # An installed gpufleet has its bytecode compiled (pip does it); this checkout is
+        # installed editable, so let the processes write theirs, whatever this shell says.
+        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
         os.environ["GPUFLEET_CONFIG_DIR"] = self.env["GPUFLEET_CONFIG_DIR"]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.url = ""

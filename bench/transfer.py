@@ -6,9 +6,10 @@
 For one file of random bytes (1 GiB by default) it measures, each the median of
 ``--repeat`` runs (1 MB = 10^6 bytes):
 
-- ``gpufleet blobs put FILE``: wall time of the CLI process, which hashes the file and
-  then uploads it; and the upload alone, through the SDK (``Client.put_blob`` given the
-  hash). The server verifies the hash and fsyncs before it answers.
+- ``gpufleet blobs put FILE``: wall time of the CLI process for a file it never sent,
+  which it sends while a thread hashes it (the server names the blob by what it received,
+  the CLI checks that name); and the upload alone, through the SDK (``Client.put_blob``
+  given the hash). The server hashes and fsyncs before it answers.
 - ``gpufleet blobs get HASH -o FILE``: wall time of the CLI process, which downloads,
   verifies and renames the file; and the download alone, through the SDK.
 - Baselines, against a minimal server written here and run in its own process: an HTTP

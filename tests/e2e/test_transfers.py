@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.client import Client
+from gpufleet.client._transfer import Sent
 from gpufleet.config import load_token
 from gpufleet.errors import HashMismatch, NotFound
 from tests.e2e.conftest import Fleet
@@ -368,6 +369,37 @@ def test_sending_stops_once_the_hash_shows_the_server_has_the_file(
     assert list((fleet.root / "data" / "blobs" / "uploads").iterdir()) == []
 
 
+def test_a_file_written_while_it_is_sent_is_refused_by_name(
+    served: Served, fleet: Fleet, tmp_path: Path
+) -> None:
+    src = tmp_path / "ckpt.bin"
+    src.write_bytes(os.urandom(40 * MIB))
+    relay = Relay(served.port, cuts=[], up_rate=20 * MIB)  # 2 s for the whole file
+    outcome: list[BaseException | Sent] = []
+
+    def put() -> None:
+        try:
+            with Client(relay.url, served.token) as c:
+                outcome.append(c.put_blob(src))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    sender = threading.Thread(target=put)
+    sender.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not any(leg.up > 4 * MIB for leg in relay.legs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with open(src, "r+b") as f:  # a training run rewrites its checkpoint meanwhile
+            f.seek(30 * MIB)
+            f.write(os.urandom(MIB))
+        sender.join(60)
+    finally:
+        relay.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], HashMismatch), outcome
+    assert f"{src} changed while it was sent" in outcome[0].message
+
+
 def test_a_re_put_of_an_unchanged_file_neither_reads_nor_sends_it(
     served: Served, fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -375,9 +407,10 @@ def test_a_re_put_of_an_unchanged_file_neither_reads_nor_sends_it(
     from gpufleet.client import _transfer
     from gpufleet.client._packages import put_remembered
 
-    reads: list[Path] = []
-    real = _transfer.file_sha256
+    reads: list[Path] = []  # the file read to hash it, before or while it is sent
+    real, ahead = _transfer.file_sha256, _transfer._Ahead
     monkeypatch.setattr(_transfer, "file_sha256", lambda p: reads.append(p) or real(p))
+    monkeypatch.setattr(_transfer, "_Ahead", lambda p, has: reads.append(p) or ahead(p, has))
     memory = Remembered(tmp_path / "blobs.json")
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(40 * MIB))

@@ -27,6 +27,7 @@ from typing import BinaryIO
 
 import httpx
 
+from gpufleet import archive
 from gpufleet.client._api import raise_for, unreachable
 from gpufleet.client._direct import FAILURES, Answer, Direct
 from gpufleet.errors import (
@@ -43,6 +44,9 @@ from gpufleet.streams import CHUNK, Fanout, file_hasher, file_sha256
 from gpufleet.wire import UploadCreate, UploadOut
 
 SESSION_OVER = 32 << 20
+# The hashing thread of an upload sent while hashed yields to the sending (and, on one
+# machine, to the server).
+HASH_NICENESS = 10
 RETRIES = 5
 # A body's request may wait on the server's disk (or its hashing the part of an upload an
 # earlier process received): reading and writing get minutes, connecting does not.
@@ -104,31 +108,57 @@ class _ServerHasIt(Exception):
 
 
 class _Ahead:
-    """A file's SHA-256, computed by a thread while the file is sent; then whether the
-    server has that blob already (the rest need not be sent)."""
+    """A file's SHA-256, computed while the file is sent by a thread at low priority (it
+    uses a spare core, not the sender's); then whether the server has that blob already
+    (the rest need not be sent). It is a shortcut, not the check: the server names the
+    blob by the bytes it received, and the file's stat data before and after the sending
+    tell whether those were the file's."""
 
     def __init__(self, path: Path, has: Callable[[str], int | None]) -> None:
         self.path = path
+        self.before = archive.fingerprint(path)
         self.sha256: str | None = None
         self.server_has = False
-        self._error: OSError | None = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(has,), name="hash", daemon=True)
         self._thread.start()
 
     def _run(self, has: Callable[[str], int | None]) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: a thread is a task
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICENESS)
+        digest = hashlib.sha256()
         try:
-            self.sha256 = file_sha256(self.path)
-        except OSError as exc:
-            self._error = exc
+            with open(self.path, "rb") as f:
+                while not self._stop.is_set() and (data := f.read(CHUNK)):
+                    digest.update(data)
+        except OSError:
+            return  # the sending says what is wrong with the file
+        if self._stop.is_set():
             return
+        self.sha256 = digest.hexdigest()
         with contextlib.suppress(GpufleetError):  # only a shortcut: the upload goes on
             self.server_has = has(self.sha256) is not None
 
-    def result(self) -> str:
+    def wait(self) -> str | None:
+        """The hash, once done (None if the file could not be read)."""
         self._thread.join()
-        if self.sha256 is None:
-            raise GpufleetError(f"{self.path}: could not read it to hash it: {self._error}")
         return self.sha256
+
+    def finish(self) -> str | None:
+        """Stop hashing; the hash if it was done."""
+        self._stop.set()
+        self._thread.join()
+        return self.sha256
+
+    def check(self, got: str) -> None:
+        """The server named the blob ``got``: raise unless those were the file's bytes."""
+        mine = self.finish()
+        if (mine is not None and mine != got) or archive.fingerprint(self.path) != self.before:
+            raise HashMismatch(
+                f"{self.path} changed while it was sent (the server received bytes hashing "
+                f"to {got}); send it again once it is written",
+                detail={"got": got, "file": str(self.path)},
+            )
 
 
 class Transfers:
@@ -174,7 +204,11 @@ class Transfers:
                 if not isinstance(exc.detail, dict) or exc.detail.get("field") != "sha256":
                     raise
             else:
-                return self._put_session(path, state, progress, _Ahead(path, self.has))
+                ahead = _Ahead(path, self.has)
+                try:
+                    return self._put_session(path, state, progress, ahead)
+                finally:
+                    ahead.finish()
         sha256 = sha256 or file_sha256(path)
         if self.has(sha256) is not None:
             return Sent(sha256, size, 0)
@@ -214,10 +248,10 @@ class Transfers:
                 state = self._patch(path, state, counter, progress, ahead)
                 cut = False
             except _ServerHasIt:
-                assert ahead is not None
+                assert ahead is not None and ahead.sha256 is not None
                 self._abandon(state)
                 progress(state.size - start - counter[0])
-                return Sent(ahead.result(), state.size, sent + counter[0])
+                return Sent(ahead.sha256, state.size, sent + counter[0])
             except (ServerUnavailable, Conflict, NotFound) as exc:
                 retry.progress(start + counter[0])  # bytes moved: credit them first
                 retry.failed(exc)  # then wait, so the server settles where it stands
@@ -228,12 +262,8 @@ class Transfers:
             if not cut and state.offset == start and not state.complete:
                 retry.failed(ServerUnavailable(f"the server kept none of the bytes for {state.id}"))
         assert state.sha256 is not None  # a complete upload is named
-        if ahead is not None and ahead.result() != state.sha256:
-            raise HashMismatch(
-                f"{path} changed while it was sent: the server received bytes hashing to "
-                f"{state.sha256}, the file hashes to {ahead.result()}; send it again",
-                detail={"expected": ahead.result(), "got": state.sha256},
-            )
+        if ahead is not None:
+            ahead.check(state.sha256)
         return Sent(state.sha256, state.size, sent)
 
     def _abandon(self, state: UploadOut) -> None:
@@ -262,7 +292,8 @@ class Transfers:
             try:
                 resp = self._send(self.http.build_request("GET", f"/v1/uploads/{state.id}"))
             except NotFound:
-                sha256 = state.sha256 or (ahead.result() if ahead else None)
+                # finished, its answer lost? Then the server has what the file hashes to
+                sha256 = state.sha256 or (ahead.wait() if ahead else None)
                 if sha256 is not None and self.has(sha256) is not None:
                     done = {"sha256": sha256, "offset": state.size, "complete": True}
                     return state.model_copy(update=done)

@@ -6,15 +6,15 @@ import json
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
-from gpufleet.wire._base import Label, LabelKey, Name, PoolName, Sha256, Size, Strict
+from gpufleet.wire._base import Label, LabelKey, Name, PoolName, Sha256, Size, Strict, Wire
 from gpufleet.wire._fleet import WorkerRegister
 
 # ---- blobs ------------------------------------------------------------------------------
 
 
-class BlobOut(BaseModel):
+class BlobOut(Wire):
     sha256: str
     size: int
     created_at: datetime
@@ -30,7 +30,7 @@ class UploadCreate(Strict):
     size: Size
 
 
-class UploadOut(BaseModel):
+class UploadOut(Wire):
     """A resumable upload: send the bytes from ``offset`` on with PATCH."""
 
     id: str | None = Field(description="None when the server already had the blob")
@@ -78,7 +78,7 @@ class TokenCreate(Strict):
         return self
 
 
-class TokenOut(BaseModel):
+class TokenOut(Wire):
     id: str
     name: str
     role: str
@@ -92,7 +92,7 @@ class TokenOut(BaseModel):
     revoked_at: datetime | None
 
 
-class WhoAmI(BaseModel):
+class WhoAmI(Wire):
     id: str
     name: str
     role: str
@@ -105,7 +105,7 @@ class SessionCreate(Strict):
     token: str = Field(min_length=1, max_length=200)
 
 
-class SessionOut(BaseModel):
+class SessionOut(Wire):
     id: str = Field(description="the token's id: a submitter steers the jobs it submitted")
     name: str
     role: str
@@ -116,7 +116,7 @@ class SessionOut(BaseModel):
     expires_at: datetime | None = None
 
 
-class AuditOut(BaseModel):
+class AuditOut(Wire):
     """A call (method, path, status), or a lifecycle event the server decided itself
     (``event``: worker.registered, worker.offline, worker.removed, lease.lost)."""
 
@@ -138,7 +138,7 @@ class TokenCreated(TokenOut):
     token: str = Field(description="The secret. Shown once; only its hash is stored.")
 
 
-class Health(BaseModel):
+class Health(Wire):
     status: Literal["ok"]
     version: str
     database: str

@@ -5,14 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gpufleet.domain import progress
 from gpufleet.domain.models import (
     Capability,
     GpuInfo,
 )
-from gpufleet.wire._base import INT32, Attempt, JobState, Name, PoolName, Strict, _no_nul
+from gpufleet.wire._base import INT32, Attempt, JobState, Name, PoolName, Strict, Wire, _no_nul
 from gpufleet.wire._jobs import TOOL_PATTERN, JobSpecModel, StderrTail
 
 # ---- workers ----------------------------------------------------------------------------
@@ -102,7 +102,7 @@ WORKER_STATES = (
 )
 
 
-class WorkerOut(BaseModel):
+class WorkerOut(Wire):
     id: str
     name: str
     status: WorkerState = Field(description=WORKER_STATES)
@@ -135,7 +135,7 @@ class SelectRequest(Strict):
     spec: JobSpecModel
 
 
-class Candidate(BaseModel):
+class Candidate(Wire):
     worker: WorkerOut
     fits: bool = Field(description="could take the job now")
     reason: str | None = Field(description="why it cannot, when it cannot")
@@ -174,7 +174,7 @@ class ClaimRequest(Strict):
     )
 
 
-class StagedInput(BaseModel):
+class StagedInput(Wire):
     """An input as the worker fetches it: a blob to unpack (a package, or a dependency's
     artifact) or a shared path to check and link. ``sha256`` None: a dependency that
     produced no artifact."""
@@ -187,7 +187,7 @@ class StagedInput(BaseModel):
     label: str = ""
 
 
-class Lease(BaseModel):
+class Lease(Wire):
     """A claim's answer: run ``spec`` on ``gpus``; every later write carries (job_id, attempt)."""
 
     job_id: str
@@ -208,7 +208,7 @@ class HeartbeatRequest(Strict):
     draining: bool = False
 
 
-class LeaseOrder(BaseModel):
+class LeaseOrder(Wire):
     job_id: str
     attempt: int
     order: Literal["continue", "cancel", "stop"]
@@ -227,7 +227,7 @@ class StopRequest(Strict):
     )
 
 
-class HeartbeatResponse(BaseModel):
+class HeartbeatResponse(Wire):
     """Per reported lease: keep running it, kill it (cancelled, or the lease is stale), or
     ask it to finish early (stop: SIGINT, then after ``grace`` SIGTERM and SIGKILL)."""
 
@@ -287,7 +287,7 @@ class ReleaseRequest(Strict):
     reason: str = Field("worker drained", max_length=10_000)
 
 
-class LogEntry(BaseModel):
+class LogEntry(Wire):
     seq: int
     attempt: int
     stream: str
@@ -295,14 +295,14 @@ class LogEntry(BaseModel):
     ts: datetime
 
 
-class LogsOut(BaseModel):
+class LogsOut(Wire):
     job_id: str
     status: JobState
     lines: list[LogEntry]
     next: int
 
 
-class EventOut(BaseModel):
+class EventOut(Wire):
     """One record of a job's event log: ``state`` (a status change: ``status``,
     ``event``, ``by``, ``why``), ``progress`` (``record``) or ``log`` (``stream``,
     ``line``); each with ``seq``, ``attempt`` and ``ts`` (seconds since the epoch)."""
@@ -312,14 +312,14 @@ class EventOut(BaseModel):
     data: dict[str, object]
 
 
-class EventsOut(BaseModel):
+class EventsOut(Wire):
     job_id: str
     status: JobState
     events: list[EventOut]
     next: int = Field(description="pass as ?after= to read on")
 
 
-class WhyWorker(BaseModel):
+class WhyWorker(Wire):
     worker_id: str
     name: str
     status: WorkerState
@@ -329,7 +329,7 @@ class WhyWorker(BaseModel):
     )
 
 
-class WhyOut(BaseModel):
+class WhyOut(Wire):
     job_id: str
     status: JobState
     summary: str
@@ -342,7 +342,7 @@ class WhyOut(BaseModel):
     )
 
 
-class StatusOut(BaseModel):
+class StatusOut(Wire):
     jobs: dict[str, int]
     workers: dict[str, int] = Field(description="workers by status: " + WORKER_STATES)
     gpus: int = Field(description="GPUs of the workers not offline")

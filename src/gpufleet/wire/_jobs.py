@@ -6,7 +6,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gpufleet.domain.models import (
     DeclaredCapability,
@@ -27,6 +27,7 @@ from gpufleet.wire._base import (
     Sha256,
     Size,
     Strict,
+    Wire,
     _no_nul,
 )
 
@@ -191,12 +192,12 @@ class JobSpecModel(Strict):
         )
 
 
-class ArtifactFile(BaseModel):
+class ArtifactFile(Wire):
     path: str
     size: int
 
 
-class ArtifactOut(BaseModel):
+class ArtifactOut(Wire):
     """A job attempt's outputs, archived: a blob and what it holds."""
 
     job_id: str
@@ -214,7 +215,7 @@ class ArtifactAttach(Strict):
     sha256: Sha256
 
 
-class DependencyOut(BaseModel):
+class DependencyOut(Wire):
     job_id: str
     name: str
     status: JobState
@@ -229,7 +230,7 @@ StderrTail = Annotated[
 ]
 
 
-class AttemptOut(BaseModel):
+class AttemptOut(Wire):
     attempt: int
     worker: str | None
     worker_id: str | None
@@ -250,7 +251,7 @@ class AttemptOut(BaseModel):
     )
 
 
-class JobOut(BaseModel):
+class JobOut(Wire):
     id: str
     name: str
     status: JobState
@@ -313,7 +314,7 @@ class JobDetail(JobOut):
     depends_on: list[DependencyOut] = Field(default_factory=list)
 
 
-class SubmitResult(BaseModel):
+class SubmitResult(Wire):
     job: JobOut
     warning: str | None = None
 
@@ -368,7 +369,7 @@ class ManifestApply(Strict):
     jobs: list[JobSpecModel] = Field(default_factory=list)
 
 
-class ApplyResult(BaseModel):
+class ApplyResult(Wire):
     manifest: str
     created: list[str]
     updated: list[str] = Field(
