@@ -509,10 +509,11 @@ def report(size: int, runs: Runs, rss: RssSampler, pkg: Resubmit) -> None:
     growth = (rss.peak - rss.before) / MIB
     goals = [
         ("upload (CLI) MB/s", f"{mbps['cli_put']:.1f}", ">= 300", mbps["cli_put"] >= 300),
-        ("upload (CLI) / raw HTTP PUT", f"{up:.2f}x", ">= 0.6x", up >= 0.6),
-        ("upload alone (SDK) / raw HTTP PUT", f"{up_only:.2f}x", ">= 0.6x", up_only >= 0.6),
-        ("download (CLI) / raw HTTP GET", f"{down:.2f}x", ">= 0.6x", down >= 0.6),
-        ("download alone (SDK) / raw HTTP GET", f"{down_only:.2f}x", ">= 0.6x", down_only >= 0.6),
+        # issue 15's goals for the CLI; the SDK lines show what the CLI's start adds
+        ("upload (CLI) / raw HTTP PUT", f"{up:.2f}x", ">= 0.95x", up >= 0.95),
+        ("upload alone (SDK) / raw HTTP PUT", f"{up_only:.2f}x", ">= 0.95x", up_only >= 0.95),
+        ("download (CLI) / raw HTTP GET", f"{down:.2f}x", ">= 0.8x", down >= 0.8),
+        ("download alone (SDK) / raw HTTP GET", f"{down_only:.2f}x", ">= 0.8x", down_only >= 0.8),
         ("package re-submit, 2nd run", f"{pkg.second_s:.2f} s", "< 1.5 s", pkg.second_s < 1.5),
         ("  body bytes sent (client)", str(pkg.second_sent), "0", pkg.second_sent == 0),
         ("server RSS growth during puts", f"{growth:.1f} MiB", "< 64 MiB", growth < 64),

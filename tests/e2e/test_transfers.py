@@ -356,14 +356,15 @@ def test_sending_stops_once_the_hash_shows_the_server_has_the_file(
         first = c.put_blob(src)  # someone sent it before
     copy = tmp_path / "copy.bin"  # the same bytes, never hashed on this side
     copy.write_bytes(data)
-    relay = Relay(served.port, cuts=[], up_rate=20 * MIB)  # 2 s for the whole file
+    # 4 s for the whole file: the hash (on a core nothing else wants) needs far less
+    relay = Relay(served.port, cuts=[], up_rate=10 * MIB)
     try:
         with Client(relay.url, served.token) as c:
             again = c.put_blob(copy)
     finally:
         relay.close()
     assert again.sha256 == first.sha256 and again.size == len(data)
-    assert again.sent < len(data) // 2, again  # the hash took far less than the sending
+    assert again.sent < len(data) - 10 * MIB, again  # it stopped a second or more early
     with fleet.client() as c:  # the abandoned session went; the blob stays
         assert c.has_blob(first.sha256) == len(data)
     assert list((fleet.root / "data" / "blobs" / "uploads").iterdir()) == []

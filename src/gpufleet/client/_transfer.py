@@ -45,8 +45,19 @@ from gpufleet.wire import UploadCreate, UploadOut
 
 SESSION_OVER = 32 << 20
 # The hashing thread of an upload sent while hashed yields to the sending (and, on one
-# machine, to the server).
-HASH_NICENESS = 10
+# machine, to the server): it runs on a core nothing else wants.
+HASH_NICENESS = 19
+
+
+def _yield_cpu() -> None:
+    """Make the calling thread run only when a core is idle (Linux's SCHED_IDLE; else the
+    lowest priority), where the system allows: a thread is a task there."""
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, tid, HASH_NICENESS)
 RETRIES = 5
 # A body's request may wait on the server's disk (or its hashing the part of an upload an
 # earlier process received): reading and writing get minutes, connecting does not.
@@ -124,8 +135,7 @@ class _Ahead:
         self._thread.start()
 
     def _run(self, has: Callable[[str], int | None]) -> None:
-        with contextlib.suppress(OSError, AttributeError):  # Linux: a thread is a task
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICENESS)
+        _yield_cpu()
         digest = hashlib.sha256()
         try:
             with open(self.path, "rb") as f:
