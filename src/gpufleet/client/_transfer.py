@@ -58,6 +58,8 @@ def _yield_cpu() -> None:
         return
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, tid, HASH_NICENESS)
+
+
 RETRIES = 5
 # A body's request may wait on the server's disk (or its hashing the part of an upload an
 # earlier process received): reading and writing get minutes, connecting does not.
