@@ -453,3 +453,50 @@ def test_refused_worker_calls_are_in_the_audit_log(world: World) -> None:
     first = world.call("admin", "GET", "/v1/audit?limit=2").json()
     rest = world.call("admin", "GET", f"/v1/audit?after={first[-1]['seq']}").json()
     assert [a["seq"] for a in first + rest] == [a["seq"] for a in rows]
+
+
+def test_a_read_of_the_audit_log_waits_for_records_already_being_written(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log's reader flushes first; a batch the timer took a moment before is still
+    being written then, and the reader must see it too (a refused call just made)."""
+    import asyncio
+    import threading
+
+    from gpufleet.server.audit import AuditWriter
+
+    writer = AuditWriter(store)
+    slow = threading.Event()
+    real = store.insert_audit
+
+    def insert(rows: list[dict[str, Any]]) -> None:
+        slow.wait(10)  # the disk is slow this once
+        real(rows)
+
+    monkeypatch.setattr(store, "insert_audit", insert)
+    record = {
+        "at": 1.0,
+        "token_id": None,
+        "token_name": None,
+        "role": None,
+        "address": "127.0.0.1",
+        "method": "POST",
+        "path": "/v1/workers/w/heartbeat",
+        "status": 403,
+        "target": None,
+    }
+
+    async def run() -> list[int]:
+        writer.bind(asyncio.get_running_loop())
+        writer.add(record)
+        first = asyncio.create_task(writer.flush())  # the timer's flush took the record
+        await asyncio.sleep(0.05)
+        reader = asyncio.create_task(writer.flush())  # then GET /v1/audit flushes
+        await asyncio.sleep(0.2)
+        waited = not reader.done()
+        slow.set()
+        await asyncio.gather(first, reader)
+        assert waited, "the reader's flush returned while the record was being written"
+        return [row.status for row in store.audit(0.0, 10)]
+
+    assert asyncio.run(run()) == [403]

@@ -55,10 +55,12 @@ class AuditWriter:
         self._pending: list[dict[str, Any]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._writing: asyncio.Lock | None = None  # one batch written at a time
 
     def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """The loop events are batched on; None (the loop stops): written at once."""
         self._loop = loop
+        self._writing = None  # made on the loop that first flushes
 
     def event(self, event: str, target: str, detail: str, token: TokenRow | None) -> None:
         """Record a lifecycle event; callable from any thread (the sweep, sync routes).
@@ -89,15 +91,20 @@ class AuditWriter:
         await self.flush()
 
     async def flush(self) -> None:
-        """Write what is pending now (shielded: a cancelled flush still writes)."""
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        with anyio.CancelScope(shield=True):
-            try:
-                await anyio.to_thread.run_sync(self.store.insert_audit, batch)
-            except Exception:  # the calls happened; losing their records must not hide it
-                log.exception("could not write %d audit record(s)", len(batch))
+        """Write what is pending now (shielded: a cancelled flush still writes). When it
+        returns, every record added before it is written, those of a flush still writing
+        when it began too (a reader of the log right after a call sees the call)."""
+        if self._writing is None:
+            self._writing = asyncio.Lock()
+        async with self._writing:
+            batch, self._pending = self._pending, []
+            if not batch:
+                return
+            with anyio.CancelScope(shield=True):
+                try:
+                    await anyio.to_thread.run_sync(self.store.insert_audit, batch)
+                except Exception:  # the calls happened; losing their records must not hide it
+                    log.exception("could not write %d audit record(s)", len(batch))
 
     async def close(self) -> None:
         if self._flusher is not None and not self._flusher.done():
