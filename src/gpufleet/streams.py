@@ -12,6 +12,7 @@ Kept free of heavy imports: the CLI loads it on every start.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,13 +23,16 @@ Sink = Callable[[Any], object]
 CHUNK = 1 << 20
 
 
-def file_hasher(path: Path, upto: int | None = None) -> hashlib._Hash:
+def file_hasher(
+    path: Path, upto: int | None = None, stop: threading.Event | None = None
+) -> hashlib._Hash:
     """A SHA-256 object fed with the first ``upto`` bytes of ``path`` (all when None), to
-    go on hashing what comes next (a resumed upload or download)."""
+    go on hashing what comes next (a resumed upload or download). Once ``stop`` is set
+    it reads no more (the caller then drops the unfinished hash)."""
     digest = hashlib.sha256()
     left = upto
     with path.open("rb") as f:
-        while left is None or left > 0:
+        while (left is None or left > 0) and not (stop is not None and stop.is_set()):
             data = f.read(CHUNK if left is None else min(CHUNK, left))
             if not data:
                 break

@@ -276,6 +276,15 @@ def test_an_unknown_blob_is_named_and_nothing_is_written(
     assert list(tmp_path.glob("got.bin*")) == []
 
 
+def _put_through(relay: Relay, served: Served, src: Path) -> Sent:
+    """``src`` uploaded by a client whose connections go through ``relay`` (closed after)."""
+    try:
+        with Client(relay.url, served.token) as c:
+            return c.put_blob(src)
+    finally:
+        relay.close()
+
+
 def test_an_upload_cut_mid_way_resumes_from_what_the_server_kept(
     served: Served, fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -283,11 +292,7 @@ def test_an_upload_cut_mid_way_resumes_from_what_the_server_kept(
     data = os.urandom(40 * MIB)  # over the size that goes through a resumable session
     src = tmp_path / "big.bin"
     src.write_bytes(data)
-    try:
-        with Client(relay.url, served.token) as c:
-            sent = c.put_blob(src)
-    finally:
-        relay.close()
+    sent = _put_through(relay, served, src)
     assert sent.sha256 == hashlib.sha256(data).hexdigest()
     offsets = [
         int(line.split(b":")[1])
@@ -313,11 +318,7 @@ def test_an_upload_whose_last_answer_is_lost_is_not_sent_again(
     data = os.urandom(40 * MIB)
     src = tmp_path / "big.bin"
     src.write_bytes(data)
-    try:
-        with Client(relay.url, served.token) as c:
-            sent = c.put_blob(src)  # the session is gone; the server has the blob: done
-    finally:
-        relay.close()
+    sent = _put_through(relay, served, src)  # the session is gone; the server has the blob: done
     assert sent.sha256 == hashlib.sha256(data).hexdigest() and sent.sent == len(data)
     assert sum(leg.up for leg in relay.legs) < len(data) + MIB  # sent once
     with fleet.client() as c:
@@ -331,11 +332,7 @@ def test_a_large_file_is_sent_while_hashed_and_named_by_what_the_server_received
     src = tmp_path / "big.bin"
     src.write_bytes(data)
     relay = Relay(served.port, cuts=[])
-    try:
-        with Client(relay.url, served.token) as c:
-            sent = c.put_blob(src)
-    finally:
-        relay.close()
+    sent = _put_through(relay, served, src)
     assert sent.sha256 == hashlib.sha256(data).hexdigest() and sent.sent == len(data)
     # the session was opened without a hash: nothing waited for the file to be hashed
     opened = [bytes(leg.sent) for leg in relay.legs if b"POST /v1/uploads" in leg.sent]
@@ -358,11 +355,7 @@ def test_sending_stops_once_the_hash_shows_the_server_has_the_file(
     copy.write_bytes(data)
     # 4 s for the whole file: the hash (on a core nothing else wants) needs far less
     relay = Relay(served.port, cuts=[], up_rate=10 * MIB)
-    try:
-        with Client(relay.url, served.token) as c:
-            again = c.put_blob(copy)
-    finally:
-        relay.close()
+    again = _put_through(relay, served, copy)
     assert again.sha256 == first.sha256 and again.size == len(data)
     assert again.sent < len(data) - 10 * MIB, again  # it stopped a second or more early
     with fleet.client() as c:  # the abandoned session went; the blob stays

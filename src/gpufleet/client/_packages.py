@@ -94,12 +94,14 @@ def put_remembered(
     sent when the server has it), a new one is hashed while it is sent. The server checks
     every byte it is sent against the hash, so a wrong memory cannot store a wrong blob."""
     memory = remembered or Remembered(_cache_file("blobs.json"))
-    path = path.expanduser().resolve()
-    before = archive.fingerprint(path)
-    sent = c.put_blob(path, memory.get(before), progress)
-    if archive.fingerprint(path) == before:  # not changed while it was read
-        memory.put(before, sent.sha256)
-    return sent
+    sent: list[Sent] = []
+
+    def send(file: Path) -> str:  # a file not remembered: its hash is what the server named
+        sent.append(c.put_blob(file, None, progress))
+        return sent[0].sha256
+
+    sha256, _ = archive.remembered_digest(path.expanduser().resolve(), memory, send)
+    return sent[0] if sent else c.put_blob(path, sha256, progress)
 
 
 def _blob_input(sha256: str, size: int, dest: str, path: Path) -> InputModel:

@@ -49,17 +49,6 @@ SESSION_OVER = 32 << 20
 HASH_NICENESS = 19
 
 
-def _yield_cpu() -> None:
-    """Make the calling thread run only when a core is idle (Linux's SCHED_IDLE; else the
-    lowest priority), where the system allows: a thread is a task there."""
-    tid = threading.get_native_id()
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, tid, HASH_NICENESS)
-
-
 RETRIES = 5
 # A body's request may wait on the server's disk (or its hashing the part of an upload an
 # earlier process received): reading and writing get minutes, connecting does not.
@@ -120,6 +109,17 @@ class _ServerHasIt(Exception):
     """Raised inside an upload's body: the hash came in and the server has that blob."""
 
 
+def _yield_cpu() -> None:
+    """Make the calling thread run only when a core is idle (Linux's SCHED_IDLE; else the
+    lowest priority), where the system allows: a thread is a task there."""
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, tid, HASH_NICENESS)
+
+
 class _Ahead:
     """A file's SHA-256, computed while the file is sent by a thread at low priority (it
     uses a spare core, not the sender's); then whether the server has that blob already
@@ -138,11 +138,8 @@ class _Ahead:
 
     def _run(self, has: Callable[[str], int | None]) -> None:
         _yield_cpu()
-        digest = hashlib.sha256()
         try:
-            with open(self.path, "rb") as f:
-                while not self._stop.is_set() and (data := f.read(CHUNK)):
-                    digest.update(data)
+            digest = file_hasher(self.path, stop=self._stop)
         except OSError:
             return  # the sending says what is wrong with the file
         if self._stop.is_set():

@@ -55,11 +55,10 @@ class Wire(BaseModel):
     model_config = ConfigDict(defer_build=True)
 
 
-def build_all() -> int:
+def build_all() -> None:
     """Build every wire model's validators now (the server, at start: FastAPI reads their
-    schemas, and its first requests should not pay for them); how many."""
+    schemas, and its first requests should not pay for them)."""
     pending: list[type[BaseModel]] = [Wire]
-    built = 0
     while pending:
         model = pending.pop()
         pending.extend(model.__subclasses__())
@@ -67,14 +66,12 @@ def build_all() -> int:
         model.model_config["defer_build"] = False
         if model is not Wire:
             model.model_rebuild(force=True)
-            built += 1
-    return built
 
 
 class Strict(Wire):
     """Unknown fields are errors: a misspelt ``require_cuda`` must never pass silently."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ErrorInfo(Wire):
