@@ -144,4 +144,3 @@ class Health(Wire):
     database: str
 
 
-WorkerRegister.model_rebuild()
