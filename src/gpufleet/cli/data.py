@@ -27,13 +27,14 @@ from gpufleet.cli._common import (
 )
 from gpufleet.cli.choose import session_client
 from gpufleet.client import Client
-from gpufleet.client._transfer import Progress as Advance
 from gpufleet.domain.manifest_values import default_job_dest, split_dest
 from gpufleet.errors import GpufleetError, InsufficientStorage
 from gpufleet.wire import InputModel, WorkerOut
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+
+    from gpufleet.client._transfer import Progress as Advance
 
 # Archives and progress bars are imported where they are used: every command
 # pays for what this module imports at start, and `blobs get` needs none of them.

@@ -1,16 +1,20 @@
 """One request/response layer shared by :class:`Client` and :class:`AsyncClient`.
 
 Each operation is described once as a :class:`Call` (method, path, body, how to parse the
-answer); the two clients differ only in how they send it.
+answer); the clients differ only in how they send it: :class:`AsyncClient` and a proxied
+:class:`Client` through httpx, a :class:`Client` otherwise over ``http.client``
+(:mod:`gpufleet.client._direct`), so that a CLI command that makes a call or two does not
+import httpx. A parser reads a :class:`Reply`, which either kind of answer is.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from urllib.parse import urlencode
 
-import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from gpufleet import tokens
@@ -18,20 +22,63 @@ from gpufleet.client._tls import transport_error
 from gpufleet.errors import BY_CODE, GpufleetError
 from gpufleet.wire import ErrorBody
 
+if TYPE_CHECKING:
+    import httpx
+
 T = TypeVar("T")
+
+
+class Headers(Protocol):
+    """A response's headers, looked up case-insensitively."""
+
+    def get(self, name: str, /) -> str | None: ...
+
+
+class Reply(Protocol):
+    """A whole answer, as a parser reads it (an ``httpx.Response`` is one)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Headers: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+class CallFailed(Exception):
+    """A call that got no answer; ``sent``: the request may have left (a broken
+    connection, not a refused one), so it is not passed on to another server."""
+
+    def __init__(self, cause: Exception, sent: bool) -> None:
+        super().__init__(str(cause))
+        self.cause, self.sent = cause, sent
+
+
+def _param(value: Any) -> str:
+    """A query value as httpx writes it."""
+    if value is True or value is False:
+        return "true" if value else "false"
+    return "" if value is None else str(value)
 
 
 @dataclass(frozen=True)
 class Call(Generic[T]):
     method: str
     path: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[Reply], T]
     body: BaseModel | None = None
     params: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
 
     def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         """The HTTP request for this call, built by either kind of httpx client."""
+        import httpx
+
         body = None if self.body is None else self.body.model_dump(mode="json")
         extensions = (
             {} if self.timeout is None else {"timeout": httpx.Timeout(self.timeout).as_dict()}
@@ -40,22 +87,39 @@ class Call(Generic[T]):
             self.method, self.path, json=body, params=self.params or None, extensions=extensions
         )
 
+    def target(self) -> str:
+        """The path with its query, as sent."""
+        if not self.params:
+            return self.path
+        return f"{self.path}?{urlencode({k: _param(v) for k, v in self.params.items()})}"
 
-def model(tp: Any) -> Callable[[httpx.Response], Any]:
+    def payload(self) -> bytes | None:
+        """The JSON body, as httpx writes it."""
+        if self.body is None:
+            return None
+        return json.dumps(
+            self.body.model_dump(mode="json"),
+            ensure_ascii=False,
+            separators=(",", ":"),
+            allow_nan=False,
+        ).encode()
+
+
+def model(tp: Any) -> Callable[[Reply], Any]:
     """A parser that validates the JSON answer as ``tp``; 204 gives None."""
     adapter: TypeAdapter[Any] = TypeAdapter(tp)
 
-    def parse(resp: httpx.Response) -> Any:
+    def parse(resp: Reply) -> Any:
         return None if resp.status_code == 204 else adapter.validate_json(resp.content)
 
     return parse
 
 
-def nothing(_: httpx.Response) -> None:
+def nothing(_: Reply) -> None:
     return None
 
 
-def raise_for(resp: httpx.Response) -> None:
+def raise_for(resp: Reply) -> None:
     """Turn an error answer into the matching :class:`GpufleetError`."""
     if resp.status_code < 400:
         return

@@ -8,19 +8,16 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
-
-import httpx
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpufleet.client import _events as events
 from gpufleet.client import _ops as ops
-from gpufleet.client._api import Call, headers, raise_for, unreachable
+from gpufleet.client._api import Call, CallFailed, Reply, headers, raise_for, unreachable
 from gpufleet.client._direct import Direct, proxied
 from gpufleet.client._events import Event
 from gpufleet.client._servers import Servers
 from gpufleet.client._tls import CaPath
 from gpufleet.client._tls import context as tls_context
-from gpufleet.client._transfer import Progress, Sent, Transfers
 from gpufleet.errors import ServerUnavailable
 from gpufleet.wire import (
     ApplyResult,
@@ -55,6 +52,11 @@ from gpufleet.wire import (
     WorkerRegister,
 )
 
+if TYPE_CHECKING:  # imported when a client first needs them: a CLI call does not
+    import httpx
+
+    from gpufleet.client._transfer import Progress, Sent, Transfers
+
 T = TypeVar("T")
 
 
@@ -63,6 +65,13 @@ def _quiet(_: int) -> None:
 
 
 DEFAULT_TIMEOUT = 30.0
+
+
+def _sent(exc: httpx.TransportError) -> bool:
+    """Whether the request may have left (httpx's connect errors say it did not)."""
+    import httpx
+
+    return not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
 
 
 def _verify(tls: ssl.SSLContext | None) -> ssl.SSLContext:
@@ -90,24 +99,43 @@ class Client:
         self.servers = Servers(server)
         self._token, self._timeout, self._ca = token, timeout, ca
         self._to: dict[str, tuple[httpx.Client, Transfers]] = {}
+        self._direct: dict[str, Direct | None] = {}
+        self._tls: dict[str, ssl.SSLContext | None] = {}
 
     @property
     def server(self) -> str:
         """The server in use."""
         return self.servers.current
 
+    def _tls_for(self, url: str) -> ssl.SSLContext | None:
+        # One TLS context for every HTTP path to a server (httpx, and http.client).
+        if url not in self._tls:
+            self._tls[url] = tls_context(url, self._ca)
+        return self._tls[url]
+
+    def _direct_to(self, url: str) -> Direct | None:
+        """Calls and downloads over http.client, unless a proxy stands in the way."""
+        if url not in self._direct:
+            self._direct[url] = (
+                None
+                if proxied(url)
+                else Direct(url, headers(self._token), self._timeout, self._tls_for(url))
+            )
+        return self._direct[url]
+
     def _at(self, url: str) -> tuple[httpx.Client, Transfers]:
         if url not in self._to:
-            # One TLS context for both HTTP paths (httpx, and downloads over http.client).
-            tls = tls_context(url, self._ca)
+            import httpx
+
+            from gpufleet.client._transfer import Transfers
+
             http = httpx.Client(
                 base_url=url,
                 headers=headers(self._token),
                 timeout=self._timeout,
-                verify=_verify(tls),
+                verify=_verify(self._tls_for(url)),
             )
-            direct = None if proxied(url) else Direct(url, http.headers, self._timeout, tls)
-            self._to[url] = (http, Transfers(http, url, direct))
+            self._to[url] = (http, Transfers(http, url, self._direct_to(url)))
         return self._to[url]
 
     def _transfer(self, run: Callable[[Transfers], T]) -> T:
@@ -129,17 +157,31 @@ class Client:
     def close(self) -> None:
         for http, _ in self._to.values():
             http.close()
+        for direct in self._direct.values():
+            if direct is not None:
+                direct.close()
+
+    def _send(self, url: str, call: Call[Any]) -> Reply:
+        direct = self._direct_to(url)
+        if direct is not None:
+            return direct.send(call)
+        import httpx
+
+        http = self._at(url)[0]
+        try:
+            return http.send(call.request(http))
+        except httpx.TransportError as exc:
+            raise CallFailed(exc, sent=_sent(exc)) from exc
 
     def call(self, call: Call[T]) -> T:
         for tried in self.servers.tries():
             url = self.server
-            http = self._at(url)[0]
             try:
-                resp = http.send(call.request(http))
+                resp = self._send(url, call)
                 break
-            except httpx.TransportError as exc:
-                if not self.servers.pass_on(url, exc, tried):
-                    raise unreachable(url, exc) from exc
+            except CallFailed as failed:
+                if not self.servers.pass_on(url, failed.sent, tried):
+                    raise unreachable(url, failed.cause) from failed.cause
         raise_for(resp)
         return call.parse(resp)
 
@@ -302,6 +344,8 @@ class AsyncClient:
 
     def _at(self, url: str) -> httpx.AsyncClient:
         if url not in self._to:
+            import httpx
+
             self._to[url] = httpx.AsyncClient(
                 base_url=url,
                 headers=headers(self._token),
@@ -325,6 +369,8 @@ class AsyncClient:
 
     async def call(self, call: Call[T]) -> T:
         """As :meth:`Client.call`: a server that cannot be reached passes the call on."""
+        import httpx
+
         for tried in self.servers.tries():
             url = self.server
             http = self._at(url)
@@ -332,7 +378,7 @@ class AsyncClient:
                 resp = await http.send(call.request(http))
                 break
             except httpx.TransportError as exc:
-                if not self.servers.pass_on(url, exc, tried):
+                if not self.servers.pass_on(url, _sent(exc), tried):
                     raise unreachable(url, exc) from exc
         raise_for(resp)
         return call.parse(resp)

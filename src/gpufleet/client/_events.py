@@ -13,12 +13,13 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.client._api import raise_for, unreachable
 from gpufleet.errors import ServerUnavailable
+
+if TYPE_CHECKING:
+    import httpx
 
 READ_TIMEOUT = 60.0  # the server pings every 15 s: a minute of silence is a dead link
 RETRY_FOR = 300.0  # seconds to keep trying to reconnect without an event
@@ -65,6 +66,8 @@ def follow(
 ) -> Iterator[Event]:
     """The events of job ``ref`` after ``after``, until its stream ends; see the module.
     ``at`` gives the server in use and its HTTP client; ``failed`` moves on from one."""
+    import httpx
+
     last = after
     gave_up_at = time.monotonic() + retry_for
     pause = 0.2

@@ -6,9 +6,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
-from gpufleet.client._api import Call, model, nothing
+from gpufleet.client._api import Call, Reply, model, nothing
 from gpufleet.wire import (
     ApplyResult,
     ArtifactAttach,
@@ -176,7 +174,7 @@ def start(job_id: str, body: StartRequest) -> Call[None]:
     return Call("POST", f"/v1/jobs/{_q(job_id)}/start", nothing, body=body)
 
 
-def _stop_grace(resp: httpx.Response) -> float | None:
+def _stop_grace(resp: Reply) -> float | None:
     """The ``Gpufleet-Stop`` answer to a log batch: the job was asked to stop."""
     raw = resp.headers.get("gpufleet-stop")
     try:

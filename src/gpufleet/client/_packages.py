@@ -13,19 +13,22 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 
 from gpufleet import archive
 from gpufleet.archive import Remembered
 from gpufleet.client._client import Client
-from gpufleet.client._transfer import Progress, Sent
 from gpufleet.domain.models import covering_mount
 from gpufleet.errors import GpufleetError
 from gpufleet.wire import InputModel, WorkerOut
 
+if TYPE_CHECKING:  # a call that sends nothing does not import the transfers (httpx)
+    from gpufleet.client._transfer import Progress, Sent
+
 #: Steps the caller may show: ("pack", total bytes), ("upload", total bytes).
-StepFactory = Callable[[str, str, int], Progress]
+StepFactory = Callable[[str, str, int], "Progress"]
 
 
 def _no_steps(_what: str, _label: str, _total: int) -> Progress:

@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import threading
 
-import httpx
-
 from gpufleet.config import server_urls
 from gpufleet.errors import ConfigError
-
-# The request never left: safe to send again, to another server.
-NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 class Servers:
@@ -38,12 +33,12 @@ class Servers:
         """One try per server: a call that cannot connect goes on to the next."""
         return range(len(self.urls))
 
-    def pass_on(self, url: str, exc: httpx.TransportError, tried: int) -> bool:
-        """``url`` failed a call with ``exc`` on its try number ``tried``: whether the call
-        goes on to the next server (it was never sent, and servers are left). Either way
-        the next call goes to the next server."""
+    def pass_on(self, url: str, sent: bool, tried: int) -> bool:
+        """``url`` failed a call on its try number ``tried`` (``sent``: perhaps after the
+        request left): whether the call goes on to the next server (it was never sent,
+        and servers are left). Either way the next call goes to the next server."""
         self.failed(url)
-        return isinstance(exc, NOT_SENT) and tried < len(self.urls) - 1
+        return not sent and tried < len(self.urls) - 1
 
     def failed(self, url: str) -> None:
         """``url`` could not be reached: the next call goes to the next server (unless

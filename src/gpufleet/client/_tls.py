@@ -9,8 +9,7 @@ from __future__ import annotations
 import http.client
 import os
 import ssl
-
-import httpx
+import sys
 
 from gpufleet.errors import ConfigError, GpufleetError, ServerUnavailable, UntrustedCertificate
 from gpufleet.tokens import redact
@@ -30,6 +29,8 @@ def context(server: str, ca: CaPath | None = None) -> ssl.SSLContext | None:
     if not server.lower().startswith("https:"):
         return None  # loading a CA bundle costs 0.1 s of every start; plain http never uses it
     if ca is None:
+        import httpx  # certifi's bundle, as httpx loads it
+
         ctx = httpx.create_ssl_context()
         ctx.load_default_certs()  # the operating system's store, beside certifi's
         return ctx
@@ -107,6 +108,7 @@ def _transport_error(server: str, exc: BaseException) -> GpufleetError:
 
 def _hung_up(exc: BaseException) -> bool:
     """Whether the server hung up before answering (what a TLS server does to plain http)."""
-    if isinstance(exc, httpx.RemoteProtocolError):
+    httpx = sys.modules.get("httpx")  # only a call through httpx raises its errors
+    if httpx is not None and isinstance(exc, httpx.RemoteProtocolError):
         return "without sending a response" in str(exc)
     return _cause(exc, http.client.RemoteDisconnected) is not None

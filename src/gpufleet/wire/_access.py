@@ -9,7 +9,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gpufleet.wire._base import Label, LabelKey, Name, PoolName, Sha256, Size, Strict, Wire
-from gpufleet.wire._fleet import WorkerRegister
 
 # ---- blobs ------------------------------------------------------------------------------
 
@@ -142,5 +141,3 @@ class Health(Wire):
     status: Literal["ok"]
     version: str
     database: str
-
-
