@@ -50,8 +50,9 @@ def slowest_imports(env: dict[str, str], top: int = 6) -> list[tuple[int, str]]:
     for line in out.splitlines():
         if not line.startswith("import time:") or "|" not in line:
             continue
-        _, cumulative, name = (part.strip() for part in line.split(":", 1)[1].split("|"))
-        if cumulative.isdigit() and not name.startswith(" ") and "." not in name.strip():
+        _, cumulative, name = line.split(":", 1)[1].split("|")
+        # top-level imports only: a nested one is indented under the import that caused it
+        if cumulative.strip().isdigit() and not name.startswith("  "):
             found.append((int(cumulative), name.strip()))
     return sorted(found, reverse=True)[:top]
 
