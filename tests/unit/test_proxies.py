@@ -1,10 +1,11 @@
-"""Which HTTP path a client takes for blob downloads: direct, unless a proxy applies."""
+"""Which HTTP path a client takes for its calls and blob downloads: direct, unless a
+proxy applies; and where a direct connection goes."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpufleet.client._direct import proxied
+from gpufleet.client._direct import Direct, proxied
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
@@ -34,3 +35,21 @@ def test_no_proxy_exempts_a_host(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not proxied("https://fleet.lab:8443")
     assert not proxied("https://localhost:8443")
     assert proxied("https://fleet.example.org")
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "port"),
+    [
+        ("http://[::1]", "::1", 80),
+        ("https://[2001:db8::5]", "2001:db8::5", 443),
+        ("http://[::1]:8000", "::1", 8000),
+        ("http://fleet.lab", "fleet.lab", 80),
+        ("https://fleet.lab:8443/gpufleet", "fleet.lab", 8443),
+    ],
+)
+def test_a_server_without_a_port_is_called_on_its_schemes_port(
+    url: str, host: str, port: int
+) -> None:
+    """(http.client, given no port, reads one off the end of an IPv6 address.)"""
+    conn = Direct(url, {}, 5.0, None)._connect()
+    assert (conn.host, conn.port) == (host, port)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ssl
+import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -101,6 +102,8 @@ class Client:
         self._to: dict[str, tuple[httpx.Client, Transfers]] = {}
         self._direct: dict[str, Direct | None] = {}
         self._tls: dict[str, ssl.SSLContext | None] = {}
+        self._making = threading.RLock()  # threads making their first calls at once
+        self._closed = False
 
     @property
     def server(self) -> str:
@@ -109,34 +112,40 @@ class Client:
 
     def _tls_for(self, url: str) -> ssl.SSLContext | None:
         # One TLS context for every HTTP path to a server (httpx, and http.client).
-        if url not in self._tls:
-            self._tls[url] = tls_context(url, self._ca)
-        return self._tls[url]
+        with self._making:
+            if url not in self._tls:
+                self._tls[url] = tls_context(url, self._ca)
+            return self._tls[url]
 
     def _direct_to(self, url: str) -> Direct | None:
         """Calls and downloads over http.client, unless a proxy stands in the way."""
-        if url not in self._direct:
-            self._direct[url] = (
-                None
-                if proxied(url)
-                else Direct(url, headers(self._token), self._timeout, self._tls_for(url))
-            )
-        return self._direct[url]
+        with self._making:
+            if self._closed:
+                raise RuntimeError("this gpufleet Client is closed")
+            if url not in self._direct:
+                self._direct[url] = (
+                    None
+                    if proxied(url)
+                    else Direct(url, headers(self._token), self._timeout, self._tls_for(url))
+                )
+            return self._direct[url]
 
     def _at(self, url: str) -> tuple[httpx.Client, Transfers]:
-        if url not in self._to:
-            import httpx
+        direct = self._direct_to(url)
+        with self._making:
+            if url not in self._to:
+                import httpx
 
-            from gpufleet.client._transfer import Transfers
+                from gpufleet.client._transfer import Transfers
 
-            http = httpx.Client(
-                base_url=url,
-                headers=headers(self._token),
-                timeout=self._timeout,
-                verify=_verify(self._tls_for(url)),
-            )
-            self._to[url] = (http, Transfers(http, url, self._direct_to(url)))
-        return self._to[url]
+                http = httpx.Client(
+                    base_url=url,
+                    headers=headers(self._token),
+                    timeout=self._timeout,
+                    verify=_verify(self._tls_for(url)),
+                )
+                self._to[url] = (http, Transfers(http, url, direct))
+            return self._to[url]
 
     def _transfer(self, run: Callable[[Transfers], T]) -> T:
         """A blob transfer on the server in use; when it cannot be reached, the next
@@ -155,9 +164,12 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        for http, _ in self._to.values():
+        with self._making:
+            self._closed = True
+            to, directs = list(self._to.values()), list(self._direct.values())
+        for http, _ in to:
             http.close()
-        for direct in self._direct.values():
+        for direct in directs:
             if direct is not None:
                 direct.close()
 

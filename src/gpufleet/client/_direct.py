@@ -23,6 +23,7 @@ import http.client
 import select
 import ssl
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from gpufleet.client._api import Call, CallFailed, raise_for, unreachable
 # What a broken or refused connection looks like from http.client.
 FAILURES = (OSError, http.client.HTTPException)
 KEEP = 8  # idle connections kept per server (a client's threads may call at once)
+KEEP_FOR = 5.0  # seconds an idle connection is kept (as httpx): a silent middlebox may drop it
 
 
 def proxied(url: str) -> bool:
@@ -69,6 +71,10 @@ def _stale(conn: http.client.HTTPConnection) -> bool:
     if sock is None:
         return True
     try:
+        if hasattr(select, "poll"):  # any descriptor number (select() stops at 1024)
+            poll = select.poll()
+            poll.register(sock, select.POLLIN)
+            return bool(poll.poll(0))
         readable, _, _ = select.select([sock], [], [], 0)
     except (OSError, ValueError):
         return True
@@ -103,7 +109,8 @@ class Direct:
         self.server = server
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "localhost"
-        self._port = parts.port
+        # explicit: given no port, http.client would read one off an IPv6 address's end
+        self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         own = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
         # The bytes as stored (blobs are hashed; JSON is small): no content coding.
@@ -115,7 +122,7 @@ class Direct:
         }
         self._timeout = timeout
         self._tls = tls
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[tuple[float, http.client.HTTPConnection]] = []
         self._lock = threading.Lock()
 
     def _connect(self) -> http.client.HTTPConnection:
@@ -130,15 +137,15 @@ class Direct:
             with self._lock:
                 if not self._idle:
                     return None
-                conn = self._idle.pop()
-            if not _stale(conn):
+                since, conn = self._idle.pop()
+            if time.monotonic() - since < KEEP_FOR and not _stale(conn):
                 return conn
             conn.close()
 
     def _keep(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             if len(self._idle) < KEEP:
-                self._idle.append(conn)
+                self._idle.append((time.monotonic(), conn))
                 return
         conn.close()
 
@@ -146,6 +153,8 @@ class Direct:
         """Send ``call`` and read its whole answer. No answer raises
         :class:`~gpufleet.client._api.CallFailed`, ``sent`` False when the connection
         could not be made (the request never left)."""
+        body, target = call.payload(), self._prefix + call.target()
+        headers = self._calls if body is None else {**self._calls, **_JSON}
         conn = self._kept()
         if conn is None:
             conn = self._connect()
@@ -154,17 +163,21 @@ class Direct:
             except FAILURES as exc:
                 conn.close()
                 raise CallFailed(exc, sent=False) from exc
-        assert conn.sock is not None
+            except BaseException:
+                conn.close()
+                raise
         try:
+            assert conn.sock is not None
             conn.sock.settimeout(call.timeout if call.timeout is not None else self._timeout)
-            body = call.payload()
-            headers = self._calls if body is None else {**self._calls, **_JSON}
-            conn.request(call.method, self._prefix + call.target(), body=body, headers=headers)
+            conn.request(call.method, target, body=body, headers=headers)
             resp = conn.getresponse()
             content = resp.read()
         except FAILURES as exc:
             conn.close()
             raise CallFailed(exc, sent=True) from exc
+        except BaseException:  # interrupted: the connection is in an unknown state
+            conn.close()
+            raise
         if resp.will_close:
             conn.close()
         else:
@@ -174,7 +187,7 @@ class Direct:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for _, conn in idle:
             conn.close()
 
     @contextmanager
