@@ -64,6 +64,13 @@ def test_clients_and_workers_that_trust_the_ca_run_a_job_over_https(
     assert fleet.wait_status(job_id, "succeeded", "failed")["status"] == "succeeded"
     assert "hello over tls" in fleet.cli("logs", job_id, env=trusting).stdout
     assert "jobs: 2 succeeded" in fleet.cli("status", env=trusting).stdout
+    # The public CAs as a system names them (SSL_CERT_FILE), no --ca: trusted too, and the
+    # call goes without httpx (only its uploads and event streams load it).
+    public = {"SSL_CERT_FILE": str(pki.ca), "PYTHONPROFILEIMPORTTIME": "1"}
+    res = fleet.cli("jobs", env=public)
+    assert job_id in res.stdout
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in res.stderr.splitlines() if "|" in ln}
+    assert "gpufleet.client" in imported and "httpx" not in imported
 
 
 def test_a_client_without_the_ca_is_refused_with_one_clear_line(

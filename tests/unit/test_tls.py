@@ -86,6 +86,24 @@ def test_plain_http_needs_no_context_and_https_verifies_by_default(
     assert len(ctx.get_ca_certs()) > 10  # the default store: many public CAs
 
 
+def test_ssl_cert_file_names_the_public_cas_as_for_httpx(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SSL_CERT_FILE replaces certifi's bundle (the system's store is still added)."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki.ca))
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    ctx = context(URL)
+    assert ctx is not None
+    subjects = [dict(rdn[0] for rdn in c["subject"]).get("commonName") for c in ctx.get_ca_certs()]
+    assert "gpufleet test CA" in subjects
+    monkeypatch.delenv("SSL_CERT_FILE")
+    ctx = context(URL)
+    assert ctx is not None
+    assert "gpufleet test CA" not in [
+        dict(rdn[0] for rdn in c["subject"]).get("commonName") for c in ctx.get_ca_certs()
+    ]
+
+
 def test_a_ca_file_replaces_the_default_store(pki: Pki) -> None:
     ctx = context(URL, ca=pki.ca)
     assert ctx is not None and ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname

@@ -29,10 +29,17 @@ def context(server: str, ca: CaPath | None = None) -> ssl.SSLContext | None:
     if not server.lower().startswith("https:"):
         return None  # loading a CA bundle costs 0.1 s of every start; plain http never uses it
     if ca is None:
-        import httpx  # certifi's bundle, as httpx loads it
+        # The public CAs as httpx finds them (without importing httpx for it: a CLI call
+        # does not need it), then the operating system's store beside them.
+        if os.environ.get("SSL_CERT_FILE"):
+            ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+        elif os.environ.get("SSL_CERT_DIR"):
+            ctx = ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+        else:
+            import certifi
 
-        ctx = httpx.create_ssl_context()
-        ctx.load_default_certs()  # the operating system's store, beside certifi's
+            ctx = ssl.create_default_context(cafile=certifi.where())
+        ctx.load_default_certs()
         return ctx
     try:
         return ssl.create_default_context(cafile=os.fspath(ca))
