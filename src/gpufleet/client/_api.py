@@ -60,8 +60,11 @@ class CallFailed(Exception):
         self.cause, self.sent = cause, sent
 
 
+JSON = {"Content-Type": "application/json"}  # the header of a call with a body
+
+
 def _param(value: Any) -> str:
-    """A query value as httpx writes it."""
+    """A query value: booleans as ``true``/``false``, None as empty."""
     if value is True or value is False:
         return "true" if value else "false"
     return "" if value is None else str(value)
@@ -77,25 +80,30 @@ class Call(Generic[T]):
     timeout: float | None = None
 
     def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
-        """The HTTP request for this call, built by either kind of httpx client."""
+        """The HTTP request for this call, built by either kind of httpx client, with the
+        same target and body as :mod:`gpufleet.client._direct` sends."""
         import httpx
 
-        body = None if self.body is None else self.body.model_dump(mode="json")
+        body = self.payload()
         extensions = (
             {} if self.timeout is None else {"timeout": httpx.Timeout(self.timeout).as_dict()}
         )
         return http.build_request(
-            self.method, self.path, json=body, params=self.params or None, extensions=extensions
+            self.method,
+            self.target(),
+            content=body,
+            headers=None if body is None else JSON,
+            extensions=extensions,
         )
 
     def target(self) -> str:
-        """The path with its query, as sent."""
+        """The path with its query."""
         if not self.params:
             return self.path
         return f"{self.path}?{urlencode({k: _param(v) for k, v in self.params.items()})}"
 
     def payload(self) -> bytes | None:
-        """The JSON body, as httpx writes it."""
+        """The JSON body (compact, UTF-8, no NaN), or None."""
         if self.body is None:
             return None
         return json.dumps(

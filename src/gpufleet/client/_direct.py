@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpufleet import __version__
-from gpufleet.client._api import Call, CallFailed, raise_for, unreachable
+from gpufleet.client._api import JSON, Call, CallFailed, raise_for, unreachable
 
 # What a broken or refused connection looks like from http.client.
 FAILURES = (OSError, http.client.HTTPException)
@@ -154,7 +154,7 @@ class Direct:
         :class:`~gpufleet.client._api.CallFailed`, ``sent`` False when the connection
         could not be made (the request never left)."""
         body, target = call.payload(), self._prefix + call.target()
-        headers = self._calls if body is None else {**self._calls, **_JSON}
+        headers = self._calls if body is None else {**self._calls, **JSON}
         conn = self._kept()
         if conn is None:
             conn = self._connect()
@@ -206,9 +206,6 @@ class Direct:
             yield Answer(resp.status, dict(resp.getheaders()), resp.length, resp)
         finally:
             conn.close()
-
-
-_JSON = {"Content-Type": "application/json"}
 
 
 def _raise(resp: http.client.HTTPResponse) -> None:
