@@ -633,8 +633,10 @@ async function jobPage(main, ref) {
     actions.replaceChildren();
     if (canSteer(job)) {
       const post = (what, body) => async () => {
-        job = await api(`/v1/jobs/${enc(id)}/${what}`, { method: "POST", body });
-        flash(what + ": " + job.name + " is " + job.status);
+        // The answer is the job's summary, not its detail (no spec): the page's own job
+        // stays the detail, or a state event rendering it meanwhile would find no spec.
+        const done = await api(`/v1/jobs/${enc(id)}/${what}`, { method: "POST", body });
+        flash(what + ": " + done.name + " is " + done.status);
         await refresh();
       };
       if (job.status === "running" && !job.stop_requested_at) actions.append(actionButton("Stop (keep outputs)", "", post("stop", {})));
