@@ -103,3 +103,45 @@ def test_a_job_dies_with_the_worker_that_started_it(how: str) -> None:
             parent.wait(10)
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+_WATCHED = """
+import asyncio, os, sys, threading
+from pathlib import Path
+from gpufleet.worker import spawn
+
+async def main(watched):
+    before = threading.active_count()
+    most = 0
+    async def one(code):
+        nonlocal most
+        proc = await spawn.spawn(["sh", "-c", f"sleep 0.2; exit {code}"], Path.cwd(),
+                                 dict(os.environ), 1 << 16)
+        most = max(most, threading.active_count() - before)
+        await proc.communicate()
+        return await proc.wait()
+    codes = await asyncio.gather(*(one(n) for n in range(10)))
+    print(watched, most, codes)
+
+with asyncio.Runner() as runner:
+    watched = spawn.watch_children(runner.get_loop())
+    runner.run(main(watched))
+"""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 watches pidfds itself")
+def test_the_worker_waits_for_its_jobs_without_a_thread_each(tmp_path: Path) -> None:
+    """Python 3.11's asyncio starts a thread per child to wait for it; the worker's loop
+    waits on pidfds instead, and still sees every exit code."""
+    out = subprocess.run(
+        [sys.executable, "-c", _WATCHED], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    watched, threads, codes = out.stdout.split(" ", 2)
+    assert codes.strip() == str(list(range(10)))
+    try:  # Linux 5.3 or later, as here
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        assert (watched, int(threads) > 0) == ("False", True)
+    else:
+        assert (watched, threads) == ("True", "0")

@@ -52,6 +52,7 @@ from gpufleet.worker.runner import (
     kill_leftovers,
 )
 from gpufleet.worker.slots import Slots
+from gpufleet.worker.spawn import watch_children
 from gpufleet.worker.staging import Stager
 from gpufleet.worker.workdirs import job_dir_name, prune_work_dirs
 
@@ -536,7 +537,9 @@ def run_worker(opts: WorkerOptions, capability: Capability) -> int:
     try:
         # asyncio's own loop, not uvloop: its subprocesses start with vfork (see
         # gpufleet.worker.spawn), uvloop's fork the whole worker for each job
-        return asyncio.run(Agent(opts, capability).run())
+        with asyncio.Runner() as runner:
+            watch_children(runner.get_loop())
+            return runner.run(Agent(opts, capability).run())
     except GpufleetError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
