@@ -3,6 +3,8 @@ attempt keeps, and a worker's slot held by the job aimed at it."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -267,3 +269,44 @@ def test_a_heartbeat_brings_an_offline_worker_back_and_says_so(
     draining = {**beat, "draining": True}
     client.post(f"/v1/workers/{w['id']}/heartbeat", json=draining, headers=worker)
     assert client.get(f"/v1/workers/{w['id']}", headers=admin).json()["status"] == "draining"
+
+
+def test_a_job_is_dated_from_when_its_worker_started_it_within_claim_and_report(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """The worker says when it started the process, by its clock; the job keeps that time
+    when it lies between the claim and the report (a report that waited out a server
+    outage, or only its round trip, must not make the job look started late), else the
+    nearer end. A time without a zone is refused by name and starts nothing."""
+    w = register(client, worker, "box", cpu_slots=4)
+    jobs = [submit(client, admin, name=f"j{n}") for n in range(3)]
+    leases = {claim(client, worker, w["id"])["job_id"] for _ in jobs}
+    assert leases == set(jobs)
+
+    def claimed_at(job: str) -> datetime:
+        [attempt] = client.get(f"/v1/jobs/{job}", headers=admin).json()["history"]
+        return datetime.fromisoformat(attempt["claimed_at"])
+
+    def started_at(job: str) -> datetime:
+        return datetime.fromisoformat(
+            client.get(f"/v1/jobs/{job}", headers=admin).json()["started_at"]
+        )
+
+    def start(job: str, when: str) -> Any:
+        body = {"attempt": 1, "started_at": when}
+        return client.post(f"/v1/jobs/{job}/start", json=body, headers=worker)
+
+    time.sleep(0.2)  # the report comes a while after the claim
+    said = claimed_at(jobs[0]) + timedelta(seconds=0.1)
+    assert start(jobs[0], said.isoformat()).status_code == 204
+    assert abs(started_at(jobs[0]) - said) < timedelta(milliseconds=1)
+
+    assert start(jobs[1], (claimed_at(jobs[1]) - timedelta(hours=1)).isoformat()).status_code == 204
+    assert started_at(jobs[1]) == claimed_at(jobs[1])  # never before its claim
+
+    naive = datetime.now().replace(tzinfo=None).isoformat()
+    assert_error(start(jobs[2], naive), 422, None, "started_at")
+    assert client.get(f"/v1/jobs/{jobs[2]}", headers=admin).json()["status"] == "claimed"
+    before = datetime.now(UTC)
+    assert start(jobs[2], (before + timedelta(hours=1)).isoformat()).status_code == 204
+    assert before <= started_at(jobs[2]) <= datetime.now(UTC)  # never after the report

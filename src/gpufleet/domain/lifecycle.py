@@ -226,10 +226,10 @@ def claim(
     return Change(job.id, Event.CLAIM, job.lease, fields, opens=opens, guard=guard)
 
 
-def start(job_id: str, lease: int, now: float, expires: float) -> Change:
-    """The worker started the claimed job's process."""
-    fields = {"started_at": now, "lease_expires_at": expires}
-    return Change(job_id, Event.START, lease, fields, record={"started_at": now})
+def start(job_id: str, lease: int, started: float, expires: float) -> Change:
+    """The worker started the claimed job's process at ``started``."""
+    fields = {"started_at": started, "lease_expires_at": expires}
+    return Change(job_id, Event.START, lease, fields, record={"started_at": started})
 
 
 def _ended(

@@ -281,14 +281,26 @@ class Leases:
             )
         return job
 
-    def start(self, job_id: str, attempt: int) -> None:
+    def start(
+        self,
+        job_id: str,
+        attempt: int,
+        said: float | None = None,
+        claimed_at: float | None = None,
+    ) -> None:
         """The worker started the job's process. The change takes only on the current
-        lease of a claimed job; else the job says why (404, 409, or a retried start)."""
+        lease of a claimed job; else the job says why (404, 409, or a retried start).
+        The start is dated when the worker ``said`` (its clock) if that lies between the
+        claim and now, else now: a report that waited out a server outage, or the round
+        trip of any report, does not make the job look started later than it was."""
         now = self.clock()
-        change = lifecycle.start(job_id, attempt, now, now + self.settings.lease_timeout)
+        started = now
+        if said is not None:
+            started = min(now, said if claimed_at is None else max(said, claimed_at))
+        change = lifecycle.start(job_id, attempt, started, now + self.settings.lease_timeout)
         done = self.store.start(change)
         if done is not None:
-            self.metrics.started(done.job.claimed_at, now)
+            self.metrics.started(done.job.claimed_at, started)
             self.on_written(job_id)
         else:
             job = self._held(job_id, attempt)

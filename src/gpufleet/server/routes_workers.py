@@ -243,8 +243,11 @@ def _holder(request: Request, caller: Caller, job_id: str, attempt: int) -> None
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
 def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
-    _holder(request, caller, job_id, body.attempt)
-    state(request).services.leases.start(job_id, body.attempt)
+    """The job's process runs (since ``started_at`` by the worker's clock, when given)."""
+    leases = state(request).services.leases
+    job = leases.check_holder(job_id, body.attempt, caller.id, caller.pools)
+    said = body.started_at.timestamp() if body.started_at is not None else None
+    leases.start(job_id, body.attempt, said, job.claimed_at)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])

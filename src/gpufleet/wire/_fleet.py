@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from gpufleet.domain import progress
 from gpufleet.domain.models import (
@@ -171,6 +171,8 @@ class ClaimRequest(Strict):
         description="claim up to this many jobs in one answer (the first is the lease, "
         "the rest in its `more`), as the free slots allow: a worker with several free "
         "slots fills them in one round trip",
+        # left out when 1, so a server from before `most` takes the poll
+        exclude_if=lambda most: most == 1,
     )
 
 
@@ -238,6 +240,13 @@ class HeartbeatResponse(Wire):
 class StartRequest(Strict):
     attempt: Attempt
     pid: int | None = Field(None, ge=0, le=INT32)
+    started_at: AwareDatetime | None = Field(
+        None,
+        description="when the worker started the process, by its clock: the job's start "
+        "time when it lies between the claim and this report (else the report's arrival)",
+        # left out when None, so a server from before `started_at` takes the report
+        exclude_if=lambda when: when is None,
+    )
 
 
 class LogLine(Strict):

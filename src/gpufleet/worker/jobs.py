@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -219,6 +220,7 @@ class JobSteps(ABC):
             run.proc = await JobProcess.start(argv, workdir, env, run.on_line)
         except OSError as exc:
             return f"could not start {argv[0]!r}: {exc.strerror or exc}"
+        started = datetime.now(UTC)  # the job's start, by this worker's clock
         if run.stop_reason == "stop":  # asked to stop while it was being started
             self._interrupt(run)
         where = f"GPUs {lease.gpus}" if lease.gpus else "a CPU slot"
@@ -231,7 +233,11 @@ class JobSteps(ABC):
                 "start",
                 lambda: self.client.start(
                     lease.job_id,
-                    StartRequest(attempt=lease.attempt, pid=run.proc.pid if run.proc else None),
+                    StartRequest(
+                        attempt=lease.attempt,
+                        pid=run.proc.pid if run.proc else None,
+                        started_at=started,
+                    ),
                 ),
             )
         except Conflict:
