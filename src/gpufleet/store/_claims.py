@@ -75,7 +75,9 @@ _VIEW_POSTGRES = (
 # PostgreSQL, one round trip for a whole claim: lock the first chosen job still pending
 # that no other claimer holds (skipping rows they hold); count the claim on the worker's
 # row only if there is one and the count is still the one the claim ranked on; then apply
-# that job's claim change (if its lease is still the one ranked on) and open its attempt.
+# that job's claim change (if its lease is still the one ranked on), open its attempt and
+# write its state record to the job's event log (in order: the job's row stays locked
+# until the claim commits).
 # The change's fields are the parameters: a claim changes exactly these (checked).
 _CLAIM_FIELDS = frozenset(
     {"worker_id", "gpus", "lease", "claimed_at", "started_at", "finished_at", "exit_code"}
@@ -95,16 +97,18 @@ _CLAIM_IN_ONE = (
     "bump AS (UPDATE workers SET claims = claims + 1 WHERE id = %(wid)s AND claims = %(seen)s "
     "AND EXISTS (SELECT 1 FROM pick) RETURNING 1), "
     "c AS (SELECT u.* FROM json_to_recordset(%(choices)s::json) "
-    "AS u(id text, old int, gpus text, expires float8, spec text) "
+    "AS u(id text, old int, gpus text, expires float8, spec text, line text) "
     "JOIN pick ON pick.id = u.id WHERE EXISTS (SELECT 1 FROM bump)), "
     f"upd AS (UPDATE jobs j SET status = '{lifecycle.target(Event.CLAIM).value}', "
     "lease = c.old + 1, worker_id = %(wid)s, gpus = c.gpus, claimed_at = %(now)s, "
     "started_at = NULL, finished_at = NULL, exit_code = NULL, lease_expires_at = c.expires "
     f"FROM c WHERE j.id = c.id AND j.lease = c.old AND {_STILL_PENDING.format('j.')} "
     "AND (c.spec IS NULL OR j.spec = c.spec) "
-    "RETURNING j.id, j.lease, c.gpus), "
+    "RETURNING j.id, j.lease, c.gpus, c.line), "
     "ins AS (INSERT INTO attempts (job_id, attempt, worker_id, worker_name, gpus, claimed_at) "
-    "SELECT id, lease, %(wid)s, %(wname)s, gpus, %(now)s FROM upd RETURNING job_id) "
+    "SELECT id, lease, %(wid)s, %(wname)s, gpus, %(now)s FROM upd RETURNING job_id), "
+    "logged AS (INSERT INTO job_logs (job_id, attempt, stream, line, ts) "
+    "SELECT id, lease, 'state', line, %(ts)s FROM upd) "
     "SELECT (SELECT id FROM pick), (SELECT count(*) FROM bump), (SELECT job_id FROM ins)"
 )
 _FIRST_FREE = (
@@ -205,8 +209,7 @@ class ClaimSession:
         ids = [c.job_id for c in changes]
         by_id = {c.job_id: c for c in changes}
         picked, counted, taken = _claim_in_one(conn, worker_id, seen, changes)
-        if taken is not None:  # its row is locked until this commits: its event in order
-            conn.execute(t.job_logs.insert(), state_rows([by_id[str(taken)]]))
+        if taken is not None:
             return str(taken)
         if picked is None:
             return None
@@ -300,6 +303,7 @@ def _claim_in_one(
             raise ValueError("a claim changes other fields than the one statement sets")
     # Each choice's values go as one JSON text: psycopg dumps a text in C, but a Python
     # list into an array element by element (15 % of the server's time in a claim).
+    records = state_rows(changes)  # each claim's state record, as the job's log keeps it
     choices = [
         {
             "id": c.job_id,
@@ -307,8 +311,9 @@ def _claim_in_one(
             "gpus": json.dumps(list(c.fields["gpus"])),  # type: ignore[call-overload]
             "expires": c.fields["lease_expires_at"],
             "spec": c.guard.get("spec"),
+            "line": record["line"],
         }
-        for c in changes
+        for c, record in zip(changes, records, strict=True)
     ]
     params = {
         "ids": [c.job_id for c in changes],
@@ -316,6 +321,7 @@ def _claim_in_one(
         "wid": first.fields["worker_id"],
         "wname": (first.opens or {})["worker_name"],
         "now": first.fields["claimed_at"],
+        "ts": records[0]["ts"],
         "seen": seen,
     }
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
