@@ -21,7 +21,7 @@ from pydantic import BaseModel, TypeAdapter
 from gpufleet import tokens
 from gpufleet.client._tls import transport_error
 from gpufleet.errors import BY_CODE, GpufleetError
-from gpufleet.wire import ErrorBody
+from gpufleet.wire import ErrorBody, ErrorInfo
 
 if TYPE_CHECKING:
     import httpx
@@ -141,13 +141,17 @@ def raise_for(resp: Reply) -> None:
         return
     try:
         info = ErrorBody.model_validate_json(resp.content).error
-        code, message, detail = info.code, info.message, info.detail
     except ValueError:
-        code, message, detail = "http_error", f"HTTP {resp.status_code}: {resp.text[:200]}", None
-    cls = BY_CODE.get(code, GpufleetError)
-    err = cls(message, detail=detail)
-    err.status = resp.status_code
-    raise err
+        message = f"HTTP {resp.status_code}: {resp.text[:200]}"
+        info = ErrorInfo(code="http_error", message=message)
+    raise error_of(resp.status_code, info)
+
+
+def error_of(status: int, info: ErrorInfo) -> GpufleetError:
+    """The :class:`GpufleetError` an error answer (``status``, its ``error``) stands for."""
+    err = BY_CODE.get(info.code, GpufleetError)(info.message, detail=info.detail)
+    err.status = status
+    return err
 
 
 def unreachable(base_url: str, exc: Exception) -> GpufleetError:

@@ -41,6 +41,8 @@ from gpufleet.wire import (
     LogsOut,
     ManifestApply,
     ReleaseRequest,
+    ReportBatch,
+    ReportResults,
     StartRequest,
     StatusOut,
     SubmitResult,
@@ -416,6 +418,10 @@ class AsyncClient:
 
     async def finish(self, job_id: str, body: FinishRequest) -> JobOut:
         return await self.call(ops.finish(job_id, body))
+
+    async def reports(self, body: ReportBatch) -> ReportResults:
+        """Start and finish reports in one call, each with its own result."""
+        return await self.call(ops.reports(body))
 
     async def release(self, job_id: str, body: ReleaseRequest) -> JobOut:
         return await self.call(ops.release(job_id, body))

@@ -28,6 +28,8 @@ from gpufleet.wire import (
     LogsOut,
     ManifestApply,
     ReleaseRequest,
+    ReportBatch,
+    ReportResults,
     SelectRequest,
     StartRequest,
     StatusOut,
@@ -190,6 +192,11 @@ def output(job_id: str, body: LogAppend) -> Call[float | None]:
 
 def finish(job_id: str, body: FinishRequest) -> Call[JobOut]:
     return Call("POST", f"/v1/jobs/{_q(job_id)}/finish", model(JobOut), body=body)
+
+
+def reports(body: ReportBatch) -> Call[ReportResults]:
+    """Start and finish reports in one call; each has its own result."""
+    return Call("POST", "/v1/reports", model(ReportResults), body=body)
 
 
 def release(job_id: str, body: ReleaseRequest) -> Call[JobOut]:

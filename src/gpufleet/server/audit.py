@@ -145,6 +145,16 @@ class AuditLog:
 
     def _record(self, scope: Scope, status: int) -> None:
         st: dict[str, Any] = scope.get("state") or {}
+        if status < 400 and "audit_items" in st:  # a batch: a record per call it stands for
+            for path, item_status, target in st["audit_items"]:
+                self._write(scope, st, path, item_status, target)
+            return
+        target = str(st["audit_target"]) if "audit_target" in st else None
+        self._write(scope, st, scope["path"], status, target)
+
+    def _write(
+        self, scope: Scope, st: dict[str, Any], path: str, status: int, target: str | None
+    ) -> None:
         caller = st.get("caller")
         token = caller.token if caller is not None else None
         client = scope.get("client")
@@ -155,8 +165,8 @@ class AuditLog:
             "role": token.role if token else None,
             "address": str(client[0])[:64] if client else "-",
             "method": scope["method"],
-            "path": loggable(scope["path"])[:2000],
+            "path": loggable(path)[:2000],
             "status": status,
-            "target": str(st["audit_target"])[:200] if "audit_target" in st else None,
+            "target": target[:200] if target is not None else None,
         }
         self.writer.add(values)

@@ -8,8 +8,18 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from gpufleet.errors import GpufleetError
 from gpufleet.tokens import redact, redact_data
 from gpufleet.wire import ErrorBody, ErrorInfo
+
+
+def error_info(exc: GpufleetError) -> ErrorInfo:
+    """The error part of an answer to ``exc``, as the server's handler writes it."""
+    return _info(exc.code, exc.message, exc.detail)
+
+
+def _info(code: str, message: str, detail: Any) -> ErrorInfo:
+    return ErrorInfo(code=code, message=redact(message), detail=redact_data(detail))
 
 
 def error_response(
@@ -22,7 +32,5 @@ def error_response(
     """An error answer. Errors echo what the client sent (a job ref, a field); one shaped
     like a token is cut to its hint, so a token pasted in the wrong place is not sent
     back."""
-    body = ErrorBody(
-        error=ErrorInfo(code=code, message=redact(message), detail=redact_data(detail))
-    )
+    body = ErrorBody(error=_info(code, message, detail))
     return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)

@@ -16,14 +16,14 @@ from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from gpufleet.errors import Conflict, NotFound
+from gpufleet.errors import Conflict, GpufleetError, NotFound
 from gpufleet.scheduling.matching import FreeGpu, FreeResources, JobView, free_gpu_mib, selection
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
 from gpufleet.server.polls import Polls, wait_either
-from gpufleet.server.responses import error_response
+from gpufleet.server.responses import error_info, error_response
 from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
@@ -38,7 +38,11 @@ from gpufleet.wire import (
     LeaveRequest,
     LogAppend,
     ReleaseRequest,
+    ReportBatch,
+    ReportResult,
+    ReportResults,
     SelectRequest,
+    StartReport,
     StartRequest,
     WorkerOut,
     WorkerRegister,
@@ -244,6 +248,10 @@ def _holder(request: Request, caller: Caller, job_id: str, attempt: int) -> None
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
 def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
     """The job's process runs (since ``started_at`` by the worker's clock, when given)."""
+    _start(request, caller, job_id, body)
+
+
+def _start(request: Request, caller: Caller, job_id: str, body: StartRequest) -> None:
     leases = state(request).services.leases
     job = leases.check_holder(job_id, body.attempt, caller.id, caller.pools)
     said = body.started_at.timestamp() if body.started_at is not None else None
@@ -268,6 +276,10 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
     """End an attempt: exit code 0 succeeds; anything else retries or fails, keeping the
     last lines of the attempt's stderr (``stderr_tail``). A result for an attempt that
     has ended is refused (409) and kept in that attempt's history (``late_result``)."""
+    return _finish(request, caller, job_id, body)
+
+
+def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) -> JobOut:
     leases = state(request).services.leases
     try:
         held = leases.check_holder(job_id, body.attempt, caller.id, caller.pools)
@@ -278,6 +290,30 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
         job_id, body.attempt, body.exit_code, body.error, body.stderr_tail, held=held
     )
     return views.job_out(job, {})
+
+
+@router.post("/reports", response_model=ReportResults, tags=["worker protocol"])
+def reports(body: ReportBatch, request: Request, caller: Worker) -> ReportResults:
+    """Start and finish reports, applied in order, each as its own call
+    (``/jobs/{job_id}/start``, ``/jobs/{job_id}/finish``) would be: each has its own
+    answer (the status that call would have had, a finish's job, or the error) and its
+    own audit record. A worker sends the reports that came while one call was on its way
+    together in the next."""
+    results, audited = [], []
+    for r in body.reports:
+        try:
+            if isinstance(r, StartReport):
+                _start(request, caller, r.job_id, r)
+                done = ReportResult(job_id=r.job_id, status=204)
+            else:
+                job = _finish(request, caller, r.job_id, r)
+                done = ReportResult(job_id=r.job_id, status=200, job=job)
+        except GpufleetError as exc:
+            done = ReportResult(job_id=r.job_id, status=exc.status, error=error_info(exc))
+        results.append(done)
+        audited.append((f"/v1/jobs/{r.job_id}/{r.kind}", done.status, None))
+    request.state.audit_items = audited
+    return ReportResults(results=results)
 
 
 @router.post("/jobs/{job_id}/release", response_model=JobOut, tags=["worker protocol"])

@@ -12,8 +12,18 @@ from gpufleet.domain.models import (
     Capability,
     GpuInfo,
 )
-from gpufleet.wire._base import INT32, Attempt, JobState, Name, PoolName, Strict, Wire, _no_nul
-from gpufleet.wire._jobs import TOOL_PATTERN, JobSpecModel, StderrTail
+from gpufleet.wire._base import (
+    INT32,
+    Attempt,
+    ErrorInfo,
+    JobState,
+    Name,
+    PoolName,
+    Strict,
+    Wire,
+    _no_nul,
+)
+from gpufleet.wire._jobs import TOOL_PATTERN, JobOut, JobSpecModel, StderrTail
 
 # ---- workers ----------------------------------------------------------------------------
 
@@ -285,6 +295,46 @@ class FinishRequest(Strict):
     stderr_tail: StderrTail = Field(
         default_factory=list, description="the last lines the job wrote to stderr"
     )
+
+
+_JobRef = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
+
+
+class StartReport(StartRequest):
+    """``POST /v1/jobs/{job_id}/start``'s body, with its job, in a batch of reports."""
+
+    kind: Literal["start"]
+    job_id: _JobRef
+
+
+class FinishReport(FinishRequest):
+    """``POST /v1/jobs/{job_id}/finish``'s body, with its job, in a batch of reports."""
+
+    kind: Literal["finish"]
+    job_id: _JobRef
+
+
+class ReportBatch(Strict):
+    """A worker's start and finish reports, applied in order, each as its own call would
+    be: one call for what would have been several while one was on its way."""
+
+    reports: list[Annotated[StartReport | FinishReport, Field(discriminator="kind")]] = Field(
+        min_length=1, max_length=64
+    )
+
+
+class ReportResult(Wire):
+    """How one report went: the status its own call would have answered, a finish's job,
+    or the error."""
+
+    job_id: str
+    status: int
+    job: JobOut | None = None
+    error: ErrorInfo | None = None
+
+
+class ReportResults(Wire):
+    results: list[ReportResult]
 
 
 class LeaveRequest(Strict):

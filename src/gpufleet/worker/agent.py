@@ -48,6 +48,7 @@ from gpufleet.worker.capability import live_gpus, live_state
 from gpufleet.worker.jobs import JobSteps, Running, Stopped, say
 from gpufleet.worker.nvml import GpuReading, group_gpu_mib
 from gpufleet.worker.options import WorkerOptions
+from gpufleet.worker.reports import Reports
 from gpufleet.worker.runner import (
     kill_leftovers,
 )
@@ -107,6 +108,7 @@ class Agent(JobSteps):
         self.early_polls = 0  # polls in a row that someone else ended early
         self.several = not opts.ephemeral  # ask for a job per free slot in one poll
         self.tasks: set[asyncio.Task[None]] = set()
+        self.reports = Reports(self.client, self.retrying)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background, keeping a reference until it ends."""

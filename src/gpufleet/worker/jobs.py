@@ -41,6 +41,7 @@ from gpufleet.worker.adapters import Adapter, AdapterError, adapter_for
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.progress import Progress, ProgressFile
+from gpufleet.worker.reports import Reports
 from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env, oom_kills
 from gpufleet.worker.slots import Slots
 from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
@@ -135,6 +136,7 @@ class JobSteps(ABC):
     stager: Stager
     slots: Slots
     running: dict[tuple[str, int], Running]
+    reports: Reports  # start and finish reports, batched while one is on its way
 
     @abstractmethod
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -229,15 +231,12 @@ class JobSteps(ABC):
             f"pid {run.proc.pid}"
         )
         try:
-            await self.retrying(
-                "start",
-                lambda: self.client.start(
-                    lease.job_id,
-                    StartRequest(
-                        attempt=lease.attempt,
-                        pid=run.proc.pid if run.proc else None,
-                        started_at=started,
-                    ),
+            await self.reports.start(
+                lease.job_id,
+                StartRequest(
+                    attempt=lease.attempt,
+                    pid=run.proc.pid if run.proc else None,
+                    started_at=started,
                 ),
             )
         except Conflict:
@@ -420,7 +419,7 @@ class JobSteps(ABC):
             body = FinishRequest(
                 attempt=lease.attempt, exit_code=exit_code, error=error, stderr_tail=tail
             )
-            out = await self.retrying("finish", lambda: self.client.finish(lease.job_id, body))
+            out = await self.reports.finish(lease.job_id, body)
             say(
                 f"job {lease.job_id} ({lease.spec.name}) finished: "
                 f"{error or 'exit code 0'} -> {out.status}"

@@ -1,0 +1,117 @@
+"""A worker's start and finish reports, sent together while one is on its way.
+
+A report goes at once when no other is on its way; those that come meanwhile (the other
+slots' jobs starting and ending) go together in the next call, ``POST /v1/reports``, and
+each gets its own answer: the same result or error its own call would have had. So an
+idle worker reports with no wait, and a busy one with fewer calls. A server from before
+``/v1/reports`` (it answers 404 for the path) gets each report as its own call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from gpufleet.client import AsyncClient
+from gpufleet.client._api import error_of
+from gpufleet.errors import GpufleetError, NotFound
+from gpufleet.wire import (
+    FinishReport,
+    FinishRequest,
+    JobOut,
+    ReportBatch,
+    StartReport,
+    StartRequest,
+)
+
+T = TypeVar("T")
+MOST = 64  # reports a call carries (the server's limit)
+Report = StartReport | FinishReport
+
+
+class Retrying(Protocol):
+    def __call__(self, what: str, call: Callable[[], Awaitable[T]]) -> Awaitable[T]: ...
+
+
+class Reports:
+    """Sends a worker's start and finish reports, batching those that wait."""
+
+    def __init__(self, client: AsyncClient, retrying: Retrying) -> None:
+        self.client = client
+        self.retrying = retrying
+        self.batched = True  # False: the server predates /v1/reports
+        self._waiting: list[tuple[Report, asyncio.Future[Any]]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def start(self, job_id: str, body: StartRequest) -> None:
+        """The job's process runs: ``POST /v1/jobs/{job_id}/start``, perhaps batched."""
+        fields = body.model_dump(exclude_unset=True)
+        await self._report(StartReport(kind="start", job_id=job_id, **fields))
+
+    async def finish(self, job_id: str, body: FinishRequest) -> JobOut:
+        """The attempt ended: ``POST /v1/jobs/{job_id}/finish``, perhaps batched."""
+        fields = body.model_dump(exclude_unset=True)
+        out: JobOut = await self._report(FinishReport(kind="finish", job_id=job_id, **fields))
+        return out
+
+    async def _report(self, report: Report) -> Any:
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((report, done))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_waiting())
+        return await done
+
+    async def _send_waiting(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting[:MOST], self._waiting[MOST:]
+            try:
+                outcomes = await self._send([r for r, _ in batch])
+            except asyncio.CancelledError:
+                for _, done in batch + self._waiting:
+                    done.cancel()
+                self._waiting = []
+                raise
+            except Exception as exc:  # the call failed whole: so did each report in it
+                outcomes = [exc] * len(batch)
+            for (_, done), outcome in zip(batch, outcomes, strict=True):
+                if done.done():  # its caller was cancelled
+                    continue
+                if isinstance(outcome, Exception):
+                    done.set_exception(outcome)
+                else:
+                    done.set_result(outcome)
+
+    async def _send(self, batch: list[Report]) -> list[Any]:
+        """Each report's result (None for a start, a finish's job) or its error."""
+        if self.batched:
+            try:
+                answer = await self.retrying(
+                    "reports", lambda: self.client.reports(ReportBatch(reports=batch))
+                )
+            except NotFound:  # a report's own 404 is in its result: this server lacks the path
+                self.batched = False
+            else:
+                if len(answer.results) != len(batch):
+                    raise GpufleetError(
+                        f"the server answered {len(answer.results)} results to {len(batch)} reports"
+                    )
+                return [
+                    error_of(r.status, r.error) if r.error is not None else r.job
+                    for r in answer.results
+                ]
+        return [await self._alone(r) for r in batch]
+
+    async def _alone(self, r: Report) -> Any:
+        """One report as its own call, for a server from before ``/v1/reports`` (and so
+        from before a start's ``started_at``)."""
+        try:
+            if isinstance(r, StartReport):
+                body = StartRequest(attempt=r.attempt, pid=r.pid)
+                return await self.retrying("start", lambda: self.client.start(r.job_id, body))
+            done = FinishRequest(
+                attempt=r.attempt, exit_code=r.exit_code, error=r.error, stderr_tail=r.stderr_tail
+            )
+            return await self.retrying("finish", lambda: self.client.finish(r.job_id, done))
+        except GpufleetError as exc:
+            return exc

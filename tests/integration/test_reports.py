@@ -1,0 +1,205 @@
+"""Start and finish reports sent together (``POST /v1/reports``): each applied in order as
+its own call would be, with its own answer and audit record; the worker's reporter sends
+the reports that come while one call is on its way together, and talks to a server from
+before the path one report at a time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from gpufleet.client import AsyncClient
+from gpufleet.domain.models import Role
+from gpufleet.errors import Conflict
+from gpufleet.server.auth import Auth
+from gpufleet.store import SqlStore
+from gpufleet.wire import FinishRequest, StartRequest
+from gpufleet.worker.reports import Reports
+from tests.integration.helpers import (
+    TESTCLIENT_ON_HTTPX,
+    assert_error,
+    bearer,
+    claim,
+    on_loop,
+    register,
+    submit,
+)
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+pytestmark = TESTCLIENT_ON_HTTPX
+URL = "http://gpufleet.test"
+
+
+def _status(client: TestClient, admin: dict[str, str], job: str) -> str:
+    status: str = client.get(f"/v1/jobs/{job}", headers=admin).json()["status"]
+    return status
+
+
+def _calls(client: TestClient, admin: dict[str, str]) -> list[tuple[str, int]]:
+    rows = client.get("/v1/audit", headers=admin).json()
+    return [(a["path"], a["status"]) for a in rows if not a["event"]]
+
+
+def test_reports_are_applied_in_order_each_with_its_own_answer_and_record(
+    client: TestClient, store: SqlStore, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    w = register(client, worker, "box", cpu_slots=2)
+    a, b = submit(client, admin, name="a"), submit(client, admin, name="b")
+    claim(client, worker, w["id"]), claim(client, worker, w["id"])
+    stranger = bearer(Auth(store).create("other", Role.WORKER)[1])
+    reports = [
+        {"kind": "start", "job_id": a, "attempt": 1, "pid": 10},
+        {"kind": "finish", "job_id": a, "attempt": 1, "exit_code": 0},
+        {"kind": "start", "job_id": b, "attempt": 2},  # not its lease
+        {"kind": "finish", "job_id": "j-nope", "attempt": 1, "exit_code": 0},
+    ]
+    r = client.post("/v1/reports", json={"reports": reports}, headers=worker)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [(x["job_id"], x["status"]) for x in results] == [
+        (a, 204),
+        (a, 200),
+        (b, 409),
+        ("j-nope", 404),
+    ]
+    assert results[1]["job"]["status"] == "succeeded" and results[1]["error"] is None
+    assert "stale lease" in results[2]["error"]["message"]
+    assert results[3]["error"]["code"] == "not_found"
+    assert (_status(client, admin, a), _status(client, admin, b)) == ("succeeded", "claimed")
+
+    # Another token's worker holds b: refused, and b is as it was.
+    theirs = {"reports": [{"kind": "start", "job_id": b, "attempt": 1}]}
+    r = client.post("/v1/reports", json=theirs, headers=stranger)
+    assert [(x["status"], x["error"]["code"]) for x in r.json()["results"]] == [(403, "forbidden")]
+    assert _status(client, admin, b) == "claimed"
+
+    calls = _calls(client, admin)
+    assert (f"/v1/jobs/{a}/start", 204) in calls and (f"/v1/jobs/{a}/finish", 200) in calls
+    assert (f"/v1/jobs/{b}/start", 409) in calls and (f"/v1/jobs/{b}/start", 403) in calls
+    assert not any(path == "/v1/reports" for path, _ in calls)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"reports": []}, "reports"),
+        ({"reports": [{"kind": "begin", "job_id": "j-1", "attempt": 1}]}, "reports"),
+        ({"reports": [{"kind": "start", "attempt": 1}]}, "job_id"),
+        ({"reports": [{"kind": "start", "job_id": "j-1", "attempt": 1}] * 65}, "reports"),
+    ],
+)
+def test_a_bad_batch_is_refused_by_name_and_changes_nothing(
+    client: TestClient,
+    admin: dict[str, str],
+    worker: dict[str, str],
+    body: dict[str, Any],
+    field: str,
+) -> None:
+    w = register(client, worker, "box")
+    job = submit(client, admin)
+    claim(client, worker, w["id"])
+    assert_error(client.post("/v1/reports", json=body, headers=worker), 422, None, field)
+    assert _status(client, admin, job) == "claimed"
+
+
+class _Counting(httpx.AsyncBaseTransport):
+    """The app in-process, counting the calls by path (the calls a server would see);
+    ``older``: answer for a server from before ``/v1/reports``, which has no such path."""
+
+    def __init__(self, app: FastAPI, older: bool) -> None:
+        self.inner = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        self.paths: Counter[str] = Counter()
+        self.older = older
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths[request.url.path] += 1
+        await asyncio.sleep(0.05)  # a call takes a while: the next reports queue up
+        if self.older and request.url.path == "/v1/reports":
+            error = {"code": "not_found", "message": "Not Found", "detail": None}
+            return httpx.Response(404, json={"error": error})
+        return await self.inner.handle_async_request(request)
+
+
+def _reporter(
+    app: FastAPI, token: str, older: bool = False
+) -> tuple[Reports, AsyncClient, _Counting]:
+    counting = _Counting(app, older)
+    client = AsyncClient(URL, token)
+    client._to[URL] = httpx.AsyncClient(transport=counting, base_url=URL, headers=bearer(token))
+
+    async def retrying(what: str, call: Any) -> Any:
+        return await call()
+
+    return Reports(client, retrying), client, counting
+
+
+def test_reports_that_come_while_one_is_on_its_way_go_together(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str], worker_token: str
+) -> None:
+    w = register(client, worker, "box", cpu_slots=4)
+    jobs = [submit(client, admin, name=f"j{n}") for n in range(4)]
+    for _ in jobs:
+        claim(client, worker, w["id"])
+
+    async def scenario() -> tuple[Counter[str], list[Any]]:
+        reports, sdk, counting = _reporter(client.app, worker_token)  # type: ignore[arg-type]
+        async with sdk:
+            first = asyncio.create_task(reports.start(jobs[0], StartRequest(attempt=1)))
+            await asyncio.sleep(0.02)  # its call is on its way
+            rest = (reports.start(j, StartRequest(attempt=1)) for j in jobs[1:])
+            await asyncio.gather(first, *rest)
+            ends = [FinishRequest(attempt=1, exit_code=n) for n in range(3)]
+            ends.append(FinishRequest(attempt=2, exit_code=0))  # a stale lease
+            outs = await asyncio.gather(
+                *(reports.finish(j, end) for j, end in zip(jobs, ends, strict=True)),
+                return_exceptions=True,
+            )
+            return counting.paths, outs
+
+    paths, outs = on_loop(client, scenario)
+    # The first start went alone, the three that came meanwhile in one call, and the
+    # four finishes, sent at once, in one.
+    assert paths == {"/v1/reports": 3}, paths
+    assert [o.status if not isinstance(o, Exception) else o for o in outs[:3]] == [
+        "succeeded",
+        "pending",  # exit code 1 and 2: retried
+        "pending",
+    ]
+    assert isinstance(outs[3], Conflict)
+    assert _status(client, admin, jobs[3]) == "running"
+
+
+def test_a_server_from_before_batches_gets_each_report_alone(
+    app: FastAPI,
+    client: TestClient,
+    admin: dict[str, str],
+    worker: dict[str, str],
+    worker_token: str,
+) -> None:
+    w = register(client, worker, "box")
+    job = submit(client, admin)
+    claim(client, worker, w["id"])
+
+    async def scenario() -> tuple[Counter[str], Any, bool]:
+        reports, sdk, counting = _reporter(app, worker_token, older=True)
+        async with sdk:
+            await reports.start(job, StartRequest(attempt=1, pid=5))
+            out = await reports.finish(job, FinishRequest(attempt=1, exit_code=0))
+            with pytest.raises(Conflict):  # its own call's error, as before batches
+                await reports.finish(job, FinishRequest(attempt=1, exit_code=0))
+            return counting.paths, out, reports.batched
+
+    paths, out, batched = on_loop(client, scenario)
+    assert not batched and out.status == "succeeded"
+    assert paths == {
+        "/v1/reports": 1,
+        f"/v1/jobs/{job}/start": 1,
+        f"/v1/jobs/{job}/finish": 2,
+    }, paths
