@@ -53,6 +53,7 @@ EXPECTED = {
     ("POST", "/v1/jobs/{job_id}/start"),
     ("POST", "/v1/jobs/{job_id}/output"),
     ("POST", "/v1/jobs/{job_id}/finish"),
+    ("POST", "/v1/reports"),
     ("POST", "/v1/jobs/{job_id}/release"),
     ("POST", "/v1/jobs/{job_id}/artifact"),
     ("GET", "/v1/jobs/{ref}/artifact"),
