@@ -6,7 +6,8 @@
 #   bash bench/compare.sh 6e6e983 3 claims.py --db postgresql://postgres@127.0.0.1:5432/test
 #
 # REV is checked out into a temporary worktree and run with its own bench script and
-# PYTHONPATH=<worktree>/src, under this checkout's .venv. Prints one line a run.
+# PYTHONPATH=<worktree>/src, under this checkout's .venv. Prints each run's last line
+# (TAIL=N: its last N lines).
 set -euo pipefail
 rev=$1 runs=$2 bench=$3
 shift 3
@@ -16,6 +17,6 @@ trap 'git -C "$here" worktree remove --force "$old" >/dev/null 2>&1 || rm -rf "$
 git -C "$here" worktree add --detach --force "$old" "$rev" >/dev/null 2>&1
 py="$here/.venv/bin/python"
 for i in $(seq "$runs"); do
-  echo "before ($rev): $(PYTHONPATH="$old/src" "$py" "$old/bench/$bench" "$@" 2>&1 | tail -1)"
-  echo "after (this checkout): $(cd "$here" && "$py" "bench/$bench" "$@" 2>&1 | tail -1)"
+  echo "before ($rev): $(PYTHONPATH="$old/src" "$py" "$old/bench/$bench" "$@" 2>&1 | tail -n "${TAIL:-1}")"
+  echo "after (this checkout): $(cd "$here" && "$py" "bench/$bench" "$@" 2>&1 | tail -n "${TAIL:-1}")"
 done
