@@ -6,7 +6,9 @@ before the path one report at a time."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -18,6 +20,7 @@ from gpufleet.errors import Conflict
 from gpufleet.server.auth import Auth
 from gpufleet.store import SqlStore
 from gpufleet.wire import FinishRequest, StartRequest
+from gpufleet.worker import reports as reports_module
 from gpufleet.worker.reports import Reports
 from tests.integration.helpers import (
     TESTCLIENT_ON_HTTPX,
@@ -176,30 +179,92 @@ def test_reports_that_come_while_one_is_on_its_way_go_together(
     assert _status(client, admin, jobs[3]) == "running"
 
 
-def test_a_server_from_before_batches_gets_each_report_alone(
+def test_a_server_from_before_batches_gets_each_report_alone_for_a_while(
     app: FastAPI,
     client: TestClient,
     admin: dict[str, str],
     worker: dict[str, str],
     worker_token: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    w = register(client, worker, "box")
-    job = submit(client, admin)
-    claim(client, worker, w["id"])
+    """As during an upgrade of the servers: after a while, batches are tried again."""
+    monkeypatch.setattr(reports_module, "ALONE_FOR", 0.5)
+    w = register(client, worker, "box", cpu_slots=2)
+    job, later = submit(client, admin, name="a"), submit(client, admin, name="b")
+    claim(client, worker, w["id"]), claim(client, worker, w["id"])
 
-    async def scenario() -> tuple[Counter[str], Any, bool]:
+    async def scenario() -> tuple[Counter[str], Any, bool, Counter[str]]:
         reports, sdk, counting = _reporter(app, worker_token, older=True)
         async with sdk:
             await reports.start(job, StartRequest(attempt=1, pid=5))
             out = await reports.finish(job, FinishRequest(attempt=1, exit_code=0))
             with pytest.raises(Conflict):  # its own call's error, as before batches
                 await reports.finish(job, FinishRequest(attempt=1, exit_code=0))
-            return counting.paths, out, reports.batched
+            batched, alone = reports.batched, Counter(counting.paths)
+            counting.older = False  # the servers were upgraded
+            await asyncio.sleep(0.6)
+            await reports.start(later, StartRequest(attempt=1))
+            return alone, out, batched, counting.paths - alone
 
-    paths, out, batched = on_loop(client, scenario)
+    alone, out, batched, then = on_loop(client, scenario)
     assert not batched and out.status == "succeeded"
-    assert paths == {
+    assert alone == {
         "/v1/reports": 1,
         f"/v1/jobs/{job}/start": 1,
         f"/v1/jobs/{job}/finish": 2,
-    }, paths
+    }, alone
+    assert then == {"/v1/reports": 1}, then
+    assert _status(client, admin, later) == "running"
+
+
+def test_a_server_failure_in_one_report_is_that_reports_500_and_the_others_apply(
+    client: TestClient,
+    admin: dict[str, str],
+    worker: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A database error in one report fails that report alone, as its own call would have
+    failed; the reports before and after it are applied, answered and audited."""
+    w = register(client, worker, "box", cpu_slots=3)
+    jobs = [submit(client, admin, name=f"j{n}") for n in range(3)]
+    for _ in jobs:
+        claim(client, worker, w["id"])
+    leases = client.app.state.gpufleet.services.leases  # type: ignore[attr-defined]
+    real = leases.start
+
+    def start(job_id: str, *args: Any) -> None:
+        if job_id == jobs[1]:
+            raise RuntimeError("database is locked")
+        real(job_id, *args)
+
+    monkeypatch.setattr(leases, "start", start)
+    batch = {"reports": [{"kind": "start", "job_id": j, "attempt": 1} for j in jobs]}
+    r = client.post("/v1/reports", json=batch, headers=worker)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["status"] for x in results] == [204, 500, 204]
+    assert results[1]["error"]["code"] == "internal_error"
+    assert "database is locked" not in r.text  # the log has it, not the client
+    assert [_status(client, admin, j) for j in jobs] == ["running", "claimed", "running"]
+    calls = _calls(client, admin)
+    assert [(f"/v1/jobs/{j}/start", s) for j, s in zip(jobs, (204, 500, 204), strict=True)] == [
+        c for c in calls if c[0].endswith("/start")
+    ]
+
+
+def test_a_start_sent_again_in_a_batch_keeps_the_first_time(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """A batch resent after its answer was lost: the start is taken once, dated by the
+    worker's first report."""
+    w = register(client, worker, "box")
+    job = submit(client, admin)
+    claim(client, worker, w["id"])
+    time.sleep(0.05)
+    first = datetime.now(UTC)
+    for when in (first, first + timedelta(seconds=0.02)):
+        report = {"kind": "start", "job_id": job, "attempt": 1, "started_at": when.isoformat()}
+        r = client.post("/v1/reports", json={"reports": [report]}, headers=worker)
+        assert [x["status"] for x in r.json()["results"]] == [204]
+    started = client.get(f"/v1/jobs/{job}", headers=admin).json()["started_at"]
+    assert abs(datetime.fromisoformat(started) - first) < timedelta(milliseconds=1)

@@ -145,12 +145,13 @@ class AuditLog:
 
     def _record(self, scope: Scope, status: int) -> None:
         st: dict[str, Any] = scope.get("state") or {}
-        if status < 400 and "audit_items" in st:  # a batch: a record per call it stands for
-            for path, item_status, target in st["audit_items"]:
-                self._write(scope, st, path, item_status, target)
-            return
-        target = str(st["audit_target"]) if "audit_target" in st else None
-        self._write(scope, st, scope["path"], status, target)
+        # A batch: a record per call it stands for that was applied, and its own record
+        # too if the batch as a whole was refused or failed.
+        for path, item_status, target in st.get("audit_items", ()):
+            self._write(scope, st, path, item_status, target)
+        if status >= 400 or "audit_items" not in st:
+            target = str(st["audit_target"]) if "audit_target" in st else None
+            self._write(scope, st, scope["path"], status, target)
 
     def _write(
         self, scope: Scope, st: dict[str, Any], path: str, status: int, target: str | None

@@ -291,8 +291,9 @@ class Leases:
         """The worker started the job's process. The change takes only on the current
         lease of a claimed job; else the job says why (404, 409, or a retried start).
         The start is dated when the worker ``said`` (its clock) if that lies between the
-        claim and now, else now: a report that waited out a server outage, or the round
-        trip of any report, does not make the job look started later than it was."""
+        claim and now, else the nearer of the two (with nothing said, now): a report that
+        waited out a server outage, or the round trip of any report, does not make the job
+        look started later than it was."""
         now = self.clock()
         started = now
         if said is not None:

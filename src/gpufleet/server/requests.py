@@ -21,7 +21,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpufleet.server.responses import error_response
+from gpufleet.server.responses import error_response, internal_error
 from gpufleet.tokens import redact
 
 log = logging.getLogger("gpufleet.server")
@@ -50,6 +50,7 @@ class RequestIds:
             return
         given = dict(scope["headers"]).get(HEADER.encode(), b"").decode("latin-1")
         rid = given if _GIVEN.fullmatch(given) else secrets.token_hex(8)
+        scope.setdefault("state", {})["request_id"] = rid  # for a route's own log lines
         started, status = time.monotonic(), 0
 
         async def send_with_id(message: Message) -> None:
@@ -67,12 +68,8 @@ class RequestIds:
             where = f"{scope['method']} {loggable(scope['path'])}"
             log.error("internal error in %s (request %s)", where, rid, exc_info=exc)
             if status == 0:  # nothing sent yet: answer in the error shape
-                answer = error_response(
-                    500,
-                    "internal_error",
-                    f"internal server error (request id {rid}); see the server log",
-                    {"request_id": rid},
-                )
+                info = internal_error(rid)
+                answer = error_response(500, info.code, info.message, info.detail)
                 await answer(scope, receive, send_with_id)
             # Not raised on: the log line above is the one; uvicorn would log it again.
         finally:

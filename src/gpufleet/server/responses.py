@@ -18,6 +18,12 @@ def error_info(exc: GpufleetError) -> ErrorInfo:
     return _info(exc.code, exc.message, exc.detail)
 
 
+def internal_error(request_id: str) -> ErrorInfo:
+    """What a client is told of a failure of the server's own: where to look."""
+    message = f"internal server error (request id {request_id}); see the server log"
+    return _info("internal_error", message, {"request_id": request_id})
+
+
 def _info(code: str, message: str, detail: Any) -> ErrorInfo:
     return ErrorInfo(code=code, message=redact(message), detail=redact_data(detail))
 

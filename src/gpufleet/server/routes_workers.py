@@ -8,9 +8,11 @@ the lease (404: a job of another pool; 409: a stale lease; 403: another token's 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from typing import Annotated
+from urllib.parse import quote
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -23,7 +25,8 @@ from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
 from gpufleet.server.polls import Polls, wait_either
-from gpufleet.server.responses import error_info, error_response
+from gpufleet.server.responses import error_info, error_response, internal_error
+from gpufleet.tokens import redact
 from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
@@ -48,6 +51,7 @@ from gpufleet.wire import (
     WorkerRegister,
 )
 
+log = logging.getLogger("gpufleet.server")
 router = APIRouter(prefix="/v1", responses=ERRORS)
 STOP_HEADER = "Gpufleet-Stop"
 Worker = Annotated[Caller, Depends(deps.worker)]
@@ -298,21 +302,28 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> ReportResult
     (``/jobs/{job_id}/start``, ``/jobs/{job_id}/finish``) would be: each has its own
     answer (the status that call would have had, a finish's job, or the error) and its
     own audit record. A worker sends the reports that came while one call was on its way
-    together in the next."""
-    results, audited = [], []
+    together in the next. A failure of the server's own in one report (a database error)
+    is that report's 500, logged; the others are applied and answered as before."""
+    results: list[ReportResult] = []
+    audited: list[tuple[str, int, None]] = []
+    request.state.audit_items = audited  # what was applied is recorded, whatever follows
     for r in body.reports:
+        shown = redact(r.job_id)
         try:
             if isinstance(r, StartReport):
                 _start(request, caller, r.job_id, r)
-                done = ReportResult(job_id=r.job_id, status=204)
+                done = ReportResult(job_id=shown, status=204)
             else:
                 job = _finish(request, caller, r.job_id, r)
-                done = ReportResult(job_id=r.job_id, status=200, job=job)
+                done = ReportResult(job_id=shown, status=200, job=job)
         except GpufleetError as exc:
-            done = ReportResult(job_id=r.job_id, status=exc.status, error=error_info(exc))
+            done = ReportResult(job_id=shown, status=exc.status, error=error_info(exc))
+        except Exception as exc:  # ours, not the report's: as its own call would, a 500
+            rid = getattr(request.state, "request_id", "-")
+            log.error("internal error in a %s report (request %s)", r.kind, rid, exc_info=exc)
+            done = ReportResult(job_id=shown, status=500, error=internal_error(rid))
         results.append(done)
-        audited.append((f"/v1/jobs/{r.job_id}/{r.kind}", done.status, None))
-    request.state.audit_items = audited
+        audited.append((f"/v1/jobs/{quote(r.job_id, safe='')}/{r.kind}", done.status, None))
     return ReportResults(results=results)
 
 

@@ -253,7 +253,8 @@ class StartRequest(Strict):
     started_at: AwareDatetime | None = Field(
         None,
         description="when the worker started the process, by its clock: the job's start "
-        "time when it lies between the claim and this report (else the report's arrival)",
+        "time when it lies between the claim and this report's arrival, else the nearer "
+        "of the two",
         # left out when None, so a server from before `started_at` takes the report
         exclude_if=lambda when: when is None,
     )

@@ -10,6 +10,7 @@ idle worker reports with no wait, and a busy one with fewer calls. A server from
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -27,6 +28,7 @@ from gpufleet.wire import (
 
 T = TypeVar("T")
 MOST = 64  # reports a call carries (the server's limit)
+ALONE_FOR = 300.0  # seconds to send reports alone after a server lacked /v1/reports
 Report = StartReport | FinishReport
 
 
@@ -40,9 +42,15 @@ class Reports:
     def __init__(self, client: AsyncClient, retrying: Retrying) -> None:
         self.client = client
         self.retrying = retrying
-        self.batched = True  # False: the server predates /v1/reports
+        self._alone_until = 0.0  # a server lacked /v1/reports: one call a report till then
         self._waiting: list[tuple[Report, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
+
+    @property
+    def batched(self) -> bool:
+        """Whether reports go in batches now (else each alone: a server lacked the path
+        lately; after a while, as during an upgrade of the servers, batches are tried again)."""
+        return time.monotonic() >= self._alone_until
 
     async def start(self, job_id: str, body: StartRequest) -> None:
         """The job's process runs: ``POST /v1/jobs/{job_id}/start``, perhaps batched."""
@@ -90,7 +98,7 @@ class Reports:
                     "reports", lambda: self.client.reports(ReportBatch(reports=batch))
                 )
             except NotFound:  # a report's own 404 is in its result: this server lacks the path
-                self.batched = False
+                self._alone_until = time.monotonic() + ALONE_FOR
             else:
                 if len(answer.results) != len(batch):
                     raise GpufleetError(
