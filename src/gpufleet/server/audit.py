@@ -147,8 +147,8 @@ class AuditLog:
         st: dict[str, Any] = scope.get("state") or {}
         # A batch: a record per call it stands for that was applied, and its own record
         # too if the batch as a whole was refused or failed.
-        for path, item_status, target in st.get("audit_items", ()):
-            self._write(scope, st, path, item_status, target)
+        for path, item_status in st.get("audit_items", ()):
+            self._write(scope, st, path, item_status, None)
         if status >= 400 or "audit_items" not in st:
             target = str(st["audit_target"]) if "audit_target" in st else None
             self._write(scope, st, scope["path"], status, target)

@@ -305,7 +305,7 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> ReportResult
     together in the next. A failure of the server's own in one report (a database error)
     is that report's 500, logged; the others are applied and answered as before."""
     results: list[ReportResult] = []
-    audited: list[tuple[str, int, None]] = []
+    audited: list[tuple[str, int]] = []
     request.state.audit_items = audited  # what was applied is recorded, whatever follows
     for r in body.reports:
         shown = redact(r.job_id)
@@ -323,7 +323,7 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> ReportResult
             log.error("internal error in a %s report (request %s)", r.kind, rid, exc_info=exc)
             done = ReportResult(job_id=shown, status=500, error=internal_error(rid))
         results.append(done)
-        audited.append((f"/v1/jobs/{quote(r.job_id, safe='')}/{r.kind}", done.status, None))
+        audited.append((f"/v1/jobs/{quote(r.job_id, safe='')}/{r.kind}", done.status))
     return ReportResults(results=results)
 
 

@@ -37,6 +37,7 @@ from gpufleet.wire._base import (
     Strict,
 )
 from gpufleet.wire._fleet import (
+    MOST_REPORTS,
     WORKER_STATES,
     Candidate,
     CapabilityModel,
@@ -97,6 +98,7 @@ from gpufleet.wire._jobs import (
 __all__ = [
     "ERRORS",
     "INT32",
+    "MOST_REPORTS",
     "STDERR_TAIL_CHARS",
     "STDERR_TAIL_LINES",
     "WORKER_STATES",

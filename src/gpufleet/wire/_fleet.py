@@ -152,8 +152,11 @@ class Candidate(Wire):
     free_gpu_mib: int = Field(description="GPU memory free now on GPUs no job holds")
 
 
+_JobRef = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
+
+
 class LeaseRef(Strict):
-    job_id: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
+    job_id: _JobRef
     attempt: Attempt
     gpu_mib: int | None = Field(
         None, ge=0, le=2**40, description="GPU memory the job's processes use now (NVML)"
@@ -298,7 +301,8 @@ class FinishRequest(Strict):
     )
 
 
-_JobRef = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
+#: The most reports one ``POST /v1/reports`` carries.
+MOST_REPORTS = 64
 
 
 class StartReport(StartRequest):
@@ -320,7 +324,7 @@ class ReportBatch(Strict):
     be: one call for what would have been several while one was on its way."""
 
     reports: list[Annotated[StartReport | FinishReport, Field(discriminator="kind")]] = Field(
-        min_length=1, max_length=64
+        min_length=1, max_length=MOST_REPORTS
     )
 
 

@@ -18,6 +18,7 @@ from gpufleet.client import AsyncClient
 from gpufleet.client._api import error_of
 from gpufleet.errors import GpufleetError, NotFound
 from gpufleet.wire import (
+    MOST_REPORTS,
     FinishReport,
     FinishRequest,
     JobOut,
@@ -27,9 +28,9 @@ from gpufleet.wire import (
 )
 
 T = TypeVar("T")
-MOST = 64  # reports a call carries (the server's limit)
 ALONE_FOR = 300.0  # seconds to send reports alone after a server lacked /v1/reports
-Report = StartReport | FinishReport
+# A report waiting to be sent: its job and the body its own call would carry.
+Waiting = tuple[str, StartRequest | FinishRequest]
 
 
 class Retrying(Protocol):
@@ -43,7 +44,7 @@ class Reports:
         self.client = client
         self.retrying = retrying
         self._alone_until = 0.0  # a server lacked /v1/reports: one call a report till then
-        self._waiting: list[tuple[Report, asyncio.Future[Any]]] = []
+        self._waiting: list[tuple[Waiting, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
 
     @property
@@ -54,16 +55,14 @@ class Reports:
 
     async def start(self, job_id: str, body: StartRequest) -> None:
         """The job's process runs: ``POST /v1/jobs/{job_id}/start``, perhaps batched."""
-        fields = body.model_dump(exclude_unset=True)
-        await self._report(StartReport(kind="start", job_id=job_id, **fields))
+        await self._report((job_id, body))
 
     async def finish(self, job_id: str, body: FinishRequest) -> JobOut:
         """The attempt ended: ``POST /v1/jobs/{job_id}/finish``, perhaps batched."""
-        fields = body.model_dump(exclude_unset=True)
-        out: JobOut = await self._report(FinishReport(kind="finish", job_id=job_id, **fields))
+        out: JobOut = await self._report((job_id, body))
         return out
 
-    async def _report(self, report: Report) -> Any:
+    async def _report(self, report: Waiting) -> Any:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((report, done))
         if self._sender is None or self._sender.done():
@@ -72,7 +71,7 @@ class Reports:
 
     async def _send_waiting(self) -> None:
         while self._waiting:
-            batch, self._waiting = self._waiting[:MOST], self._waiting[MOST:]
+            batch, self._waiting = self._waiting[:MOST_REPORTS], self._waiting[MOST_REPORTS:]
             try:
                 outcomes = await self._send([r for r, _ in batch])
             except asyncio.CancelledError:
@@ -90,13 +89,12 @@ class Reports:
                 else:
                     done.set_result(outcome)
 
-    async def _send(self, batch: list[Report]) -> list[Any]:
+    async def _send(self, batch: list[Waiting]) -> list[Any]:
         """Each report's result (None for a start, a finish's job) or its error."""
         if self.batched:
+            reports = ReportBatch(reports=[_report(job_id, body) for job_id, body in batch])
             try:
-                answer = await self.retrying(
-                    "reports", lambda: self.client.reports(ReportBatch(reports=batch))
-                )
+                answer = await self.retrying("reports", lambda: self.client.reports(reports))
             except NotFound:  # a report's own 404 is in its result: this server lacks the path
                 self._alone_until = time.monotonic() + ALONE_FOR
             else:
@@ -108,18 +106,22 @@ class Reports:
                     error_of(r.status, r.error) if r.error is not None else r.job
                     for r in answer.results
                 ]
-        return [await self._alone(r) for r in batch]
+        return [await self._alone(job_id, body) for job_id, body in batch]
 
-    async def _alone(self, r: Report) -> Any:
+    async def _alone(self, job_id: str, body: StartRequest | FinishRequest) -> Any:
         """One report as its own call, for a server from before ``/v1/reports`` (and so
         from before a start's ``started_at``)."""
         try:
-            if isinstance(r, StartReport):
-                body = StartRequest(attempt=r.attempt, pid=r.pid)
-                return await self.retrying("start", lambda: self.client.start(r.job_id, body))
-            done = FinishRequest(
-                attempt=r.attempt, exit_code=r.exit_code, error=r.error, stderr_tail=r.stderr_tail
-            )
-            return await self.retrying("finish", lambda: self.client.finish(r.job_id, done))
+            if isinstance(body, StartRequest):
+                old = body.model_copy(update={"started_at": None})
+                return await self.retrying("start", lambda: self.client.start(job_id, old))
+            return await self.retrying("finish", lambda: self.client.finish(job_id, body))
         except GpufleetError as exc:
             return exc
+
+
+def _report(job_id: str, body: StartRequest | FinishRequest) -> StartReport | FinishReport:
+    """The report of ``job_id`` in a batch: the body its own call would carry, with the job."""
+    if isinstance(body, StartRequest):
+        return StartReport(kind="start", job_id=job_id, **dict(body))
+    return FinishReport(kind="finish", job_id=job_id, **dict(body))
