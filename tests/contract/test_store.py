@@ -699,6 +699,36 @@ def test_heartbeats_keep_the_lease(store: SqlStore, queue: Services, clock: Fake
     assert queue.fleet.state_of(queue.fleet.worker(w.id)).status is WorkerStatus.BUSY
 
 
+def test_a_worker_whose_heartbeats_wait_in_memory_is_never_swept_offline(
+    store: SqlStore, queue: Services, clock: FakeClock
+) -> None:
+    """A heartbeat that changes nothing but liveness waits in memory and is written with
+    the fleet's others (a transaction a second, not one each). The sweep writes what
+    waits before it judges who went silent: a worker that beat within the lease stays
+    available, and its GPUs' last readings land with it. A heartbeat that changes the
+    worker's status is written at once."""
+    w = register(queue, "w1", gpus=[("A100", 40)])
+    queue.leases.heartbeat(w.id, HeartbeatRequest())  # connecting -> available: at once
+    assert queue.fleet.worker(w.id).status is WorkerStatus.AVAILABLE
+    clock.advance(LEASE - 1)
+    reading = GpuModel(index=0, name="A100", total_mib=40 * GIB, free_mib=1234)
+    queue.leases.heartbeat(w.id, HeartbeatRequest(gpus=[reading]))
+    queue.leases.heartbeat(w.id, HeartbeatRequest())  # no reading: the last one stays
+    clock.advance(2)  # over a lease after the beat written at once
+    assert queue.leases.sweep() == ([], [])
+    row = queue.fleet.worker(w.id)
+    assert row.status is WorkerStatus.AVAILABLE
+    assert row.last_heartbeat == T0 + LEASE - 1
+    assert [g.free_mib for g in row.gpu_stats] == [1234]
+    store.record_beats([(w.id, T0, None)])  # a beat written late never goes back in time
+    assert queue.fleet.worker(w.id).last_heartbeat == T0 + LEASE - 1
+    # draining by its own word changes its status: shown at once
+    queue.leases.heartbeat(w.id, HeartbeatRequest(draining=True))
+    assert queue.fleet.worker(w.id).status is WorkerStatus.DRAINING
+    clock.advance(LEASE + 1)  # and silent for a lease after that: offline
+    assert queue.leases.sweep() == ([], [w.id])
+
+
 def test_release_does_not_count_an_attempt(
     store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:

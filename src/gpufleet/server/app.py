@@ -94,7 +94,8 @@ UPLOAD_SWEEP_EVERY = 600.0  # and retention (server/retention.py)
 
 
 async def _sweeper(services: Services, interval: float) -> None:
-    """Expire leases at start and every ``interval``; tidy the fleet every five seconds
+    """Write the heartbeats kept in memory (:meth:`Fleet.flush_beats`) and expire leases
+    at start and every ``interval``; tidy the fleet every five seconds
     at most (a worker goes offline a lease after its last heartbeat); upload sessions and
     retention every ten minutes. The first sweep runs at once: a lease that lapsed while
     no server ran goes back to the queue as the server starts (its worker has fenced)."""
@@ -103,6 +104,7 @@ async def _sweeper(services: Services, interval: float) -> None:
     tidy_every = max(interval, min(services.settings.lease_timeout / 4, 5.0))
     while True:
         try:
+            await run_in_threadpool(services.fleet.flush_beats)
             requeued = await run_in_threadpool(services.leases.expire)
             offline: list[str] = []
             if loop.time() >= next_tidy:
@@ -230,6 +232,10 @@ def _lifespan(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            try:  # the last second's heartbeats
+                await run_in_threadpool(services.fleet.flush_beats)
+            except Exception:
+                log.exception("could not write the last heartbeats")
             await st.audit.close()
             st.audit.bind(None)
             st.hub.bind(None)

@@ -18,6 +18,7 @@ Lifecycle events (registered, offline, removed) go to the audit log through ``on
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,10 @@ class Fleet:
         self.on_event = on_event
         self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
         self._claimers: dict[str, tuple[float, WorkerRow]] = {}
+        # Heartbeats that changed nothing but liveness, written together by flush_beats:
+        # worker id -> (when, its GPUs' readings as JSON, None if it sent none)
+        self._beats: dict[str, tuple[float, str | None]] = {}
+        self._beats_lock = threading.Lock()
 
     # ---- host policies and views ------------------------------------------------------
 
@@ -211,11 +216,23 @@ class Fleet:
     def forget(self, worker_id: str) -> None:
         self._claimers.pop(worker_id, None)
 
-    def own(self, worker_id: str, token_id: str, pools: Sequence[str] | None = None) -> WorkerRow:
+    def own(
+        self,
+        worker_id: str,
+        token_id: str,
+        pools: Sequence[str] | None = None,
+        fresh: bool = False,
+    ) -> WorkerRow:
         """The worker, if ``token_id`` enrolled it: only that token may act as it. A worker
         of a pool outside ``pools`` is unknown (404). A worker registered before workers
-        were bound to tokens is bound to the first token of its pool that acts as it."""
-        w = self.claimer(worker_id)
+        were bound to tokens is bound to the first token of its pool that acts as it.
+        ``fresh``: read now (a heartbeat needs the drain flag as it is), not from the
+        claimers' cache, which the read refreshes."""
+        if fresh:
+            w = self.worker(worker_id)
+            self._claimers[worker_id] = (time.monotonic(), w)
+        else:
+            w = self.claimer(worker_id)
         if pools is not None and w.pool not in pools:
             raise NotFound(f"no worker {worker_id!r}", detail={"worker": worker_id})
         if w.token_id is None and self.store.bind_worker(w.id, token_id):
@@ -319,22 +336,53 @@ class Fleet:
 
     def beat(self, w: WorkerRow, draining: bool, gpu_stats: str | None) -> None:
         """Record a heartbeat: alive now, draining or not, and its GPUs' live memory. A
-        worker offline until now is back (an event)."""
+        worker offline until now is back (an event).
+
+        A heartbeat that changes nothing but liveness (the usual one: the worker stays
+        available, or draining) is kept in memory and written with the others by
+        :meth:`flush_beats`, a transaction a second for the whole fleet rather than one
+        each; one that changes the worker's status is written at once."""
+        now = self.clock()
+        status = WorkerStatus.DRAINING if (w.drain or draining) else WorkerStatus.AVAILABLE
+        with self._beats_lock:
+            if w.status == status:
+                kept = self._beats.get(w.id)
+                stats = gpu_stats if gpu_stats is not None or kept is None else kept[1]
+                self._beats[w.id] = (now, stats)
+                return
+            kept = self._beats.pop(w.id, None)
         if w.status == WorkerStatus.OFFLINE:
-            gone = self.clock() - (w.offline_since or self.clock())
+            gone = now - (w.offline_since or now)
             self.on_event(
                 "worker.online", w.id, f"{w.name} heartbeats again after {gone:.0f}s", None
             )
-        status = WorkerStatus.DRAINING if (w.drain or draining) else WorkerStatus.AVAILABLE
         values: dict[str, object] = {
-            "last_heartbeat": self.clock(),
+            "last_heartbeat": now,
             "status": status.value,
             "offline_since": None,
         }
-        if gpu_stats is not None:
-            values["gpu_stats"] = gpu_stats
+        stats = gpu_stats if gpu_stats is not None or kept is None else kept[1]
+        if stats is not None:
+            values["gpu_stats"] = stats
         self.store.update_worker(w.id, **values)
         self.forget(w.id)
+
+    def flush_beats(self) -> int:
+        """Write the heartbeats kept in memory, in one transaction; how many. The server
+        calls it every second and before it judges who went silent; beats a failed write
+        took are kept for the next call (unless a newer one came meanwhile)."""
+        with self._beats_lock:
+            beats, self._beats = self._beats, {}
+        if not beats:
+            return 0
+        try:
+            self.store.record_beats([(w, at, stats) for w, (at, stats) in beats.items()])
+        except Exception:
+            with self._beats_lock:
+                for worker_id, beat in beats.items():
+                    self._beats.setdefault(worker_id, beat)
+            raise
+        return len(beats)
 
     def leave(self, w: WorkerRow, reason: str) -> None:
         """The worker stopped on purpose (drained, its one job done, a signal)."""
@@ -374,6 +422,7 @@ class Fleet:
     def sweep(self) -> list[str]:
         """Workers silent for a lease go offline; ephemeral ones offline for longer than
         ``ephemeral_ttl`` are forgotten. Returns the ids that went offline."""
+        self.flush_beats()  # a beat still in memory is a worker alive
         now = self.clock()
         offline = self.store.mark_offline(now - self.lease_timeout)
         for worker_id in offline:

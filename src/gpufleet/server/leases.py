@@ -321,8 +321,12 @@ class Leases:
         """A worker registering again still runs these jobs: their leases live on."""
         self.store.extend_leases(leases, self.clock() + self.settings.lease_timeout, worker_id)
 
-    def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
-        w = self.fleet.worker(worker_id)  # fresh: its drain flag and whether it was offline
+    def heartbeat(
+        self, worker_id: str, req: HeartbeatRequest, w: WorkerRow | None = None
+    ) -> HeartbeatResponse:
+        """``w``: the worker's row if the caller has just read it; a heartbeat needs it
+        fresh (its drain flag, and whether it was offline)."""
+        w = w or self.fleet.worker(worker_id)
         now = self.clock()
         used = {(r.job_id, r.attempt): r.gpu_mib for r in req.leases if r.gpu_mib is not None}
         held = self.store.extend_leases(

@@ -232,8 +232,8 @@ def heartbeat(
 ) -> HeartbeatResponse:
     """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
     q = state(request).services
-    q.fleet.own(worker_id, caller.id, caller.pools)
-    return q.leases.heartbeat(worker_id, body)
+    w = q.fleet.own(worker_id, caller.id, caller.pools, fresh=True)
+    return q.leases.heartbeat(worker_id, body, w)
 
 
 @router.post("/workers/{worker_id}/leave", status_code=204, tags=["worker protocol"])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
 
 from gpufleet.domain.models import WorkerStatus
 from gpufleet.errors import Conflict
@@ -89,6 +89,27 @@ class FleetOps(ABC):
         with self._write() as conn:
             res = conn.execute(update(t.workers).where(_W.id == worker_id).values(**values))
             return res.rowcount == 1
+
+    def record_beats(self, beats: Sequence[tuple[str, float, str | None]]) -> None:
+        """Heartbeats that changed nothing but liveness, many workers in one transaction:
+        (worker id, when, its GPUs' readings as JSON or None to keep the last). A beat
+        older than the worker's last heartbeat changes nothing."""
+        if not beats:
+            return
+        stmt = (
+            update(t.workers)
+            .where(
+                (_W.id == bindparam("wid"))
+                & or_(_W.last_heartbeat.is_(None), _W.last_heartbeat < bindparam("at"))
+            )
+            .values(
+                last_heartbeat=bindparam("at"),
+                gpu_stats=func.coalesce(bindparam("stats"), _W.gpu_stats),
+            )
+        )
+        rows = [{"wid": w, "at": at, "stats": stats} for w, at, stats in sorted(beats)]
+        with self._write() as conn:
+            conn.execute(stmt, rows)
 
     def bind_worker(self, worker_id: str, token_id: str) -> bool:
         """Bind a worker not bound to any token yet (registered before tokens owned

@@ -80,6 +80,16 @@ class MemoryRecords:
             row.update(values)
             return True
 
+    def record_beats(self, beats: Sequence[tuple[str, float, str | None]]) -> None:
+        with self._lock:
+            for worker_id, at, stats in beats:
+                row = self.workers.get(worker_id)
+                if row is None or (row["last_heartbeat"] or 0.0) >= at:
+                    continue
+                row["last_heartbeat"] = at
+                if stats is not None:
+                    row["gpu_stats"] = stats
+
     def bind_worker(self, worker_id: str, token_id: str) -> bool:
         with self._lock:
             row = self.workers.get(worker_id)
