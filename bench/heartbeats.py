@@ -6,7 +6,9 @@ the kernel) is read over the measured window, and each heartbeat's latency on th
     .venv/bin/python bench/heartbeats.py [--workers 10000] [--interval 30] [--seconds 60]
                                         [--db sqlite|postgresql://...]
 
-The workers register first (32 at a time; not measured). Each heartbeat carries the
+The workers register first (32 at a time; not measured), each sending a first heartbeat
+that takes it from connecting to available, so the window measures a running fleet, whose
+heartbeats change nothing but liveness and GPU readings. Each heartbeat carries the
 worker's GPU reading (memory and utilisation), as a worker's does, and no running lease.
 The load side uses aiohttp (see bench/claims.py for why); its own CPU is printed too,
 since on a 2-core machine it shares the CPU with the server.
@@ -54,10 +56,17 @@ async def register_all(session: aiohttp.ClientSession, n: int) -> list[str]:
             hostname=f"sim-{i}", cores=16, ram_mib=64 * GIB_MIB, gpus=[gpu(0, 24 * GIB_MIB)]
         )
         body = WorkerRegister(name=f"sim-{i}", capability=cap, cpu_slots=2)
-        async with gate, session.post("/v1/workers", json=body.model_dump(mode="json")) as r:
-            if r.status != 201:
-                raise SystemExit(f"register sim-{i}: HTTP {r.status} {await r.text()}")
-            ids[i] = (await r.json())["id"]
+        async with gate:
+            async with session.post("/v1/workers", json=body.model_dump(mode="json")) as r:
+                if r.status != 201:
+                    raise SystemExit(f"register sim-{i}: HTTP {r.status} {await r.text()}")
+                ids[i] = (await r.json())["id"]
+            # its first heartbeat takes it from connecting to available (a real worker's
+            # first poll does too): the measured window sees a fleet that runs
+            first = HeartbeatRequest(gpus=[gpu(0, 24 * GIB_MIB)]).model_dump(mode="json")
+            async with session.post(f"/v1/workers/{ids[i]}/heartbeat", json=first) as r:
+                if r.status != 200:
+                    raise SystemExit(f"first heartbeat of sim-{i}: HTTP {r.status}")
 
     await asyncio.gather(*(one(i) for i in range(n)))
     return ids
@@ -104,7 +113,11 @@ async def beat_for(
             task.add_done_callback(tasks.discard)
         rounds += 1
     if tasks:
-        await asyncio.wait(tasks, timeout=30)
+        _, late = await asyncio.wait(tasks, timeout=30)
+        for task in late:  # unanswered 30 s after the window: failed
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        failed += len(late)
     return latencies, failed
 
 
@@ -116,7 +129,8 @@ async def measure(
     async with aiohttp.ClientSession(url, headers=headers, connector=conn) as session:
         t0 = time.monotonic()
         ids = await register_all(session, workers)
-        print(f"registered {workers} workers in {time.monotonic() - t0:.0f} s", flush=True)
+        took = time.monotonic() - t0
+        print(f"registered {workers} workers, each with a first heartbeat, in {took:.0f} s")
         server, me = psutil.Process(server_pid), psutil.Process()
         cpu0, mine0, wall0 = sum(server.cpu_times()[:2]), sum(me.cpu_times()[:2]), time.monotonic()
         latencies, failed = await beat_for(session, ids, interval, seconds)
