@@ -3,6 +3,7 @@ table of commands stays true to the commands themselves."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -54,3 +55,58 @@ def test_help_imports_no_client_server_or_pydantic() -> None:
     assert "typer" in imported  # the output was read
     heavy = sorted(n for n in imported if any(n == h or n.startswith(h + ".") for h in HEAVY))
     assert not heavy, f"gpufleet --help imports {heavy}"
+
+
+def test_help_loads_neither_markdown_nor_tracebacks() -> None:
+    """Typer draws help and usage errors with typer.rich_utils, which imports rich's
+    Markdown and Traceback (markdown-it, pygments, attrs: a third of the start) for
+    paths the CLI never takes; the CLI defers both."""
+    imported = _imported("--help")
+    assert "typer.rich_utils" in imported  # the help was drawn by Typer's rich code
+    late = {"rich.markdown", "rich.traceback", "markdown_it", "pygments", "attr"} & imported
+    assert not late, f"gpufleet --help imports {sorted(late)}"
+
+
+DRAW = """
+import sys
+if sys.argv[1] == "as-typer-does":
+    import typer.rich_utils  # loaded before the CLI: nothing is deferred
+from gpufleet.cli import app
+sys.argv = ["gpufleet", *sys.argv[2:]]
+app()
+"""
+
+USE = """
+import gpufleet.cli, sys, typer.rich_utils as ru
+from typer.models import DeveloperExceptionConfig
+md = ru._make_rich_text(text="*x*", markup_mode="markdown")
+try:
+    1 / 0
+except ZeroDivisionError as exc:
+    tb = ru.get_traceback(exc, DeveloperExceptionConfig(), [])
+import rich.markdown, rich.traceback
+assert type(md) is rich.markdown.Markdown, type(md)
+assert type(tb) is rich.traceback.Traceback, type(tb)
+print("real")
+"""
+
+
+def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "100", "TERM": "dumb"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_deferred_help_looks_as_typer_draws_it_and_the_real_classes_still_come() -> None:
+    for args in (["--help"], ["jobs", "--help"], ["submit", "--help"], ["jobs", "--bogus"]):
+        deferred, plain = (_run(DRAW, how, *args) for how in ("deferred", "as-typer-does"))
+        assert deferred.returncode == plain.returncode, args
+        assert deferred.stdout == plain.stdout and deferred.stderr == plain.stderr, args
+        assert "Usage" in deferred.stdout + deferred.stderr, args
+    used = _run(USE)
+    assert used.returncode == 0 and used.stdout.strip() == "real", used.stderr[-2000:]

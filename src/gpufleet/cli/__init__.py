@@ -16,8 +16,11 @@ import typer
 from typer.core import TyperGroup
 
 from gpufleet import __version__
+from gpufleet.cli import _rich_help
 from gpufleet.errors import GpufleetError
 from gpufleet.tokens import redact
+
+_rich_help.install()  # help and usage errors without rich's Markdown and Traceback
 
 #: command -> (the module under gpufleet.cli whose ``register`` adds it, its help line)
 COMMANDS: dict[str, tuple[str, str]] = {
