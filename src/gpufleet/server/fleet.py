@@ -38,6 +38,7 @@ from gpufleet.store import Hosts, JobRow, Store, TokenRow, WorkerRow, stored
 from gpufleet.wire import WorkerRegister
 
 Clock = Callable[[], float]
+CLAIMER_TTL = 1.0  # seconds a polling worker's row is taken from the cache
 #: A worker as the fleet keeps it (what routes hand back to :meth:`Fleet.state_of`).
 WorkerRecord = WorkerRow
 #: (event, target id, detail, the token that caused it if any) -> recorded in the audit log
@@ -79,6 +80,7 @@ class Fleet:
         self.on_event = on_event
         self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
         self._claimers: dict[str, tuple[float, WorkerRow]] = {}
+        self._claimers_swept = 0.0
         # Heartbeats that changed nothing but liveness, written together by flush_beats:
         # worker id -> (when, its GPUs' readings as JSON, None if it sent none)
         self._beats: dict[str, tuple[float, str | None]] = {}
@@ -207,11 +209,22 @@ class Fleet:
         """A polling worker's row, cached for a second: claims are the hot path. Changes
         made through this service (register, heartbeat, drain) drop the cached row."""
         hit = self._claimers.get(worker_id)
-        if hit and time.monotonic() - hit[0] < 1.0:
+        if hit and time.monotonic() - hit[0] < CLAIMER_TTL:
             return hit[1]
         w = self.worker(worker_id)
-        self._claimers[worker_id] = (time.monotonic(), w)
+        self._cache_claimer(worker_id, w)
         return w
+
+    def _cache_claimer(self, worker_id: str, w: WorkerRow) -> None:
+        """Cache ``w``; a second after the last sweep, rows past their second are dropped
+        (a large fleet's would otherwise stay, for the collector to walk)."""
+        now = time.monotonic()
+        self._claimers[worker_id] = (now, w)
+        if now - self._claimers_swept >= CLAIMER_TTL:
+            self._claimers_swept = now
+            self._claimers = {
+                k: hit for k, hit in list(self._claimers.items()) if now - hit[0] < CLAIMER_TTL
+            }
 
     def forget(self, worker_id: str) -> None:
         self._claimers.pop(worker_id, None)
@@ -230,7 +243,7 @@ class Fleet:
         claimers' cache, which the read refreshes."""
         if fresh:
             w = self.worker(worker_id)
-            self._claimers[worker_id] = (time.monotonic(), w)
+            self._cache_claimer(worker_id, w)
         else:
             w = self.claimer(worker_id)
         if pools is not None and w.pool not in pools:

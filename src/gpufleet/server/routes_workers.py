@@ -17,6 +17,7 @@ from urllib.parse import quote
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from gpufleet.errors import Conflict, GpufleetError, NotFound
 from gpufleet.scheduling.matching import FreeGpu, FreeResources, JobView, free_gpu_mib, selection
@@ -57,6 +58,12 @@ STOP_HEADER = "Gpufleet-Stop"
 Worker = Annotated[Caller, Depends(deps.worker)]
 Reader = Annotated[Caller, Depends(deps.reader)]
 Operator = Annotated[Caller, Depends(deps.operator)]
+
+
+def _json(answer: BaseModel) -> Response:
+    """The answer of a hot route, serialized once (a returned model would be checked
+    against the route's response_model, then serialized)."""
+    return Response(answer.model_dump_json(), media_type="application/json")
 
 
 def _worker_out(request: Request, w: WorkerRecord) -> WorkerOut:
@@ -207,7 +214,7 @@ async def claim(
                     return Response(status_code=204)
                 # Serialized here, once: the hot path skips FastAPI's second validation pass.
                 note(request, lease.job_id)
-                return Response(lease.model_dump_json(), media_type="application/json")
+                return _json(lease)
             left = deadline - time.monotonic()
             if poll.over.is_set() or left <= 0 or await request.is_disconnected():
                 return _empty(st.polls)
@@ -227,13 +234,11 @@ async def claim(
 @router.post(
     "/workers/{worker_id}/heartbeat", response_model=HeartbeatResponse, tags=["worker protocol"]
 )
-def heartbeat(
-    worker_id: str, body: HeartbeatRequest, request: Request, caller: Worker
-) -> HeartbeatResponse:
+def heartbeat(worker_id: str, body: HeartbeatRequest, request: Request, caller: Worker) -> Response:
     """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
     q = state(request).services
     w = q.fleet.own(worker_id, caller.id, caller.pools, fresh=True)
-    return q.leases.heartbeat(worker_id, body, w)
+    return _json(q.leases.heartbeat(worker_id, body, w))
 
 
 @router.post("/workers/{worker_id}/leave", status_code=204, tags=["worker protocol"])
@@ -297,7 +302,7 @@ def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) 
 
 
 @router.post("/reports", response_model=ReportResults, tags=["worker protocol"])
-def reports(body: ReportBatch, request: Request, caller: Worker) -> ReportResults:
+def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
     """Start and finish reports, applied in order, each as its own call
     (``/jobs/{job_id}/start``, ``/jobs/{job_id}/finish``) would be: each has its own
     answer (the status that call would have had, a finish's job, or the error) and its
@@ -324,7 +329,7 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> ReportResult
             done = ReportResult(job_id=shown, status=500, error=internal_error(rid))
         results.append(done)
         audited.append((f"/v1/jobs/{quote(r.job_id, safe='')}/{r.kind}", done.status))
-    return ReportResults(results=results)
+    return _json(ReportResults(results=results))
 
 
 @router.post("/jobs/{job_id}/release", response_model=JobOut, tags=["worker protocol"])

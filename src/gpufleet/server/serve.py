@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import socket
 import ssl
@@ -225,6 +226,11 @@ def serve(opts: ServerOptions) -> None:
         ssl_context_factory=None if tls is None else lambda _config, _default: tls,
     )
     redact_logs()
+    # What the server built to start (modules, the app, its routes and models) lives as
+    # long as the process: out of the collector's sight, a full collection walks only what
+    # requests made. Walking it all took 70-130 ms, a pause every few seconds under load.
+    gc.collect()
+    gc.freeze()
     try:
         _Server(config, app.state.gpufleet.polls.request_stop).run(sockets=[sock])
     finally:
