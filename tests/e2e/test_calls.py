@@ -71,7 +71,7 @@ def test_threads_sharing_a_client_each_get_their_own_answers(fleet: Fleet) -> No
         relay.close()
 
 
-def test_the_cli_lists_jobs_without_importing_httpx(fleet: Fleet) -> None:
+def test_the_cli_lists_jobs_without_importing_httpx_or_other_commands(fleet: Fleet) -> None:
     fleet.start_server()
     with fleet.client() as c:
         c.submit(JobSpecModel(name="listed-without-httpx", command=["true"]))
@@ -85,3 +85,6 @@ def test_the_cli_lists_jobs_without_importing_httpx(fleet: Fleet) -> None:
     assert "gpufleet.client" in imported  # the profile was read
     heavy = sorted(n for n in imported if n.split(".")[0] in ("httpx", "httpcore", "h11"))
     assert heavy == [], f"gpufleet jobs imports {heavy}"
+    # what other commands need: submitting, the live view, manifests
+    others = ("gpufleet.cli.submit", "gpufleet.cli.watch", "gpufleet.domain.manifest", "rich.live")
+    assert sorted(imported.intersection(others)) == [], "gpufleet jobs imports other commands"

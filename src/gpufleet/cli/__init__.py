@@ -25,7 +25,7 @@ _rich_help.install()  # help and usage errors without rich's Markdown and Traceb
 #: command -> (the module under gpufleet.cli whose ``register`` adds it, its help line)
 COMMANDS: dict[str, tuple[str, str]] = {
     "submit": (
-        "jobs",
+        "submit",
         "Queue one job. Prints the job id alone on the last line (with --wait: follows "
         "it, downloads its results, and exits non-zero unless it succeeded).",
     ),
@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "logs": ("jobs", "Print a job's output (stdout and stderr)."),
     "watch": (
-        "jobs",
+        "watch",
         "Watch a job live: status, attempt, worker and GPUs, a progress bar with ETA, its"
         " latest metrics and a loss sparkline, and its last output lines, until it ends "
         "(exit code 1 unless it succeeded).",
@@ -117,11 +117,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def load(module: str) -> Any:
-    """The click group of the commands a module under ``gpufleet.cli`` registers."""
+def load(module: str, only: str | None = None) -> Any:
+    """The click group of the commands a module under ``gpufleet.cli`` registers; with
+    ``only``, of that command alone (the others' options are never built)."""
     found = importlib.import_module(f"gpufleet.cli.{module}")
     holder = typer.Typer()
     found.register(holder)
+    if only is not None:
+        holder.registered_commands = [
+            c
+            for c in holder.registered_commands
+            if (c.name or typer.main.get_command_name(getattr(c.callback, "__name__", ""))) == only
+        ]
+        holder.registered_groups = [g for g in holder.registered_groups if g.name == only]
 
     @holder.callback()
     def _group() -> None:  # a callback keeps a lone command a group of one
@@ -146,7 +154,7 @@ class LazyGroup(TyperGroup):
         module, help_line = COMMANDS[cmd_name]
         if self.listing:
             return typer.core.TyperCommand(name=cmd_name, help=help_line)
-        return load(module).get_command(ctx, cmd_name)
+        return load(module, cmd_name).get_command(ctx, cmd_name)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         self.listing = True

@@ -1,4 +1,5 @@
-"""Commands about jobs: submit, apply, jobs, show, logs, cancel, requeue, why."""
+"""Commands about jobs: apply, jobs, show, logs, stop, cancel, requeue, why (``submit``
+and ``watch`` have their own modules)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,8 @@ from gpufleet.cli._common import (
     when,
 )
 from gpufleet.cli.choose import session_client
-from gpufleet.cli.data import package_inputs
 from gpufleet.cli.show import error_line, show_detail
-from gpufleet.cli.watch import watch
 from gpufleet.client import Client
-from gpufleet.domain.manifest import parse_manifest
 from gpufleet.domain.models import InputKind
 from gpufleet.errors import ManifestError
 from gpufleet.wire import (
@@ -47,10 +45,7 @@ JobArg = Annotated[str, typer.Argument(help="Job id (or a name that only one job
 
 
 def register(app: typer.Typer) -> None:
-    from gpufleet.cli.submit import submit  # it uses follow and default_name from here
-
-    app.command(context_settings={"allow_interspersed_args": False})(submit)
-    for cmd in (apply, jobs, show, logs, watch, stop, cancel, requeue, why):
+    for cmd in (apply, jobs, show, logs, stop, cancel, requeue, why):
         app.command()(cmd)
 
 
@@ -63,6 +58,9 @@ def default_name(command: list[str]) -> str:
 
 def load_plan(file: Path, c: Client, quiet: bool) -> ManifestApply:
     """Parse a manifest and upload the packages its jobs name (each once)."""
+    from gpufleet.cli.data import package_inputs  # only `apply` reads manifests
+    from gpufleet.domain.manifest import parse_manifest
+
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:

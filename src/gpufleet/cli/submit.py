@@ -319,3 +319,7 @@ def submit(**asked: Any) -> None:
 
 
 submit.__signature__ = fields_signature(SubmitRequest)  # type: ignore[attr-defined]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": False})(submit)

@@ -35,6 +35,10 @@ SPARK_POINTS = 40
 REDRAW = 0.25  # seconds between redraws at most
 
 
+def register(app: typer.Typer) -> None:
+    app.command()(watch)
+
+
 def watch(
     job: Annotated[str, typer.Argument(help="Job id (or a name that only one job has).")],
     lines: Annotated[
