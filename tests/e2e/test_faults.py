@@ -6,6 +6,8 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
+
 from tests.e2e.conftest import Fleet, alive, free_port, wait_for
 
 
@@ -89,20 +91,48 @@ def test_postgresql_server_runs_a_job_whose_output_has_a_nul_byte(
     assert fleet.cli("logs", job_id).stdout == "a\ufffdb\n"
 
 
-def test_a_restarted_worker_kills_what_its_killed_predecessor_left(
-    fleet: Fleet, tmp_path: Path
-) -> None:
-    fleet.start_server(lease_timeout=2.0)
-    first = fleet.start_worker("w1")
+def _job_with_a_child(fleet: Fleet, tmp_path: Path) -> int:
+    """Submit a shell that starts a long sleep and waits for it; the sleep's pid."""
     pidfile = tmp_path / "grandchild"
     script = f"sleep 300 & echo $! > {pidfile}; wait"
     fleet.cli("submit", "--shell", "--", script)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "the grandchild")
-    grandchild = int(pidfile.read_text())
+    return int(pidfile.read_text())
+
+
+def _guard_of(worker_pid: int) -> psutil.Process:
+    """The guard process a worker started (``python -I -S -c``)."""
+    found = [
+        p for p in psutil.Process(worker_pid).children() if p.cmdline()[1:4] == ["-I", "-S", "-c"]
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_killed_workers_jobs_die_with_it_their_children_too(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_server(lease_timeout=2.0)
+    first = fleet.start_worker("w1")
+    grandchild = _job_with_a_child(fleet, tmp_path)
+    first.signal(signal.SIGKILL)
+    first.popen.wait(10)
+    wait_for(lambda: not alive(grandchild), 10, "the job's whole group to die with its worker")
+
+
+def test_a_restarted_worker_kills_what_its_killed_predecessor_left(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """When the guard went too (a whole machine's processes killed), the next worker on
+    the same work dir kills what the job left."""
+    fleet.start_server(lease_timeout=2.0)
+    first = fleet.start_worker("w1")
+    grandchild = _job_with_a_child(fleet, tmp_path)
+    guard = _guard_of(first.popen.pid)
+    guard.kill()
+    wait_for(lambda: not alive(guard.pid), 10, "the guard to die")  # a zombie till reaped
     first.signal(signal.SIGKILL)
     first.popen.wait(10)
     time.sleep(0.5)
-    assert alive(grandchild), "the shell dies with its worker; its child is orphaned"
+    assert alive(grandchild), "with worker and guard killed at once, the job is orphaned"
     fleet.start_worker("w1")
     wait_for(lambda: not alive(grandchild), 10, "the restarted worker to kill the orphan")
 

@@ -1,15 +1,18 @@
 """Starting a job's process: found as exec finds it, its exit seen, its output read, and
-killed with the worker that started it (with setpriv and without)."""
+killed with the worker that started it (by the guard, its children too; and, where the
+guard cannot start, with setpriv and without)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,13 @@ from gpufleet.worker import spawn
 from tests.procs import alive, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+
+@pytest.fixture(autouse=True)
+def _guard_stopped() -> Iterator[None]:
+    """A job started in this process has its guard started here: the test ends it."""
+    yield
+    spawn.stop_guard()
 
 
 async def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bytes, bytes]:
@@ -69,38 +79,58 @@ def test_the_exit_is_seen_and_many_quick_jobs_all_end(tmp_path: Path) -> None:
 
 
 PARENT = """
-import asyncio, os, sys, time
+import asyncio, os, signal, sys, time
 from pathlib import Path
 from gpufleet.worker import spawn
-if sys.argv[1] == "fallback":
+how = sys.argv[1]
+if how != "guard":
+    spawn._guarded = lambda: False
+if how == "fallback":
     spawn._setpriv = lambda: None
 async def main():
-    proc = await spawn.spawn(["sleep", "60"], Path("."), dict(os.environ), 1 << 16)
-    print(proc.pid, flush=True)
+    if how == "guard":  # a guard someone killed is replaced, and told the running jobs
+        first = await spawn.spawn(["sleep", "60"], Path("."), dict(os.environ), 1 << 16)
+        os.kill(spawn._guard.proc.pid, signal.SIGKILL)
+        spawn._guard.proc.wait()
+    # the job, and a child it started (the shell waits for it)
+    proc = await spawn.spawn(["sh", "-c", "sleep 60 & echo $!; wait"], Path("."),
+                             dict(os.environ), 1 << 16)
+    child = int(await proc.stdout.readline())
+    pids = [proc.pid, child] + ([first.pid] if how == "guard" else [])
+    print(*pids, flush=True)
     await asyncio.sleep(60)
 asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("how", ["setpriv", "fallback"])
+@pytest.mark.parametrize("how", ["guard", "setpriv", "fallback"])
 def test_a_job_dies_with_the_worker_that_started_it(how: str) -> None:
     if how == "setpriv" and spawn._setpriv() is None:
         pytest.skip("no setpriv on this machine")
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(PARENT), how], stdout=subprocess.PIPE, text=True
     )
+    started: list[int] = []
     try:
         assert parent.stdout is not None
-        pid = int(parent.stdout.readline())
-        assert alive(pid)
+        started = [int(p) for p in parent.stdout.readline().split()]
+        job, child, *earlier = started
+        assert alive(job) and alive(child)
         time.sleep(0.2)
         parent.kill()  # SIGKILL: the worker has no say
         parent.wait(10)
-        wait_for(lambda: not alive(pid), 10, f"the job ({how}) to die with its worker")
+        wait_for(lambda: not alive(job), 10, f"the job ({how}) to die with its worker")
+        for pid in earlier:  # started before its guard was killed and replaced
+            wait_for(lambda pid=pid: not alive(pid), 10, "the earlier job to die too")
+        if how == "guard":  # its whole group; parent-death signals reach only the job
+            wait_for(lambda: not alive(child), 10, "the job's child to die with the worker")
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
+        for pid in started:  # what a parent-death signal leaves, or a failed check
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if parent.stdout is not None:
             parent.stdout.close()
 

@@ -53,7 +53,7 @@ from gpufleet.worker.runner import (
     kill_leftovers,
 )
 from gpufleet.worker.slots import Slots
-from gpufleet.worker.spawn import watch_children
+from gpufleet.worker.spawn import stop_guard, watch_children
 from gpufleet.worker.staging import Stager
 from gpufleet.worker.workdirs import job_dir_name, prune_work_dirs
 
@@ -545,3 +545,5 @@ def run_worker(opts: WorkerOptions, capability: Capability) -> int:
     except GpufleetError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
+    finally:
+        stop_guard()  # what still runs dies with the worker

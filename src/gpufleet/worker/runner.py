@@ -17,7 +17,7 @@ from typing import Any
 
 from gpufleet.domain.models import HyperStyle, hyper_flags
 from gpufleet.worker.capability import job_path
-from gpufleet.worker.spawn import spawn
+from gpufleet.worker.spawn import reaped, spawn
 
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
@@ -69,7 +69,7 @@ class JobProcess:
         assert stdout is not None and stderr is not None
         # A marker a restarted worker uses to find what a killed one left behind.
         with contextlib.suppress(OSError):  # best effort: only a later cleanup needs it
-            (cwd / PGID_MARKER).write_text(str(proc.pid))
+            (cwd / PGID_MARKER).write_text(f"{proc.pid} {os.getpid()}")  # group, worker
         pumps = [
             asyncio.create_task(_pump(stdout, "stdout", on_line)),
             asyncio.create_task(_pump(stderr, "stderr", on_line)),
@@ -99,6 +99,7 @@ class JobProcess:
     async def reap(self, cwd: Path) -> None:
         """After the main process ended: kill what it left in its group, drain the pipes."""
         self.signal_group(signal.SIGKILL)
+        reaped(self.proc.pid)
         (cwd / PGID_MARKER).unlink(missing_ok=True)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*self.pumps), 5.0)
@@ -171,19 +172,20 @@ def oom_kills(vmstat: Path = VMSTAT) -> int:
 
 def kill_leftovers(work_dir: Path) -> int:
     """Kill job processes a previous worker on this work dir left running (it was killed
-    before it could). Only groups whose leader is gone are touched (a live worker's job
-    keeps its leader), and only processes in the recorded group that carry that job's
-    GPUFLEET_JOB_ID, so a reused pid is never hit. Returns how many were killed."""
+    before it could, and its guard with it). A group whose leader is still the child of
+    the worker that started it is that live worker's job, and is left alone; of the
+    others, only processes in the recorded group that carry that job's GPUFLEET_JOB_ID
+    are killed, so a reused pid is never hit. Returns how many were killed."""
     import psutil
 
     killed = 0
     for marker in work_dir.glob(f"*/{PGID_MARKER}"):
         job_id = marker.parent.name.rsplit("-", 1)[0]
         try:
-            pgid = int(marker.read_text())
+            pgid, *worker = (int(n) for n in marker.read_text().split())
         except (OSError, ValueError):
             continue
-        if _leader_alive(pgid):  # its worker still runs it (the leader dies with the worker)
+        if _run_by_worker(pgid, worker[0] if worker else None):
             continue
         for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
@@ -194,11 +196,16 @@ def kill_leftovers(work_dir: Path) -> int:
     return killed
 
 
-def _leader_alive(pgid: int) -> bool:
+def _run_by_worker(pgid: int, worker: int | None) -> bool:
+    """Whether the group's leader runs, as the child of ``worker`` (a marker of an older
+    worker names none: then whether the leader runs at all, as its parent-death signal
+    ended it with its worker)."""
     import psutil
 
     try:
         leader = psutil.Process(pgid)
-        return os.getpgid(pgid) == pgid and leader.status() != psutil.STATUS_ZOMBIE
+        if os.getpgid(pgid) != pgid or leader.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return worker is None or leader.ppid() == worker
     except (psutil.Error, ProcessLookupError):
         return False
