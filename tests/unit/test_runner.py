@@ -94,7 +94,7 @@ def test_slots_hand_out_gpus_and_cpu_and_take_them_back() -> None:
 
 
 def test_the_workers_secrets_are_not_passed_to_jobs() -> None:
-    from gpufleet.worker.jobs import is_secret_env
+    from gpufleet.worker.spawn import is_secret_env
 
     for name in ("GPUFLEET_TOKEN", "GPUFLEET_SHARE_TOKEN", "GPUFLEET_SESSION", "gpufleet_token"):
         assert is_secret_env(name), name

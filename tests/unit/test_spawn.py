@@ -175,3 +175,16 @@ def test_the_worker_waits_for_its_jobs_without_a_thread_each(tmp_path: Path) -> 
         assert (watched, int(threads) > 0) == ("False", True)
     else:
         assert (watched, threads) == ("True", "0")
+
+
+def test_the_guard_never_holds_the_workers_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_TOKEN", "gf_secret_never_in_the_guard")
+    monkeypatch.setenv("GPUFLEET_LABEL_NOTE", "kept")
+    assert asyncio.run(_run(["true"], tmp_path, {"PATH": os.environ["PATH"]}))[0] == 0
+    guard = spawn._guard.proc
+    assert guard is not None and guard.poll() is None
+    seen = Path(f"/proc/{guard.pid}/environ").read_bytes()
+    assert b"GPUFLEET_LABEL_NOTE=kept" in seen  # the environment was read
+    assert b"gf_secret_never_in_the_guard" not in seen

@@ -44,6 +44,7 @@ from gpufleet.worker.progress import Progress, ProgressFile
 from gpufleet.worker.reports import Reports
 from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env, oom_kills
 from gpufleet.worker.slots import Slots
+from gpufleet.worker.spawn import is_secret_env
 from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
 from gpufleet.worker.workdirs import job_dir_name
 
@@ -118,13 +119,6 @@ class Running:
         self.backlog.add(stream, line)
         if stream == "stderr":
             self.tail.append(line[:STDERR_TAIL_CHARS])
-
-
-def is_secret_env(name: str) -> bool:
-    """Whether an environment variable of the worker holds a secret job code must not
-    see: its token, a share token, a session string, a token file's path."""
-    upper = name.upper()
-    return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
 
 
 class JobSteps(ABC):

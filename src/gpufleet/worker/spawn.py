@@ -67,6 +67,14 @@ for group in groups:
 """
 
 
+def is_secret_env(name: str) -> bool:
+    """Whether an environment variable of the worker holds a secret that neither job code
+    nor the guard may see: its token, a share token, a session string, a token file's
+    path."""
+    upper = name.upper()
+    return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
+
+
 class Guard:
     """The worker's side of the guard process (see the module's text). ``groups`` are the
     process groups it was told to watch and not yet told were reaped: when the guard
@@ -85,6 +93,7 @@ class Guard:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C meant for the worker does not reach it
             close_fds=True,
+            env={k: v for k, v in os.environ.items() if not is_secret_env(k)},
         )
         assert proc.stdin is not None
         os.set_inheritable(proc.stdin.fileno(), False)  # jobs never hold the pipe open
