@@ -188,3 +188,22 @@ def test_the_guard_never_holds_the_workers_secrets(
     seen = Path(f"/proc/{guard.pid}/environ").read_bytes()
     assert b"GPUFLEET_LABEL_NOTE=kept" in seen  # the environment was read
     assert b"gf_secret_never_in_the_guard" not in seen
+
+
+def test_the_guard_kills_the_groups_it_holds_and_not_those_reaped() -> None:
+    """The guard's own protocol: ``+G`` watches a group, ``-G`` forgets it; at the end of
+    its input it kills only the groups it still holds."""
+    kept, killed = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+    guard = subprocess.Popen([sys.executable, "-I", "-S", "-c", spawn.GUARD], stdin=subprocess.PIPE)
+    try:
+        assert guard.stdin is not None
+        guard.stdin.write(b"+%d\n+%d\n-%d\n" % (kept.pid, killed.pid, kept.pid))
+        guard.stdin.close()  # as when the worker ends
+        guard.wait(10)
+        assert killed.wait(10) == -signal.SIGKILL
+        assert kept.poll() is None, "a group the guard was told is reaped is left alone"
+    finally:
+        for proc in (guard, kept, killed):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)

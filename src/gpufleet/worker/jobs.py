@@ -163,8 +163,10 @@ class JobSteps(ABC):
             say(f"job {lease.job_id}: result not recorded; its lease will expire and it re-runs")
         except Exception as exc:  # never lose a slot to a bug: stop the job, report, free it
             say(f"job {lease.job_id}: worker error {type(exc).__name__}: {exc}")
-            if run.proc is not None and run.proc.proc.returncode is None:
-                await run.proc.stop(grace=1.0)
+            if run.proc is not None:  # stopped and reaped: the guard forgets its group
+                if run.proc.proc.returncode is None:
+                    await run.proc.stop(grace=1.0)
+                await run.proc.reap(self.workdir(lease, make=False))
             with contextlib.suppress(GpufleetError):
                 await self.client.finish(
                     lease.job_id, FinishRequest(attempt=lease.attempt, error=f"worker error: {exc}")

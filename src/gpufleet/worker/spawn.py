@@ -94,17 +94,27 @@ class Guard:
             start_new_session=True,  # a Ctrl-C meant for the worker does not reach it
             close_fds=True,
             env={k: v for k, v in os.environ.items() if not is_secret_env(k)},
-        )
+        )  # its pipe's write end is not inheritable (PEP 446): jobs never hold it open
         assert proc.stdin is not None
-        os.set_inheritable(proc.stdin.fileno(), False)  # jobs never hold the pipe open
+        os.write(proc.stdin.fileno(), b"".join(b"+%d\n" % g for g in self.groups))
         return proc
 
+    def ensure(self) -> bool:
+        """Whether the guard runs, started (and told every group) when it does not."""
+        if self.proc is not None and self.proc.poll() is None:
+            return True
+        try:
+            self.proc = self._start()
+        except OSError:
+            self.proc = None
+            return False
+        return True
+
     def _say(self, line: bytes) -> None:
-        for _ in range(2):  # a guard found gone is replaced once, and told every group
-            if self.proc is None or self.proc.poll() is not None:
-                self.proc = self._start()
-                line = b"".join(b"+%d\n" % g for g in self.groups) + line
-            assert self.proc.stdin is not None
+        for _ in range(2):  # a guard gone since it was last seen is replaced once
+            if not self.ensure():
+                break
+            assert self.proc is not None and self.proc.stdin is not None
             try:
                 os.write(self.proc.stdin.fileno(), line)
                 return
@@ -202,11 +212,7 @@ def launch_argv(argv: list[str], cwd: Path, env: Mapping[str, str]) -> list[str]
 def _guarded() -> bool:
     """Whether the guard runs (it is started on first use); else jobs are started with
     the parent-death signal set."""
-    try:
-        _guard._say(b"")
-    except OSError:
-        return False
-    return True
+    return _guard.ensure()
 
 
 async def spawn(
@@ -215,21 +221,9 @@ async def spawn(
     """Start ``argv`` in its own session (a process group the worker can signal whole),
     with stdin closed and stdout and stderr piped to the process's readers. The guard
     kills the group if the worker dies; tell :func:`reaped` once the group is gone."""
-    if _guarded():
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=str(cwd),
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            limit=limit,
-        )
-        _guard.watch(proc.pid)  # the group's id is the job's pid (a new session)
-        return proc
-    launch = launch_argv(argv, cwd, env)
-    return await asyncio.create_subprocess_exec(
+    guarded = _guarded()
+    launch = argv if guarded else launch_argv(argv, cwd, env)
+    proc = await asyncio.create_subprocess_exec(
         *launch,
         cwd=str(cwd),
         env=dict(env),
@@ -237,6 +231,13 @@ async def spawn(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=None if launch is not argv else _die_with_worker,
+        preexec_fn=None if guarded or launch is not argv else _die_with_worker,
         limit=limit,
     )
+    if guarded:
+        try:
+            _guard.watch(proc.pid)  # the group's id is the job's pid (a new session)
+        except OSError:  # no guard now: the job is not left running untracked
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return proc
