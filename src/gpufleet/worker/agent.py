@@ -53,7 +53,7 @@ from gpufleet.worker.runner import (
     kill_leftovers,
 )
 from gpufleet.worker.slots import Slots
-from gpufleet.worker.spawn import stop_guard, watch_children
+from gpufleet.worker.spawn import stop_guard
 from gpufleet.worker.staging import Stager
 from gpufleet.worker.workdirs import job_dir_name, prune_work_dirs
 
@@ -537,11 +537,9 @@ def run_worker(opts: WorkerOptions, capability: Capability) -> int:
     """Run a worker until it is drained; the process exit code."""
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     try:
-        # asyncio's own loop, not uvloop: its subprocesses start with vfork (see
-        # gpufleet.worker.spawn), uvloop's fork the whole worker for each job
-        with asyncio.Runner() as runner:
-            watch_children(runner.get_loop())
-            return runner.run(Agent(opts, capability).run())
+        # asyncio's own loop: uvloop's subprocesses fork the whole worker (jobs start
+        # through gpufleet.worker.spawn, with vfork, anyway)
+        return asyncio.run(Agent(opts, capability).run())
     except GpufleetError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpufleet.domain.models import HyperStyle, hyper_flags
 from gpufleet.worker.capability import job_path
-from gpufleet.worker.spawn import reaped, spawn
+from gpufleet.worker.spawn import Started, reaped, spawn
 
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
@@ -52,7 +52,7 @@ def job_env(
 class JobProcess:
     """A started child process group and the tasks pumping its output."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, pumps: list[asyncio.Task[None]]) -> None:
+    def __init__(self, proc: Started, pumps: list[asyncio.Task[None]]) -> None:
         self.proc = proc
         self.pumps = pumps
 

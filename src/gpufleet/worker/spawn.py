@@ -1,4 +1,4 @@
-"""Starting a job's process quickly.
+"""Starting a job's process quickly, and never leaving it behind.
 
 ``asyncio.create_subprocess_exec`` under uvloop forks the whole worker (about 4-8 ms with
 a worker's heap), and a ``preexec_fn`` forces a full fork under plain asyncio too. So the
@@ -8,16 +8,18 @@ for ``true`` here).
 
 The job still dies with the worker, however the worker ends (SIGKILL included): a small
 *guard* process, started once per worker, holds the reading end of a pipe whose writing
-end only the worker holds. The worker tells it each job's process group as the job
-starts and again when the group has been reaped; when the pipe reaches its end (the
-worker exited, or was killed), the guard kills every group it still holds, the job's
-children included. Where the guard cannot be started, the job is started as before
-through ``setpriv --pdeathsig KILL`` (util-linux; about 0.8 ms more CPU a job), or with a
-``preexec_fn`` setting the parent-death signal.
+end only the worker holds. The worker tells it each job's process group the moment the
+job exists (before its event loop runs anything else, so no kill of the worker can fall
+between the two) and again when the group has been reaped; when the pipe reaches its end
+(the worker exited, or was killed), the guard kills every group it still holds, the job's
+children included. A guard that dies is replaced at once and told every group. Where the
+guard cannot be started, the job is started as before through ``setpriv --pdeathsig
+KILL`` (util-linux; about 0.8 ms more CPU a job), or with a ``preexec_fn`` setting the
+parent-death signal.
 
-Python 3.11's asyncio waits for each child in a thread of its own (``ThreadedChildWatcher``:
-a thread started per job, 0.3-1.3 ms of the spawn here); :func:`watch_children` has the
-worker's loop wait on a pidfd instead, as Python 3.12 does by itself.
+On Linux 5.3 or later the worker's loop learns of a job's exit from a pidfd (Python
+3.11's asyncio would start a thread per child to wait for it); elsewhere the job is
+started through asyncio.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -77,13 +81,14 @@ def is_secret_env(name: str) -> bool:
 
 class Guard:
     """The worker's side of the guard process (see the module's text). ``groups`` are the
-    process groups it was told to watch and not yet told were reaped: when the guard
-    process is gone (someone killed it), the next call starts a new one and tells it
-    them all."""
+    process groups it was told to watch and not yet told were reaped: a new guard
+    process (the last one died, or stopped reading) is told them all as it starts."""
 
     def __init__(self) -> None:
         self.groups: set[int] = set()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._follow: tuple[asyncio.AbstractEventLoop, int] | None = None  # loop, pidfd
+        self._started = 0.0
 
     def _start(self) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
@@ -97,18 +102,58 @@ class Guard:
         )  # its pipe's write end is not inheritable (PEP 446): jobs never hold it open
         assert proc.stdin is not None
         os.write(proc.stdin.fileno(), b"".join(b"+%d\n" % g for g in self.groups))
+        os.set_blocking(proc.stdin.fileno(), False)  # a guard that stops reading is replaced
         return proc
 
     def ensure(self) -> bool:
         """Whether the guard runs, started (and told every group) when it does not."""
-        if self.proc is not None and self.proc.poll() is None:
-            return True
-        try:
-            self.proc = self._start()
-        except OSError:
-            self.proc = None
-            return False
+        if self.proc is None or self.proc.poll() is not None:
+            self._unfollow()
+            if self.proc is not None:
+                _retire(self.proc)
+            try:
+                self.proc = self._start()
+            except OSError:
+                self.proc = None
+                return False
+            self._started = time.monotonic()
+        self._follow_exit()
         return True
+
+    def _follow_exit(self) -> None:
+        """Have the running event loop replace the guard as soon as it dies, so the jobs
+        running then are guarded again without waiting for the next job's start."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._follow is not None and self._follow[0] is loop:
+            return
+        self._unfollow()
+        assert self.proc is not None
+        try:
+            pidfd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            return
+        loop.add_reader(pidfd, self._died, self.proc)
+        self._follow = (loop, pidfd)
+
+    def _unfollow(self) -> None:
+        follow, self._follow = self._follow, None
+        if follow is not None:
+            loop, pidfd = follow
+            if not loop.is_closed():
+                loop.remove_reader(pidfd)
+            os.close(pidfd)
+
+    def _died(self, proc: subprocess.Popen[bytes]) -> None:
+        self._unfollow()
+        if proc is not self.proc:
+            return
+        _retire(proc)
+        self.proc = None
+        if time.monotonic() - self._started >= 1.0:  # one that dies as it starts: at next use
+            self.ensure()
 
     def _say(self, line: bytes) -> None:
         for _ in range(2):  # a guard gone since it was last seen is replaced once
@@ -116,10 +161,12 @@ class Guard:
                 break
             assert self.proc is not None and self.proc.stdin is not None
             try:
-                os.write(self.proc.stdin.fileno(), line)
+                os.write(self.proc.stdin.fileno(), line)  # a line is written whole or not
                 return
+            except BlockingIOError:  # its pipe is full: it stopped reading (frozen)
+                _retire(self.proc, kill=True)  # the next is told every group, this one's too
             except BrokenPipeError:
-                self.proc = None
+                _retire(self.proc)
         raise OSError(errno.EPIPE, "the guard process cannot be started")
 
     def watch(self, group: int) -> None:
@@ -134,6 +181,7 @@ class Guard:
 
     def close(self) -> None:
         """End the guard: it kills the groups still watched and exits."""
+        self._unfollow()
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -142,6 +190,17 @@ class Guard:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
         self.groups.clear()
+
+
+def _retire(proc: subprocess.Popen[bytes], kill: bool = False) -> None:
+    """Let go of a guard process that died (or, with ``kill``, that stopped reading)."""
+    if kill:
+        with contextlib.suppress(OSError):
+            proc.kill()
+    proc.wait()
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
 
 
 _guard = Guard()
@@ -166,19 +225,13 @@ def _die_with_worker() -> None:
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def watch_children(loop: asyncio.AbstractEventLoop) -> bool:
-    """On Python 3.11 with Linux 5.3 or later, let ``loop`` learn of its children's exits
-    from pidfds (no thread per child); whether it does. Call it in the main thread, before
-    the loop starts a child. Python 3.12 does this by itself (and deprecates the call)."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return False
+@cache
+def _pidfds() -> bool:
+    """Whether this system has pidfds (Linux 5.3 or later, not forbidden by a sandbox)."""
     try:
         os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # an older kernel, or a sandbox that forbids the call
+    except (AttributeError, OSError):
         return False
-    watcher = asyncio.PidfdChildWatcher()
-    asyncio.set_child_watcher(watcher)
-    watcher.attach_loop(loop)
     return True
 
 
@@ -215,29 +268,102 @@ def _guarded() -> bool:
     return _guard.ensure()
 
 
-async def spawn(
-    argv: list[str], cwd: Path, env: Mapping[str, str], limit: int
-) -> asyncio.subprocess.Process:
+class Child:
+    """A started job as the worker's loop sees it (the part of asyncio's ``Process`` the
+    worker uses): its pid, its output as stream readers, and its exit code once known."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self.pid = popen.pid
+        self.stdout: asyncio.StreamReader | None = None
+        self.stderr: asyncio.StreamReader | None = None
+        self._popen = popen
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._loop = loop
+        self._pidfd = os.pidfd_open(popen.pid)
+        loop.add_reader(self._pidfd, self._ended)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    def _ended(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped by someone else: its code is lost
+            code = 255
+        self._popen.returncode = code
+        if not self._exited.done():
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        """The exit code (negative: killed by that signal). Cancelling a wait (a
+        timeout) leaves the exit to be seen by the next one."""
+        return await asyncio.shield(self._exited)
+
+    async def connect(self, limit: int) -> None:
+        """Read the job's stdout and stderr through the loop."""
+        self.stdout = await self._read(self._popen.stdout, limit)
+        self.stderr = await self._read(self._popen.stderr, limit)
+
+    async def _read(self, pipe: Any, limit: int) -> asyncio.StreamReader:
+        reader = asyncio.StreamReader(limit, loop=self._loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=self._loop)
+        await self._loop.connect_read_pipe(lambda: protocol, pipe)
+        return reader
+
+
+#: A started job: a :class:`Child`, or asyncio's process where there are no pidfds.
+Started = Child | asyncio.subprocess.Process
+
+
+async def spawn(argv: list[str], cwd: Path, env: Mapping[str, str], limit: int) -> Started:
     """Start ``argv`` in its own session (a process group the worker can signal whole),
     with stdin closed and stdout and stderr piped to the process's readers. The guard
     kills the group if the worker dies; tell :func:`reaped` once the group is gone."""
     guarded = _guarded()
     launch = argv if guarded else launch_argv(argv, cwd, env)
-    proc = await asyncio.create_subprocess_exec(
-        *launch,
-        cwd=str(cwd),
-        env=dict(env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=None if guarded or launch is not argv else _die_with_worker,
-        limit=limit,
-    )
+    options: dict[str, Any] = {
+        "cwd": str(cwd),
+        "env": dict(env),
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+        "start_new_session": True,
+        "preexec_fn": None if guarded or launch is not argv else _die_with_worker,
+    }
+    if not _pidfds():  # no pidfds: asyncio starts and waits for it (and the guard is
+        # told only once asyncio has connected its pipes: a worker killed between the
+        # two leaves this job to the restarted worker's clean-up)
+        proc = await asyncio.create_subprocess_exec(*launch, limit=limit, **options)
+        if guarded:
+            _tell_guard(proc.pid)
+        return proc
+    popen = subprocess.Popen(launch, bufsize=0, **options)
     if guarded:
         try:
-            _guard.watch(proc.pid)  # the group's id is the job's pid (a new session)
-        except OSError:  # no guard now: the job is not left running untracked
-            os.killpg(proc.pid, signal.SIGKILL)
+            _tell_guard(popen.pid)  # before anything yields to the loop
+        except OSError:
+            popen.wait()
             raise
-    return proc
+    child = Child(popen, asyncio.get_running_loop())
+    try:
+        await child.connect(limit)
+    except BaseException:  # cancelled, or out of descriptors: nobody would wait for it
+        with contextlib.suppress(OSError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        reaped(popen.pid)
+        raise
+    return child
+
+
+def _tell_guard(group: int) -> None:
+    """Have the guard watch ``group`` (a new session's id is its leader's pid); where it
+    cannot be told, the job is killed rather than left running untracked."""
+    try:
+        _guard.watch(group)
+    except OSError:
+        os.killpg(group, signal.SIGKILL)
+        raise
