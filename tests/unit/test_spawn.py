@@ -310,3 +310,59 @@ def test_a_guard_that_stops_reading_is_replaced_not_waited_for() -> None:
         if group.poll() is None:
             group.kill()
         group.wait(10)
+
+
+def _children() -> list[int]:
+    """This process's children that are not the guard (a live or unreaped job)."""
+    import psutil
+
+    guard = spawn._guard.proc.pid if spawn._guard.proc is not None else None
+    return [p.pid for p in psutil.Process().children() if p.pid != guard]
+
+
+@pytest.mark.skipif(not spawn._pidfds(), reason="the loop waits on pidfds only on Linux 5.3+")
+@pytest.mark.parametrize("fails", ["guard", "loop"])
+def test_a_job_that_cannot_be_guarded_or_waited_for_is_killed_and_reaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    """Where the guard cannot be told of a job, or the loop cannot wait for it (out of
+    descriptors), the start fails and the job is not left running, nor a zombie, nor
+    held by the guard (whose later copies would kill the group id, maybe reused)."""
+
+    def refused(*_: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    async def start() -> None:
+        assert spawn._guard.ensure()
+        if fails == "guard":
+            monkeypatch.setattr(spawn._guard, "_say", refused)
+        else:
+            monkeypatch.setattr(spawn.Child, "__init__", refused)
+        await spawn.spawn(["sleep", "60"], tmp_path, dict(os.environ), 1 << 16)
+
+    before = _children()
+    with pytest.raises(OSError):
+        asyncio.run(start())
+    assert _children() == before and spawn._guard.groups == set()
+
+
+@pytest.mark.skipif(not spawn._pidfds(), reason="the loop follows the guard by a pidfd")
+def test_a_guard_killed_as_it_starts_is_replaced_a_moment_later(tmp_path: Path) -> None:
+    async def scenario() -> tuple[int, int | None]:
+        job = await spawn.spawn(["sleep", "60"], tmp_path, dict(os.environ), 1 << 16)
+        assert spawn._guard.proc is not None
+        first, replacement = spawn._guard.proc.pid, None
+        os.kill(first, signal.SIGKILL)  # within its first second
+        for _ in range(100):  # no job starts or ends meanwhile
+            await asyncio.sleep(0.05)
+            now = spawn._guard.proc
+            if now is not None and now.pid != first and now.poll() is None:
+                replacement = now.pid
+                break
+        os.killpg(job.pid, signal.SIGKILL)
+        await job.wait()
+        spawn.reaped(job.pid)
+        return first, replacement
+
+    first, replacement = asyncio.run(scenario())
+    assert replacement is not None and replacement != first

@@ -88,6 +88,7 @@ class Guard:
         self.groups: set[int] = set()
         self.proc: subprocess.Popen[bytes] | None = None
         self._follow: tuple[asyncio.AbstractEventLoop, int] | None = None  # loop, pidfd
+        self._later: asyncio.TimerHandle | None = None  # a replacement put off
         self._started = 0.0
 
     def _start(self) -> subprocess.Popen[bytes]:
@@ -152,7 +153,17 @@ class Guard:
             return
         _retire(proc)
         self.proc = None
-        if time.monotonic() - self._started >= 1.0:  # one that dies as it starts: at next use
+        # replaced now; one that died as it started, a second after its start (at most
+        # one new guard a second, whatever keeps killing them)
+        wait = self._started + 1.0 - time.monotonic()
+        if wait <= 0:
+            self.ensure()
+        else:
+            self._later = asyncio.get_running_loop().call_later(wait, self._replace)
+
+    def _replace(self) -> None:
+        self._later = None
+        if self.proc is None:
             self.ensure()
 
     def _say(self, line: bytes) -> None:
@@ -171,7 +182,11 @@ class Guard:
 
     def watch(self, group: int) -> None:
         self.groups.add(group)
-        self._say(b"+%d\n" % group)
+        try:
+            self._say(b"+%d\n" % group)
+        except OSError:  # not watched: no later guard may kill it (its pid may be reused)
+            self.groups.discard(group)
+            raise
 
     def reaped(self, group: int) -> None:
         if group in self.groups:
@@ -181,6 +196,9 @@ class Guard:
 
     def close(self) -> None:
         """End the guard: it kills the groups still watched and exits."""
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         self._unfollow()
         proc, self.proc = self.proc, None
         if proc is None:
@@ -339,31 +357,34 @@ async def spawn(argv: list[str], cwd: Path, env: Mapping[str, str], limit: int) 
         # two leaves this job to the restarted worker's clean-up)
         proc = await asyncio.create_subprocess_exec(*launch, limit=limit, **options)
         if guarded:
-            _tell_guard(proc.pid)
+            try:  # a new session's group id is its leader's pid
+                _guard.watch(proc.pid)
+            except OSError:  # the guard cannot be told: not left running untracked
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
         return proc
     popen = subprocess.Popen(launch, bufsize=0, **options)
-    if guarded:
-        try:
-            _tell_guard(popen.pid)  # before anything yields to the loop
-        except OSError:
-            popen.wait()
-            raise
-    child = Child(popen, asyncio.get_running_loop())
+    child: Child | None = None
     try:
+        if guarded:
+            _guard.watch(popen.pid)  # before anything yields to the loop
+        child = Child(popen, asyncio.get_running_loop())
         await child.connect(limit)
-    except BaseException:  # cancelled, or out of descriptors: nobody would wait for it
+    except BaseException:  # no guard, cancelled, out of descriptors: not left running
         with contextlib.suppress(OSError):
             os.killpg(popen.pid, signal.SIGKILL)
+        if child is None:  # no loop waits for it: reaped here (killed, it ends at once)
+            popen.wait()
+        if child is None or child.stdout is None:  # the pipes the loop did not take
+            _close(popen.stdout)
+        if child is None or child.stderr is None:
+            _close(popen.stderr)
         reaped(popen.pid)
         raise
     return child
 
 
-def _tell_guard(group: int) -> None:
-    """Have the guard watch ``group`` (a new session's id is its leader's pid); where it
-    cannot be told, the job is killed rather than left running untracked."""
-    try:
-        _guard.watch(group)
-    except OSError:
-        os.killpg(group, signal.SIGKILL)
-        raise
+def _close(pipe: Any) -> None:
+    if pipe is not None:
+        with contextlib.suppress(OSError):
+            pipe.close()
