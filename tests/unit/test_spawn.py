@@ -210,11 +210,11 @@ from pathlib import Path
 from gpufleet.worker import spawn
 
 async def killed_now(self, limit):  # the worker is killed before the job's pipes connect
+    Path("job.pid").write_text(str(self.pid))
     os.kill(os.getpid(), signal.SIGKILL)
 
 spawn.Child.connect = killed_now
-job = ["sh", "-c", "echo $$ > job.pid; exec sleep 60"]
-asyncio.run(spawn.spawn(job, Path.cwd(), dict(os.environ), 1 << 16))
+asyncio.run(spawn.spawn(["sleep", "60"], Path.cwd(), dict(os.environ), 1 << 16))
 """
 
 
