@@ -286,9 +286,25 @@ def _guarded() -> bool:
     return _guard.ensure()
 
 
+class _Pipe(asyncio.StreamReaderProtocol):
+    """A job's stdout or stderr into a stream reader, telling ``closed`` at its end."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop, closed: Any
+    ) -> None:
+        super().__init__(reader, loop=loop)
+        self._on_end = closed
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._on_end()
+
+
 class Child:
     """A started job as the worker's loop sees it (the part of asyncio's ``Process`` the
-    worker uses): its pid, its output as stream readers, and its exit code once known."""
+    worker uses): its pid, its output as stream readers, and its exit code once known.
+    As with asyncio's, :meth:`wait` returns once the process exited and its output was
+    read to the end (a job that wrote faster than it was read loses nothing)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self.pid = popen.pid
@@ -296,6 +312,7 @@ class Child:
         self.stderr: asyncio.StreamReader | None = None
         self._popen = popen
         self._exited: asyncio.Future[int] = loop.create_future()
+        self._open = 2  # its pipes not yet read to their end
         self._loop = loop
         self._pidfd = os.pidfd_open(popen.pid)
         loop.add_reader(self._pidfd, self._ended)
@@ -313,12 +330,20 @@ class Child:
         except ChildProcessError:  # reaped by someone else: its code is lost
             code = 255
         self._popen.returncode = code
-        if not self._exited.done():
+        self._done()
+
+    def _pipe_closed(self) -> None:
+        self._open -= 1
+        self._done()
+
+    def _done(self) -> None:
+        code = self._popen.returncode
+        if code is not None and self._open == 0 and not self._exited.done():
             self._exited.set_result(code)
 
     async def wait(self) -> int:
-        """The exit code (negative: killed by that signal). Cancelling a wait (a
-        timeout) leaves the exit to be seen by the next one."""
+        """The exit code (negative: killed by that signal), once the output is read to
+        its end. Cancelling a wait (a timeout) leaves the exit to be seen by the next."""
         return await asyncio.shield(self._exited)
 
     async def connect(self, limit: int) -> None:
@@ -328,7 +353,7 @@ class Child:
 
     async def _read(self, pipe: Any, limit: int) -> asyncio.StreamReader:
         reader = asyncio.StreamReader(limit, loop=self._loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=self._loop)
+        protocol = _Pipe(reader, self._loop, self._pipe_closed)
         await self._loop.connect_read_pipe(lambda: protocol, pipe)
         return reader
 
