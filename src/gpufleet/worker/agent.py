@@ -537,8 +537,8 @@ def run_worker(opts: WorkerOptions, capability: Capability) -> int:
     """Run a worker until it is drained; the process exit code."""
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     try:
-        # asyncio's own loop: uvloop's subprocesses fork the whole worker (jobs start
-        # through gpufleet.worker.spawn, with vfork, anyway)
+        # asyncio's own loop: where there are no pidfds, jobs start through its
+        # subprocesses (gpufleet.worker.spawn), which uvloop's would fork the whole worker
         return asyncio.run(Agent(opts, capability).run())
     except GpufleetError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,29 @@ def is_secret_env(name: str) -> bool:
     return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
 
 
+class _Exit:
+    """Calls ``then`` once, when process ``pid`` (a child of ours) has ended: its pidfd
+    turns readable on ``loop``. Raises OSError where there are no pidfds."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, then: Callable[[], None]):
+        self.loop = loop
+        self._fd = os.pidfd_open(pid)
+        loop.add_reader(self._fd, self._ended, then)
+
+    def _ended(self, then: Callable[[], None]) -> None:
+        self.cancel()
+        then()
+
+    def cancel(self) -> None:
+        """Stop watching (also after the loop closed)."""
+        if self._fd < 0:
+            return
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+
+
 class Guard:
     """The worker's side of the guard process (see the module's text). ``groups`` are the
     process groups it was told to watch and not yet told were reaped: a new guard
@@ -87,7 +110,7 @@ class Guard:
     def __init__(self) -> None:
         self.groups: set[int] = set()
         self.proc: subprocess.Popen[bytes] | None = None
-        self._follow: tuple[asyncio.AbstractEventLoop, int] | None = None  # loop, pidfd
+        self._follow: _Exit | None = None  # the loop's watch for the guard's end
         self._later: asyncio.TimerHandle | None = None  # a replacement put off
         self._started = 0.0
 
@@ -128,27 +151,21 @@ class Guard:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        if self._follow is not None and self._follow[0] is loop:
+        if self._follow is not None and self._follow.loop is loop:
             return
         self._unfollow()
         assert self.proc is not None
-        try:
-            pidfd = os.pidfd_open(self.proc.pid)
-        except (AttributeError, OSError):
-            return
-        loop.add_reader(pidfd, self._died, self.proc)
-        self._follow = (loop, pidfd)
+        proc = self.proc
+        with contextlib.suppress(AttributeError, OSError):  # no pidfds: at the next use
+            self._follow = _Exit(loop, proc.pid, lambda: self._died(proc))
 
     def _unfollow(self) -> None:
         follow, self._follow = self._follow, None
         if follow is not None:
-            loop, pidfd = follow
-            if not loop.is_closed():
-                loop.remove_reader(pidfd)
-            os.close(pidfd)
+            follow.cancel()
 
     def _died(self, proc: subprocess.Popen[bytes]) -> None:
-        self._unfollow()
+        self._follow = None
         if proc is not self.proc:
             return
         _retire(proc)
@@ -287,13 +304,16 @@ def _guarded() -> bool:
 
 
 class _Pipe(asyncio.StreamReaderProtocol):
-    """A job's stdout or stderr into a stream reader, telling ``closed`` at its end."""
+    """A job's stdout or stderr into a stream reader, calling ``on_end`` at its end."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop, closed: Any
+        self,
+        reader: asyncio.StreamReader,
+        loop: asyncio.AbstractEventLoop,
+        on_end: Callable[[], None],
     ) -> None:
         super().__init__(reader, loop=loop)
-        self._on_end = closed
+        self._on_end = on_end
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -314,16 +334,13 @@ class Child:
         self._exited: asyncio.Future[int] = loop.create_future()
         self._open = 2  # its pipes not yet read to their end
         self._loop = loop
-        self._pidfd = os.pidfd_open(popen.pid)
-        loop.add_reader(self._pidfd, self._ended)
+        _Exit(loop, popen.pid, self._ended)
 
     @property
     def returncode(self) -> int | None:
         return self._popen.returncode
 
     def _ended(self) -> None:
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
         try:
             _, status = os.waitpid(self.pid, 0)
             code = os.waitstatus_to_exitcode(status)
