@@ -270,7 +270,13 @@ class Hub:
                     after = batch[-1].seq
                     yield b"".join(ev.data for ev in batch)
                     continue
-                if JobStatus(status).terminal:  # nothing more is written to its log
+                if JobStatus(status).terminal:  # nothing more is written to its log,
+                    # but the feed may not have read its last records yet: the store has
+                    rows = await run_in_threadpool(self.store.logs, job_id, after, BATCH)
+                    if rows:
+                        after = rows[-1].seq
+                        yield b"".join(encode(r).data for r in rows)
+                        continue
                     yield frame(None, "end", {"status": status, "seq": after})
                     return
                 await updated.wait()
