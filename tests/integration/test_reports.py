@@ -6,6 +6,7 @@ before the path one report at a time."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -224,7 +225,8 @@ def test_a_server_failure_in_one_report_is_that_reports_500_and_the_others_apply
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A database error in one report fails that report alone, as its own call would have
-    failed; the reports before and after it are applied, answered and audited."""
+    failed, and undoes what it had written; the reports before and after it are applied,
+    answered and audited."""
     w = register(client, worker, "box", cpu_slots=3)
     jobs = [submit(client, admin, name=f"j{n}") for n in range(3)]
     for _ in jobs:
@@ -233,9 +235,9 @@ def test_a_server_failure_in_one_report_is_that_reports_500_and_the_others_apply
     real = leases.start
 
     def start(job_id: str, *args: Any) -> None:
-        if job_id == jobs[1]:
-            raise RuntimeError("database is locked")
         real(job_id, *args)
+        if job_id == jobs[1]:  # after its write: the report's part is undone
+            raise RuntimeError("database is locked")
 
     monkeypatch.setattr(leases, "start", start)
     batch = {"reports": [{"kind": "start", "job_id": j, "attempt": 1} for j in jobs]}
@@ -250,6 +252,43 @@ def test_a_server_failure_in_one_report_is_that_reports_500_and_the_others_apply
     assert [(f"/v1/jobs/{j}/start", s) for j, s in zip(jobs, (204, 500, 204), strict=True)] == [
         c for c in calls if c[0].endswith("/start")
     ]
+
+
+def test_followers_of_a_batchs_jobs_are_told_once_its_writes_can_be_read(
+    client: TestClient,
+    store: SqlStore,
+    admin: dict[str, str],
+    worker: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch is one transaction: a job's followers (and waiting polls) are told after it
+    commits, so what they read on their own connections already holds the change (told
+    earlier, they would read the old status and wait for a record already passed)."""
+    w = register(client, worker, "box", cpu_slots=2)
+    jobs = [submit(client, admin, name=f"j{n}") for n in range(2)]
+    for _ in jobs:
+        claim(client, worker, w["id"])
+    leases = client.app.state.gpufleet.services.leases  # type: ignore[attr-defined]
+    seen: list[tuple[str, str]] = []
+
+    def read_elsewhere(job_id: str) -> None:  # as a follower's thread reads
+        row = store.get_job(job_id)
+        seen.append((job_id, row.status.value if row else "?"))
+
+    def told(job_id: str) -> None:
+        reader = threading.Thread(target=read_elsewhere, args=(job_id,))
+        reader.start()
+        reader.join(10)
+
+    monkeypatch.setattr(leases, "_on_written", told)
+    reports: list[dict[str, Any]] = [
+        {"kind": "start", "job_id": jobs[0], "attempt": 1},
+        {"kind": "start", "job_id": jobs[1], "attempt": 1},
+        {"kind": "finish", "job_id": jobs[0], "attempt": 1, "exit_code": 0},
+    ]
+    r = client.post("/v1/reports", json={"reports": reports}, headers=worker)
+    assert [x["status"] for x in r.json()["results"]] == [204, 204, 200]
+    assert seen == [(jobs[0], "succeeded"), (jobs[1], "running"), (jobs[0], "succeeded")]
 
 
 def test_a_start_sent_again_in_a_batch_keeps_the_first_time(

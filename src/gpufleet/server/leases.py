@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 
 from gpufleet.domain import lifecycle
@@ -62,15 +64,51 @@ class Leases:
         self.store = store
         self.metrics = metrics or Metrics()
         # A job's event log has new records (a status change, output): followers read now.
-        self.on_written = on_written
+        self._on_written = on_written
         self.settings = settings
         self.fleet = fleet
         self.flow = flow
         self.clock = clock
-        self.on_change = on_change
+        self._on_change = on_change
+        # Inside ``together``: what to tell once its transaction has committed.
+        self._told: ContextVar[list[Callable[[], None]] | None] = ContextVar(
+            f"leases{id(self)}", default=None
+        )
         self.on_event = on_event
         self._waiting: dict[str, tuple[WorkerView, FreeResources]] = {}
         self._waiting_lock = threading.Lock()
+
+    def on_written(self, job_id: str) -> None:
+        self._tell(lambda: self._on_written(job_id))
+
+    def on_change(self) -> None:
+        self._tell(self._on_change)
+
+    def _tell(self, call: Callable[[], None]) -> None:
+        later = self._told.get()
+        if later is None:
+            call()
+        else:
+            later.append(call)
+
+    @contextmanager
+    def together(self) -> Iterator[Callable[[], AbstractContextManager[object]]]:
+        """The writes made inside go in one transaction (:meth:`Store.together`, whose
+        ``part`` it gives); followers and waiting polls are told once it has committed,
+        so none reads before the change is there. Nothing is told if it fails."""
+        if self._told.get() is not None:  # inside one already: its end tells
+            with self.store.together() as part:
+                yield part
+            return
+        told: list[Callable[[], None]] = []
+        token = self._told.set(told)
+        try:
+            with self.store.together() as part:
+                yield part
+        finally:
+            self._told.reset(token)
+        for call in told:
+            call()
 
     def check_holder(
         self, job_id: str, attempt: int, token_id: str, pools: Sequence[str] | None

@@ -307,28 +307,33 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
     (``/jobs/{job_id}/start``, ``/jobs/{job_id}/finish``) would be: each has its own
     answer (the status that call would have had, a finish's job, or the error) and its
     own audit record. A worker sends the reports that came while one call was on its way
-    together in the next. A failure of the server's own in one report (a database error)
-    is that report's 500, logged; the others are applied and answered as before."""
+    together in the next. They are written in one transaction, each report a part of it:
+    a failure of the server's own in one report (a database error) undoes that report
+    alone and is its 500, logged; the others are applied and answered as before. If the
+    transaction cannot commit, the call fails as a whole and nothing of it is recorded."""
     results: list[ReportResult] = []
     audited: list[tuple[str, int]] = []
-    request.state.audit_items = audited  # what was applied is recorded, whatever follows
-    for r in body.reports:
-        shown = redact(r.job_id)
-        try:
-            if isinstance(r, StartReport):
-                _start(request, caller, r.job_id, r)
-                done = ReportResult(job_id=shown, status=204)
-            else:
-                job = _finish(request, caller, r.job_id, r)
-                done = ReportResult(job_id=shown, status=200, job=job)
-        except GpufleetError as exc:
-            done = ReportResult(job_id=shown, status=exc.status, error=error_info(exc))
-        except Exception as exc:  # ours, not the report's: as its own call would, a 500
-            rid = getattr(request.state, "request_id", "-")
-            log.error("internal error in a %s report (request %s)", r.kind, rid, exc_info=exc)
-            done = ReportResult(job_id=shown, status=500, error=internal_error(rid))
-        results.append(done)
-        audited.append((f"/v1/jobs/{quote(r.job_id, safe='')}/{r.kind}", done.status))
+    with state(request).services.leases.together() as part:
+        for r in body.reports:
+            shown = redact(r.job_id)
+            try:
+                with part():
+                    try:
+                        if isinstance(r, StartReport):
+                            _start(request, caller, r.job_id, r)
+                            done = ReportResult(job_id=shown, status=204)
+                        else:
+                            job = _finish(request, caller, r.job_id, r)
+                            done = ReportResult(job_id=shown, status=200, job=job)
+                    except GpufleetError as exc:  # answered; what it wrote stands
+                        done = ReportResult(job_id=shown, status=exc.status, error=error_info(exc))
+            except Exception as exc:  # ours, not the report's: as its own call would, a 500
+                rid = getattr(request.state, "request_id", "-")
+                log.error("internal error in a %s report (request %s)", r.kind, rid, exc_info=exc)
+                done = ReportResult(job_id=shown, status=500, error=internal_error(rid))
+            results.append(done)
+            audited.append((f"/v1/jobs/{quote(r.job_id, safe='')}/{r.kind}", done.status))
+    request.state.audit_items = audited  # committed: each report is recorded
     return _json(ReportResults(results=results))
 
 

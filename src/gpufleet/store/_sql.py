@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             self._lock = None
         self.dialect = self.engine.dialect.name
         self.page_q = page_statements()
+        # The transaction calls share inside ``together`` (this store's, this thread's).
+        self._shared: ContextVar[Connection | None] = ContextVar(f"store{id(self)}", default=None)
 
     # ---- plumbing ---------------------------------------------------------------------
 
@@ -177,12 +180,40 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         self.engine.dispose()
 
     @contextmanager
+    def together(self) -> Iterator[Callable[[], AbstractContextManager[object]]]:
+        """The calls made inside (in this thread) share one transaction, committed as it
+        ends, and read what the ones before them wrote. Each part (``with part():``) is a
+        savepoint: a part that raises leaves nothing behind, and the other parts stand. On
+        SQLite the one writer's lock is held throughout."""
+        if self._shared.get() is not None:
+            yield nullcontext
+            return
+        with self._lock or nullcontext(), self.engine.begin() as conn:
+            if self.dialect == "sqlite":
+                # pysqlite opens a transaction only before a write, and SQLite commits the
+                # one a first SAVEPOINT opened when that savepoint is released: begin here.
+                conn.exec_driver_sql("BEGIN")
+            token = self._shared.set(conn)
+            try:
+                yield conn.begin_nested
+            finally:
+                self._shared.reset(token)
+
+    @contextmanager
     def _write(self) -> Iterator[Connection]:
+        shared = self._shared.get()
+        if shared is not None:
+            yield shared
+            return
         with self._lock or nullcontext(), self.engine.begin() as conn:
             yield conn
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
+        shared = self._shared.get()
+        if shared is not None:
+            yield shared
+            return
         with self.engine.connect() as conn:
             yield conn
 

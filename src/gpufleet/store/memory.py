@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from gpufleet.domain import lifecycle
@@ -409,6 +409,11 @@ class MemoryStore(MemoryRecords, NamedChanges):
     @contextmanager
     def claiming(self) -> Iterator[MemoryClaimSession]:
         yield MemoryClaimSession(self)
+
+    @contextmanager
+    def together(self) -> Iterator[Callable[[], AbstractContextManager[object]]]:
+        """Each call here is all or nothing already, and seen by the next at once."""
+        yield nullcontext
 
     def extend_leases(
         self,
