@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.worker import spawn
+from gpufleet.worker import runner, spawn
+from gpufleet.worker.runner import JobProcess, OnLine
 from tests.procs import alive, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -366,3 +367,83 @@ def test_a_guard_killed_as_it_starts_is_replaced_a_moment_later(tmp_path: Path) 
 
     first, replacement = asyncio.run(scenario())
     assert replacement is not None and replacement != first
+
+
+# ---- a job's end and the rest of its output (the runner) -----------------------------
+
+
+@pytest.fixture(params=["pidfd", "asyncio"])
+def waited_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The loop learns of a job's exit from a pidfd, or (a kernel without pidfds) asyncio."""
+    if request.param == "asyncio":
+        monkeypatch.setattr(spawn, "_pidfds", lambda: False)
+    return str(request.param)
+
+
+def test_a_job_ends_when_its_process_exits_though_a_process_it_left_holds_its_output(
+    tmp_path: Path, waited_by: str
+) -> None:
+    """A job's script that exits leaving a background process writing to its output is
+    over: the wait returns at the exit, the reap kills what was left in its group, and
+    the output it wrote is read (the job does not run on until the leftover ends)."""
+    lines: list[tuple[str, str]] = []
+
+    async def main() -> tuple[int | None, int]:
+        argv = ["sh", "-c", "(sleep 60; echo late) & echo $! > left; echo early; exit 0"]
+        job = await JobProcess.start(argv, tmp_path, dict(os.environ), _keep(lines))
+        code = await job.wait(20)
+        await asyncio.wait_for(job.reap(tmp_path), 20)
+        return code, int((tmp_path / "left").read_text())
+
+    code, left = asyncio.run(main())
+    assert code == 0
+    assert lines == [("stdout", "early")]
+    assert wait_for(lambda: not alive(left), 10), "the process the job left still runs"
+
+
+TICKS = """
+import os, sys, time
+os.setsid()  # out of the job's group: the reap's kill does not reach it
+with open("left.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename("left.tmp", "left")  # the job's script ends once this process is out
+for n in range(int(sys.argv[1])):
+    print(f"tick {n}", flush=True)
+    time.sleep(0.1)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_output_still_coming_after_the_job_ends_is_read_while_it_comes(
+    tmp_path: Path, waited_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a job's process ended, its output is read for as long as lines keep coming
+    (here 3 s of them, from a process that left the job's group), and a pipe that stays
+    silent for ``DRAIN_IDLE`` (here 1 s) is given up on, not waited for."""
+    monkeypatch.setattr(runner, "DRAIN_IDLE", 1.0)
+    (tmp_path / "ticks.py").write_text(TICKS)
+
+    async def main(ticks: int, then: float) -> tuple[list[tuple[str, str]], float, int]:
+        lines: list[tuple[str, str]] = []
+        wait = "while [ ! -e left ]; do sleep 0.02; done"
+        shell = f"{sys.executable} ticks.py {ticks} {then} & {wait}; exit 0"
+        job = await JobProcess.start(["sh", "-c", shell], tmp_path, dict(os.environ), _keep(lines))
+        assert await job.wait(20) == 0
+        began = time.monotonic()
+        await asyncio.wait_for(job.reap(tmp_path), 30)
+        return lines, time.monotonic() - began, int((tmp_path / "left").read_text())
+
+    lines, _, left = asyncio.run(main(30, 0))
+    (tmp_path / "left").unlink()
+    assert lines == [("stdout", f"tick {n}") for n in range(30)]
+    wait_for(lambda: not alive(left), 10, "the ticking process to end")
+    lines, took, left = asyncio.run(main(0, 60))  # silent, holding the pipe a minute
+    try:
+        assert lines == [] and took < 20, took
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(left, signal.SIGKILL)
+
+
+def _keep(lines: list[tuple[str, str]]) -> OnLine:
+    return lambda stream, line: lines.append((stream, line))

@@ -22,6 +22,7 @@ from gpufleet.worker.spawn import Started, reaped, spawn
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
 PGID_MARKER = ".gpufleet-pgid"
+DRAIN_IDLE = 5.0  # seconds a pipe may give nothing, once its job ended, before it is left
 OnLine = Callable[[str, str], None]
 
 
@@ -52,9 +53,10 @@ def job_env(
 class JobProcess:
     """A started child process group and the tasks pumping its output."""
 
-    def __init__(self, proc: Started, pumps: list[asyncio.Task[None]]) -> None:
+    def __init__(self, proc: Started, pumps: list[asyncio.Task[None]], read: _Read) -> None:
         self.proc = proc
         self.pumps = pumps
+        self.read = read
 
     @property
     def pid(self) -> int:
@@ -70,11 +72,12 @@ class JobProcess:
         # A marker a restarted worker uses to find what a killed one left behind.
         with contextlib.suppress(OSError):  # best effort: only a later cleanup needs it
             (cwd / PGID_MARKER).write_text(f"{proc.pid} {os.getpid()}")  # group, worker
+        read = _Read()
         pumps = [
-            asyncio.create_task(_pump(stdout, "stdout", on_line)),
-            asyncio.create_task(_pump(stderr, "stderr", on_line)),
+            asyncio.create_task(_pump(stdout, "stdout", on_line, read)),
+            asyncio.create_task(_pump(stderr, "stderr", on_line, read)),
         ]
-        return cls(proc, pumps)
+        return cls(proc, pumps, read)
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -97,17 +100,32 @@ class JobProcess:
         return code
 
     async def reap(self, cwd: Path) -> None:
-        """After the main process ended: kill what it left in its group, drain the pipes."""
+        """After the main process ended: kill what it left in its group, and read its
+        output to the end. The job is over when its main process exits, even if a process
+        it left holds the pipes; once the group is killed, the pipes end when what is in
+        them has been read, however long that takes while lines keep coming. Only a pipe
+        that gives nothing for ``DRAIN_IDLE`` seconds (held by a process that left the
+        group) is left unread."""
         self.signal_group(signal.SIGKILL)
         reaped(self.proc.pid)
         (cwd / PGID_MARKER).unlink(missing_ok=True)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*self.pumps), 5.0)
+        pending: set[asyncio.Task[None]] = set(self.pumps)
+        seen = -1
+        while pending and self.read.lines != seen:
+            seen = self.read.lines
+            _, pending = await asyncio.wait(pending, timeout=DRAIN_IDLE)
         for task in self.pumps:
             task.cancel()
+        self.proc.close()
 
 
-async def _pump(reader: asyncio.StreamReader, stream: str, on_line: OnLine) -> None:
+class _Read:
+    """How many lines a job's pumps have read: whether its output still comes."""
+
+    lines = 0
+
+
+async def _pump(reader: asyncio.StreamReader, stream: str, on_line: OnLine, read: _Read) -> None:
     """Lines to ``on_line``. A pump must never stop early, or the child blocks on write:
     a line longer than the buffer is passed on in pieces, none of it dropped."""
     while True:
@@ -119,6 +137,7 @@ async def _pump(reader: asyncio.StreamReader, stream: str, on_line: OnLine) -> N
             return
         except asyncio.LimitOverrunError as long:
             raw = await reader.readexactly(long.consumed)
+        read.lines += 1
         _emit(raw, stream, on_line)
 
 

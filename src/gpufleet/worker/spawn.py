@@ -303,28 +303,12 @@ def _guarded() -> bool:
     return _guard.ensure()
 
 
-class _Pipe(asyncio.StreamReaderProtocol):
-    """A job's stdout or stderr into a stream reader, calling ``on_end`` at its end."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        loop: asyncio.AbstractEventLoop,
-        on_end: Callable[[], None],
-    ) -> None:
-        super().__init__(reader, loop=loop)
-        self._on_end = on_end
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._on_end()
-
-
 class Child:
     """A started job as the worker's loop sees it (the part of asyncio's ``Process`` the
     worker uses): its pid, its output as stream readers, and its exit code once known.
-    As with asyncio's, :meth:`wait` returns once the process exited and its output was
-    read to the end (a job that wrote faster than it was read loses nothing)."""
+    As with asyncio's on Python 3.11, :meth:`wait` returns at the process's exit: a
+    process it left may hold its pipes open, and the runner reads what is left after
+    (:meth:`JobProcess.reap`)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self.pid = popen.pid
@@ -332,8 +316,8 @@ class Child:
         self.stderr: asyncio.StreamReader | None = None
         self._popen = popen
         self._exited: asyncio.Future[int] = loop.create_future()
-        self._open = 2  # its pipes not yet read to their end
         self._loop = loop
+        self._pipes: list[asyncio.BaseTransport] = []
         _Exit(loop, popen.pid, self._ended)
 
     @property
@@ -347,20 +331,12 @@ class Child:
         except ChildProcessError:  # reaped by someone else: its code is lost
             code = 255
         self._popen.returncode = code
-        self._done()
-
-    def _pipe_closed(self) -> None:
-        self._open -= 1
-        self._done()
-
-    def _done(self) -> None:
-        code = self._popen.returncode
-        if code is not None and self._open == 0 and not self._exited.done():
+        if not self._exited.done():
             self._exited.set_result(code)
 
     async def wait(self) -> int:
-        """The exit code (negative: killed by that signal), once the output is read to
-        its end. Cancelling a wait (a timeout) leaves the exit to be seen by the next."""
+        """The exit code (negative: killed by that signal). Cancelling a wait (a
+        timeout) leaves the exit to be seen by the next."""
         return await asyncio.shield(self._exited)
 
     async def connect(self, limit: int) -> None:
@@ -370,13 +346,51 @@ class Child:
 
     async def _read(self, pipe: Any, limit: int) -> asyncio.StreamReader:
         reader = asyncio.StreamReader(limit, loop=self._loop)
-        protocol = _Pipe(reader, self._loop, self._pipe_closed)
-        await self._loop.connect_read_pipe(lambda: protocol, pipe)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=self._loop)
+        transport, _ = await self._loop.connect_read_pipe(lambda: protocol, pipe)
+        self._pipes.append(transport)
         return reader
+
+    def close(self) -> None:
+        """Stop reading the job's output (pipes still held by a process it left)."""
+        for pipe in self._pipes:
+            pipe.close()
+
+
+class _Exits(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol for a job's process, telling of its exit as it happens."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+class _Process(asyncio.subprocess.Process):
+    """asyncio's process where there are no pidfds, whose :meth:`wait` returns at the
+    exit as :class:`Child`'s does (asyncio's waits for the pipes' end too, which a process
+    the job left may hold off for as long as it runs)."""
+
+    _protocol: _Exits
+    _transport: asyncio.SubprocessTransport
+
+    async def wait(self) -> int:
+        await asyncio.shield(self._protocol.exited)
+        code = self.returncode
+        assert code is not None  # known once exited
+        return code
+
+    def close(self) -> None:
+        """Stop reading the job's output (pipes still held by a process it left)."""
+        self._transport.close()
 
 
 #: A started job: a :class:`Child`, or asyncio's process where there are no pidfds.
-Started = Child | asyncio.subprocess.Process
+Started = Child | _Process
 
 
 async def spawn(argv: list[str], cwd: Path, env: Mapping[str, str], limit: int) -> Started:
@@ -397,7 +411,11 @@ async def spawn(argv: list[str], cwd: Path, env: Mapping[str, str], limit: int) 
     if not _pidfds():  # no pidfds: asyncio starts and waits for it (and the guard is
         # told only once asyncio has connected its pipes: a worker killed between the
         # two leaves this job to the restarted worker's clean-up)
-        proc = await asyncio.create_subprocess_exec(*launch, limit=limit, **options)
+        loop = asyncio.get_running_loop()
+        transport, exits = await loop.subprocess_exec(
+            lambda: _Exits(limit, loop), *launch, **options
+        )
+        proc = _Process(transport, exits, loop)
         if guarded:
             try:  # a new session's group id is its leader's pid
                 _guard.watch(proc.pid)
