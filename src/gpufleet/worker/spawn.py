@@ -306,8 +306,8 @@ def _guarded() -> bool:
 class Child:
     """A started job as the worker's loop sees it (the part of asyncio's ``Process`` the
     worker uses): its pid, its output as stream readers, and its exit code once known.
-    As with asyncio's on Python 3.11, :meth:`wait` returns at the process's exit: a
-    process it left may hold its pipes open, and the runner reads what is left after
+    Unlike asyncio's, :meth:`wait` returns at the process's exit, not at its output's
+    end, which a process it left may hold off; the runner reads what is left after
     (:meth:`JobProcess.reap`)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
