@@ -291,6 +291,36 @@ def test_followers_of_a_batchs_jobs_are_told_once_its_writes_can_be_read(
     assert seen == [(jobs[0], "succeeded"), (jobs[1], "running"), (jobs[0], "succeeded")]
 
 
+def test_a_failure_to_tell_of_a_committed_batch_leaves_its_answers_and_the_others_told(
+    client: TestClient,
+    admin: dict[str, str],
+    worker: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch has committed when its followers are told: one that cannot be told (a
+    database blip while notifying) is logged, the others are still told, and the worker
+    gets every report's answer, not a 500 for writes that were made."""
+    w = register(client, worker, "box", cpu_slots=2)
+    jobs = [submit(client, admin, name=f"j{n}") for n in range(2)]
+    for _ in jobs:
+        claim(client, worker, w["id"])
+    leases = client.app.state.gpufleet.services.leases  # type: ignore[attr-defined]
+    told: list[str] = []
+
+    def tell(job_id: str) -> None:
+        if job_id == jobs[0]:
+            raise RuntimeError("connection lost")
+        told.append(job_id)
+
+    monkeypatch.setattr(leases, "_on_written", tell)
+    batch = {"reports": [{"kind": "start", "job_id": j, "attempt": 1} for j in jobs]}
+    r = client.post("/v1/reports", json=batch, headers=worker)
+    assert r.status_code == 200, r.text
+    assert [x["status"] for x in r.json()["results"]] == [204, 204]
+    assert told == [jobs[1]]
+    assert [_status(client, admin, j) for j in jobs] == ["running", "running"]
+
+
 def test_a_start_sent_again_in_a_batch_keeps_the_first_time(
     client: TestClient, admin: dict[str, str], worker: dict[str, str]
 ) -> None:

@@ -407,42 +407,68 @@ os.setsid()  # out of the job's group: the reap's kill does not reach it
 with open("left.tmp", "w") as f:
     f.write(str(os.getpid()))
 os.rename("left.tmp", "left")  # the job's script ends once this process is out
-for n in range(int(sys.argv[1])):
+ticks, every, then = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+for n in range(ticks):
     print(f"tick {n}", flush=True)
-    time.sleep(0.1)
-time.sleep(float(sys.argv[2]))
+    time.sleep(every)
+time.sleep(then)
 """
+
+
+async def _left_ticking(
+    tmp_path: Path, ticks: int, every: float, then: float
+) -> tuple[list[tuple[str, str]], float, int]:
+    """A job whose script starts a process that leaves its group and writes ``ticks``
+    lines ``every`` seconds to the job's stdout, then holds it silent ``then`` seconds.
+    What the reap read, how long it took, and that process's pid."""
+    (tmp_path / "ticks.py").write_text(TICKS)
+    (tmp_path / "left").unlink(missing_ok=True)
+    lines: list[tuple[str, str]] = []
+    wait = "while [ ! -e left ]; do sleep 0.02; done"
+    shell = f"{sys.executable} ticks.py {ticks} {every} {then} & {wait}; exit 0"
+    job = await JobProcess.start(["sh", "-c", shell], tmp_path, dict(os.environ), _keep(lines))
+    assert await job.wait(20) == 0
+    began = time.monotonic()
+    await asyncio.wait_for(job.reap(tmp_path), 60)
+    return lines, time.monotonic() - began, int((tmp_path / "left").read_text())
+
+
+def _end(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_output_still_coming_after_the_job_ends_is_read_while_it_comes(
     tmp_path: Path, waited_by: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a job's process ended, its output is read for as long as lines keep coming
-    (here 3 s of them, from a process that left the job's group), and a pipe that stays
-    silent for ``DRAIN_IDLE`` (here 1 s) is given up on, not waited for."""
-    monkeypatch.setattr(runner, "DRAIN_IDLE", 1.0)
-    (tmp_path / "ticks.py").write_text(TICKS)
-
-    async def main(ticks: int, then: float) -> tuple[list[tuple[str, str]], float, int]:
-        lines: list[tuple[str, str]] = []
-        wait = "while [ ! -e left ]; do sleep 0.02; done"
-        shell = f"{sys.executable} ticks.py {ticks} {then} & {wait}; exit 0"
-        job = await JobProcess.start(["sh", "-c", shell], tmp_path, dict(os.environ), _keep(lines))
-        assert await job.wait(20) == 0
-        began = time.monotonic()
-        await asyncio.wait_for(job.reap(tmp_path), 30)
-        return lines, time.monotonic() - began, int((tmp_path / "left").read_text())
-
-    lines, _, left = asyncio.run(main(30, 0))
-    (tmp_path / "left").unlink()
-    assert lines == [("stdout", f"tick {n}") for n in range(30)]
-    wait_for(lambda: not alive(left), 10, "the ticking process to end")
-    lines, took, left = asyncio.run(main(0, 60))  # silent, holding the pipe a minute
+    (here 4 s of them, from a process that left the job's group), and a pipe that stays
+    silent for ``DRAIN_IDLE`` (here 2 s) is given up on, not waited for."""
+    monkeypatch.setattr(runner, "DRAIN_IDLE", 2.0)
+    lines, _, left = asyncio.run(_left_ticking(tmp_path, 80, 0.05, 0))
+    try:
+        assert lines == [("stdout", f"tick {n}") for n in range(80)]
+    finally:
+        _end(left)
+    lines, took, left = asyncio.run(_left_ticking(tmp_path, 0, 0, 60))  # silent a minute
     try:
         assert lines == [] and took < 20, took
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(left, signal.SIGKILL)
+        _end(left)
+
+
+def test_output_that_never_ends_is_read_for_a_bounded_time_after_the_job_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that left the job's group and writes on and on does not keep the job
+    from ending: its output is read ``DRAIN_MOST`` seconds at most (here 1 s)."""
+    monkeypatch.setattr(runner, "DRAIN_MOST", 1.0)
+    lines, took, left = asyncio.run(_left_ticking(tmp_path, 600, 0.05, 0))  # 30 s of it
+    try:
+        assert took < 15, took
+        assert 0 < len(lines) < 600
+    finally:
+        _end(left)
 
 
 def _keep(lines: list[tuple[str, str]]) -> OnLine:

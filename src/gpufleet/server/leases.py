@@ -92,23 +92,30 @@ class Leases:
             later.append(call)
 
     @contextmanager
-    def together(self) -> Iterator[Callable[[], AbstractContextManager[object]]]:
+    def together(
+        self, job_ids: Sequence[str] = ()
+    ) -> Iterator[Callable[[], AbstractContextManager[object]]]:
         """The writes made inside go in one transaction (:meth:`Store.together`, whose
-        ``part`` it gives); followers and waiting polls are told once it has committed,
-        so none reads before the change is there. Nothing is told if it fails."""
+        ``part`` it gives; ``job_ids``: the jobs it will change, locked first in one
+        order); followers and waiting polls are told once it has committed, so none reads
+        before the change is there. Nothing is told if it fails, and a failure to tell
+        one is logged: the writes stand."""
         if self._told.get() is not None:  # inside one already: its end tells
-            with self.store.together() as part:
+            with self.store.together(job_ids) as part:
                 yield part
             return
         told: list[Callable[[], None]] = []
         token = self._told.set(told)
         try:
-            with self.store.together() as part:
+            with self.store.together(job_ids) as part:
                 yield part
         finally:
             self._told.reset(token)
         for call in told:
-            call()
+            try:
+                call()
+            except Exception:  # committed: the others are still told
+                log.exception("telling followers or polls of a change failed")
 
     def check_holder(
         self, job_id: str, attempt: int, token_id: str, pools: Sequence[str] | None

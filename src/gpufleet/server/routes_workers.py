@@ -313,7 +313,7 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
     transaction cannot commit, the call fails as a whole and nothing of it is recorded."""
     results: list[ReportResult] = []
     audited: list[tuple[str, int]] = []
-    with state(request).services.leases.together() as part:
+    with state(request).services.leases.together([r.job_id for r in body.reports]) as part:
         for r in body.reports:
             shown = redact(r.job_id)
             try:

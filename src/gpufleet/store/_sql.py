@@ -180,19 +180,33 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         self.engine.dispose()
 
     @contextmanager
-    def together(self) -> Iterator[Callable[[], AbstractContextManager[object]]]:
+    def together(
+        self, job_ids: Sequence[str] = ()
+    ) -> Iterator[Callable[[], AbstractContextManager[object]]]:
         """The calls made inside (in this thread) share one transaction, committed as it
         ends, and read what the ones before them wrote. Each part (``with part():``) is a
         savepoint: a part that raises leaves nothing behind, and the other parts stand. On
-        SQLite the one writer's lock is held throughout."""
+        SQLite the one writer's lock is held throughout (claims, which take it themselves,
+        must not run inside). On PostgreSQL the rows of ``job_ids``, the jobs the calls
+        will change, are locked first, in id order, as every write of several jobs takes
+        them: a transaction that holds some while it waits for others cannot deadlock."""
         if self._shared.get() is not None:
             yield nullcontext
             return
         with self._lock or nullcontext(), self.engine.begin() as conn:
             if self.dialect == "sqlite":
                 # pysqlite opens a transaction only before a write, and SQLite commits the
-                # one a first SAVEPOINT opened when that savepoint is released: begin here.
-                conn.exec_driver_sql("BEGIN")
+                # one a first SAVEPOINT opened when that savepoint is released: begin here,
+                # as the writer at once (a deferred one could not become it later).
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            elif job_ids:
+                ids = sorted(set(job_ids))
+                conn.execute(
+                    select(t.jobs.c.id)
+                    .where(t.jobs.c.id.in_(ids))
+                    .order_by(t.jobs.c.id)
+                    .with_for_update()
+                ).all()
             token = self._shared.set(conn)
             try:
                 yield conn.begin_nested
@@ -579,7 +593,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             return held
         used = gpu_mib or {}
         with self._write() as conn:
-            for job_id, lease in leases:
+            for job_id, lease in sorted(leases):  # rows locked in id order, as by `together`
                 where = self._lease_where(job_id, lease, ACTIVE) & (t.jobs.c.worker_id == worker_id)
                 values: dict[str, Any] = {"lease_expires_at": expires}
                 if (job_id, lease) in used:

@@ -141,8 +141,11 @@ class JobStore(Protocol):
 
     def submit(self, batch: Batch, now: float) -> Written: ...
     def claiming(self) -> AbstractContextManager[ClaimSession]: ...
-    def together(self) -> AbstractContextManager[Callable[[], AbstractContextManager[object]]]:
-        """Calls inside share one transaction; each ``part()`` is all or nothing."""
+    def together(
+        self, job_ids: Sequence[str] = ()
+    ) -> AbstractContextManager[Callable[[], AbstractContextManager[object]]]:
+        """Calls inside share one transaction; each ``part()`` is all or nothing;
+        ``job_ids``: the jobs they will change, locked first."""
         ...
 
     def start(self, change: Change) -> Applied | None: ...

@@ -411,7 +411,9 @@ class MemoryStore(MemoryRecords, NamedChanges):
         yield MemoryClaimSession(self)
 
     @contextmanager
-    def together(self) -> Iterator[Callable[[], AbstractContextManager[object]]]:
+    def together(
+        self, job_ids: Sequence[str] = ()
+    ) -> Iterator[Callable[[], AbstractContextManager[object]]]:
         """Each call here is all or nothing already, and seen by the next at once."""
         yield nullcontext
 

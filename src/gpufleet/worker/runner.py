@@ -11,6 +11,7 @@ import contextlib
 import os
 import shlex
 import signal
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
 MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
 PGID_MARKER = ".gpufleet-pgid"
 DRAIN_IDLE = 5.0  # seconds a pipe may give nothing, once its job ended, before it is left
+DRAIN_MOST = 60.0  # seconds its output is read at most once the job ended
 OnLine = Callable[[str, str], None]
 
 
@@ -104,19 +106,28 @@ class JobProcess:
         output to the end. The job is over when its main process exits, even if a process
         it left holds the pipes; once the group is killed, the pipes end when what is in
         them has been read, however long that takes while lines keep coming. Only a pipe
-        that gives nothing for ``DRAIN_IDLE`` seconds (held by a process that left the
-        group) is left unread."""
+        that gives nothing for ``DRAIN_IDLE`` seconds, or still gives after ``DRAIN_MOST``
+        (held by a process that left the group), is left unread. A pump's own failure is
+        raised here."""
         self.signal_group(signal.SIGKILL)
         reaped(self.proc.pid)
         (cwd / PGID_MARKER).unlink(missing_ok=True)
         pending: set[asyncio.Task[None]] = set(self.pumps)
-        seen = -1
-        while pending and self.read.lines != seen:
-            seen = self.read.lines
-            _, pending = await asyncio.wait(pending, timeout=DRAIN_IDLE)
-        for task in self.pumps:
-            task.cancel()
-        self.proc.close()
+        seen, until = -1, time.monotonic() + DRAIN_MOST
+        try:
+            while pending and self.read.lines != seen:
+                seen, left = self.read.lines, until - time.monotonic()
+                if left <= 0:
+                    break
+                _, pending = await asyncio.wait(pending, timeout=min(DRAIN_IDLE, left))
+        finally:
+            for task in self.pumps:
+                task.cancel()
+            self.proc.close()
+        ended = [t for t in self.pumps if t.done() and not t.cancelled()]
+        failed = next((e for e in (t.exception() for t in ended) if e is not None), None)
+        if failed is not None:
+            raise failed
 
 
 class _Read:
