@@ -1197,6 +1197,23 @@ def test_a_postgresql_claim_reads_no_more_than_the_jobs_it_needs(
     assert "ix_jobs_target" in fleet and "ix_jobs_queue" not in fleet, fleet
 
 
+def test_a_postgresql_batch_holds_its_jobs_rows_before_it_writes(store: SqlStore) -> None:
+    """A batch of reports (``together``) locks its jobs' rows first, in id order, as a
+    heartbeat extending several leases takes them: a batch that held one row while it
+    waited for another could deadlock with a heartbeat taking them the other way."""
+    if getattr(store, "dialect", None) != "postgresql":
+        pytest.skip("PostgreSQL's row locks")
+    store.submit(Batch([(f"j-{n}", spec(f"q{n}"), None) for n in range(3)]), T0)
+    locked = "SELECT id FROM jobs WHERE id = '{}' FOR UPDATE NOWAIT"
+    with store.together(["j-1", "j-0"]), store.engine.connect() as other:
+        for held in ("j-0", "j-1"):  # before any write of the batch
+            with pytest.raises(sa.exc.OperationalError, match="could not obtain lock"):
+                other.exec_driver_sql(locked.format(held))
+            other.rollback()
+        other.exec_driver_sql(locked.format("j-2"))  # not one of the batch's
+        other.rollback()
+
+
 def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None:
     """The claim page walks ix_jobs_queue in claim order. A migration that rebuilt the
     table once dropped the index's "priority DESC", and every claim then sorted the whole

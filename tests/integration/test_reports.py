@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
+    from gpufleet.server.leases import Leases
+
 pytestmark = TESTCLIENT_ON_HTTPX
 URL = "http://gpufleet.test"
 
@@ -49,6 +51,21 @@ def _status(client: TestClient, admin: dict[str, str], job: str) -> str:
 def _calls(client: TestClient, admin: dict[str, str]) -> list[tuple[str, int]]:
     rows = client.get("/v1/audit", headers=admin).json()
     return [(a["path"], a["status"]) for a in rows if not a["event"]]
+
+
+def _claimed(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str], n: int
+) -> list[str]:
+    """``n`` jobs, each claimed by one worker with ``n`` slots."""
+    w = register(client, worker, "box", cpu_slots=n)
+    jobs = [submit(client, admin, name=f"j{i}") for i in range(n)]
+    for _ in jobs:
+        claim(client, worker, w["id"])
+    return jobs
+
+
+def _leases(client: TestClient) -> Leases:
+    return client.app.state.gpufleet.services.leases  # type: ignore[attr-defined,no-any-return]
 
 
 def test_reports_are_applied_in_order_each_with_its_own_answer_and_record(
@@ -147,10 +164,7 @@ def _reporter(
 def test_reports_that_come_while_one_is_on_its_way_go_together(
     client: TestClient, admin: dict[str, str], worker: dict[str, str], worker_token: str
 ) -> None:
-    w = register(client, worker, "box", cpu_slots=4)
-    jobs = [submit(client, admin, name=f"j{n}") for n in range(4)]
-    for _ in jobs:
-        claim(client, worker, w["id"])
+    jobs = _claimed(client, admin, worker, 4)
 
     async def scenario() -> tuple[Counter[str], list[Any]]:
         reports, sdk, counting = _reporter(client.app, worker_token)  # type: ignore[arg-type]
@@ -227,11 +241,8 @@ def test_a_server_failure_in_one_report_is_that_reports_500_and_the_others_apply
     """A database error in one report fails that report alone, as its own call would have
     failed, and undoes what it had written; the reports before and after it are applied,
     answered and audited."""
-    w = register(client, worker, "box", cpu_slots=3)
-    jobs = [submit(client, admin, name=f"j{n}") for n in range(3)]
-    for _ in jobs:
-        claim(client, worker, w["id"])
-    leases = client.app.state.gpufleet.services.leases  # type: ignore[attr-defined]
+    jobs = _claimed(client, admin, worker, 3)
+    leases = _leases(client)
     real = leases.start
 
     def start(job_id: str, *args: Any) -> None:
@@ -264,11 +275,8 @@ def test_followers_of_a_batchs_jobs_are_told_once_its_writes_can_be_read(
     """A batch is one transaction: a job's followers (and waiting polls) are told after it
     commits, so what they read on their own connections already holds the change (told
     earlier, they would read the old status and wait for a record already passed)."""
-    w = register(client, worker, "box", cpu_slots=2)
-    jobs = [submit(client, admin, name=f"j{n}") for n in range(2)]
-    for _ in jobs:
-        claim(client, worker, w["id"])
-    leases = client.app.state.gpufleet.services.leases  # type: ignore[attr-defined]
+    jobs = _claimed(client, admin, worker, 2)
+    leases = _leases(client)
     seen: list[tuple[str, str]] = []
 
     def read_elsewhere(job_id: str) -> None:  # as a follower's thread reads
@@ -300,11 +308,8 @@ def test_a_failure_to_tell_of_a_committed_batch_leaves_its_answers_and_the_other
     """The batch has committed when its followers are told: one that cannot be told (a
     database blip while notifying) is logged, the others are still told, and the worker
     gets every report's answer, not a 500 for writes that were made."""
-    w = register(client, worker, "box", cpu_slots=2)
-    jobs = [submit(client, admin, name=f"j{n}") for n in range(2)]
-    for _ in jobs:
-        claim(client, worker, w["id"])
-    leases = client.app.state.gpufleet.services.leases  # type: ignore[attr-defined]
+    jobs = _claimed(client, admin, worker, 2)
+    leases = _leases(client)
     told: list[str] = []
 
     def tell(job_id: str) -> None:

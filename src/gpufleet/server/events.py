@@ -253,13 +253,15 @@ class Hub:
         feed = await self._feed(job_id)
         feed.followers += 1
         self.counters.job_streams += 1
+        ended = False  # the job has ended: its last records are read from the store
         try:
             while True:
                 updated = feed.updated
-                if after < feed.floor:  # behind what the feed holds: from the store
+                # behind what the feed holds, or past what it has read of an ended job
+                if after < feed.floor or ended:
                     rows = await run_in_threadpool(self.store.logs, job_id, after, BATCH)
                     batch = [encode(r) for r in rows]
-                    if not batch:  # pruned meanwhile
+                    if not batch and after < feed.floor:  # pruned meanwhile
                         after = feed.floor
                         continue
                 else:
@@ -271,11 +273,8 @@ class Hub:
                     yield b"".join(ev.data for ev in batch)
                     continue
                 if JobStatus(status).terminal:  # nothing more is written to its log,
-                    # but the feed may not have read its last records yet: the store has
-                    rows = await run_in_threadpool(self.store.logs, job_id, after, BATCH)
-                    if rows:
-                        after = rows[-1].seq
-                        yield b"".join(encode(r).data for r in rows)
+                    if not ended:  # but the feed may not have read all of it yet
+                        ended = True
                         continue
                     yield frame(None, "end", {"status": status, "seq": after})
                     return

@@ -100,17 +100,14 @@ class Leases:
         order); followers and waiting polls are told once it has committed, so none reads
         before the change is there. Nothing is told if it fails, and a failure to tell
         one is logged: the writes stand."""
-        if self._told.get() is not None:  # inside one already: its end tells
-            with self.store.together(job_ids) as part:
-                yield part
-            return
-        told: list[Callable[[], None]] = []
-        token = self._told.set(told)
+        told: list[Callable[[], None]] = []  # stays empty inside another: its end tells
+        token = self._told.set(told) if self._told.get() is None else None
         try:
             with self.store.together(job_ids) as part:
                 yield part
         finally:
-            self._told.reset(token)
+            if token is not None:
+                self._told.reset(token)
         for call in told:
             try:
                 call()

@@ -124,10 +124,9 @@ class JobProcess:
             for task in self.pumps:
                 task.cancel()
             self.proc.close()
-        ended = [t for t in self.pumps if t.done() and not t.cancelled()]
-        failed = next((e for e in (t.exception() for t in ended) if e is not None), None)
-        if failed is not None:
-            raise failed
+        for task in self.pumps:
+            if task.done() and not task.cancelled() and (failed := task.exception()):
+                raise failed
 
 
 class _Read:
