@@ -155,6 +155,13 @@ SETTINGS: dict[str, Setting] = {
             "`gpufleet server` answers /metrics without a token (else an operator's or admin's)",
         ),
         _setting(
+            "api_docs",
+            False,
+            "bool",
+            "`gpufleet server` serves the API browser at /docs and /redoc (Swagger UI and "
+            "ReDoc, whose pages load their scripts from a CDN); /openapi.json is always served",
+        ),
+        _setting(
             "access_log",
             False,
             "bool",

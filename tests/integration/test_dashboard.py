@@ -4,14 +4,18 @@ token, the security headers, and the paged job list and event log it reads."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from gpufleet.domain.models import Role
+from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
-from gpufleet.server.deps import SESSION_COOKIE
+from gpufleet.server.blobs import BlobService, BlobSettings
+from gpufleet.server.gate import SESSION_COOKIE
 from gpufleet.store import SqlStore
+from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import (
     TESTCLIENT_ON_HTTPX,
     assert_error,
@@ -55,8 +59,23 @@ def test_the_page_and_its_files_are_served_with_a_policy_that_runs_no_inline_scr
     assert "MIT License" in client.get("/ui/vendor/uPlot.LICENSE").text
     assert client.get("/ui/missing.js").status_code == 404
     assert "content-security-policy" in client.get("/v1/health").headers
-    # FastAPI's API browser keeps working (it runs inline script from its CDN)
-    assert "content-security-policy" not in client.get("/docs").headers
+    # FastAPI's API browser (inline script from a CDN) is off unless asked for
+    assert client.get("/docs").status_code == 404
+    assert client.get("/redoc").status_code == 404
+    assert client.get("/openapi.json").status_code == 200
+
+
+def test_the_api_browser_is_served_when_asked_for(
+    store: SqlStore, settings: QueueSettings, blob_settings: BlobSettings, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    blobs = BlobService(store, BlobFiles(tmp_path / "blobs"), blob_settings)
+    with TestClient(create_app(store, settings, blobs, api_docs=True)) as client:
+        page = client.get("/docs")
+        assert page.status_code == 200 and "swagger" in page.text.lower()
+        # its page keeps its own script: the dashboard's policy would break it
+        assert "content-security-policy" not in page.headers
 
 
 def test_sign_in_sets_an_httponly_strict_cookie_and_never_returns_the_token(

@@ -82,6 +82,10 @@ def server(
         bool | None,
         typer.Option("--metrics-public", help=setting_help("metrics_public"), show_default=False),
     ] = None,
+    api_docs: Annotated[
+        bool | None,
+        typer.Option("--api-docs", help=setting_help("api_docs"), show_default=False),
+    ] = None,
 ) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
     from gpufleet.server import QueueSettings, ServerOptions, serve
@@ -104,6 +108,7 @@ def server(
         tls_key=tls_key,
         access_log=access_log,
         metrics_public=metrics_public,
+        api_docs=api_docs,
     )
     queue = QueueSettings(
         lease_timeout=s["lease_timeout"],
@@ -127,6 +132,7 @@ def server(
             tls_key=s["tls_key"],
             access_log=s["access_log"],
             metrics_public=s["metrics_public"],
+            api_docs=s["api_docs"],
         )
     )
 

@@ -32,6 +32,7 @@ from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import ServerState
 from gpufleet.server.events import Hub
+from gpufleet.server.gate import Gate
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
@@ -133,9 +134,12 @@ def create_app(
     limits: Limits | None = None,
     access_log: bool = False,
     metrics_public: bool = False,
+    api_docs: bool = False,
 ) -> FastAPI:
     """The server app over ``store`` (already migrated) and ``blobs``, behind the abuse
-    ``limits`` (the defaults when None); ``access_log``: a log line per request."""
+    ``limits`` (the defaults when None); ``access_log``: a log line per request;
+    ``api_docs``: serve the API browser (Swagger UI at /docs, ReDoc at /redoc), whose
+    pages load their scripts from a CDN, so it is off unless asked for."""
     notifier = Notifier()
 
     def on_change() -> None:
@@ -163,6 +167,8 @@ def create_app(
         version=__version__,
         description="Queue, fleet state and job control for gpufleet workers and clients.",
         lifespan=_lifespan(store, st),
+        docs_url="/docs" if api_docs else None,
+        redoc_url="/redoc" if api_docs else None,
     )
     app.state.gpufleet = st
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
@@ -172,7 +178,13 @@ def create_app(
     app.add_middleware(RefuseNul)
     app.add_middleware(routes_dashboard.SecurityHeaders)
     # Added last, so outermost: a refused flood costs no audit row, no database write.
-    app.add_middleware(LimitsMiddleware, limits=limits)
+    app.add_middleware(
+        LimitsMiddleware,
+        limits=limits,
+        gate=Gate(st.auth),
+        audit=audit,
+        metrics_public=metrics_public,
+    )
     # Outermost of all: every answer carries its request id, and a crash anywhere inside
     # is answered (and logged) once, with that id.
     app.add_middleware(RequestIds, access_log=access_log)

@@ -81,6 +81,29 @@ class AuditWriter:
             return
         loop.call_soon_threadsafe(self.add, values)
 
+    def request(
+        self, scope: Scope, path: str, status: int, target: str | None, token: TokenRow | None
+    ) -> None:
+        """Record a call (``path`` may be one part of a batch), on the loop."""
+        client = scope.get("client")
+        values = {
+            "at": self.clock(),
+            "token_id": token.id if token else None,
+            "token_name": token.name if token else None,
+            "role": token.role if token else None,
+            "address": str(client[0])[:64] if client else "-",
+            "method": scope["method"],
+            "path": loggable(path)[:2000],
+            "status": status,
+            "target": target[:200] if target is not None else None,
+        }
+        self.add(values)
+
+    def refused(self, scope: Scope, status: int) -> None:
+        """Record a changing call refused before the app saw it (no valid credential)."""
+        if scope["method"] in CHANGING:
+            self.request(scope, scope["path"], status, None, None)
+
     def add(self, values: dict[str, Any]) -> None:
         self._pending.append(values)
         if self._flusher is None or self._flusher.done():
@@ -113,12 +136,9 @@ class AuditWriter:
 
 
 class AuditLog:
-    def __init__(
-        self, app: ASGIApp, writer: AuditWriter, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, app: ASGIApp, writer: AuditWriter) -> None:
         self.app = app
         self.writer = writer
-        self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in CHANGING:
@@ -157,17 +177,4 @@ class AuditLog:
         self, scope: Scope, st: dict[str, Any], path: str, status: int, target: str | None
     ) -> None:
         caller = st.get("caller")
-        token = caller.token if caller is not None else None
-        client = scope.get("client")
-        values = {
-            "at": self.clock(),
-            "token_id": token.id if token else None,
-            "token_name": token.name if token else None,
-            "role": token.role if token else None,
-            "address": str(client[0])[:64] if client else "-",
-            "method": scope["method"],
-            "path": loggable(path)[:2000],
-            "status": status,
-            "target": target[:200] if target is not None else None,
-        }
-        self.writer.add(values)
+        self.writer.request(scope, path, status, target, caller.token if caller else None)

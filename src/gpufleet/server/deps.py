@@ -14,6 +14,7 @@ from gpufleet.server.access import Caller
 from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
 from gpufleet.server.events import Hub
+from gpufleet.server.gate import SESSION_COOKIE
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
 from gpufleet.server.services import Services
@@ -44,18 +45,22 @@ def note(request: Request, target: str) -> None:
     request.state.audit_target = target
 
 
-SESSION_COOKIE = "gpufleet_session"
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 async def _token(request: Request) -> TokenRow:
     """The caller's token: from ``Authorization: Bearer``, else from the dashboard's
-    session cookie, whose state-changing calls must also carry the session's CSRF token."""
+    session cookie, whose state-changing calls must also carry the session's CSRF token.
+    The abuse limits' gate (:mod:`gpufleet.server.gate`) has checked it already, from the
+    headers, and left it in the request's state; it is checked here again only where no
+    gate ran (an app built without it)."""
     auth, header = state(request).auth, request.headers.get("authorization")
+    token: TokenRow | None = getattr(request.state, "token", None)
     cookie = request.cookies.get(SESSION_COOKIE)
     if header is None and cookie:
-        token = auth.session_cached(cookie)
+        if token is None:
+            token = auth.session_cached(cookie)
         if token is None:
             token = await anyio.to_thread.run_sync(auth.session, cookie)
         if request.method not in SAFE_METHODS and not auth.csrf_ok(
@@ -68,7 +73,8 @@ async def _token(request: Request) -> TokenRow:
                 detail={"field": f"header.{CSRF_HEADER}"},
             )
         return token
-    token = auth.check_cached(header)
+    if token is None:
+        token = auth.check_cached(header)
     if token is None:  # a database read (or a wait for a pooled connection): off the loop
         token = await anyio.to_thread.run_sync(auth.check, header)
     return token

@@ -1,28 +1,39 @@
 """Abuse limits: one pure ASGI middleware in front of the whole app.
 
-What it refuses, before the app sees the request:
+What it does, before the app sees the request:
 
-* **Failed-auth rate limiting.** Every 401 the app answers counts against the client's
-  address. More than ``failed_auth`` within ``failed_auth_window`` seconds and that address
-  gets 429 ``rate_limited`` (with ``Retry-After``) for one window. ``/v1/health`` is always
-  answered. A request from a refused address is still let through when its token is one
-  this process has seen succeed recently (see :class:`_KnownTokens`): a worker behind the
-  same NAT as a client stuck on a revoked token keeps running its jobs. Guessing gains
-  nothing from that: a new guess is refused without reaching the app, and a token must
-  already be valid, and in use, to pass.
-* **Body size.** A JSON request body over ``max_body`` bytes is a 413 ``too_large``, from
-  its ``Content-Length`` before a byte is read, or as soon as a chunked body passes the
-  limit; nothing past the limit is kept. The blob routes (``PUT /v1/blobs/...``, ``PATCH
-  /v1/uploads/...``) stream and have their own limit (``--max-blob-size``).
+* **The credential before the body.** Every route but the public ones (``/v1/health``,
+  signing in, the dashboard's files) needs a bearer token or a dashboard session, checked
+  from the headers (:class:`~gpufleet.server.gate.Gate`) before a byte of the body is read:
+  a request without a valid one is answered 401 (and its connection closed when it came
+  with a body, which is never read).
+* **Failed-auth rate limiting.** Each request refused for its credential counts against
+  the client's address as its headers arrive, and so does each sign-in (given back when
+  it succeeds): a burst is counted whole, not only the answers already sent. More than
+  ``failed_auth`` within ``failed_auth_window`` seconds and that address gets 429
+  ``rate_limited`` (with ``Retry-After``) for one window, for sign-ins and for wrong
+  credentials. A valid token or session is never refused for it: it is still checked,
+  and passes (a worker behind the same NAT as a client stuck on a revoked token keeps
+  running its jobs; a dashboard user is not locked out by someone else's typos).
+* **Body size, by route.** A body over its route's limit is a 413 ``too_large``, from its
+  ``Content-Length`` before a byte is read, or as soon as a chunked body passes the
+  limit; nothing past the limit is kept. A worker's log batches take the most
+  (``max_body``), a manifest less (``max_manifest_body``), every other JSON call
+  ``max_json_body``, a sign-in ``max_sign_in_body``. The blob routes (``PUT
+  /v1/blobs/...``, ``PATCH /v1/uploads/...``) stream and have their own limit
+  (``--max-blob-size``).
 * **JSON depth.** A body nested deeper than ``max_json_depth`` is a 422
   ``validation_error``, found by a bracket scan before anything parses it.
 * **Concurrency.** At most ``claims_per_worker`` long-polls (``POST
   /v1/workers/{id}/claim``) at once per worker id, and ``requests_per_token`` requests at
-  once per token (keyed by a keyed hash of the ``Authorization`` header; no secret is
-  kept); more is a 429. Claims and blob transfers are long by design and have their own
-  bounds, so they do not count against the token: a fleet sharing one worker token may
-  poll and download on every worker at once. Event streams (SSE) are long too: at most
+  once per token (keyed by the token's id, however it was sent: header or session); more
+  is a 429. Claims and blob transfers are long by design and have their own bounds, so
+  they do not count against the token: a fleet sharing one worker token may poll and
+  download on every worker at once. Event streams (SSE) are long too: at most
   ``streams_per_token`` at once per token, apart from the other requests.
+
+Slow and oversized requests (headers, connections) are cut off below, in the HTTP
+protocol itself (:mod:`gpufleet.server.connections`).
 
 Every 413 and 429 is logged at most once per address per window, never with the token.
 The limits hold per server process; everything runs on the event loop, so the tables need
@@ -31,12 +42,10 @@ no lock.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import re
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -45,7 +54,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.errors import Unauthorized
 from gpufleet.server.asgi import StatusWatch
+from gpufleet.server.audit import AuditWriter
+from gpufleet.server.gate import SIGN_IN, Credential, Gate, credential, needs_credential
 from gpufleet.server.responses import error_response
 
 log = logging.getLogger("gpufleet.server.limits")
@@ -63,9 +75,15 @@ class Limits:
     failed_auth_window: float = 60.0
     #: Addresses, and known-good token hashes, remembered at most (oldest dropped first).
     max_tracked: int = 10_000
-    #: Bytes of a JSON request body (blob uploads have their own limit). Above what a
-    #: worker's log batch can take: 2M characters, JSON-escaped (6 bytes at worst each).
+    #: Bytes of a worker's log batch (``/v1/reports``, ``/v1/jobs/{id}/output``), the
+    #: largest JSON body: 2M characters of output, JSON-escaped (6 bytes at worst each).
     max_body: int = 16 << 20
+    #: Bytes of a manifest (``POST /v1/manifests``): a plan of many jobs.
+    max_manifest_body: int = 8 << 20
+    #: Bytes of any other JSON body (a submit, a claim, a token...).
+    max_json_body: int = 1 << 20
+    #: Bytes of a sign-in: a token, read before anyone is known.
+    max_sign_in_body: int = 8 << 10
     #: Nesting of arrays and objects in a JSON body.
     max_json_depth: int = 32
     #: Long-polls at once per worker id: one, plus one left over from a cut connection.
@@ -74,6 +92,19 @@ class Limits:
     requests_per_token: int = 64
     #: Event streams (``GET /v1/events``, ``/v1/jobs/{ref}/events``) open at once per token.
     streams_per_token: int = 1000
+    #: Bytes of a request's line and headers: more is a 431 (server/connections.py).
+    max_header_bytes: int = 64 << 10
+    #: Seconds a client may take to send a request's line and headers, from its first
+    #: byte (or its connection); then the connection is closed.
+    header_timeout: float = 10.0
+    #: Seconds a request's body may stall (no byte while the server waits for one).
+    body_timeout: float = 60.0
+    #: Connections open at once from one address, and in all (uvicorn's
+    #: ``limit_concurrency``: a request beyond it is answered 503).
+    connections_per_address: int = 1024
+    max_connections: int = 8192
+    #: Seconds an idle kept-alive connection stays open.
+    keep_alive: int = 5
     #: Seconds, monotonic; tests pass a fake to move the window without sleeping.
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
@@ -154,26 +185,11 @@ class _Strikes:
             return True
         return False
 
-
-class _KnownTokens:
-    """Keyed hashes of tokens that recently got a 2xx from a /v1 route, which every route
-    but /v1/health answers only after checking the token. First in, first out."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self._seen: dict[bytes, None] = {}
-
-    def __contains__(self, token: bytes | None) -> bool:
-        return token is not None and token in self._seen
-
-    def add(self, token: bytes) -> None:
-        if token not in self._seen:
-            self._seen[token] = None
-            if len(self._seen) > self.cap:
-                del self._seen[next(iter(self._seen))]
-
-    def discard(self, token: bytes) -> None:
-        self._seen.pop(token, None)
+    def forgive(self, address: str) -> None:
+        """Take one strike back (a sign-in counted as it arrived, that succeeded)."""
+        entry = self._seen.get(address)
+        if entry is not None and entry[1] > 0:
+            entry[1] -= 1
 
 
 class _Slots:
@@ -234,37 +250,48 @@ class _Call:
     """What the limits need to know about one request, read from its scope once."""
 
     address: str
-    token: bytes | None
+    credential: Credential | None
     length: int | None
     has_body: bool
+    body_limit: int  # bytes; 0: none here (a blob transfer, streamed and limited elsewhere)
     claim_of: str | None  # the worker id, for a long-poll claim
     transfer: bool  # a blob upload or download: streamed, limited elsewhere
     stream: bool  # an event stream: long, counted apart
+    sign_in: bool
+    guarded: bool  # it needs a valid credential
+    token_id: str | None = None  # the caller's token, once the gate knows it
 
 
 class LimitsMiddleware:
     """Applies :class:`Limits` to every HTTP request (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: Limits | None = None,
+        gate: Gate | None = None,
+        audit: AuditWriter | None = None,
+        metrics_public: bool = False,
+    ) -> None:
         self.app = app
         self.limits = limits = limits or Limits()
+        self.gate, self.audit, self.metrics_public = gate, audit, metrics_public
         window = limits.failed_auth_window or 60.0
         self._strikes = _Strikes(limits.failed_auth, window, limits.max_tracked)
-        self._known = _KnownTokens(limits.max_tracked)
         self._claims = _Slots(limits.claims_per_worker)
         self._tokens = _Slots(limits.requests_per_token)
         self._streams = _Slots(limits.streams_per_token)
         self._quiet = _Quiet(window, limits.max_tracked)
-        self._key = secrets.token_bytes(16)  # token hashes here match nothing stored
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == HEALTH:
             await self.app(scope, receive, send)
             return
         call = self._call(scope)
-        refusal = self._locked_out(call)
-        checks_body = self.limits.max_body or self.limits.max_json_depth
-        if refusal is None and checks_body and call.has_body and not call.transfer:
+        refusal = self._sign_in(call) if call.sign_in else None
+        if refusal is None and call.guarded and self.gate is not None:
+            refusal = await self._identify(call, scope)
+        if refusal is None and call.has_body and call.body_limit:
             refusal, replay = await self._checked_body(call, receive)
             if replay is None:
                 return  # the client left while sending: nobody to answer
@@ -275,12 +302,10 @@ class LimitsMiddleware:
         await self._run(call, scope, receive, send)
 
     def _call(self, scope: Scope) -> _Call:
-        auth = length = None
+        length = None
         chunked = False
         for name, value in scope["headers"]:
-            if name == b"authorization":
-                auth = value
-            elif name == b"content-length":
+            if name == b"content-length":
                 length = int(value) if value.isdigit() else None
             elif name == b"transfer-encoding":
                 chunked = True
@@ -290,21 +315,35 @@ class LimitsMiddleware:
         if method == "POST" and path.startswith(_WORKERS) and path.endswith(_CLAIM):
             worker = path[len(_WORKERS) : -len(_CLAIM)]
             claim_of = worker if worker and "/" not in worker else None
+        transfer = _is_transfer(method, path)
         return _Call(
             address=client[0] if client else "-",
-            token=hashlib.blake2b(auth, key=self._key, digest_size=16).digest() if auth else None,
+            credential=credential(scope),
             length=length,
             has_body=chunked or bool(length),
+            body_limit=0 if transfer else self._body_limit(method, path),
             claim_of=claim_of,
-            transfer=_is_transfer(method, path),
+            transfer=transfer,
             stream=method == "GET" and path.startswith("/v1/") and path.endswith("/events"),
+            sign_in=(method, path) == SIGN_IN,
+            guarded=needs_credential(method, path, self.metrics_public),
         )
+
+    def _body_limit(self, method: str, path: str) -> int:
+        limits = self.limits
+        if (method, path) == SIGN_IN:
+            return limits.max_sign_in_body
+        if path == "/v1/reports" or (path.startswith("/v1/jobs/") and path.endswith("/output")):
+            return limits.max_body
+        if path == "/v1/manifests":
+            return limits.max_manifest_body
+        return limits.max_json_body
 
     def _locked_out(self, call: _Call) -> _Refusal | None:
         if not self.limits.failed_auth:
             return None
         wait = self._strikes.refused_for(call.address, self.limits.clock)
-        if not wait or call.token in self._known:
+        if not wait:
             return None
         window = self._strikes.window
         return _Refusal(
@@ -317,13 +356,49 @@ class LimitsMiddleware:
             wait,
         )
 
+    def _strike(self, call: _Call) -> None:
+        if self.limits.failed_auth and self._strikes.strike(call.address, self.limits.clock()):
+            log.warning(
+                "refusing %s for %g s: more than %d failed token checks",
+                call.address,
+                self._strikes.window,
+                self.limits.failed_auth,
+            )
+            self._quiet.first(call.address, self.limits.clock())  # that line says it
+
+    def _sign_in(self, call: _Call) -> _Refusal | None:
+        """A sign-in counts as a strike as it arrives (given back if it succeeds): a burst
+        of them is refused past the limit, however many are in flight."""
+        refusal = self._locked_out(call)
+        if refusal is None:
+            self._strike(call)
+        return refusal
+
+    async def _identify(self, call: _Call, scope: Scope) -> _Refusal | None:
+        """Check the credential from the headers; a refusal (401, or 429 for an address
+        locked out) when it does not hold. A valid one passes even then."""
+        assert self.gate is not None
+        try:
+            token = await self.gate.identify(call.credential)
+        except Unauthorized as exc:
+            locked = self._locked_out(call)
+            if locked is not None:
+                return locked
+            self._strike(call)
+            if self.audit is not None:
+                self.audit.refused(scope, 401)
+            return _Refusal(401, exc.code, exc.message)
+        scope.setdefault("state", {})["token"] = token
+        call.token_id = token.id
+        return None
+
     async def _checked_body(
         self, call: _Call, receive: Receive
     ) -> tuple[_Refusal | None, Receive | None]:
         """Read the body (up to the limit) and check its size and depth; a receive that
         hands the app the body again."""
-        limit = self.limits.max_body
-        if limit and call.length is not None and call.length > limit:
+        limit = call.body_limit
+        if call.length is not None and call.length > limit:
             return _too_large(limit, call.length), receive
         try:
             body = await _read_body(receive, limit)
@@ -338,7 +413,7 @@ class LimitsMiddleware:
 
     async def _run(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
         slots, limit = self._counted_in(call)
-        token = call.token if limit else None
+        token = call.token_id if limit else None
         if token is not None and not slots.take(token):
             await self._refuse(_busy_token(limit, call.stream), call, scope, receive, send)
             return
@@ -369,28 +444,21 @@ class LimitsMiddleware:
         finally:
             if worker is not None:
                 self._claims.give(worker)
-            self._account(call, watch.status, scope["path"])
+            self._account(call, watch.status)
 
-    def _account(self, call: _Call, status: int, path: str) -> None:
-        """Learn from the answer: a 401 is a strike, a 2xx proves the token."""
-        if status == 401:
-            if call.token is not None:
-                self._known.discard(call.token)
-            if self.limits.failed_auth and self._strikes.strike(call.address, self.limits.clock()):
-                log.warning(
-                    "refusing %s for %g s: more than %d failed token checks",
-                    call.address,
-                    self._strikes.window,
-                    self.limits.failed_auth,
-                )
-                self._quiet.first(call.address, self.limits.clock())  # that line says it
-        elif 200 <= status < 300 and call.token is not None and path.startswith("/v1/"):
-            self._known.add(call.token)
+    def _account(self, call: _Call, status: int) -> None:
+        """Learn from the answer: a sign-in that succeeded gives its strike back; a 401
+        the app gave (a credential that stopped holding since the gate) is a strike."""
+        if call.sign_in:
+            if 200 <= status < 300:
+                self._strikes.forgive(call.address)
+        elif status == 401:
+            self._strike(call)
 
     async def _refuse(
         self, refusal: _Refusal, call: _Call, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        if self._quiet.first(call.address, self.limits.clock()):
+        if refusal.status != 401 and self._quiet.first(call.address, self.limits.clock()):
             log.warning(
                 "%d %s for %s %s from %s (further refusals of this address are not logged "
                 "for %g s)",
@@ -402,6 +470,8 @@ class LimitsMiddleware:
                 self._quiet.window,
             )
         headers = {}
+        if call.has_body and refusal.status in (401, 413, 429):
+            headers["Connection"] = "close"  # its body is not read: the connection ends
         if refusal.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after)))
         answer = error_response(

@@ -24,7 +24,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server import deps
 from gpufleet.server.access import Caller
-from gpufleet.server.deps import SESSION_COOKIE, state
+from gpufleet.server.deps import state
+from gpufleet.server.gate import SESSION_COOKIE
 from gpufleet.store import TokenRow
 from gpufleet.wire import ERRORS, SessionCreate, SessionOut
 

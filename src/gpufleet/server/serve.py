@@ -20,6 +20,7 @@ from gpufleet.errors import ConfigError
 from gpufleet.server.app import create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
+from gpufleet.server.connections import guarded_protocol
 from gpufleet.server.limits import Limits
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import SqlStore
@@ -42,6 +43,7 @@ class ServerOptions:
     blob_store: str | None = None  # s3://bucket/prefix; None: the data dir
     s3_endpoint: str | None = None  # an S3-compatible server's URL; None: AWS
     metrics_public: bool = False  # /metrics answers without a token
+    api_docs: bool = False  # the API browser at /docs and /redoc (scripts from a CDN)
 
 
 def database_url(data_dir: Path, db: str | None) -> str:
@@ -211,13 +213,19 @@ def serve(opts: ServerOptions) -> None:
         opts.limits,
         access_log=opts.access_log,
         metrics_public=opts.metrics_public,
+        api_docs=opts.api_docs,
     )
     config = uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
         loop="uvloop",
-        http="httptools",
+        # httptools, with caps on headers, their time and a body's stalls, and on
+        # connections per address (server/connections.py); uvicorn's own settings bound
+        # connections in all and idle kept-alive ones.
+        http=guarded_protocol(opts.limits),
+        limit_concurrency=opts.limits.max_connections or None,
+        timeout_keep_alive=opts.limits.keep_alive,
         # Polls answer at once when told to stop; this bounds the other requests in flight
         # (an upload cut here keeps what arrived, and resumes).
         timeout_graceful_shutdown=10,
