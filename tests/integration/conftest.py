@@ -8,9 +8,11 @@ with ``pytestmark`` (see ``helpers.TESTCLIENT_ON_HTTPX``), which only applies wh
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from fastapi import FastAPI
@@ -81,8 +83,43 @@ def client(app: FastAPI) -> Iterator[TestClient]:
     """A client with no default token; the lifespan (lease sweeper) runs for the test.
 
     Server exceptions become 500 answers, as a user would see them, not test-side raises.
+    Like a worker, it sends each attempt's secret with that attempt's writes (see
+    :func:`holding_secrets`), unless the test gives one itself (None: send none).
     """
     from fastapi.testclient import TestClient
 
-    with TestClient(app, raise_server_exceptions=False) as c:
+    class Holding(TestClient):
+        def request(self, method: str, url: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            kwargs["json"] = holding_secrets(app, str(url), kwargs.get("json"))
+            return super().request(method, url, **kwargs)
+
+    with Holding(app, raise_server_exceptions=False) as c:
         yield c
+
+
+_WRITE = re.compile(r"/v1/jobs/([^/]+)/(start|output|finish|release|artifact)$")
+
+
+def holding_secrets(app: FastAPI, url: str, body: Any) -> Any:
+    """``body`` with the secret of the attempt it writes for, as the worker holding that
+    attempt would send it, where the body names an attempt and no secret."""
+    leases = app.state.gpufleet.services.leases
+
+    def held(job_id: str, part: dict[str, Any]) -> dict[str, Any]:
+        attempt = part.get("attempt")
+        if "secret" in part or not isinstance(attempt, int) or not isinstance(job_id, str):
+            return part
+        job = leases.store.get_job(job_id)
+        if job is None or job.claimed_at is None or job.lease != attempt:
+            return part
+        return {**part, "secret": leases.secrets.make(job_id, attempt, job.claimed_at)}
+
+    if not isinstance(body, dict):
+        return body
+    found = _WRITE.search(urlsplit(url).path)
+    if found:
+        return held(unquote(found.group(1)), body)
+    if urlsplit(url).path.endswith("/v1/reports") and isinstance(body.get("reports"), list):
+        reports = [held(r.get("job_id"), r) if isinstance(r, dict) else r for r in body["reports"]]
+        return {**body, "reports": reports}
+    return body

@@ -235,3 +235,46 @@ def test_a_full_disk_answers_507_and_keeps_no_partial_blob(
         # the disk has room again for a small blob: the server goes on working
         ok = c.put(f"/v1/blobs/{SHA}", content=DATA, headers=admin)
         assert ok.status_code == 201
+
+
+def test_a_blob_corrupted_on_disk_is_never_served_whole(
+    client, admin, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server hashes a blob as it serves it and holds back its last part until the
+    hash agrees: a corrupted blob's download ends short (a browser's fails too), and the
+    log names the blob."""
+    data = os.urandom(3 << 20)  # several parts of 1 MiB
+    sha = hashlib.sha256(data).hexdigest()
+    assert client.put(f"/v1/blobs/{sha}", content=data, headers=admin).status_code == 201
+    (path,) = objects(tmp_path)
+    path.chmod(0o644)
+    with path.open("r+b") as f:
+        f.seek(len(data) // 2)
+        f.write(b"\x00" * 16)
+    caplog.set_level("ERROR", "gpufleet.server")
+    got = client.get(f"/v1/blobs/{sha}", headers=admin)
+    assert len(got.content) < len(data)  # cut off before its end
+    assert any(sha in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
+
+
+def test_an_upload_session_belongs_to_the_token_that_opened_it(
+    client, admin, store: SqlStore
+) -> None:
+    """Another token that learns a session's id can neither read its state, append to
+    it, finish it nor abort it: to it the session does not exist."""
+    from gpufleet.domain.models import Role
+    from gpufleet.server.auth import Auth
+    from tests.integration.helpers import bearer
+
+    owner = bearer(Auth(store).create("alice", Role.SUBMITTER)[1])
+    other = bearer(Auth(store).create("mallory", Role.SUBMITTER)[1])
+    up = client.post("/v1/uploads", json={"sha256": SHA, "size": len(DATA)}, headers=owner)
+    assert up.status_code == 201, up.text
+    url = f"/v1/uploads/{up.json()['id']}"
+    assert_error(client.get(url, headers=other), 404, "not_found")
+    r = client.patch(url, content=DATA, headers={**other, "Upload-Offset": "0"})
+    assert_error(r, 404, "not_found")
+    assert_error(client.delete(url, headers=other), 404, "not_found")
+    assert client.get(url, headers=owner).json()["offset"] == 0  # untouched
+    r = client.patch(url, content=DATA, headers={**owner, "Upload-Offset": "0"})
+    assert r.status_code == 200 and r.json()["complete"], r.text

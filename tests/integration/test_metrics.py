@@ -14,7 +14,15 @@ from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.store import SqlStore
 from gpufleet.store.blobfiles import BlobFiles
-from tests.integration.helpers import TESTCLIENT_ON_HTTPX, bearer, claim, gpu, register, submit
+from tests.integration.helpers import (
+    TESTCLIENT_ON_HTTPX,
+    assert_error,
+    bearer,
+    claim,
+    gpu,
+    register,
+    submit,
+)
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
@@ -85,6 +93,9 @@ def test_metrics_need_an_operator_unless_public(
     assert refused.status_code == 403
     operator = Auth(store).create("ops", Role.OPERATOR)[1]
     assert client.get("/metrics", headers=bearer(operator)).status_code == 200
+    # an operator of pool A alone would see pool B's queue and GPUs in them: refused
+    scoped = Auth(store).create("ops-a", Role.OPERATOR, pools=["a"])[1]
+    assert_error(client.get("/metrics", headers=bearer(scoped)), 403, "forbidden", "every pool")
 
     from fastapi.testclient import TestClient
 

@@ -53,6 +53,9 @@ def _calls(client: TestClient, admin: dict[str, str]) -> list[tuple[str, int]]:
     return [(a["path"], a["status"]) for a in rows if not a["event"]]
 
 
+SECRETS: dict[str, str] = {}  # each claimed job's attempt secret, as its worker keeps it
+
+
 def _claimed(
     client: TestClient, admin: dict[str, str], worker: dict[str, str], n: int
 ) -> list[str]:
@@ -60,7 +63,8 @@ def _claimed(
     w = register(client, worker, "box", cpu_slots=n)
     jobs = [submit(client, admin, name=f"j{i}") for i in range(n)]
     for _ in jobs:
-        claim(client, worker, w["id"])
+        lease = claim(client, worker, w["id"])
+        SECRETS[lease["job_id"]] = lease["secret"]
     return jobs
 
 
@@ -169,12 +173,17 @@ def test_reports_that_come_while_one_is_on_its_way_go_together(
     async def scenario() -> tuple[Counter[str], list[Any]]:
         reports, sdk, counting = _reporter(client.app, worker_token)  # type: ignore[arg-type]
         async with sdk:
-            first = asyncio.create_task(reports.start(jobs[0], StartRequest(attempt=1)))
+            start = StartRequest(attempt=1, secret=SECRETS[jobs[0]])
+            first = asyncio.create_task(reports.start(jobs[0], start))
             await asyncio.sleep(0.02)  # its call is on its way
-            rest = (reports.start(j, StartRequest(attempt=1)) for j in jobs[1:])
+            rest = (reports.start(j, StartRequest(attempt=1, secret=SECRETS[j])) for j in jobs[1:])
             await asyncio.gather(first, *rest)
-            ends = [FinishRequest(attempt=1, exit_code=n) for n in range(3)]
-            ends.append(FinishRequest(attempt=2, exit_code=0))  # a stale lease
+            ends = [
+                FinishRequest(attempt=1, exit_code=n, secret=SECRETS[j])
+                for n, j in enumerate(jobs[:3])
+            ]
+            stale = FinishRequest(attempt=2, exit_code=0, secret=SECRETS[jobs[3]])
+            ends.append(stale)  # a stale lease
             outs = await asyncio.gather(
                 *(reports.finish(j, end) for j, end in zip(jobs, ends, strict=True)),
                 return_exceptions=True,
@@ -206,19 +215,21 @@ def test_a_server_from_before_batches_gets_each_report_alone_for_a_while(
     monkeypatch.setattr(reports_module, "ALONE_FOR", 0.5)
     w = register(client, worker, "box", cpu_slots=2)
     job, later = submit(client, admin, name="a"), submit(client, admin, name="b")
-    claim(client, worker, w["id"]), claim(client, worker, w["id"])
+    leases = [claim(client, worker, w["id"]) for _ in range(2)]
+    held = {lease["job_id"]: lease["secret"] for lease in leases}
 
     async def scenario() -> tuple[Counter[str], Any, bool, Counter[str]]:
         reports, sdk, counting = _reporter(app, worker_token, older=True)
         async with sdk:
-            await reports.start(job, StartRequest(attempt=1, pid=5))
-            out = await reports.finish(job, FinishRequest(attempt=1, exit_code=0))
+            await reports.start(job, StartRequest(attempt=1, pid=5, secret=held[job]))
+            end = FinishRequest(attempt=1, exit_code=0, secret=held[job])
+            out = await reports.finish(job, end)
             with pytest.raises(Conflict):  # its own call's error, as before batches
-                await reports.finish(job, FinishRequest(attempt=1, exit_code=0))
+                await reports.finish(job, end)
             batched, alone = reports.batched, Counter(counting.paths)
             counting.older = False  # the servers were upgraded
             await asyncio.sleep(0.6)
-            await reports.start(later, StartRequest(attempt=1))
+            await reports.start(later, StartRequest(attempt=1, secret=held[later]))
             return alone, out, batched, counting.paths - alone
 
     alone, out, batched, then = on_loop(client, scenario)

@@ -31,6 +31,7 @@ from gpufleet.scheduling.matching import (
 )
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, OnEvent
+from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow
@@ -62,6 +63,7 @@ class Leases:
         on_written: Callable[[str], None] = lambda _job_id: None,
     ) -> None:
         self.store = store
+        self.secrets = LeaseSecrets(store)
         self.metrics = metrics or Metrics()
         # A job's event log has new records (a status change, output): followers read now.
         self._on_written = on_written
@@ -115,11 +117,17 @@ class Leases:
                 log.exception("telling followers or polls of a change failed")
 
     def check_holder(
-        self, job_id: str, attempt: int, token_id: str, pools: Sequence[str] | None
+        self,
+        job_id: str,
+        attempt: int,
+        token_id: str,
+        pools: Sequence[str] | None,
+        secret: str | None,
     ) -> JobRow:
-        """The job, if (job_id, attempt) is its current lease and the worker holding it was
-        enrolled with ``token_id``: 404 for a job of a pool the caller cannot see, 409 for a
-        stale lease, 403 for a lease another token's worker holds."""
+        """The job, if (job_id, attempt) is its current lease, the worker holding it was
+        enrolled with ``token_id``, and ``secret`` is the one its claim gave: 404 for a job
+        of a pool the caller cannot see, 409 for a stale lease, 403 for a lease another
+        token's worker holds or a wrong secret."""
         job = self._held(job_id, attempt, pools)
         holder = self.fleet.claimer(job.worker_id) if job.worker_id else None
         if holder is None or holder.token_id != token_id:
@@ -127,6 +135,15 @@ class Leases:
                 f"job {job_id} attempt {attempt} is held by worker "
                 f"{holder.name if holder else '?'}, not by a worker of this token",
                 detail={"job": job_id, "attempt": attempt},
+            )
+        if job.claimed_at is None or not self.secrets.holds(
+            secret, job_id, attempt, job.claimed_at
+        ):
+            raise Forbidden(
+                f"job {job_id} attempt {attempt}: this write does not carry the secret the "
+                "attempt's claim gave its worker (field 'secret'); a worker's token alone "
+                "cannot write an attempt's results",
+                detail={"job": job_id, "attempt": attempt, "field": "secret"},
             )
         return job
 
@@ -218,9 +235,11 @@ class Leases:
             job, change = claimed
             self.metrics.claimed(job.created_at, now)
             self.on_written(job.id)
+            claimed_at: float = change.fields["claimed_at"]  # type: ignore[assignment]
             return Lease(
                 job_id=job.id,
                 attempt=change.attempt,
+                secret=self.secrets.make(job.id, change.attempt, claimed_at),
                 spec=JobSpecModel.shown(job.spec),
                 gpus=list(change.fields["gpus"]),  # type: ignore[call-overload]
                 lease_timeout=self.settings.lease_timeout,

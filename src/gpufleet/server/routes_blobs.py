@@ -3,7 +3,10 @@ sessions, and ``GET`` with ``Range``. Blob ids are SHA-256 hex digests."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
@@ -11,6 +14,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from gpufleet.domain.models import Role
 from gpufleet.errors import (
     GpufleetError,
     NotFound,
@@ -25,6 +29,7 @@ from gpufleet.server.pump import Stalled
 from gpufleet.server.uploads import UploadSessions
 from gpufleet.wire import ERRORS, BlobOut, UploadCreate, UploadOut
 
+log = logging.getLogger("gpufleet.server")
 router = APIRouter(
     prefix="/v1",
     tags=["blobs"],
@@ -104,24 +109,53 @@ async def get_blob(sha256: BlobId, request: Request, caller: User) -> Response:
         "Cache-Control": "private, max-age=31536000, immutable",
         "Accept-Ranges": "bytes",
     }
-    path = blobs.storage.local_path(sha256)
-    if path is not None:
-        response = FileResponse(path, media_type="application/octet-stream", headers=headers)
-        response.chunk_size = 1 << 20
-        return response
-    # An object store: its bytes pass through (its credentials stay on the server).
     start, end, status = 0, size - 1, 200
     if wanted is not None:
         start, end, status = *wanted, 206
         headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        path = blobs.storage.local_path(sha256)
+        if path is not None:  # a part: sent from the file (the client checks the whole)
+            response = FileResponse(path, media_type="application/octet-stream", headers=headers)
+            response.chunk_size = 1 << 20
+            return response
     headers["Content-Length"] = str(end - start + 1)
     chunks = await run_in_threadpool(blobs.storage.chunks, sha256, start, end)
+    if wanted is None:
+        chunks = verified(chunks, sha256)
     return StreamingResponse(
         iterate_in_threadpool(chunks),
         status_code=status,
         media_type="application/octet-stream",
         headers=headers,
     )
+
+
+class CorruptBlob(Exception):
+    """A blob's bytes on the server's storage no longer hash to its name."""
+
+
+def verified(chunks: Iterator[bytes], sha256: str) -> Iterator[bytes]:
+    """``chunks``, each held back until the next is read, and the last only once the hash
+    of them all is the blob's name: a blob corrupted on the server's storage is never sent
+    whole, so a browser's download fails too (not only the CLI's and the worker's, which
+    check it themselves). The mismatch is logged, naming the blob."""
+    hasher = hashlib.sha256()
+    held: bytes | None = None
+    for chunk in chunks:
+        hasher.update(chunk)
+        if held is not None:
+            yield held
+        held = chunk
+    if hasher.hexdigest() != sha256:
+        log.error(
+            "blob %s is corrupt on the server's storage (its bytes hash to %s): its download "
+            "was cut off; restore it from a backup, or remove it and send it again",
+            sha256,
+            hasher.hexdigest(),
+        )
+        raise CorruptBlob(sha256)
+    if held is not None:
+        yield held
 
 
 def _check_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -208,16 +242,22 @@ def create_upload(
     nothing needs sending. Without ``sha256`` the client may hash while it sends: the
     answer to the last byte names the blob by the hash of what the server received."""
     readable = body.sha256 is not None and _readable(request, caller, body.sha256)
-    out = _uploads(request).create(body.sha256, body.size, readable)
+    out = _uploads(request).create(body.sha256, body.size, readable, owner=caller.id)
     if out.complete:
         response.status_code = 200
     return out
 
 
 @router.get("/uploads/{upload_id}", response_model=UploadOut)
-def upload_state(upload_id: UploadId, request: Request, _: User) -> UploadOut:
+def upload_state(upload_id: UploadId, request: Request, caller: User) -> UploadOut:
     """Where an upload stands: resume by sending from ``offset``."""
+    _own(request, caller, upload_id)
     return _uploads(request).state(upload_id)
+
+
+def _own(request: Request, caller: Caller, upload_id: str) -> None:
+    """An upload session is its opener's alone (an admin's too)."""
+    _uploads(request).check_owner(upload_id, caller.id, caller.role == Role.ADMIN)
 
 
 @router.patch("/uploads/{upload_id}", response_model=UploadOut, openapi_extra=OCTETS)
@@ -231,6 +271,7 @@ async def append_upload(
     with the right one). A broken connection keeps what arrived; the last byte verifies
     the whole blob's size and hash and stores it. 409 too while another request sends."""
     uploads = _uploads(request)
+    await run_in_threadpool(_own, request, caller, upload_id)
     try:
         out = await uploads.append(
             upload_id, upload_offset, request.stream(), declared=_declared(request)
@@ -244,6 +285,7 @@ async def append_upload(
 
 
 @router.delete("/uploads/{upload_id}", status_code=204)
-def abort_upload(upload_id: UploadId, request: Request, _: User) -> None:
+def abort_upload(upload_id: UploadId, request: Request, caller: User) -> None:
     """Drop an unfinished upload and its bytes (409 while a request is sending them)."""
+    _own(request, caller, upload_id)
     _uploads(request).abort(upload_id)

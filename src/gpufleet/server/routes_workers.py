@@ -27,6 +27,7 @@ from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
 from gpufleet.server.polls import Polls, wait_either
 from gpufleet.server.responses import error_info, error_response, internal_error
+from gpufleet.store import JobRow
 from gpufleet.tokens import redact
 from gpufleet.wire import (
     ERRORS,
@@ -250,8 +251,13 @@ def leave(worker_id: str, body: LeaveRequest, request: Request, caller: Worker) 
     q.leases.leave(worker_id, body.reason)
 
 
-def _holder(request: Request, caller: Caller, job_id: str, attempt: int) -> None:
-    state(request).services.leases.check_holder(job_id, attempt, caller.id, caller.pools)
+def _holder(
+    request: Request, caller: Caller, job_id: str, attempt: int, secret: str | None
+) -> JobRow:
+    """The job, if this caller's worker holds its attempt ``attempt`` and ``secret`` is the
+    attempt's (see :mod:`gpufleet.server.lease_secrets`)."""
+    leases = state(request).services.leases
+    return leases.check_holder(job_id, attempt, caller.id, caller.pools, secret)
 
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
@@ -262,7 +268,7 @@ def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker)
 
 def _start(request: Request, caller: Caller, job_id: str, body: StartRequest) -> None:
     leases = state(request).services.leases
-    job = leases.check_holder(job_id, body.attempt, caller.id, caller.pools)
+    job = _holder(request, caller, job_id, body.attempt, body.secret)
     said = body.started_at.timestamp() if body.started_at is not None else None
     leases.start(job_id, body.attempt, said, job.claimed_at)
 
@@ -273,7 +279,7 @@ def append_output(
 ) -> None:
     """Append output lines. When the job has been asked to stop, the answer carries
     ``Gpufleet-Stop: GRACE`` (seconds), so the worker learns it within a log batch."""
-    _holder(request, caller, job_id, body.attempt)
+    _holder(request, caller, job_id, body.attempt, body.secret)
     lines = [(ln.stream, ln.line) for ln in body.lines]
     stop = state(request).services.leases.append_logs(job_id, body.attempt, lines, body.first)
     if stop is not None:
@@ -291,7 +297,7 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
 def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) -> JobOut:
     leases = state(request).services.leases
     try:
-        held = leases.check_holder(job_id, body.attempt, caller.id, caller.pools)
+        held = _holder(request, caller, job_id, body.attempt, body.secret)
     except Conflict:
         leases.refused_result(job_id, body.attempt, caller.id, body.exit_code, body.error)
         raise
@@ -340,7 +346,7 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
 @router.post("/jobs/{job_id}/release", response_model=JobOut, tags=["worker protocol"])
 def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Worker) -> JobOut:
     """A draining worker hands the job back; the attempt is not counted."""
-    _holder(request, caller, job_id, body.attempt)
+    _holder(request, caller, job_id, body.attempt, body.secret)
     return views.job_out(
         state(request).services.leases.release(job_id, body.attempt, body.reason), {}
     )
@@ -350,7 +356,7 @@ def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Wor
 def attach_artifact(job_id: str, body: ArtifactAttach, request: Request, caller: Worker) -> None:
     """Attach an uploaded blob as the artifact of the attempt this lease holds. The server
     checks the archive (every unpacking rule) before accepting it."""
-    _holder(request, caller, job_id, body.attempt)
+    _holder(request, caller, job_id, body.attempt, body.secret)
     q = state(request).services
     if not q.blobs.readable(body.sha256, caller.pools):
         raise NotFound(f"no blob {body.sha256}", detail={"blob": body.sha256})

@@ -51,10 +51,13 @@ class UploadSessions:
         # with the storage's proof that they are still the bytes hashed.
         self._hashers: dict[str, tuple[int, hashlib._Hash, object | None]] = {}
 
-    def create(self, sha256: str | None, size: int, readable: bool = True) -> UploadOut:
-        """A new session; or, when the server has the blob and the caller may read it,
-        the answer that it is complete. A caller who may not read it sends the bytes.
-        ``sha256`` None: the blob is named at the end (422 where the storage cannot)."""
+    def create(
+        self, sha256: str | None, size: int, readable: bool = True, owner: str | None = None
+    ) -> UploadOut:
+        """A new session, belonging to the token ``owner``; or, when the server has the
+        blob and the caller may read it, the answer that it is complete. A caller who may
+        not read it sends the bytes. ``sha256`` None: the blob is named at the end (422
+        where the storage cannot)."""
         self.blobs.check_size(size)
         if sha256 is None and not self.storage.names_at_end:
             raise ValidationFailed(
@@ -66,8 +69,16 @@ class UploadSessions:
             return UploadOut(id=None, sha256=sha256, size=size, offset=size, complete=True)
         upload_id = new_upload_id()
         self.storage.start(upload_id, sha256, size)
-        self.store.create_upload(upload_id, sha256, size, self.clock())
+        self.store.create_upload(upload_id, sha256, size, self.clock(), owner)
         return UploadOut(id=upload_id, sha256=sha256, size=size, offset=0, complete=False)
+
+    def check_owner(self, upload_id: str, token_id: str, admin: bool = False) -> None:
+        """NotFound, as for a session that does not exist, unless the token that opened
+        the session is ``token_id`` (or the caller is an admin): a session's id, seen in a
+        log or over a shoulder, lets no one else append to it, finish or abort it."""
+        owner = self.store.upload_owner(upload_id)
+        if owner is not None and owner != token_id and not admin:
+            raise _no_session(upload_id)
 
     def session(self, upload_id: str) -> tuple[str | None, int, int]:
         """(sha256, size, bytes so far) of an open session; NotFound when it finished, or

@@ -6,13 +6,16 @@ A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.store import schema as t
@@ -91,11 +94,20 @@ class DataOps(ABC):
 
     # ---- resumable uploads ------------------------------------------------------------
 
-    def create_upload(self, upload_id: str, sha256: str | None, size: int, now: float) -> None:
+    def create_upload(
+        self, upload_id: str, sha256: str | None, size: int, now: float, owner: str | None = None
+    ) -> None:
+        values = {"id": upload_id, "sha256": sha256, "size": size, "created_at": now}
         with self._write() as conn:
-            conn.execute(
-                t.uploads.insert().values(id=upload_id, sha256=sha256, size=size, created_at=now)
-            )
+            conn.execute(t.uploads.insert().values(**values, token_id=owner))
+
+    def upload_owner(self, upload_id: str) -> str | None:
+        """The token that opened an upload session (None: no such session, or one opened
+        before sessions had owners)."""
+        u = t.uploads.c
+        with self._read() as conn:
+            owner = conn.scalar(select(u.token_id).where(u.id == upload_id))
+        return None if owner is None else str(owner)
 
     def get_upload(self, upload_id: str) -> tuple[str | None, int, float] | None:
         """(sha256, size, created_at) of an open upload session (sha256 None: named at
@@ -122,6 +134,21 @@ class DataOps(ABC):
         with self._write() as conn:
             conn.execute(t.uploads.delete().where(u.created_at < created_after))
             return set(conn.scalars(select(u.id)))
+
+    # ---- keys the servers share --------------------------------------------------------
+
+    def fleet_key(self, name: str) -> bytes:
+        """A random key every server of the fleet reads alike, made by the first to ask."""
+        k = t.fleet_keys.c
+        with self._read() as conn:
+            found = conn.scalar(select(k.value).where(k.name == name))
+        if found is None:
+            made = secrets.token_hex(32)
+            with contextlib.suppress(IntegrityError), self._write() as conn:  # made elsewhere
+                conn.execute(t.fleet_keys.insert().values(name=name, value=made))
+            with self._read() as conn:
+                found = conn.scalar(select(k.value).where(k.name == name))
+        return bytes.fromhex(str(found))
 
     # ---- artifacts --------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ as the tables hold them, read back through the same row models the SQL store use
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ class MemoryRecords:
         self.blobs: dict[str, dict[str, Any]] = {}
         self.blob_pools: set[tuple[str, str]] = set()
         self.uploads: dict[str, dict[str, Any]] = {}
+        self.keys: dict[str, bytes] = {}
         self.artifacts: dict[tuple[str, int], dict[str, Any]] = {}
 
     # ---- workers ----------------------------------------------------------------------
@@ -278,11 +280,27 @@ class MemoryRecords:
             if sha256 in self.blobs:
                 self.blobs[sha256]["archive"] = json.dumps(summary)
 
-    def create_upload(self, upload_id: str, sha256: str | None, size: int, now: float) -> None:
+    def create_upload(
+        self, upload_id: str, sha256: str | None, size: int, now: float, owner: str | None = None
+    ) -> None:
         with self._lock:
             if upload_id in self.uploads:
                 raise ValueError(f"upload {upload_id} exists")
-            self.uploads[upload_id] = {"sha256": sha256, "size": size, "created_at": now}
+            self.uploads[upload_id] = {
+                "sha256": sha256,
+                "size": size,
+                "created_at": now,
+                "token_id": owner,
+            }
+
+    def upload_owner(self, upload_id: str) -> str | None:
+        with self._lock:
+            u = self.uploads.get(upload_id)
+            return None if u is None or u["token_id"] is None else str(u["token_id"])
+
+    def fleet_key(self, name: str) -> bytes:
+        with self._lock:
+            return self.keys.setdefault(name, secrets.token_bytes(32))
 
     def get_upload(self, upload_id: str) -> tuple[str | None, int, float] | None:
         with self._lock:

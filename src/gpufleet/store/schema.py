@@ -277,6 +277,17 @@ uploads = Table(
     Column("sha256", String(64)),
     Column("size", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
+    # the token that opened the session: only it may append, finish or abort it (0013)
+    Column("token_id", String(64)),
+)
+
+# Random keys the fleet's servers share, made by the first that needs one (0013): the
+# key of each attempt's lease secret.
+fleet_keys = Table(
+    "fleet_keys",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", String(128), nullable=False),
 )
 
 artifacts = Table(

@@ -45,6 +45,15 @@ LabelKey = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_n
 INT32 = 2**31 - 1
 Attempt = Annotated[int, Field(ge=1, le=INT32)]
 JobState = Literal["pending", "claimed", "running", "succeeded", "failed", "cancelled"]
+#: An attempt's secret, as its lease gave it (required by the server on every write).
+LeaseSecret = Annotated[
+    str | None,
+    Field(
+        max_length=200,
+        description="the attempt's secret, from its lease",
+        exclude_if=lambda secret: secret is None,
+    ),
+]
 
 
 class Wire(BaseModel):

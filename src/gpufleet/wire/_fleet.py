@@ -17,6 +17,7 @@ from gpufleet.wire._base import (
     Attempt,
     ErrorInfo,
     JobState,
+    LeaseSecret,
     Name,
     PoolName,
     Strict,
@@ -203,10 +204,16 @@ class StagedInput(Wire):
 
 
 class Lease(Wire):
-    """A claim's answer: run ``spec`` on ``gpus``; every later write carries (job_id, attempt)."""
+    """A claim's answer: run ``spec`` on ``gpus``; every later write carries (job_id,
+    attempt) and the attempt's ``secret``."""
 
     job_id: str
     attempt: int
+    secret: str = Field(
+        "",
+        description="this attempt's own secret: every write for it (start, output, finish, "
+        "release, artifact) must carry it; never given to the job",
+    )
     spec: JobSpecModel
     gpus: list[int]
     lease_timeout: float
@@ -252,6 +259,7 @@ class HeartbeatResponse(Wire):
 
 class StartRequest(Strict):
     attempt: Attempt
+    secret: LeaseSecret = None
     pid: int | None = Field(None, ge=0, le=INT32)
     started_at: AwareDatetime | None = Field(
         None,
@@ -282,6 +290,7 @@ class LogLine(Strict):
 
 class LogAppend(Strict):
     attempt: Attempt
+    secret: LeaseSecret = None
     lines: list[LogLine] = Field(max_length=100_000)
     first: int | None = Field(
         None,
@@ -294,6 +303,7 @@ class LogAppend(Strict):
 
 class FinishRequest(Strict):
     attempt: Attempt
+    secret: LeaseSecret = None
     exit_code: int | None = Field(None, ge=-INT32 - 1, le=INT32)
     error: str | None = Field(None, max_length=100_000)
     stderr_tail: StderrTail = Field(
@@ -348,6 +358,7 @@ class LeaveRequest(Strict):
 
 class ReleaseRequest(Strict):
     attempt: Attempt
+    secret: LeaseSecret = None
     reason: str = Field("worker drained", max_length=10_000)
 
 

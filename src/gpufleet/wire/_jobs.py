@@ -21,6 +21,7 @@ from gpufleet.wire._base import (
     Attempt,
     JobState,
     Label,
+    LeaseSecret,
     Name,
     PoolName,
     RelPath,
@@ -213,6 +214,7 @@ class ArtifactOut(Wire):
 class ArtifactAttach(Strict):
     attempt: Attempt
     sha256: Sha256
+    secret: LeaseSecret = None
 
 
 class DependencyOut(Wire):

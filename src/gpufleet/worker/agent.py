@@ -529,7 +529,8 @@ class Agent(JobSteps):
     async def hand_back(self, lease: Lease, reason: str) -> None:
         with contextlib.suppress(GpufleetError):
             await self.client.release(
-                lease.job_id, ReleaseRequest(attempt=lease.attempt, reason=reason)
+                lease.job_id,
+                ReleaseRequest(attempt=lease.attempt, secret=lease.secret, reason=reason),
             )
 
 

@@ -169,7 +169,10 @@ class JobSteps(ABC):
                 await run.proc.reap(self.workdir(lease, make=False))
             with contextlib.suppress(GpufleetError):
                 await self.client.finish(
-                    lease.job_id, FinishRequest(attempt=lease.attempt, error=f"worker error: {exc}")
+                    lease.job_id,
+                    FinishRequest(
+                        attempt=lease.attempt, secret=lease.secret, error=f"worker error: {exc}"
+                    ),
                 )
         finally:
             self.running.pop((lease.job_id, lease.attempt), None)
@@ -231,6 +234,7 @@ class JobSteps(ABC):
                 lease.job_id,
                 StartRequest(
                     attempt=lease.attempt,
+                    secret=lease.secret,
                     pid=run.proc.pid if run.proc else None,
                     started_at=started,
                 ),
@@ -294,7 +298,7 @@ class JobSteps(ABC):
             sent = await self.retrying(
                 "artifact upload", partial(asyncio.to_thread, self.data.put_blob, out), give_up=600
             )
-            body = ArtifactAttach(attempt=lease.attempt, sha256=sent.sha256)
+            body = ArtifactAttach(attempt=lease.attempt, secret=lease.secret, sha256=sent.sha256)
             await self.retrying(
                 "artifact", partial(self.client.attach_artifact, lease.job_id, body), give_up=600
             )
@@ -368,7 +372,12 @@ class JobSteps(ABC):
         while batch := run.backlog.peek(MAX_BATCH, MAX_BATCH_CHARS):
             lines = [LogLine(stream=stream, line=line) for stream, line in batch]
             # first: the lines sent before, so a batch sent again is stored once
-            body = LogAppend(attempt=run.lease.attempt, lines=lines, first=run.backlog.acked)
+            body = LogAppend(
+                attempt=run.lease.attempt,
+                secret=run.lease.secret,
+                lines=lines,
+                first=run.backlog.acked,
+            )
             stop = await self.retrying(
                 "log upload", partial(self.client.output, run.lease.job_id, body), give_up=60
             )
@@ -405,7 +414,9 @@ class JobSteps(ABC):
                     lambda: self.client.release(
                         lease.job_id,
                         ReleaseRequest(
-                            attempt=lease.attempt, reason=f"worker {self.opts.name} drained"
+                            attempt=lease.attempt,
+                            secret=lease.secret,
+                            reason=f"worker {self.opts.name} drained",
                         ),
                     ),
                 )
@@ -413,7 +424,11 @@ class JobSteps(ABC):
                 return
             tail = list(run.tail) if (exit_code != 0 or error) else []
             body = FinishRequest(
-                attempt=lease.attempt, exit_code=exit_code, error=error, stderr_tail=tail
+                attempt=lease.attempt,
+                secret=lease.secret,
+                exit_code=exit_code,
+                error=error,
+                stderr_tail=tail,
             )
             out = await self.reports.finish(lease.job_id, body)
             say(
