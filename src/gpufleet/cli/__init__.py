@@ -17,8 +17,8 @@ from typer.core import TyperGroup
 
 from gpufleet import __version__
 from gpufleet.cli import _rich_help
-from gpufleet.cli._safe import visible
 from gpufleet.errors import GpufleetError
+from gpufleet.terminal import visible
 from gpufleet.tokens import redact
 
 _rich_help.install()  # help and usage errors without rich's Markdown and Traceback

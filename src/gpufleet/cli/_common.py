@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpufleet import config
-from gpufleet.cli._safe import visible
 from gpufleet.client import Client
 from gpufleet.errors import ConfigError
+from gpufleet.terminal import visible
 from gpufleet.tokens import redact
 
 

@@ -26,12 +26,12 @@ from gpufleet.cli._common import (
     styled,
     when,
 )
-from gpufleet.cli._safe import for_terminal
 from gpufleet.cli.choose import session_client
 from gpufleet.cli.show import error_line, show_detail
 from gpufleet.client import Client
 from gpufleet.domain.models import InputKind
 from gpufleet.errors import ConfigError, ManifestError
+from gpufleet.terminal import for_terminal
 from gpufleet.wire import (
     HostModel,
     InputModel,

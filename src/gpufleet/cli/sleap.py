@@ -268,7 +268,8 @@ def _follow(c: Client, job: JobOut, quiet: bool) -> str:
         elif event.type == "progress":
             record = event.data.get("record")
             record = record if isinstance(record, dict) else {}
-            line, tenth = _record_line(record, tenth)
+            said, tenth = _record_line(record, tenth)
+            line = shown(said) if said else None  # the record's values are the job's
         if line and not quiet:
             err.print(f"{shown(job.name)}: {line}")
     if status == "failed" and not quiet:

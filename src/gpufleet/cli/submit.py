@@ -20,13 +20,13 @@ from gpufleet.cli._common import (
     shown,
     styled,
 )
-from gpufleet.cli._safe import visible
 from gpufleet.cli.choose import auto_select as auto_select_worker
 from gpufleet.cli.choose import interactive_select, read_session, session_token
 from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
 from gpufleet.cli.jobs import default_name, follow
 from gpufleet.client import Client
 from gpufleet.errors import ConfigError, NotFound
+from gpufleet.terminal import visible
 from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
 
 if TYPE_CHECKING:

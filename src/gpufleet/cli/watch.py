@@ -24,11 +24,11 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufleet.cli._common import CaOpt, SessionOpt, duration, out, setting_option, shown, styled
-from gpufleet.cli._safe import for_terminal, visible
 from gpufleet.cli.choose import session_client
 from gpufleet.cli.show import placement
 from gpufleet.domain import progress
 from gpufleet.domain.models import JobStatus
+from gpufleet.terminal import for_terminal, visible
 from gpufleet.wire import JobDetail
 
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -14,7 +14,9 @@ override) instead of sending them:
   sequences), carriage returns (progress bars redrawn in place) and tabs kept, every
   other control escaped.
 
-Only the standard library here: the root command imports this module for its errors.
+The worker's log (its terminal, or the journal an operator reads) shows job names
+through :func:`visible` too. Only the standard library here: the CLI's root imports
+this module for its errors.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What others wrote reaches the terminal as text: names, labels and errors with their
 control characters shown as escapes, output lines with their colours and carriage
-returns only (``gpufleet.cli._safe`` and the commands that print through it)."""
+returns only (``gpufleet.terminal`` and the commands that print through it)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from gpufleet.cli._safe import for_terminal, visible
+from gpufleet.terminal import for_terminal, visible
 
 #: what a hostile name or line holds: a window title (OSC 0), a clipboard write (OSC 52),
 #: a screen clear, cursor moves, a DCS string, a bare ESC, a CSI as one C1 byte, a BEL,
