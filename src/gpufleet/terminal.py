@@ -21,19 +21,27 @@ this module for its errors.
 
 from __future__ import annotations
 
+import functools
 import re
 
 #: C0 controls, DEL, C1 controls (0x9b is a CSI of its own), the bidi controls (marks,
 #: embeddings, overrides, isolates), the line and paragraph separators, and lone
 #: surrogates (which no terminal encoding can write).
 CONTROL = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
-_CONTROL = re.compile(f"[{CONTROL}]")
+# Patterns as text, compiled on first use: a command that prints nothing of others'
+# (``gpufleet --help``) does not pay for compiling them.
+_CONTROL = f"[{CONTROL}]"
 #: a colour or text style: ESC [ digits and semicolons m, and nothing else
 _SGR = "\x1b\\[[0-9;]*m"
 #: in an output line: a colour, a kept control, or one to escape
-_OUTPUT = re.compile(f"({_SGR})|[\t\r]|[{CONTROL}]")
+_OUTPUT = f"({_SGR})|[\t\r]|[{CONTROL}]"
 _RESETS = ("\x1b[m", "\x1b[0m")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 def _escaped(char: str) -> str:
@@ -45,7 +53,7 @@ def visible(text: str) -> str:
     """``text`` with every control character shown as an escape (``\\x1b``, ``\\n``,
     ``\\u202e``): a name or message prints as the characters it holds, on one line, and
     does nothing to the terminal."""
-    return _CONTROL.sub(lambda m: _escaped(m.group()), text)
+    return _compiled(_CONTROL).sub(lambda m: _escaped(m.group()), text)
 
 
 def for_terminal(line: str) -> str:
@@ -53,6 +61,8 @@ def for_terminal(line: str) -> str:
     and tabs kept, every other control shown as an escape. A line that leaves a colour
     on ends with a reset, so a job's colours never reach the next line or the CLI's own
     words."""
+    if not _compiled(_CONTROL).search(line):
+        return line  # most lines: nothing to keep or escape
     last = ""
 
     def kept_or_escaped(m: re.Match[str]) -> str:
@@ -63,7 +73,7 @@ def for_terminal(line: str) -> str:
         found = m.group()
         return found if found in "\t\r" else _escaped(found)
 
-    shown = _OUTPUT.sub(kept_or_escaped, line)
+    shown = _compiled(_OUTPUT).sub(kept_or_escaped, line)
     return shown + "\x1b[0m" if last and last not in _RESETS else shown
 
 

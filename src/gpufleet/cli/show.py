@@ -1,7 +1,8 @@
 """How one job reads at a terminal (`gpufleet show`), and a failed job's error in a line.
 
-Everything a job or a user wrote (names, commands, errors, stderr) is escaped before Rich
-renders it, so markup in a job's output is shown, not interpreted.
+Everything a job or a user wrote (names, commands, errors, stderr) goes through
+``shown`` before Rich renders it: markup in it is printed, not interpreted, and its
+control characters show as escapes (``\\x1b``), so it cannot drive the terminal.
 """
 
 from __future__ import annotations
