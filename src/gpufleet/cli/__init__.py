@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 from gpufleet import __version__
 from gpufleet.cli import _rich_help
 from gpufleet.errors import GpufleetError
+from gpufleet.terminal import visible
 from gpufleet.tokens import redact
 
 _rich_help.install()  # help and usage errors without rich's Markdown and Traceback
@@ -192,11 +193,13 @@ def _validation_error(exc: Exception) -> bool:
 
 def main() -> None:
     """Console entry point: errors become one clear line and a non-zero exit. An error
-    never shows a token: anything token-shaped in it is cut to its hint."""
+    never shows a token: anything token-shaped in it is cut to its hint. It may quote
+    what others wrote (a server's message quotes names): its control characters are
+    shown as escapes."""
     try:
         app()
     except GpufleetError as exc:
-        print(f"error: {redact(exc.message)}", file=sys.stderr)
+        print(f"error: {visible(redact(exc.message))}", file=sys.stderr)
         sys.exit(2 if exc.code in ("config_error", "manifest_error", "package_error") else 1)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -207,7 +210,7 @@ def main() -> None:
         for problem in exc.errors():  # type: ignore[attr-defined]
             where = ".".join(str(p) for p in problem["loc"]) or "value"
             said = str(problem["msg"]).removeprefix("Value error, ")
-            print(f"error: invalid {where}: {redact(said)}", file=sys.stderr)
+            print(f"error: invalid {visible(where)}: {visible(redact(said))}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -15,10 +15,12 @@ from typing import Annotated, Any, TextIO, cast, get_type_hints
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 
 from gpufleet import config
 from gpufleet.client import Client
 from gpufleet.errors import ConfigError
+from gpufleet.terminal import visible
 from gpufleet.tokens import redact
 
 
@@ -189,6 +191,12 @@ STATUS_STYLE = {
 }
 
 
+def shown(text: object) -> str:
+    """What someone else wrote (a name, a label, an error, an id), as Rich markup that
+    prints it as it is: control characters as visible escapes, brackets as brackets."""
+    return escape(visible(str(text)))
+
+
 def styled(status: str) -> str:
     style = STATUS_STYLE.get(status)
-    return f"[{style}]{status}[/{style}]" if style else status
+    return f"[{style}]{status}[/{style}]" if style else shown(status)

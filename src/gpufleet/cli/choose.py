@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from gpufleet import config
-from gpufleet.cli._common import age, client, err, resolve, styled
+from gpufleet.cli._common import age, client, err, resolve, shown, styled
 from gpufleet.client import Client
 from gpufleet.client.session import Session
 from gpufleet.errors import ConfigError
@@ -79,15 +78,15 @@ def worker_table(rows: list[WorkerOut], numbered: bool = False) -> Table:
     for i, w in enumerate(rows, 1):
         cells = [str(i)] if numbered else []
         cells += [
-            w.id,
-            escape(w.name),
-            escape(w.capability.hostname),
-            escape(w.pool),
+            shown(w.id),
+            shown(w.name),
+            shown(w.capability.hostname),
+            shown(w.pool),
             styled(w.status),
-            escape(gpu_summary(w.gpus, w.gpus_simulated)),
-            escape(", ".join(w.running) or "-"),
-            escape(labels_text(w)),
-            *([escape(tools_text(w))] if tools else []),
+            shown(gpu_summary(w.gpus, w.gpus_simulated)),
+            shown(", ".join(w.running) or "-"),
+            shown(labels_text(w)),
+            *([shown(tools_text(w))] if tools else []),
             seen(w),
         ]
         table.add_row(*cells)
@@ -162,7 +161,7 @@ def interactive_select(c: Client, spec: JobSpecModel) -> Candidate:
             err.print("no worker can start this job now")
         others = [r for r in rows if not r.fits]
         if others:
-            err.print(f"[dim]not listed: {escape(_why_not(others))}[/dim]")
+            err.print(f"[dim]not listed: {shown(_why_not(others))}[/dim]")
         span = f"1-{len(fitting)}, " if fitting else ""
         err.print(f"pick a worker ({span}r to refresh, q to quit): ", end="")
         try:
@@ -176,4 +175,4 @@ def interactive_select(c: Client, spec: JobSpecModel) -> Candidate:
             continue
         if answer.isdigit() and 1 <= int(answer) <= len(fitting):
             return fitting[int(answer) - 1]
-        err.print(f"[yellow]{escape(answer)!r} is not one of the choices[/yellow]")
+        err.print(f"[yellow]{shown(repr(answer))} is not one of the choices[/yellow]")

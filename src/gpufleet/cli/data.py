@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.cli._common import (
@@ -23,6 +22,7 @@ from gpufleet.cli._common import (
     out,
     print_json,
     setting_option,
+    shown,
     when,
 )
 from gpufleet.cli.choose import session_client
@@ -78,7 +78,7 @@ def bars(quiet: bool) -> Iterator[Progress | None]:
 def bar(progress: Progress | None, what: str, total: int | None) -> Advance:
     if progress is None:
         return lambda _n: None
-    task = progress.add_task(escape(what), total=total)
+    task = progress.add_task(shown(what), total=total)
     return lambda n: progress.advance(task, n)
 
 
@@ -131,7 +131,7 @@ def blobs_get(
             c.get_blob(sha256, output, progress=bar(progress, f"download {sha256[:12]}", size))
         except OSError as exc:
             raise os_error(exc, f"writing {output}") from exc
-    err.print(f"{output}: {size} bytes, verified")
+    err.print(f"{shown(output)}: {size} bytes, verified")
 
 
 @blobs_app.command("ls")
@@ -151,7 +151,7 @@ def blobs_ls(
     for col in ("SHA256", "SIZE", "CREATED"):
         table.add_column(col)
     for b in rows:
-        table.add_row(b.sha256, str(b.size), when(b.created_at))
+        table.add_row(shown(b.sha256), str(b.size), when(b.created_at))
     out.print(table)
 
 
@@ -200,7 +200,7 @@ def download(
             {"job_id": art.job_id, "path": str(dest), "artifact": art.model_dump(mode="json")}
         )
         return
-    out.print(f"{art.file_count} file(s) from {escape(art.job_id)} in {escape(str(dest))}")
+    out.print(f"{art.file_count} file(s) from {shown(art.job_id)} in {shown(str(dest))}")
 
 
 # ---- inputs for submit ----------------------------------------------------------------
@@ -240,7 +240,8 @@ def package_input(
     )
     if sharing:
         err.print(
-            f"{escape(str(path))}: on a shared mount ({', '.join(sharing)}); passed by reference"
+            f"{shown(str(path))}: on a shared mount ({shown(', '.join(sharing))}); "
+            "passed by reference"
         )
         return mounted(path, dest)
     with bars(quiet) as progress:
@@ -254,7 +255,7 @@ def package_input(
     if not quiet:
         how = "unchanged, " if result.reused else ""
         err.print(
-            f"package {escape(path.name)}: {how}{result.sent} bytes sent ({result.input.ref[:12]})"
+            f"package {shown(path.name)}: {how}{result.sent} bytes sent ({result.input.ref[:12]})"
         )
     return result.input
 

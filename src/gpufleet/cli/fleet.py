@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from gpufleet import config, tokens
@@ -28,6 +27,7 @@ from gpufleet.cli._common import (
     resolve,
     setting_help,
     setting_option,
+    shown,
     styled,
 )
 from gpufleet.cli.choose import session_client, worker_table
@@ -207,7 +207,7 @@ def worker(
     notes: list[str] = []
     cap = detect(simulate=s["simulate_gpus"], notes=notes)
     for note in notes:
-        err.print(f"[yellow]note:[/yellow] {escape(note)}")
+        err.print(f"[yellow]note:[/yellow] {shown(note)}")
     raise typer.Exit(run_worker(_worker_options(s, share_token), cap))
 
 
@@ -271,7 +271,7 @@ def workers(
         print_json(rows)
         return
     if not rows:
-        err.print("no workers" + (f" in pool {pool!r}" if pool else ""))
+        err.print("no workers" + (f" in pool {shown(repr(pool))}" if pool else ""))
         return
     out.print(worker_table(rows))
 
@@ -308,12 +308,12 @@ def audit(
         table.add_row(
             str(a.seq),
             a.at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
-            escape(who),
-            a.role or ("server" if a.event else "-"),
-            escape(a.address),
-            escape(what),
+            shown(who),
+            shown(a.role or ("server" if a.event else "-")),
+            shown(a.address),
+            shown(what),
             "-" if a.status is None else str(a.status),
-            escape(a.target or "-"),
+            shown(a.target or "-"),
         )
     out.print(table)
     if len(rows) == limit:
@@ -345,7 +345,7 @@ def _acted(w: WorkerOut, as_json: bool, what: str) -> None:
     if as_json:
         print_json(w)
     else:
-        out.print(f"{escape(w.name)} ({w.id}): {what}")
+        out.print(f"{shown(w.name)} ({shown(w.id)}): {what}")
 
 
 @workers_app.command("rm")
@@ -376,8 +376,8 @@ def status(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False)
     if as_json:
         print_json(s)
         return
-    jobs = ", ".join(f"{n} {k}" for k, n in sorted(s.jobs.items())) or "no jobs"
-    ws = ", ".join(f"{n} {k}" for k, n in sorted(s.workers.items())) or "no workers"
+    jobs = shown(", ".join(f"{n} {k}" for k, n in sorted(s.jobs.items())) or "no jobs")
+    ws = shown(", ".join(f"{n} {k}" for k, n in sorted(s.workers.items())) or "no workers")
     out.print(
         f"jobs: {jobs}\nworkers: {ws}\n"
         f"slots of the workers not offline: {s.cpu_slots} CPU ({s.cpu_slots_free} free), "
@@ -401,7 +401,8 @@ def whoami(
         print_json(me)
         return
     pools = ", ".join(me.pools) or "every pool"
-    out.print(f"{me.id} ({escape(me.name)}): {me.role} of {escape(pools)} on {escape(url)}")
+    who = f"{shown(me.id)} ({shown(me.name)}): {shown(me.role)}"
+    out.print(f"{who} of {shown(pools)} on {shown(url)}")
 
 
 def capability(simulate_gpus: SimOpt = None) -> None:
@@ -412,7 +413,7 @@ def capability(simulate_gpus: SimOpt = None) -> None:
     notes: list[str] = []
     cap = detect(simulate=s["simulate_gpus"], notes=notes)
     for note in notes:
-        err.print(f"[yellow]note:[/yellow] {escape(note)}")
+        err.print(f"[yellow]note:[/yellow] {shown(note)}")
     sys.stdout.write(json.dumps(capability_json(cap), indent=2) + "\n")
 
 
@@ -431,7 +432,7 @@ def config_show(as_json: JsonOpt = False) -> None:
     for col in ("SETTING", "VALUE", "SOURCE", "ENV"):
         table.add_column(col)
     for n, v, s in rows:
-        table.add_row(n, v, s, config.SETTINGS[n].env)
+        table.add_row(n, shown(v), shown(s), config.SETTINGS[n].env)
     out.print(table)
 
 
@@ -454,12 +455,15 @@ def _show_secret(t: TokenCreated, server: str, what: str, as_json: bool = False)
     if as_json:
         sys.stdout.write(json.dumps(t.model_dump(mode="json"), indent=2) + "\n")
         return
-    scope = f", pool {', '.join(t.pools)}" if t.pools else ""
+    scope = f", pool {shown(', '.join(t.pools))}" if t.pools else ""
     expires = f", expires {t.expires_at:%Y-%m-%d %H:%M} UTC" if t.expires_at else ""
-    err.print(f"token {t.id} ({t.role}{scope}{expires}) {what}; the secret is shown once:")
+    err.print(
+        f"token {shown(t.id)} ({shown(t.role)}{scope}{expires}) {what}; the secret is shown once:"
+    )
     print(t.token, flush=True)
     if t.role == "worker":
-        err.print(escape(_enroll_hint(server, t.pools[0], t.name)))
+        hint = _enroll_hint(server, t.pools[0], t.name)
+        err.print("\n".join(map(shown, hint.splitlines())))
 
 
 @tokens_app.command("create")
@@ -524,12 +528,12 @@ def tokens_list(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = F
         table.add_column(col)
     for t in rows:
         table.add_row(
-            t.id,
-            escape(t.name),
-            t.role,
-            escape(",".join(t.pools) or "(all)"),
-            escape(",".join(f"{k}={v}" for k, v in t.labels.items()) or "-"),
-            escape(t.hint),
+            shown(t.id),
+            shown(t.name),
+            shown(t.role),
+            shown(",".join(t.pools) or "(all)"),
+            shown(",".join(f"{k}={v}" for k, v in t.labels.items()) or "-"),
+            shown(t.hint),
             day(t.created_at),
             day(t.expires_at),
             day(t.revoked_at),
@@ -572,4 +576,4 @@ def tokens_revoke(
     if as_json:
         print_json(t)
         return
-    out.print(f"{token_id}: revoked")
+    out.print(f"{shown(token_id)}: revoked")

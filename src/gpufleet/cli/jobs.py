@@ -3,14 +3,14 @@ and ``watch`` have their own modules)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TextIO
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.cli._common import (
@@ -22,6 +22,7 @@ from gpufleet.cli._common import (
     out,
     print_json,
     setting_option,
+    shown,
     styled,
     when,
 )
@@ -29,7 +30,8 @@ from gpufleet.cli.choose import session_client
 from gpufleet.cli.show import error_line, show_detail
 from gpufleet.client import Client
 from gpufleet.domain.models import InputKind
-from gpufleet.errors import ManifestError
+from gpufleet.errors import ConfigError, ManifestError
+from gpufleet.terminal import for_terminal
 from gpufleet.wire import (
     HostModel,
     InputModel,
@@ -105,17 +107,17 @@ def apply(
     )
     for host in result.unknown_hosts:
         err.print(
-            f"[yellow]warning:[/yellow] no registered worker is named {escape(repr(host))}; "
+            f"[yellow]warning:[/yellow] no registered worker is named {shown(repr(host))}; "
             "its hosts entry applies once one registers (workers are named by --name, "
             "default: hostname)"
         )
     for job_id, reason in result.unrunnable.items():
-        err.print(f"[yellow]warning:[/yellow] {job_id}: {escape(reason)}")
+        err.print(f"[yellow]warning:[/yellow] {shown(job_id)}: {shown(reason)}")
     if result.absent:
         out.print(
-            f"{len(result.absent)} job(s) of manifest {escape(result.manifest)} are no longer "
+            f"{len(result.absent)} job(s) of manifest {shown(result.manifest)} are no longer "
             f"in it; they stay (cancel those still queued to stop them): "
-            + ", ".join(result.absent)
+            + shown(", ".join(result.absent))
         )
 
 
@@ -136,16 +138,16 @@ def job_table(rows: list[JobOut]) -> Table:
         table.add_column(col, overflow="fold" if col == "ERROR" else "ellipsis")
     for j in rows:
         table.add_row(
-            j.id,
-            escape(j.name),
+            shown(j.id),
+            shown(j.name),
             styled(j.status),
             f"{j.attempts}/{j.max_attempts}",
-            escape(j.worker or "-"),
+            shown(j.worker or "-"),
             ",".join(map(str, j.gpus)) or "-",
             when(j.started_at),
             duration(j.started_at, j.finished_at),
             "-" if j.exit_code is None else str(j.exit_code),
-            escape(error_line(j)[:160]),
+            shown(error_line(j)[:160]),
         )
     return table
 
@@ -200,29 +202,45 @@ def logs(
             "unless it succeeded).",
         ),
     ] = False,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print the lines as the job wrote them, every control character included "
+            "(to pipe them to a file or a pager that reads them).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print a job's output (stdout and stderr)."""
+    """Print a job's output (stdout and stderr).
+
+    A job's colours, carriage returns (progress bars) and tabs reach the terminal; every
+    other control character or sequence (a window title, a screen clear, a clipboard
+    write, a cursor move) is shown as an escape such as \\x1b, so what a job printed
+    cannot drive your terminal. --raw prints the lines untouched."""
+    if raw and as_json:
+        raise ConfigError("--raw and --json: choose one (--json escapes every line as JSON)")
     with session_client(server, ca, session) as c:
-        status = follow(c, job, as_json, keep_going=follow_)
+        status = follow(c, job, as_json, keep_going=follow_, raw=raw)
         if not follow_:
             return
         d = c.job(job)
     said = f": {d.error}" if d.error and status != "cancelled" else ""
-    err.print(f"job {d.id} {styled(status)}{escape(said)}")
+    err.print(f"job {shown(d.id)} {styled(status)}{shown(said)}")
     if status != "succeeded":
         raise typer.Exit(1)
 
 
-def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
+def follow(c: Client, job: str, as_json: bool, keep_going: bool = True, raw: bool = False) -> str:
     """Print a job's output until it ends (or what it has, without ``keep_going``); its
     status. Following reads the job's event stream (SSE), which resumes after a broken
-    connection with nothing missed or printed twice."""
+    connection with nothing missed or printed twice. ``raw``: the lines as written, not
+    escaped for a terminal."""
     if not keep_going:
         after = 0
         while True:
             page = c.logs(job, after)
-            _print_lines(page.lines, as_json)
+            _print_lines(page.lines, as_json, raw)
             after = page.next
             if len(page.lines) < 10_000:
                 return page.status
@@ -230,20 +248,39 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True) -> str:
     status: str = d.status
     for event in c.follow(d.id):
         if event.type == "log":
-            _print_lines([LogEntry.model_validate(event.data)], as_json)
+            _print_lines([LogEntry.model_validate(event.data)], as_json, raw)
         elif event.type in ("state", "end"):
             status = str(event.data["status"])
     return status
 
 
-def _print_lines(lines: Sequence[LogEntry], as_json: bool) -> None:
+def _print_lines(lines: Sequence[LogEntry], as_json: bool, raw: bool = False) -> None:
+    """Each line to the stream it was written to, escaped for a terminal, or ``raw``;
+    or as a JSON record a line on stdout (ASCII only: JSON escapes every control)."""
+    if raw:  # bytes go past the text layers: what those hold goes first
+        sys.stdout.flush()
+        sys.stderr.flush()
     for ln in lines:
         if as_json:
-            sys.stdout.write(ln.model_dump_json() + "\n")
+            sys.stdout.write(json.dumps(ln.model_dump(mode="json"), separators=(",", ":")) + "\n")
+            continue
+        stream = sys.stdout if ln.stream == "stdout" else sys.stderr
+        if raw:
+            _write_raw(stream, ln.line + "\n")
         else:
-            (sys.stdout if ln.stream == "stdout" else sys.stderr).write(ln.line + "\n")
+            stream.write(for_terminal(ln.line) + "\n")
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _write_raw(stream: TextIO, text: str) -> None:
+    """``text`` as UTF-8 bytes, past the stream's own encoding and error handling: what
+    the job wrote, byte for byte, whatever the locale."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        stream.write(text)
+    else:
+        buffer.write(text.encode("utf-8", "surrogatepass"))
 
 
 def cancel(
@@ -286,7 +323,8 @@ def stop(
     if as_json:
         print_json(j)
     else:
-        out.print(f"{j.id}: {styled(j.status)}, asked to stop (SIGINT; SIGTERM after {grace:g}s)")
+        asked = f"asked to stop (SIGINT; SIGTERM after {grace:g}s)"
+        out.print(f"{shown(j.id)}: {styled(j.status)}, {asked}")
 
 
 def requeue(
@@ -307,7 +345,7 @@ def _acted(j: JobOut, as_json: bool) -> None:
     if as_json:
         print_json(j)
     else:
-        out.print(f"{j.id}: {styled(j.status)}")
+        out.print(f"{shown(j.id)}: {styled(j.status)}")
 
 
 def why(
@@ -325,15 +363,15 @@ def why(
     if as_json:
         print_json(w)
         return
-    out.print(f"[bold]{w.job_id}[/bold] is {styled(w.status)}: {escape(w.summary)}")
+    out.print(f"[bold]{shown(w.job_id)}[/bold] is {styled(w.status)}: {shown(w.summary)}")
     table = Table(box=None, header_style="bold")
     for col in ("WORKER", "STATUS", "VERDICT"):
         table.add_column(col)
     for r in w.workers:
         table.add_row(
-            escape(r.name),
+            shown(r.name),
             styled(r.status),
-            escape("\n".join(r.reasons) or r.reason or "") or "[green]may run it[/green]",
+            "\n".join(map(shown, r.reasons or [r.reason or ""])) or "[green]may run it[/green]",
         )
     if w.workers:
         out.print(table)

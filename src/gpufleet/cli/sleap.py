@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
-from gpufleet.cli._common import err, fields_signature, print_json, styled
+from gpufleet.cli._common import err, fields_signature, print_json, shown, styled
 from gpufleet.cli.data import package_input
 from gpufleet.cli.submit import Placement
 from gpufleet.client import Client
@@ -110,9 +109,9 @@ class SleapChoice(Placement):
     def submit(self, c: Client, spec: JobSpecModel, queue: bool = False) -> JobOut:
         result = c.submit(spec, queue=self.queue or queue)
         if result.warning:
-            err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
+            err.print(f"[yellow]warning:[/yellow] {shown(result.warning)}")
         if not self.as_json:
-            err.print(f"job {result.job.id} queued: {escape(spec.name)}")
+            err.print(f"job {shown(result.job.id)} queued: {shown(spec.name)}")
         return result.job
 
 
@@ -263,18 +262,19 @@ def _follow(c: Client, job: JobOut, quiet: bool) -> str:
         if event.type == "state":
             status = str(event.data["status"])
             by = event.data.get("by")
-            line = styled(status) + (f" ({escape(str(by))})" if by else "")
+            line = styled(status) + (f" ({shown(str(by))})" if by else "")
         elif event.type == "end":
             status = str(event.data["status"])
         elif event.type == "progress":
             record = event.data.get("record")
             record = record if isinstance(record, dict) else {}
-            line, tenth = _record_line(record, tenth)
+            said, tenth = _record_line(record, tenth)
+            line = shown(said) if said else None  # the record's values are the job's
         if line and not quiet:
-            err.print(f"{escape(job.name)}: {line}")
+            err.print(f"{shown(job.name)}: {line}")
     if status == "failed" and not quiet:
         d = c.job(job.id)
-        err.print(f"{escape(job.name)}: [red]failed[/red]: {escape(d.error or '')}")
+        err.print(f"{shown(job.name)}: [red]failed[/red]: {shown(d.error or '')}")
     return status
 
 
@@ -300,7 +300,7 @@ def _download(c: Client, job: JobOut, into: Path) -> Path | None:
     try:
         return fetch_results(c, job.id, into, quiet=True)
     except NotFound:
-        err.print(f"{escape(job.name)}: left no artifact")
+        err.print(f"{shown(job.name)}: left no artifact")
         return None
 
 
@@ -321,7 +321,7 @@ def _predictions(c: Client, job: JobOut, data: Path, where: Path) -> Path | None
         unpacked = _download(c, job, Path(tmp) / "artifact")
         found = next(unpacked.rglob(name), None) if unpacked else None
         if found is None:
-            err.print(f"{escape(job.name)}: no {escape(name)} in its artifact")
+            err.print(f"{shown(job.name)}: no {shown(name)} in its artifact")
             return None
         repoint(found, data)
         target = unused_path(where, name.removesuffix(".slp"), ".slp")
@@ -347,9 +347,9 @@ def _report(
         )
     else:
         for path in placed:
-            err.print(f"model: {escape(str(path))}")
+            err.print(f"model: {shown(str(path))}")
         if predictions is not None:
-            err.print(f"predictions: {escape(str(predictions))}")
+            err.print(f"predictions: {shown(str(predictions))}")
     if any(s != "succeeded" for s in statuses.values()):
         raise typer.Exit(1)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from gpufleet.cli._common import (
     CaOpt,
@@ -18,6 +17,7 @@ from gpufleet.cli._common import (
     parse_pairs,
     print_json,
     setting_option,
+    shown,
     styled,
 )
 from gpufleet.cli.choose import auto_select as auto_select_worker
@@ -26,6 +26,7 @@ from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
 from gpufleet.cli.jobs import default_name, follow
 from gpufleet.client import Client
 from gpufleet.errors import ConfigError, NotFound
+from gpufleet.terminal import visible
 from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class Placement:
             return requirements
         pick = auto_select_worker(c, probe) if self.auto_select else interactive_select(c, probe)
         free = f"{pick.free_gpu_mib / 1024:.1f} GiB GPU memory free"
-        err.print(f"worker {escape(pick.worker.name)} ({pick.worker.id}, {free}) chosen")
+        err.print(f"worker {shown(pick.worker.name)} ({shown(pick.worker.id)}, {free}) chosen")
         return requirements.model_copy(update={"worker": pick.worker.id})
 
     def mounts_pool(self, c: Client, packages: list[str] | None) -> str:
@@ -271,11 +272,12 @@ class SubmitRequest(Placement):
             inputs = packages + inputs
             result = c.submit(self.spec(requirements, inputs), queue=self.queue)
             if result.warning:
-                err.print(f"[yellow]warning:[/yellow] {escape(result.warning)}")
+                err.print(f"[yellow]warning:[/yellow] {shown(result.warning)}")
             if not self.wait:
-                print_json(result) if self.as_json else print(result.job.id)
+                print_json(result) if self.as_json else print(visible(result.job.id))
                 return
-            err.print(f"job {result.job.id} queued; following it (Ctrl-C stops following only)")
+            following = "following it (Ctrl-C stops following only)"
+            err.print(f"job {shown(result.job.id)} queued; {following}")
             status = follow(c, result.job.id, self.as_json)
             finish_wait(c, result.job.id, status, self.results, self.as_json)
 
@@ -304,10 +306,10 @@ def finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet
         print_json({"job_id": job_id, "status": status, "results": str(where) if where else None})
     else:
         err.print(
-            f"job {job_id} {styled(status)}"
-            + (f"; results in {escape(str(where))}" if where else "")
+            f"job {shown(job_id)} {styled(status)}"
+            + (f"; results in {shown(str(where))}" if where else "")
         )
-        print(job_id)
+        print(visible(job_id))
     if status != "succeeded":
         raise typer.Exit(1)
 

@@ -3,9 +3,10 @@
 The view follows the job's event stream (SSE, resumed after a break): status, attempt,
 worker and GPUs, how long it has run, a progress bar with an ETA, the latest metrics, a
 small sparkline of its loss, why it failed, and the last lines it wrote. It is redrawn
-at most four times a second, however fast the job writes. Output lines and everything
-else a job wrote are shown as text (never Rich markup), so a job cannot restyle the
-terminal. Off a terminal, the final view is printed once.
+at most four times a second, however fast the job writes. Everything a job wrote is
+shown as text (never Rich markup) with its control characters as visible escapes; its
+output lines keep their colours. So a job cannot drive the terminal. Off a terminal, the
+final view is printed once.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Group, RenderableType
 from rich.live import Live
-from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.cli._common import CaOpt, SessionOpt, duration, out, setting_option, styled
+from gpufleet.cli._common import CaOpt, SessionOpt, duration, out, setting_option, shown, styled
 from gpufleet.cli.choose import session_client
 from gpufleet.cli.show import placement
 from gpufleet.domain import progress
 from gpufleet.domain.models import JobStatus
+from gpufleet.terminal import for_terminal, visible
 from gpufleet.wire import JobDetail
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -133,11 +134,11 @@ def _span(seconds: float) -> str:
 
 
 def view(d: JobDetail, seen: Seen) -> RenderableType:
-    where = f"  on {escape(d.worker)} ({placement(d)})" if d.worker else ""
+    where = f"  on {shown(d.worker)} ({placement(d)})" if d.worker else ""
     took = f"  {duration(d.started_at, d.finished_at)}" if d.started_at else ""
     attempt = d.history[-1].attempt if d.history else 0  # the one running, or the last
     head = (
-        f"[bold]{d.id}[/bold] {escape(d.name)}: {styled(d.status)}"
+        f"[bold]{shown(d.id)}[/bold] {shown(d.name)}: {styled(d.status)}"
         f"  attempt {attempt}/{d.max_attempts}{where}{took}"
     )
     parts: list[RenderableType] = [Text.from_markup(head)]
@@ -149,29 +150,34 @@ def view(d: JobDetail, seen: Seen) -> RenderableType:
         counts = _counts(record)
         bar.add_row(
             ProgressBar(total=1.0, completed=done, width=40),
-            Text(f"{done:6.1%}{counts}" + (f"  ETA {left}" if left else "")),
+            Text(visible(f"{done:6.1%}{counts}" + (f"  ETA {left}" if left else ""))),
         )
         parts.append(bar)
     if record.get("message"):
-        parts.append(Text(str(record["message"]), style="cyan"))
+        parts.append(Text(visible(str(record["message"])), style="cyan"))
     metrics = seen.metrics or d.metrics
     if metrics:
-        shown = "  ".join(f"{k}={_num(v)}" for k, v in list(metrics.items())[:8])
-        parts.append(Text(shown))
+        latest = "  ".join(f"{k}={_num(v)}" for k, v in list(metrics.items())[:8])
+        parts.append(Text(visible(latest)))
     if len(seen.curve) > 1 and seen.curve_of:
-        parts.append(Text(f"{seen.curve_of} {sparkline(seen.curve)}", style="magenta"))
+        parts.append(Text(f"{visible(seen.curve_of)} {sparkline(seen.curve)}", style="magenta"))
     if d.stopped_early:
         parts.append(Text("stopped early; outputs kept", style="green"))
     elif d.stop_requested_at and not JobStatus(d.status).terminal:
         parts.append(Text("asked to stop", style="yellow"))
     if d.error:
-        parts.append(Text(f"error: {d.error}", style="red"))
-        parts.extend(Text(f"  {line}", style="red") for line in d.stderr_tail[-5:])
+        parts.append(Text(f"error: {visible(d.error)}", style="red"))
+        parts.extend(Text(f"  {visible(line)}", style="red") for line in d.stderr_tail[-5:])
     parts.append(Text(""))
-    parts.extend(
-        Text(line, style="dim" if stream == "stderr" else "") for stream, line in seen.tail
-    )
+    parts.extend(output_line(line, stream) for stream, line in seen.tail)
     return Group(*parts)
+
+
+def output_line(line: str, stream: str) -> Text:
+    """An output line as ``logs`` prints it (its colours kept, every other control shown
+    as an escape), at its last carriage return: what a terminal shows of a progress bar
+    redrawn in place. Stderr dimmed."""
+    return Text.from_ansi(for_terminal(line), style="dim" if stream == "stderr" else "")
 
 
 def _counts(record: dict[str, Any]) -> str:

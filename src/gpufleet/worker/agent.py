@@ -30,6 +30,7 @@ from gpufleet.errors import (
     ServerUnavailable,
     Unauthorized,
 )
+from gpufleet.terminal import visible
 from gpufleet.wire import (
     CapabilityModel,
     ClaimRequest,
@@ -542,7 +543,7 @@ def run_worker(opts: WorkerOptions, capability: Capability) -> int:
         # subprocesses (gpufleet.worker.spawn), which uvloop's would fork the whole worker
         return asyncio.run(Agent(opts, capability).run())
     except GpufleetError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"error: {visible(exc.message)}", file=sys.stderr)
         return 1
     finally:
         stop_guard()  # what still runs dies with the worker

@@ -25,6 +25,7 @@ from gpufleet.client import AsyncClient, Client
 from gpufleet.domain import progress
 from gpufleet.domain.models import DEFAULT_OUTPUTS, HyperStyle
 from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
+from gpufleet.terminal import visible
 from gpufleet.tokens import redact
 from gpufleet.wire import (
     STDERR_TAIL_CHARS,
@@ -62,8 +63,9 @@ class Stopped(GpufleetError):
 
 
 def say(msg: str) -> None:
-    """A line of the worker's log (never a token: anything token-shaped is cut)."""
-    print(f"{time.strftime('%H:%M:%S')} {redact(msg)}", flush=True)
+    """A line of the worker's log (never a token: anything token-shaped is cut). It
+    names jobs that others submitted: their control characters are shown as escapes."""
+    print(f"{time.strftime('%H:%M:%S')} {visible(redact(msg))}", flush=True)
 
 
 @dataclass
