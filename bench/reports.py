@@ -41,14 +41,17 @@ def run(db: str | None, jobs: int, batch: int) -> tuple[float, float]:
         poll = ClaimRequest(cpu_slots=1, wait=0).model_dump()
         with httpx.Client(base_url=url, headers=headers, timeout=300) as http:
             for _ in range(jobs // batch):
-                ids = []
+                held: dict[str, str] = {}  # job id -> its attempt's secret
                 for _ in range(batch):
                     r = http.post(f"/v1/workers/{wid}/claim", json=poll)
                     r.raise_for_status()
-                    ids.append(r.json()["job_id"])
+                    held[r.json()["job_id"]] = r.json()["secret"]
                 before, t0 = sum(server.cpu_times()[:2]), time.perf_counter()
                 for kind, extra in (("start", {}), ("finish", {"exit_code": 0})):
-                    reports = [{"kind": kind, "job_id": j, "attempt": 1, **extra} for j in ids]
+                    reports = [
+                        {"kind": kind, "job_id": j, "attempt": 1, "secret": secret, **extra}
+                        for j, secret in held.items()
+                    ]
                     r = http.post("/v1/reports", json={"reports": reports})
                     r.raise_for_status()
                     bad = [x for x in r.json()["results"] if x["status"] not in (200, 204)]
