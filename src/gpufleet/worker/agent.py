@@ -45,7 +45,18 @@ from gpufleet.wire import (
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus, live_state
-from gpufleet.worker.jobs import JobSteps, Running, Stopped, say
+from gpufleet.worker.isolation import (
+    SlotUsers,
+    check_reachable,
+    check_run_as,
+    drop_secret_env,
+    kill_user,
+    links_protected,
+    make_undumpable,
+    private_root,
+    slot_users,
+)
+from gpufleet.worker.jobs import PROGRESS_DIR, JobSteps, Running, Stopped, say
 from gpufleet.worker.nvml import GpuReading, group_gpu_mib
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.reports import Reports
@@ -80,6 +91,7 @@ class Agent(JobSteps):
     def __init__(self, opts: WorkerOptions, capability: Capability) -> None:
         self.opts = opts
         self.capability = replace(capability, mounts=opts.mounts)
+        self.users = self._slot_users(opts, capability)
         self.client = AsyncClient(opts.server, opts.token, ca=opts.ca)
         # Bulk transfers run the blocking client in threads: one code path for the SDK,
         # the CLI and the worker.
@@ -109,6 +121,31 @@ class Agent(JobSteps):
         self.several = not opts.ephemeral  # ask for a job per free slot in one poll
         self.tasks: set[asyncio.Task[None]] = set()
         self.reports = Reports(self.client, self.retrying)
+
+    @staticmethod
+    def _slot_users(opts: WorkerOptions, capability: Capability) -> SlotUsers | None:
+        """``--run-as``: its users, checked (root, enough of them, able to reach the work
+        dir), with the worker's own files closed to them from now on."""
+        if not opts.run_as:
+            return None
+        users = slot_users(opts.run_as)
+        check_run_as(users, 1 if opts.ephemeral else opts.cpu_slots + len(capability.gpus))
+        os.umask(0o077)  # what the worker writes is its own; jobs get 022 (spawn)
+        opts.work_dir.mkdir(parents=True, exist_ok=True)
+        check_reachable(opts.work_dir, users)
+        private_root(opts.work_dir, opts.work_dir / PROGRESS_DIR)
+        if opts.cache_dir is not None:
+            opts.cache_dir.mkdir(parents=True, exist_ok=True)
+            opts.cache_dir.chmod(0o700)
+        if not links_protected():
+            say(
+                "warning: fs.protected_hardlinks is 0, so a job could hard-link a file of "
+                "the worker's into its outputs; set it to 1 (sysctl fs.protected_hardlinks=1)"
+            )
+        for user in users:  # what jobs of an earlier worker left running
+            kill_user(user)
+        say(f"jobs run as {', '.join(u.name for u in users)}, one user per running job")
+        return SlotUsers(users)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background, keeping a reference until it ends."""
@@ -521,7 +558,8 @@ class Agent(JobSteps):
         self.lease_timeout = lease.lease_timeout
         spill = self.opts.work_dir / SPILL / job_dir_name(lease.job_id, lease.attempt)
         backlog = Backlog(spill, disk=self.opts.log_backlog)
-        run = self.running[(lease.job_id, lease.attempt)] = Running(lease, backlog)
+        user = self.users.take() if self.users is not None else None
+        run = self.running[(lease.job_id, lease.attempt)] = Running(lease, backlog, user=user)
         self.spawn(self.run_job(run))
         if self.opts.ephemeral:
             self.begin_drain(None, "ephemeral worker took its one job")
@@ -534,7 +572,11 @@ class Agent(JobSteps):
 
 
 def run_worker(opts: WorkerOptions, capability: Capability) -> int:
-    """Run a worker until it is drained; the process exit code."""
+    """Run a worker until it is drained; the process exit code. Its token lives in
+    ``opts`` alone from here: gone from its environment, and its memory closed to the
+    processes of its user (see :mod:`gpufleet.worker.isolation`)."""
+    drop_secret_env()
+    make_undumpable()
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     try:
         # asyncio's own loop: where there are no pidfds, jobs start through its
