@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import PYTHON, Fleet, Proc, wait_for
+from tests.e2e.conftest import PYTHON, Fleet, Proc, alive, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -305,3 +305,72 @@ def _is_guard(pid: int) -> bool:
     except OSError:
         return False
     return argv[1:4] == [b"-I", b"-S", b"-c"]
+
+
+#: A job that reports progress through its file, keeps an output, notes who it runs as and
+#: where its home is, and leaves a process behind in a session of its own.
+ORDINARY = (
+    "import os, subprocess, gpufleet\n"
+    "gpufleet.report(epoch=1, epochs=1, loss=0.5)\n"
+    "os.makedirs('outputs', exist_ok=True)\n"
+    "open('outputs/model.txt', 'w').write('weights')\n"
+    "open(os.path.join(os.environ['HOME'], '.cache-probe'), 'w').write('ok')\n"
+    "left = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+    "print('LEFT', left.pid, 'USER', os.environ['USER'], 'HOME', os.environ['HOME'])\n"
+)
+
+
+def test_a_slot_users_job_runs_as_any_job_and_leaves_nothing_running(
+    fleet: Fleet, users: Users, base: Path
+) -> None:
+    fleet.start_server()
+    worker = _start(
+        fleet, [], {}, "--run-as", users.slots[0], "--work-dir", str(base / "work")
+    )  # fmt: skip
+    job = _submit(fleet, "python", "-c", ORDINARY)
+    done = fleet.wait_status(job, "succeeded", "failed")
+    assert done["status"] == "succeeded", fleet.cli("logs", job).stderr
+    assert done["progress"] == {"epoch": 1, "epochs": 1, "loss": 0.5}
+    said = fleet.cli("logs", job).stdout.split()
+    assert said[said.index("USER") + 1] == users.slots[0]
+    assert said[said.index("HOME") + 1] == str(base / "work" / f"{job}-1")
+    assert f"as {users.slots[0]}" in worker.text()
+    fleet.cli("download", job, "-o", str(fleet.root / "got"))
+    assert (fleet.root / "got" / "outputs" / "model.txt").read_text() == "weights"
+    left = int(said[said.index("LEFT") + 1])
+    wait_for(lambda: not alive(left), 10, "the process the job left to be killed")
+    folder = (base / "work" / f"{job}-1").stat()
+    assert folder.st_uid == pwd.getpwnam(users.slots[0]).pw_uid
+    assert folder.st_mode & 0o777 == 0o700
+    assert (base / "work").stat().st_mode & 0o777 == 0o711
+
+
+def _refused(fleet: Fleet, prefix: list[str], *args: str, env: dict[str, str] | None = None) -> str:
+    """What a worker that must not start says as it exits (with code 1)."""
+    argv = [*prefix, PYTHON, "-m", "gpufleet", "worker", "--name", "nope", *args]
+    log = fleet.root / f"refused-{len(fleet.procs)}.log"
+    proc = Proc(argv, {**fleet.env, **(env or {})}, log)
+    fleet.procs.append(proc)
+    assert proc.popen.wait(30) == 1, proc.text()
+    return proc.text()
+
+
+def test_run_as_is_refused_where_it_cannot_keep_jobs_apart(
+    fleet: Fleet, users: Users, base: Path
+) -> None:
+    fleet.start_server()
+    work = ("--work-dir", str(base / "work"))
+    own = base / "own"
+    own.mkdir()
+    shutil.chown(own, users.own, users.own)
+    as_own = ("--work-dir", str(own / "work"), "--cache-dir", str(own / "cache"))
+    mine = {"GPUFLEET_CONFIG_DIR": str(own / "config")}
+    said = _refused(fleet, _as(users.own), "--run-as", users.slots[0], *as_own, env=mine)
+    assert "--run-as needs the worker to run as root" in said, said
+    said = _refused(fleet, [], "--run-as", "nosuchuser-gf", *work)
+    assert "--run-as nosuchuser-gf: no such user on this machine" in said, said
+    said = _refused(fleet, [], "--slots", "2", "--run-as", users.slots[0], *work)
+    assert "gives 1 user(s), but this worker runs up to 2 jobs at once" in said, said
+    closed = fleet.root / "closed" / "work"  # under pytest's own folder, mode 0700
+    said = _refused(fleet, [], "--run-as", users.slots[0], "--work-dir", str(closed))
+    assert f"user {users.slots[0]} cannot reach the work dir {closed}" in said, said

@@ -138,9 +138,11 @@ def slot_users(names: Sequence[str]) -> tuple[SlotUser, ...]:
     return tuple(found)
 
 
-def missing_privileges(status: Path = Path("/proc/self/status")) -> list[str]:
+def missing_privileges(
+    status: Path = Path("/proc/self/status"), euid: int | None = None
+) -> list[str]:
     """The capabilities this process lacks for ``--run-as`` (none for root)."""
-    if os.geteuid() == 0:
+    if (os.geteuid() if euid is None else euid) == 0:
         return []
     effective = 0
     with contextlib.suppress(OSError, ValueError):
