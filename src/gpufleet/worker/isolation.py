@@ -52,9 +52,8 @@ USER_DIRS = (
 )
 #: Kills every process of the user it runs as (``kill(-1)`` spares only itself); the
 #: kernel signals them all in one pass, so a process forking meanwhile cannot escape.
-_KILL_ALL = (
-    "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass"
-)
+#: The shell's own ``kill``: every user may run /bin/sh (not so every Python).
+_KILL_ALL = ["/bin/sh", "-c", "kill -s KILL -- -1 2>/dev/null; exit 0"]
 
 
 def is_secret_env(name: str) -> bool:
@@ -260,7 +259,7 @@ def kill_user(user: SlotUser) -> None:
     left its process group) must not meet the next job that user runs."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _KILL_ALL],
+            _KILL_ALL,
             user=user.uid,
             group=user.gid,
             extra_groups=[],
