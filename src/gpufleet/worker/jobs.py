@@ -217,9 +217,9 @@ class JobSteps(ABC):
         }
         # The worker's own secrets never reach job code (or its logs).
         base = {k: v for k, v in os.environ.items() if not is_secret_env(k)}
+        if run.user is not None:  # its user's HOME and names (the job's env may set them)
+            base = job_user_env(base, run.user, workdir)
         env = job_env(base, spec.env, lease.gpus, extra)
-        if run.user is not None:
-            env = job_user_env(env, run.user, workdir)
         try:
             await self.stager.stage(lease.inputs, workdir, partial(self.note, run))
             if run.user is not None:  # staged by the worker: the job's to read and change
