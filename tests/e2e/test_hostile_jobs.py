@@ -74,6 +74,26 @@ def _as(user: str) -> list[str]:
     return ["setpriv", "--reuid", user, "--regid", user, "--init-groups"]
 
 
+def _cannot_run_python(user: str) -> str | None:
+    """Why ``user`` cannot run this Python with gpufleet, started as the worker starts a job
+    (None: it can)."""
+    try:
+        ran = subprocess.run(
+            [PYTHON, "-c", "import gpufleet"],
+            user=user,
+            group=user,
+            extra_groups=[],
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except OSError as exc:
+        return str(exc)
+    return ran.stderr.strip()[-300:] if ran.returncode else None
+
+
 @pytest.fixture(scope="session")
 def users() -> Iterator[Users]:
     """Three users of this session only: two slot users and a worker's own user."""
@@ -86,17 +106,11 @@ def users() -> Iterator[Users]:
         for name in names:
             _useradd(name)
             made.append(name)
-        ran = subprocess.run(
-            [*_as(names[0]), PYTHON, "-c", "import gpufleet"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        if ran.returncode != 0:
+        problem = _cannot_run_python(names[0])
+        if problem:
             pytest.skip(
                 f"hostile-job suite: another user cannot run {PYTHON} with gpufleet (a folder "
-                f"above it is closed to others?): {ran.stderr.strip()[-300:]}"
+                f"above it closed to others, such as /root?): {problem}"
             )
         yield Users((names[0], names[1]), names[2])
     finally:

@@ -47,13 +47,10 @@ from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus, live_state
 from gpufleet.worker.isolation import (
     SlotUsers,
-    check_reachable,
     check_run_as,
     drop_secret_env,
-    kill_user,
-    links_protected,
     make_undumpable,
-    private_root,
+    set_up_run_as,
     slot_users,
 )
 from gpufleet.worker.jobs import PROGRESS_DIR, JobSteps, Running, Stopped, say
@@ -130,20 +127,8 @@ class Agent(JobSteps):
             return None
         users = slot_users(opts.run_as)
         check_run_as(users, 1 if opts.ephemeral else opts.cpu_slots + len(capability.gpus))
-        os.umask(0o077)  # what the worker writes is its own; jobs get 022 (spawn)
-        opts.work_dir.mkdir(parents=True, exist_ok=True)
-        check_reachable(opts.work_dir, users)
-        private_root(opts.work_dir, opts.work_dir / PROGRESS_DIR)
-        if opts.cache_dir is not None:
-            opts.cache_dir.mkdir(parents=True, exist_ok=True)
-            opts.cache_dir.chmod(0o700)
-        if not links_protected():
-            say(
-                "warning: fs.protected_hardlinks is 0, so a job could hard-link a file of "
-                "the worker's into its outputs; set it to 1 (sysctl fs.protected_hardlinks=1)"
-            )
-        for user in users:  # what jobs of an earlier worker left running
-            kill_user(user)
+        for warning in set_up_run_as(users, opts.work_dir, PROGRESS_DIR, opts.cache_dir):
+            say(f"warning: {warning}")
         say(f"jobs run as {', '.join(u.name for u in users)}, one user per running job")
         return SlotUsers(users)
 

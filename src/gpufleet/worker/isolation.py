@@ -209,6 +209,36 @@ class SlotUsers:
         self.busy.discard(user.name)
 
 
+def set_up_run_as(
+    users: Sequence[SlotUser], work_dir: Path, progress: str, cache_dir: Path | None
+) -> list[str]:
+    """Ready a ``--run-as`` worker: what it writes from now on is its own (umask 077;
+    jobs get 022), its files closed to jobs, the work dir within their reach (else
+    ConfigError), and nothing left running by its users' earlier jobs. Warnings for
+    what it cannot fix."""
+    os.umask(0o077)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    check_reachable(work_dir, users)
+    private_root(work_dir, work_dir / progress)
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache_dir.chmod(0o700)
+    for user in users:  # what jobs of an earlier worker left running
+        kill_user(user)
+    warnings = []
+    if not links_protected():
+        warnings.append(
+            "fs.protected_hardlinks is 0, so a job could hard-link a file of the worker's "
+            "into its outputs; set it to 1 (sysctl fs.protected_hardlinks=1)"
+        )
+    if not runs_python(users[0]):
+        warnings.append(
+            f"{users[0].name} cannot run {sys.executable}, so jobs that run `python` fail; "
+            "install gpufleet where every user may read it"
+        )
+    return warnings
+
+
 def private_root(work_dir: Path, progress: Path) -> None:
     """The worker's own files under its work dir, closed to jobs: the work dir itself
     0711 (jobs pass through to their folders, but cannot list it), its progress folder
@@ -271,6 +301,26 @@ def kill_user(user: SlotUser) -> None:
             timeout=30,
             check=False,
         )
+
+
+def runs_python(user: SlotUser) -> bool:
+    """Whether ``user`` can run this worker's Python, which a job's ``python`` is (a
+    folder above it closed to others, such as /root, keeps it from them)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", ""],
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            env={},
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
 
 
 def links_protected(sysctl: Path = Path("/proc/sys/fs/protected_hardlinks")) -> bool:
