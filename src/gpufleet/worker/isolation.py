@@ -23,7 +23,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +64,7 @@ def is_secret_env(name: str) -> bool:
     return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
 
 
-def drop_secret_env(env: os._Environ[str] | dict[str, str] = os.environ) -> list[str]:
+def drop_secret_env(env: MutableMapping[str, str] = os.environ) -> list[str]:
     """Remove the secret variables from ``env`` (the worker's own environment, once its
     options hold the token); the names removed."""
     gone = [name for name in env if is_secret_env(name)]
