@@ -256,6 +256,14 @@ SETTINGS: dict[str, Setting] = {
             "shared paths this worker can read, comma-separated; inputs under them are "
             "passed by reference",
         ),
+        _setting(
+            "run_as",
+            "",
+            "str",
+            "Unix users a worker runs jobs as, USER,USER,... (one per running job, so give "
+            "one per CPU slot and GPU); the worker must run as root. Recommended for a worker "
+            "that runs other people's jobs",
+        ),
         _setting("token", None, "str", "bearer token", secret=True),
     )
 }

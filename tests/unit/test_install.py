@@ -446,3 +446,70 @@ def test_windows_script_is_written_0600_and_print_masks(tmp_path: Path) -> None:
     assert TOKEN not in result.output
     shown = runner.invoke(app, [*base, "--print"], env=env)
     assert shown.exit_code == 0 and TOKEN not in shown.output and "'****'" in shown.output
+
+
+# --------------------------------------------------------------------------- slot users
+
+
+def test_slot_users_run_the_worker_as_root_with_gpufleet_run_as(
+    system_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_TOKEN", TOKEN)
+    result = runner.invoke(
+        app, ["worker", "install", "--systemd", "--print", "--slot-users", "2", "--slots", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    shown = result.output
+    for n in (1, 2):
+        assert "--system --no-create-home --user-group --shell" in shown
+        assert f" gpufleet-slot{n}\n" in shown
+    assert 'GPUFLEET_RUN_AS="gpufleet-slot1,gpufleet-slot2"' in shown
+    assert "StateDirectoryMode=0711" in shown and "CacheDirectoryMode=0700" in shown
+    assert "\nUser=" not in shown  # root
+    assert not any(d.exists() for d in system_dirs)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--slot-users", "2", "--user", "gpufleet"], "the worker must run as root"),
+        (["--run-as", "a,b", "--slot-users", "2"], "give one of them"),
+        (["--run-as", "a b"], "--run-as 'a b': not a valid user name"),
+        (["--slot-users", "0"], "--slot-users"),
+    ],
+)
+def test_slot_user_misuse_is_a_clear_error(args: list[str], message: str) -> None:
+    result = runner.invoke(
+        app, ["worker", "install", "--systemd", "--print", *args], env={"GPUFLEET_TOKEN": TOKEN}
+    )
+    assert result.exit_code != 0
+    assert message in str(result.exception) + result.output
+
+
+def test_run_as_users_must_exist(tmp_path: Path) -> None:
+    svc = service(run_as=("no-such-slot-x",))
+    with pytest.raises(ConfigError, match="--run-as no-such-slot-x: no such user"):
+        service_files.write_systemd(svc, tmp_path, tmp_path, euid=0)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="useradd needs root")
+def test_install_makes_the_slot_users_it_is_asked_for(
+    system_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = tuple(f"gfinst{os.urandom(3).hex()}{n}" for n in (1, 2))
+    monkeypatch.setattr(install, "slot_user_names", lambda count: names[:count])
+    monkeypatch.setattr(install, "current_euid", lambda: 0)
+    monkeypatch.setenv("GPUFLEET_TOKEN", TOKEN)
+    try:
+        result = runner.invoke(app, ["worker", "install", "--systemd", "--slot-users", "2"])
+        assert result.exit_code == 0, result.output
+        import pwd
+
+        assert [pwd.getpwnam(n).pw_name for n in names] == list(names)
+        env_file = system_dirs[1] / "worker.env"
+        assert f'GPUFLEET_RUN_AS="{names[0]},{names[1]}"' in env_file.read_text()
+        again = runner.invoke(app, ["worker", "install", "--systemd", "--slot-users", "2"])
+        assert again.exit_code == 0, again.output  # users that exist are kept
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True, timeout=30, check=False)

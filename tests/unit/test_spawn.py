@@ -473,3 +473,43 @@ def test_output_that_never_ends_is_read_for_a_bounded_time_after_the_job_ends(
 
 def _keep(lines: list[tuple[str, str]]) -> OnLine:
     return lambda stream, line: lines.append((stream, line))
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+def test_a_job_runs_as_its_slot_user_and_its_reap_ends_all_that_user_runs(
+    waited_by: str,
+) -> None:
+    """``--run-as``: the job runs as the slot user with none of the worker's groups; the
+    reap kills every process of that user, also one that left the job's group, and the
+    guard still kills the group of a job run as another user."""
+    import pwd
+    import shutil
+    import tempfile
+
+    from gpufleet.worker.isolation import SlotUser
+
+    entry = pwd.getpwnam("nobody")
+    user = SlotUser("nobody", entry.pw_uid, entry.pw_gid, "/")
+    top = Path(tempfile.mkdtemp(prefix="gpufleet-spawn-"))
+    top.chmod(0o711)
+    lines: list[tuple[str, str]] = []
+
+    async def main() -> tuple[int | None, int]:
+        script = "id -u; id -G; setsid sleep 60 & echo $! > left; exit 0"
+        job = await JobProcess.start(
+            ["sh", "-c", script], top, {"PATH": os.defpath}, _keep(lines), user
+        )
+        code = await job.wait(20)
+        left = int(wait_for(lambda: (top / "left").exists() and (top / "left").read_text(), 10))
+        assert alive(left)
+        await asyncio.wait_for(job.reap(top), 20)
+        return code, left
+
+    try:
+        top.chmod(0o777)  # the job writes its file here
+        code, left = asyncio.run(main())
+    finally:
+        shutil.rmtree(top)
+    assert code == 0
+    assert [line for _, line in lines] == [str(user.uid), str(user.gid)]
+    wait_for(lambda: not alive(left), 10, "the process the job left to be killed")

@@ -180,6 +180,7 @@ def worker(
     mount: Mounts = None,
     ca: CaOpt = None,
     share_token: ShareToken = False,
+    run_as: Annotated[str | None, setting_option("run_as")] = None,
 ) -> None:
     """Run a worker: detect this machine, claim jobs that fit, run them, report back.
     It prints a session string; `gpufleet submit --session STRING` sends a job to it."""
@@ -203,6 +204,7 @@ def worker(
         work_dir_retention=work_dir_retention,
         mount=",".join(mount) if mount else None,
         ca=ca,
+        run_as=run_as,
     )
     notes: list[str] = []
     cap = detect(simulate=s["simulate_gpus"], notes=notes)
@@ -237,6 +239,7 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         mounts=mounts,
         ca=s["ca"],
         share_token=_share_token() if share_token else None,
+        run_as=tuple(u.strip() for u in s["run_as"].split(",") if u.strip()),
     )
 
 

@@ -34,7 +34,9 @@ from gpufleet.cli.service_files import (
     render_env_file,
     render_unit,
     render_windows,
+    slot_user_names,
     systemd_defaults,
+    useradd_argv,
     write_systemd,
 )
 from gpufleet.errors import ConfigError
@@ -83,6 +85,28 @@ class Given:
     cache_size: str | None = None
     drain_grace: float | None = None
     ca: str | None = None
+    run_as: str | None = None  # existing slot users, USER,USER
+    slot_users: int | None = None  # slot users to make: gpufleet-slot1..N
+
+
+def _slot_users(g: Given, user: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(users jobs run as, users to make)`` from ``--run-as`` or ``--slot-users``."""
+    if g.run_as is not None and g.slot_users is not None:
+        raise ConfigError("--run-as and --slot-users: give one of them")
+    if g.slot_users is not None:
+        names = slot_user_names(g.slot_users)
+        made = names
+    else:
+        names = tuple(u.strip() for u in (g.run_as or "").split(",") if u.strip())
+        made = ()
+    for name in names:
+        check_user(name, "--run-as")
+    if names and user not in (None, "root", "0"):
+        raise ConfigError(
+            f"--user {user} with slot users: the worker must run as root to start each job "
+            "as a slot user of its own; leave out --user"
+        )
+    return names, made
 
 
 def _path(flag: str, raw: str, windows: bool) -> str:
@@ -148,8 +172,13 @@ def build_service(
     )
     # Written even when it is the default, so the unit's stop timeout always matches it.
     env["GPUFLEET_DRAIN_GRACE"] = f"{grace:g}"
+    run_as, create = _slot_users(g, user)
+    if run_as:
+        env["GPUFLEET_RUN_AS"] = ",".join(run_as)
     token, source = read_token(token_file, server)
-    return WorkerService(g.name, check_value("--python", python), env, token, grace, user, source)
+    return WorkerService(
+        g.name, check_value("--python", python), env, token, grace, user, source, run_as, create
+    )
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -193,7 +222,7 @@ def _opt(help: str, *flags: str, **kw: Any) -> Any:
     return typer.Option(*flags, help=help, show_default=False, **kw)
 
 
-_SYSTEMD_ONLY = ("--unit-dir", "--env-dir", "--user")
+_SYSTEMD_ONLY = ("--unit-dir", "--env-dir", "--user", "--run-as", "--slot-users")
 Systemd = Annotated[
     bool, _opt("Write a systemd unit and its root-only environment file.", "--systemd")
 ]
@@ -244,6 +273,21 @@ TokenFile = Annotated[
     ),
 ]
 User = Annotated[str | None, _opt("User the systemd service runs as (default: root).")]
+RunAs = Annotated[
+    str | None,
+    _opt(
+        "Run each job as a Unix user of its own, from USER,USER,... (one per CPU slot and "
+        "GPU; the worker runs as root). Recommended for a worker that runs other people's jobs."
+    ),
+]
+SlotUserCount = Annotated[
+    int | None,
+    _opt(
+        "Make N slot users, gpufleet-slot1..N (useradd --system, no home, no login), unless "
+        "they exist, and run each job as one of them (as --run-as).",
+        min=1,
+    ),
+]
 Python = Annotated[
     str | None,
     _opt(
@@ -279,6 +323,8 @@ def install(
     drain_grace: DrainGrace = None,
     token_file: TokenFile = None,
     user: User = None,
+    run_as: RunAs = None,
+    slot_users: SlotUserCount = None,
     python: Python = None,
     unit_dir: UnitDir = None,
     env_dir: EnvDir = None,
@@ -288,11 +334,19 @@ def install(
     if systemd == windows:
         raise ConfigError("gpufleet worker install: choose one of --systemd or --windows")
     _refuse_others_options(
-        systemd, {"--out": out_file, "--unit-dir": unit_dir, "--env-dir": env_dir, "--user": user}
+        systemd,
+        {
+            "--out": out_file,
+            "--unit-dir": unit_dir,
+            "--env-dir": env_dir,
+            "--user": user,
+            "--run-as": run_as,
+            "--slot-users": slot_users,
+        },
     )
     given = Given(
         server, pool, name, labels, slots, tuple(mount or ()), work_dir, cache_dir, cache_size,
-        drain_grace, ca,
+        drain_grace, ca, run_as, slot_users,
     )  # fmt: skip
     svc = build_service(
         given, token_file=token_file, python=_python(python, windows), user=user, windows=windows
@@ -331,12 +385,17 @@ def _python(given: str | None, windows: bool) -> str:
 def _install_systemd(svc: WorkerService, unit_dir: Path, env_dir: Path, show: bool) -> None:
     unit_path, env_path = unit_dir / svc.unit_name, env_dir / svc.env_name
     if show:
+        if svc.create_users:
+            print("# the slot users, made where missing:")
+            print("\n".join(" ".join(useradd_argv(u)) for u in svc.create_users))
         print(f"# {unit_path}")
         print(render_unit(svc, env_path))
         print(f"# {env_path} (mode 0600, owner root; the token masked)")
         print(render_env_file(svc, masked=True), end="")
         return
     write_systemd(svc, unit_dir, env_dir, euid=current_euid())
+    if svc.run_as:
+        print(f"jobs run as {', '.join(svc.run_as)}, one user per running job")
     print(f"wrote {unit_path}")
     print(f"wrote {env_path} (mode 0600: it holds the token, from {svc.token_source})")
     unit = svc.unit_name if unit_dir == UNIT_DIR else str(unit_path)

@@ -45,6 +45,8 @@ class WorkerService:
     drain_grace: float
     user: str | None = None
     token_source: str = ""
+    run_as: tuple[str, ...] = ()  # slot users jobs run as (GPUFLEET_RUN_AS)
+    create_users: tuple[str, ...] = ()  # of those, the ones install makes (--slot-users)
 
     @property
     def suffix(self) -> str:
@@ -86,10 +88,21 @@ def check_name(name: str | None) -> str | None:
     return name
 
 
-def check_user(user: str | None) -> str | None:
+def check_user(user: str | None, flag: str = "--user") -> str | None:
     if user is not None and not _USER.match(user):
-        raise ConfigError(f"--user {user!r}: not a valid user name")
+        raise ConfigError(f"{flag} {user!r}: not a valid user name")
     return user
+
+
+def slot_user_names(count: int) -> tuple[str, ...]:
+    """The slot users ``--slot-users N`` makes: gpufleet-slot1 to gpufleet-slotN."""
+    return tuple(f"gpufleet-slot{i}" for i in range(1, count + 1))
+
+
+def useradd_argv(name: str) -> list[str]:
+    """The command that makes a slot user: a system user with no home and no login."""
+    shell = "/usr/sbin/nologin" if Path("/usr/sbin/nologin").exists() else "/bin/false"
+    return ["useradd", "--system", "--no-create-home", "--user-group", "--shell", shell, name]
 
 
 # --------------------------------------------------------------------------- quoting
@@ -136,6 +149,12 @@ def render_env_file(svc: WorkerService, *, masked: bool) -> str:
 def render_unit(svc: WorkerService, env_path: Path) -> str:
     state = f"gpufleet/worker{svc.suffix}"
     user = [f"User={svc.user}"] if svc.user else []
+    if svc.run_as:  # slot users pass through the state dir to their jobs' folders
+        user += [
+            "# Root, to start each job as a slot user of its own (GPUFLEET_RUN_AS).",
+            "StateDirectoryMode=0711",
+            "CacheDirectoryMode=0700",
+        ]
     grace = f"{svc.drain_grace:g}"
     lines = [
         "# Written by `gpufleet worker install --systemd`. The settings and the token are",
@@ -192,7 +211,10 @@ def write_systemd(
             "token with --token-file, which sudo keeps), or see it first with --print"
         )
     if svc.user:
-        _check_user_exists(svc.user)
+        _check_user_exists(svc.user, "--user")
+    make_slot_users(svc.create_users)
+    for name in svc.run_as:
+        _check_user_exists(name, "--run-as")
     unit_path, env_path = unit_dir / svc.unit_name, env_dir / svc.env_name
     try:
         unit_dir.mkdir(parents=True, exist_ok=True)
@@ -206,13 +228,40 @@ def write_systemd(
     return unit_path, env_path
 
 
-def _check_user_exists(user: str) -> None:
+def _user_exists(user: str) -> bool:
     import pwd
 
     try:
         pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
     except KeyError:
-        raise ConfigError(f"--user {user}: no such user on this machine") from None
+        return False
+    return True
+
+
+def _check_user_exists(user: str, flag: str) -> None:
+    if not _user_exists(user):
+        raise ConfigError(f"{flag} {user}: no such user on this machine")
+
+
+def make_slot_users(names: tuple[str, ...]) -> list[str]:
+    """Make the slot users that do not exist yet (useradd); the names made."""
+    import subprocess
+
+    made = []
+    for name in names:
+        if _user_exists(name):
+            continue
+        argv = useradd_argv(name)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        except OSError as exc:
+            raise ConfigError(f"--slot-users: cannot run useradd: {exc.strerror or exc}") from exc
+        if done.returncode != 0:
+            raise ConfigError(
+                f"--slot-users: `{' '.join(argv)}` failed: {done.stderr.strip() or done.returncode}"
+            )
+        made.append(name)
+    return made
 
 
 # --------------------------------------------------------------------------- Windows

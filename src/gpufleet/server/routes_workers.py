@@ -27,7 +27,6 @@ from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
 from gpufleet.server.polls import Polls, wait_either
 from gpufleet.server.responses import error_info, error_response, internal_error
-from gpufleet.store import JobRow
 from gpufleet.tokens import redact
 from gpufleet.wire import (
     ERRORS,
@@ -253,11 +252,11 @@ def leave(worker_id: str, body: LeaveRequest, request: Request, caller: Worker) 
 
 def _holder(
     request: Request, caller: Caller, job_id: str, attempt: int, secret: str | None
-) -> JobRow:
-    """The job, if this caller's worker holds its attempt ``attempt`` and ``secret`` is the
-    attempt's (see :mod:`gpufleet.server.lease_secrets`)."""
+) -> None:
+    """Refused unless this caller's worker holds the job's attempt ``attempt`` and
+    ``secret`` is the attempt's (see :mod:`gpufleet.server.lease_secrets`)."""
     leases = state(request).services.leases
-    return leases.check_holder(job_id, attempt, caller.id, caller.pools, secret)
+    leases.check_holder(job_id, attempt, caller.id, caller.pools, secret)
 
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
@@ -268,7 +267,7 @@ def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker)
 
 def _start(request: Request, caller: Caller, job_id: str, body: StartRequest) -> None:
     leases = state(request).services.leases
-    job = _holder(request, caller, job_id, body.attempt, body.secret)
+    job = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
     said = body.started_at.timestamp() if body.started_at is not None else None
     leases.start(job_id, body.attempt, said, job.claimed_at)
 
@@ -297,7 +296,7 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
 def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) -> JobOut:
     leases = state(request).services.leases
     try:
-        held = _holder(request, caller, job_id, body.attempt, body.secret)
+        held = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
     except Conflict:
         leases.refused_result(job_id, body.attempt, caller.id, body.exit_code, body.error)
         raise

@@ -46,7 +46,15 @@ from gpufleet.wire import (
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus, live_state
-from gpufleet.worker.jobs import JobSteps, Running, Stopped, say
+from gpufleet.worker.isolation import (
+    SlotUsers,
+    check_run_as,
+    drop_secret_env,
+    make_undumpable,
+    set_up_run_as,
+    slot_users,
+)
+from gpufleet.worker.jobs import PROGRESS_DIR, JobSteps, Running, Stopped, say
 from gpufleet.worker.nvml import GpuReading, group_gpu_mib
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.reports import Reports
@@ -81,6 +89,7 @@ class Agent(JobSteps):
     def __init__(self, opts: WorkerOptions, capability: Capability) -> None:
         self.opts = opts
         self.capability = replace(capability, mounts=opts.mounts)
+        self.users = self._slot_users(opts, capability)
         self.client = AsyncClient(opts.server, opts.token, ca=opts.ca)
         # Bulk transfers run the blocking client in threads: one code path for the SDK,
         # the CLI and the worker.
@@ -110,6 +119,19 @@ class Agent(JobSteps):
         self.several = not opts.ephemeral  # ask for a job per free slot in one poll
         self.tasks: set[asyncio.Task[None]] = set()
         self.reports = Reports(self.client, self.retrying)
+
+    @staticmethod
+    def _slot_users(opts: WorkerOptions, capability: Capability) -> SlotUsers | None:
+        """``--run-as``: its users, checked (root, enough of them, able to reach the work
+        dir), with the worker's own files closed to them from now on."""
+        if not opts.run_as:
+            return None
+        users = slot_users(opts.run_as)
+        check_run_as(users, 1 if opts.ephemeral else opts.cpu_slots + len(capability.gpus))
+        for warning in set_up_run_as(users, opts.work_dir, PROGRESS_DIR, opts.cache_dir):
+            say(f"warning: {warning}")
+        say(f"jobs run as {', '.join(u.name for u in users)}, one user per running job")
+        return SlotUsers(users)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background, keeping a reference until it ends."""
@@ -522,7 +544,8 @@ class Agent(JobSteps):
         self.lease_timeout = lease.lease_timeout
         spill = self.opts.work_dir / SPILL / job_dir_name(lease.job_id, lease.attempt)
         backlog = Backlog(spill, disk=self.opts.log_backlog)
-        run = self.running[(lease.job_id, lease.attempt)] = Running(lease, backlog)
+        user = self.users.take() if self.users is not None else None
+        run = self.running[(lease.job_id, lease.attempt)] = Running(lease, backlog, user=user)
         self.spawn(self.run_job(run))
         if self.opts.ephemeral:
             self.begin_drain(None, "ephemeral worker took its one job")
@@ -536,7 +559,11 @@ class Agent(JobSteps):
 
 
 def run_worker(opts: WorkerOptions, capability: Capability) -> int:
-    """Run a worker until it is drained; the process exit code."""
+    """Run a worker until it is drained; the process exit code. Its token lives in
+    ``opts`` alone from here: gone from its environment, and its memory closed to the
+    processes of its user (see :mod:`gpufleet.worker.isolation`)."""
+    drop_secret_env()
+    make_undumpable()
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     try:
         # asyncio's own loop: where there are no pidfds, jobs start through its

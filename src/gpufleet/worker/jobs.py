@@ -40,12 +40,19 @@ from gpufleet.wire import (
 )
 from gpufleet.worker.adapters import Adapter, AdapterError, adapter_for
 from gpufleet.worker.backlog import Backlog
+from gpufleet.worker.isolation import (
+    SlotUser,
+    SlotUsers,
+    give_tree,
+    is_secret_env,
+    job_user_env,
+    make_private_file,
+)
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.progress import Progress, ProgressFile
 from gpufleet.worker.reports import Reports
 from gpufleet.worker.runner import JobProcess, build_argv, describe_exit, job_env, oom_kills
 from gpufleet.worker.slots import Slots
-from gpufleet.worker.spawn import is_secret_env
 from gpufleet.worker.staging import InputError, Stager, human, pack_outputs
 from gpufleet.worker.workdirs import job_dir_name
 
@@ -84,6 +91,7 @@ class Running:
     # server's renewal came after it, so the lease lives at least a lease from here).
     renewed: float = field(default_factory=time.monotonic)
     progress_file: ProgressFile | None = None  # GPUFLEET_PROGRESS_FILE, once it is named
+    user: SlotUser | None = None  # the slot user it runs as (--run-as)
     adapter: Adapter = field(default_factory=Adapter)  # the job type's own channel and stop
 
     def __post_init__(self) -> None:
@@ -133,6 +141,7 @@ class JobSteps(ABC):
     slots: Slots
     running: dict[tuple[str, int], Running]
     reports: Reports  # start and finish reports, batched while one is on its way
+    users: SlotUsers | None  # --run-as: the users jobs run as
 
     @abstractmethod
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -150,10 +159,15 @@ class JobSteps(ABC):
             self.opts.work_dir / PROGRESS_DIR / f"{job_dir_name(lease.job_id, lease.attempt)}.jsonl"
         )
 
-    def workdir(self, lease: Lease, make: bool = True) -> Path:
-        path = self.opts.work_dir / job_dir_name(lease.job_id, lease.attempt)
-        if make:
-            path.mkdir(parents=True, exist_ok=True)
+    def workdir(self, lease: Lease) -> Path:
+        return self.opts.work_dir / job_dir_name(lease.job_id, lease.attempt)
+
+    def make_workdir(self, run: Running) -> Path:
+        """The job's folder, made: its slot user's alone (mode 0700) under ``--run-as``."""
+        path = self.workdir(run.lease)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if run.user is not None:
+            os.chown(path, run.user.uid, run.user.gid)
         return path
 
     async def run_job(self, run: Running) -> None:
@@ -168,7 +182,7 @@ class JobSteps(ABC):
             if run.proc is not None:  # stopped and reaped: the guard forgets its group
                 if run.proc.proc.returncode is None:
                     await run.proc.stop(grace=1.0)
-                await run.proc.reap(self.workdir(lease, make=False))
+                await run.proc.reap(self.workdir(lease))
             with contextlib.suppress(GpufleetError):
                 await self.client.finish(
                     lease.job_id,
@@ -179,6 +193,8 @@ class JobSteps(ABC):
         finally:
             self.running.pop((lease.job_id, lease.attempt), None)
             self.slots.give(lease.gpus)
+            if run.user is not None and self.users is not None:
+                self.users.give(run.user)
             try:
                 await run.adapter.close()  # sockets let go even when the job went wrong
             except Exception as exc:
@@ -186,7 +202,7 @@ class JobSteps(ABC):
             run.backlog.clear()
             self.progress_path(lease).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # its age, for --work-dir-retention
-                os.utime(self.workdir(lease, make=False))
+                os.utime(self.workdir(lease))
 
     async def _launch(self, run: Running, workdir: Path) -> str | None:
         """Stage the job's inputs and start its process; why it could not, or None."""
@@ -195,6 +211,8 @@ class JobSteps(ABC):
         progress_path = self.progress_path(lease)
         progress_path.parent.mkdir(parents=True, exist_ok=True)
         progress_path.unlink(missing_ok=True)  # a worker restarted before: begin again
+        if run.user is not None:  # the job writes it, and its user may make none there
+            make_private_file(progress_path, run.user)
         run.progress_file = ProgressFile(progress_path)
         extra = {
             "GPUFLEET_JOB_ID": lease.job_id,
@@ -204,9 +222,13 @@ class JobSteps(ABC):
         }
         # The worker's own secrets never reach job code (or its logs).
         base = {k: v for k, v in os.environ.items() if not is_secret_env(k)}
+        if run.user is not None:  # its user's HOME and names (the job's env may set them)
+            base = job_user_env(base, run.user, workdir)
         env = job_env(base, spec.env, lease.gpus, extra)
         try:
             await self.stager.stage(lease.inputs, workdir, partial(self.note, run))
+            if run.user is not None:  # staged by the worker: the job's to read and change
+                await asyncio.to_thread(give_tree, workdir, run.user)
         except InputError as exc:
             say(f"job {lease.job_id}: {exc.message}")
             return exc.message
@@ -220,13 +242,15 @@ class JobSteps(ABC):
             say(f"job {lease.job_id}: {exc.message}")
             return exc.message
         try:
-            run.proc = await JobProcess.start(argv, workdir, env, run.on_line)
+            run.proc = await JobProcess.start(argv, workdir, env, run.on_line, run.user)
         except OSError as exc:
             return f"could not start {argv[0]!r}: {exc.strerror or exc}"
         started = datetime.now(UTC)  # the job's start, by this worker's clock
         if run.stop_reason == "stop":  # asked to stop while it was being started
             self._interrupt(run)
         where = f"GPUs {lease.gpus}" if lease.gpus else "a CPU slot"
+        if run.user is not None:
+            where += f" as {run.user.name}"
         say(
             f"job {lease.job_id} ({spec.name}) attempt {lease.attempt} started on {where}, "
             f"pid {run.proc.pid}"
@@ -248,7 +272,7 @@ class JobSteps(ABC):
     async def execute(self, run: Running) -> tuple[int | None, str | None]:
         """Run the job to its end: its exit code (None if it never ran) and why it failed."""
         lease, spec = run.lease, run.lease.spec
-        workdir = self.workdir(lease)
+        workdir = self.make_workdir(run)
         refused = await self._launch(run, workdir)
         if refused is not None:
             return None, refused

@@ -28,3 +28,5 @@ class WorkerOptions:
     ca: Path | None = None  # PEM CA file an https:// server's certificate must chain to
     # A submitter token of this worker's pool, put in the session string (--share-token).
     share_token: str | None = None
+    # Unix users jobs run as, one per running job (--run-as); none: the worker's own user.
+    run_as: tuple[str, ...] = ()

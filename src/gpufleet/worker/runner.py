@@ -11,6 +11,7 @@ import contextlib
 import os
 import shlex
 import signal
+import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from gpufleet.domain.models import HyperStyle, hyper_flags
 from gpufleet.worker.capability import job_path
+from gpufleet.worker.isolation import SlotUser, kill_user
 from gpufleet.worker.spawn import Started, reaped, spawn
 
 LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
@@ -55,10 +57,17 @@ def job_env(
 class JobProcess:
     """A started child process group and the tasks pumping its output."""
 
-    def __init__(self, proc: Started, pumps: list[asyncio.Task[None]], read: _Read) -> None:
+    def __init__(
+        self,
+        proc: Started,
+        pumps: list[asyncio.Task[None]],
+        read: _Read,
+        user: SlotUser | None = None,
+    ) -> None:
         self.proc = proc
         self.pumps = pumps
         self.read = read
+        self.user = user  # the slot user it runs as (--run-as), else the worker's
 
     @property
     def pid(self) -> int:
@@ -66,20 +75,25 @@ class JobProcess:
 
     @classmethod
     async def start(
-        cls, argv: list[str], cwd: Path, env: Mapping[str, str], on_line: OnLine
+        cls,
+        argv: list[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        on_line: OnLine,
+        user: SlotUser | None = None,
     ) -> JobProcess:
-        proc = await spawn(argv, cwd, env, LINE_LIMIT)
+        proc = await spawn(argv, cwd, env, LINE_LIMIT, user)
         stdout, stderr = proc.stdout, proc.stderr
         assert stdout is not None and stderr is not None
         # A marker a restarted worker uses to find what a killed one left behind.
         with contextlib.suppress(OSError):  # best effort: only a later cleanup needs it
-            (cwd / PGID_MARKER).write_text(f"{proc.pid} {os.getpid()}")  # group, worker
+            write_marker(cwd / PGID_MARKER, f"{proc.pid} {os.getpid()}")  # group, worker
         read = _Read()
         pumps = [
             asyncio.create_task(_pump(stdout, "stdout", on_line, read)),
             asyncio.create_task(_pump(stderr, "stderr", on_line, read)),
         ]
-        return cls(proc, pumps, read)
+        return cls(proc, pumps, read, user)
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -108,8 +122,11 @@ class JobProcess:
         them has been read, however long that takes while lines keep coming. Only a pipe
         that gives nothing for ``DRAIN_IDLE`` seconds, or still gives after ``DRAIN_MOST``
         (held by a process that left the group), is left unread. A pump's own failure is
-        raised here."""
+        raised here. A job run as a slot user loses every process of that user, also
+        those that left its group."""
         self.signal_group(signal.SIGKILL)
+        if self.user is not None:
+            await asyncio.to_thread(kill_user, self.user)
         reaped(self.proc.pid)
         (cwd / PGID_MARKER).unlink(missing_ok=True)
         pending: set[asyncio.Task[None]] = set(self.pumps)
@@ -211,7 +228,7 @@ def kill_leftovers(work_dir: Path) -> int:
     for marker in work_dir.glob(f"*/{PGID_MARKER}"):
         job_id = marker.parent.name.rsplit("-", 1)[0]
         try:
-            pgid, *worker = (int(n) for n in marker.read_text().split())
+            pgid, *worker = (int(n) for n in read_marker(marker).split())
         except (OSError, ValueError):
             continue
         if _run_by_worker(pgid, worker[0] if worker else None):
@@ -223,6 +240,25 @@ def kill_leftovers(work_dir: Path) -> int:
                     killed += 1
         marker.unlink(missing_ok=True)
     return killed
+
+
+def write_marker(path: Path, text: str) -> None:
+    """Write a new file in a job's folder, never through a link or into a file the job
+    put there (its folder may be another user's, and the worker root)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def read_marker(path: Path) -> str:
+    """A marker's text, if it is a small regular file (not a link, nor a pipe a job
+    made there to hang the worker's start)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a file")
+        return f.read(64).decode("ascii")
 
 
 def _run_by_worker(pgid: int, worker: int | None) -> bool:

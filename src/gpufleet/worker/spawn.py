@@ -39,13 +39,20 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gpufleet.worker.isolation import SlotUser, is_secret_env
+
 _PR_SET_PDEATHSIG = 1
 
 #: The guard's program: process groups to kill, one a line (``+PGID`` watch, ``-PGID``
-#: reaped), until its input ends; then it kills the groups it holds. Only the standard
-#: library's built-ins (it runs with ``-I -S``).
+#: reaped), until its input ends; then it kills the groups it holds. The standard library
+#: only (it runs with ``-I -S``). Non-dumpable, as the worker is.
 GUARD = """
 import os, signal
+try:  # non-dumpable, as the worker: no process of its user can read or trace it
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 groups = set()
@@ -69,14 +76,6 @@ for group in groups:
     except OSError:
         pass
 """
-
-
-def is_secret_env(name: str) -> bool:
-    """Whether an environment variable of the worker holds a secret that neither job code
-    nor the guard may see: its token, a share token, a session string, a token file's
-    path."""
-    upper = name.upper()
-    return upper.startswith("GPUFLEET_") and ("TOKEN" in upper or upper == "GPUFLEET_SESSION")
 
 
 class _Exit:
@@ -393,10 +392,22 @@ class _Process(asyncio.subprocess.Process):
 Started = Child | _Process
 
 
-async def spawn(argv: list[str], cwd: Path, env: Mapping[str, str], limit: int) -> Started:
+def _as_user(user: SlotUser | None) -> dict[str, Any]:
+    """Popen's options that start a job as its slot user (none of the worker's groups,
+    the usual umask rather than the worker's private one). CPython forks rather than
+    vforks then: only ``--run-as`` workers pay for it."""
+    if user is None:
+        return {}
+    return {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": 0o022}
+
+
+async def spawn(
+    argv: list[str], cwd: Path, env: Mapping[str, str], limit: int, user: SlotUser | None = None
+) -> Started:
     """Start ``argv`` in its own session (a process group the worker can signal whole),
-    with stdin closed and stdout and stderr piped to the process's readers. The guard
-    kills the group if the worker dies; tell :func:`reaped` once the group is gone."""
+    with stdin closed and stdout and stderr piped to the process's readers; as ``user``
+    when given. The guard kills the group if the worker dies; tell :func:`reaped` once
+    the group is gone."""
     guarded = _guarded()
     launch = argv if guarded else launch_argv(argv, cwd, env)
     options: dict[str, Any] = {
@@ -407,6 +418,7 @@ async def spawn(argv: list[str], cwd: Path, env: Mapping[str, str], limit: int) 
         "stderr": subprocess.PIPE,
         "start_new_session": True,
         "preexec_fn": None if guarded or launch is not argv else _die_with_worker,
+        **_as_user(user),
     }
     if not _pidfds():  # no pidfds: asyncio starts and waits for it (and the guard is
         # told only once asyncio has connected its pipes: a worker killed between the
