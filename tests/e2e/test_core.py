@@ -117,15 +117,15 @@ def test_stale_lease_is_refused_with_409(fleet: Fleet) -> None:
         job_id = fleet.cli("submit", "--", "true").stdout.split()[-1]
         lease_a = c.claim(a.id, ClaimRequest(cpu_slots=1, wait=5))
         assert lease_a is not None and lease_a.attempt == 1
-        c.start(job_id, StartRequest(attempt=1))
+        c.start(job_id, StartRequest(attempt=1, secret=lease_a.secret))
         # a goes silent; the sweep hands the job to b with a new attempt number.
         lease_b = wait_for(lambda: c.claim(b.id, ClaimRequest(cpu_slots=1, wait=1)), 20, "requeue")
         assert lease_b.attempt == 2
         with pytest.raises(Conflict) as stale:
-            c.finish(job_id, FinishRequest(attempt=1, exit_code=0))
+            c.finish(job_id, FinishRequest(attempt=1, secret=lease_a.secret, exit_code=0))
         assert stale.value.status == 409 and "stale lease" in stale.value.message
         assert c.job(job_id).status == "claimed"
-        c.finish(job_id, FinishRequest(attempt=2, exit_code=0))
+        c.finish(job_id, FinishRequest(attempt=2, secret=lease_b.secret, exit_code=0))
         assert c.job(job_id).status == "succeeded"
 
 

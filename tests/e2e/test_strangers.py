@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import socket
 import threading
 import time
@@ -229,3 +230,28 @@ def test_100_mib_of_headers_is_refused_431_early(busy: tuple[Fleet, str]) -> Non
     _attacked(fleet, job_id, attack)
     assert all(n < 100 * MIB for n in sent), sent  # cut off long before the end
     assert answers and all(a.startswith(b"HTTP/1.1 431") or a == b"" for a in answers), answers
+
+
+def test_a_body_sent_with_its_headers_in_one_write_is_not_taken_for_headers(
+    fleet: Fleet,
+) -> None:
+    """The header cap counts the request line and headers only: a request whose headers
+    and large body arrive in one read is served (a worker's log batch often is)."""
+    fleet.start_server()
+    token = fleet.client()._token
+    target = _address(fleet)
+    body = json.dumps({"name": "x" * 100_000, "command": ["true"]}).encode()
+    head = (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = _connect(target, "127.0.0.1")
+    try:
+        for _ in range(3):  # on one kept-alive connection, one after another
+            sock.sendall(head + body)
+            answer = http.client.HTTPResponse(sock)
+            answer.begin()
+            text = answer.read()
+            assert answer.status == 422 and b"name" in text, (answer.status, text[:200])
+    finally:
+        sock.close()

@@ -96,6 +96,7 @@ class Guarded(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._address: str | None = None  # counted in the census
         self._in_headers = True  # waiting for (the rest of) a request's line and headers
+        self._ended_headers = False  # a request's headers ended in the read being parsed
         self._header_bytes = 0
         self._deadline: asyncio.TimerHandle | None = None
         self._stall: asyncio.TimerHandle | None = None
@@ -134,11 +135,11 @@ class Guarded(HttpToolsProtocol):
             return
         if self._in_headers and self._deadline is None:
             self._arm_deadline()  # a kept-alive connection's next request begins
-        counted = self._in_headers
+        counted, self._ended_headers = self._in_headers, False
         super().data_received(data)
-        if counted and self._in_headers and not self.transport.is_closing():
-            # all of it was line and headers (a request whose headers ended in this read
-            # left the header phase while it was parsed)
+        if counted and not self._ended_headers and not self.transport.is_closing():
+            # all of it was line and headers: no request's headers ended in this read (one
+            # that did, with its body, may even be complete by now)
             self._header_bytes += len(data)
             if self._header_bytes > self.limits.max_header_bytes:
                 self._headers_too_large()
@@ -146,7 +147,7 @@ class Guarded(HttpToolsProtocol):
             self._arm_stall()
 
     def on_headers_complete(self) -> None:
-        self._in_headers = False
+        self._in_headers, self._ended_headers = False, True
         self._header_bytes = 0
         if self._deadline is not None:
             self._deadline.cancel()
