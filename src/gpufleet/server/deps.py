@@ -14,6 +14,7 @@ from gpufleet.server.access import Caller
 from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
 from gpufleet.server.events import Hub
+from gpufleet.server.holds import Credential, Holds
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
 from gpufleet.server.services import Services
@@ -31,6 +32,7 @@ class ServerState:
     audit: AuditWriter
     polls: Polls
     hub: Hub  # event streams
+    holds: Holds  # what open streams and polls hold: ended when their token is revoked
     metrics_public: bool = False  # /metrics without a token
 
 
@@ -54,6 +56,7 @@ async def _token(request: Request) -> TokenRow:
     session cookie, whose state-changing calls must also carry the session's CSRF token."""
     auth, header = state(request).auth, request.headers.get("authorization")
     cookie = request.cookies.get(SESSION_COOKIE)
+    request.state.credential = auth.credential(header, cookie)
     if header is None and cookie:
         token = auth.session_cached(cookie)
         if token is None:
@@ -72,6 +75,13 @@ async def _token(request: Request) -> TokenRow:
     if token is None:  # a database read (or a wait for a pooled connection): off the loop
         token = await anyio.to_thread.run_sync(auth.check, header)
     return token
+
+
+def credential(request: Request) -> Credential:
+    """What the caller was let in with (after a role check passed): a stream or a poll
+    holds it while it runs (:mod:`gpufleet.server.holds`)."""
+    held: Credential = request.state.credential
+    return held
 
 
 async def _caller(request: Request, *roles: Role) -> Caller:

@@ -33,13 +33,14 @@ import itertools
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.domain.models import JobStatus
+from gpufleet.server.polls import wait_either
 from gpufleet.store import LogRow, Store, WorkerRow
 
 log = logging.getLogger("gpufleet.server")
@@ -247,15 +248,18 @@ class Hub:
             if self.feeds.get(feed.job_id) is feed:
                 del self.feeds[feed.job_id]
 
-    async def follow(self, job_id: str, status: str, after: int) -> AsyncIterator[bytes]:
+    async def follow(
+        self, job_id: str, status: str, after: int, revoked: asyncio.Event
+    ) -> AsyncGenerator[bytes, None]:
         """A job's records after ``after``, in batches of encoded events, until the job
-        has ended (``status``: as read before this call) and all are sent."""
+        has ended (``status``: as read before this call) and all are sent, or until
+        ``revoked`` is set (the caller's token was: the stream stops without an ``end``)."""
         feed = await self._feed(job_id)
         feed.followers += 1
         self.counters.job_streams += 1
         ended = False  # the job has ended: its last records are read from the store
         try:
-            while True:
+            while not revoked.is_set():
                 updated = feed.updated
                 # behind what the feed holds, or past what it has read of an ended job
                 if after < feed.floor or ended:
@@ -278,14 +282,16 @@ class Hub:
                         continue
                     yield frame(None, "end", {"status": status, "seq": after})
                     return
-                await updated.wait()
+                await wait_either(updated, revoked)
         finally:
             feed.followers -= 1
             self.counters.job_streams -= 1
 
-    async def fleet_events(self, pools: Sequence[str] | None) -> AsyncIterator[bytes]:
+    async def fleet_events(
+        self, pools: Sequence[str] | None, revoked: asyncio.Event
+    ) -> AsyncGenerator[bytes, None]:
         """Every status change of the jobs of ``pools`` (None: all) and every change of
-        their workers, from now on."""
+        their workers, from now on, until ``revoked`` is set (the caller's token was)."""
         if self.fleet is None or self.fleet.task is None or self.fleet.task.done():
             start = await run_in_threadpool(self.store.last_seq)
             self.fleet = FleetFeed(self.store, start)
@@ -296,14 +302,14 @@ class Hub:
         seen = fleet.generation
         try:
             yield frame(None, "hello", {"seq": fleet.last})
-            while True:
+            while not revoked.is_set():
                 updated = fleet.updated
                 chunks = [ev.data for ev in fleet.since(seen) if pools is None or ev.pool in pools]
                 seen = fleet.generation
                 if chunks:
                     yield b"".join(chunks)
                     continue
-                await updated.wait()
+                await wait_either(updated, revoked)
         finally:
             fleet.followers -= 1
             self.counters.fleet_streams -= 1

@@ -6,6 +6,9 @@ See :mod:`gpufleet.server.events` for how followers share one reader per job.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -28,6 +31,17 @@ SSE: dict[int | str, dict[str, Any]] = {
 }
 # No proxy buffering, no caching: a follower sees each batch as it is sent.
 STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+async def _held(
+    request: Request, stream: Callable[[asyncio.Event], AsyncGenerator[bytes, None]]
+) -> AsyncIterator[bytes]:
+    """``stream``, for as long as the caller's token (or dashboard session) lets it in:
+    a revoke, a rotate or a sign-out, on any server, ends it within a second."""
+    with state(request).holds.hold(deps.credential(request)) as hold:
+        async with contextlib.aclosing(stream(hold.ended)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 def _resume_point(after: int | None, last_event_id: str | None) -> int:
@@ -102,7 +116,7 @@ async def job_events(
             ],
             next=rows[-1].seq if rows else start,
         )
-    stream = st.hub.follow(job.id, job.status.value, start)
+    stream = _held(request, lambda ended: st.hub.follow(job.id, job.status.value, start, ended))
     return EventSourceResponse(stream, ping=st.hub.ping, headers=STREAM_HEADERS)
 
 
@@ -125,5 +139,5 @@ async def fleet_events(
                 detail={"pool": pool},
             )
         pools = (pool,)
-    stream = st.hub.fleet_events(pools)
+    stream = _held(request, lambda ended: st.hub.fleet_events(pools, ended))
     return EventSourceResponse(stream, ping=st.hub.ping, headers=STREAM_HEADERS)
