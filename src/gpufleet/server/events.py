@@ -41,12 +41,17 @@ from starlette.concurrency import run_in_threadpool
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.server.polls import wait_either
-from gpufleet.store import LogRow, Store, WorkerRow
+from gpufleet.server.reads import PAGE_BYTES, full
+from gpufleet.store import LogRow, Store, WorkerRow, within
 
 log = logging.getLogger("gpufleet.server")
 
 RING = 20_000  # a job's newest records a feed keeps for its followers
-BATCH = 5_000  # records read from the store at a time
+RING_BYTES = 2 * PAGE_BYTES  # and the most bytes of them it keeps
+BATCH = 5_000  # records read from the store at a time (and PAGE_BYTES at most)
+# A follower's batch: what it reads of the store itself (behind the feed) and takes of
+# the feed at a time. Each follower holds its own, so it is smaller than a page.
+SEND_BYTES = 1 << 20
 POLL = 1.0  # seconds between reads of a followed log when nothing wakes it
 GAP = 0.2  # seconds at least between two reads of a stream: wakes in between are one read
 MAX_SEQ = 2**63 - 1
@@ -151,25 +156,31 @@ class Feed(_Reader[list[LogRow]]):
         # Every record numbered after ``floor`` is in ``ring`` or not yet read.
         self.floor = floor
         self.ring: deque[Encoded] = deque(seed)
+        self.size = sum(len(ev.data) for ev in seed)  # bytes the ring holds
         self.last = self.ring[-1].seq if self.ring else floor
 
     def fetch(self) -> list[LogRow]:
-        return self.store.logs(self.job_id, self.last, BATCH)
+        return self.store.logs(self.job_id, self.last, BATCH, budget=PAGE_BYTES)
 
     def take(self, fresh: list[LogRow]) -> bool:
         if not fresh:
             return False
-        self.ring.extend(encode(row) for row in fresh)
+        for ev in map(encode, fresh):
+            self.ring.append(ev)
+            self.size += len(ev.data)
         self.last = fresh[-1].seq
-        while len(self.ring) > RING:
-            self.floor = self.ring.popleft().seq
+        while len(self.ring) > RING or self.size > RING_BYTES:
+            gone = self.ring.popleft()
+            self.floor, self.size = gone.seq, self.size - len(gone.data)
         self.publish()
-        return len(fresh) == BATCH
+        return full(fresh, BATCH)
 
     def after(self, seq: int) -> list[Encoded]:
-        """The records the feed holds numbered after ``seq`` (which is at least ``floor``)."""
+        """The records the feed holds numbered after ``seq`` (which is at least ``floor``),
+        up to ``SEND_BYTES`` of them (one at least)."""
         start = bisect.bisect_right(self.ring, seq, key=lambda ev: ev.seq)
-        return list(itertools.islice(self.ring, start, None))
+        held = itertools.islice(self.ring, start, None)
+        return list(within(held, SEND_BYTES, lambda ev: len(ev.data)))
 
 
 @dataclass
@@ -224,10 +235,10 @@ class Hub:
         number order, so none still to come is numbered below the newest one read.
         Followers that start from the beginning of a log that fits (a dashboard opened,
         ``logs -f``) then share this one read instead of each reading the store."""
-        rows = self.store.logs(job_id, 0, RING, None, MAX_SEQ)
+        rows = self.store.logs(job_id, 0, RING, None, MAX_SEQ, RING_BYTES)
         if not rows:
             return self.store.last_seq(job_id), []
-        floor = 0 if len(rows) < RING else rows[0].seq - 1
+        floor = rows[0].seq - 1 if full(rows, RING, RING_BYTES) else 0
         return floor, [encode(row) for row in rows]
 
     async def _feed(self, job_id: str) -> Feed:
@@ -263,7 +274,9 @@ class Hub:
                 updated = feed.updated
                 # behind what the feed holds, or past what it has read of an ended job
                 if after < feed.floor or ended:
-                    rows = await run_in_threadpool(self.store.logs, job_id, after, BATCH)
+                    rows = await run_in_threadpool(
+                        self.store.logs, job_id, after, BATCH, None, None, SEND_BYTES
+                    )
                     batch = [encode(r) for r in rows]
                     if not batch and after < feed.floor:  # pruned meanwhile
                         after = feed.floor
@@ -341,7 +354,8 @@ class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
         return list(itertools.islice(self.events, start, None))
 
     def fetch(self) -> tuple[list[tuple[LogRow, str]], list[WorkerRow]]:
-        return self.store.state_events(self.last, BATCH), self.store.list_workers()
+        changes = self.store.state_events(self.last, BATCH, budget=PAGE_BYTES)
+        return changes, self.store.list_workers()
 
     def take(self, fresh: tuple[list[tuple[LogRow, str]], list[WorkerRow]]) -> bool:
         changes, workers = fresh
@@ -362,4 +376,4 @@ class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
             self.generation += 1
             self.events.extend(FleetEvent(self.generation, pool, data) for pool, data in out)
             self.publish()
-        return len(changes) == BATCH
+        return full([row for row, _ in changes], BATCH)

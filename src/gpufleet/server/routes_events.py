@@ -97,7 +97,8 @@ async def job_events(
     and output lines (``log``), numbered by one sequence, from after ``Last-Event-ID`` or
     ``?after=``. As Server-Sent Events (each with ``id: <seq>``), until the job has ended
     and every record is sent, with a ping comment every 15 s while idle; or, with
-    ``?format=json``, one page of at most ``limit`` records and where the next begins:
+    ``?format=json``, one page of at most ``limit`` records and a few MiB of lines, where
+    the next begins and whether there is ``more``:
     of the ``types`` named (default: all), and with ``before``, the last page before that
     record (to scroll back)."""
     st = state(request)
@@ -105,9 +106,10 @@ async def job_events(
     streams = _streams(types)
     job = await run_in_threadpool(st.services.reads.job, ref, caller.pools)
     if format == "json":
-        rows = await run_in_threadpool(
+        page = await run_in_threadpool(
             st.services.reads.logs, job.id, start, limit, streams, before
         )
+        rows = page.rows
         return EventsOut(
             job_id=job.id,
             status=job.status.value,
@@ -115,6 +117,7 @@ async def job_events(
                 EventOut(seq=r.seq, type=KINDS.get(r.stream, "log"), data=record(r)) for r in rows
             ],
             next=rows[-1].seq if rows else start,
+            more=page.more,
         )
     stream = _held(request, lambda ended: st.hub.follow(job.id, job.status.value, start, ended))
     return EventSourceResponse(stream, ping=st.hub.ping, headers=STREAM_HEADERS)

@@ -210,9 +210,14 @@ class JobStore(Protocol):
         limit: int,
         streams: Collection[str] | None = None,
         before: int | None = None,
+        budget: int | None = None,
     ) -> list[LogRow]: ...
     def state_events(
-        self, after: int, limit: int, pools: Sequence[str] | None = None
+        self,
+        after: int,
+        limit: int,
+        pools: Sequence[str] | None = None,
+        budget: int | None = None,
     ) -> list[tuple[LogRow, str]]: ...
     def last_seq(self, job_id: str | None = None) -> int: ...
     def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int: ...

@@ -441,7 +441,7 @@ class LogView {
   async tail() {
     const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=9007199254740991&limit=1000`);
     this.box.replaceChildren(...page.events.map((e) => logLine(e.data)));
-    this.older = page.events.length === 1000;
+    this.older = page.more;
     this.box.scrollTop = this.box.scrollHeight;
     this.update();
     return page.events.length ? page.events[page.events.length - 1].seq : 0;
@@ -478,7 +478,7 @@ class LogView {
     this.loading = true;
     try {
       const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=${first.dataset.seq}&limit=500`);
-      this.older = page.events.length === 500;
+      this.older = page.more;
       const height = this.box.scrollHeight;
       this.box.prepend(...page.events.map((e) => logLine(e.data)));
       this.box.scrollTop += this.box.scrollHeight - height;
@@ -581,7 +581,7 @@ async function allEvents(jobId, types) {
     const page = await api(`/v1/jobs/${enc(jobId)}/events?format=json&types=${types}&after=${after}&limit=10000`);
     out.push(...page.events);
     after = page.next;
-    if (page.events.length < 10000) break;
+    if (!page.more) break; // it stopped at its count or its byte budget
   }
   return { events: out, next: after };
 }
