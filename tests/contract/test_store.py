@@ -1082,6 +1082,14 @@ def test_a_log_read_within_a_byte_budget_stops_at_the_line_that_fills_it(
     assert len(events) == 1 and events[0][0].stream == "state"
 
 
+def test_a_server_key_is_made_once_and_read_alike_after(store: SqlStore) -> None:
+    """The first server to ask makes the fleet's key; every later ask (any server sharing
+    the database) reads that one, whatever it offers."""
+    assert store.server_key("event-ids", "first") == "first"
+    assert store.server_key("event-ids", "second") == "first"
+    assert store.server_key("other", "third") == "third"
+
+
 def test_tokens_are_stored_as_hashes_and_revocable(store: SqlStore, clock: FakeClock) -> None:
     auth = Auth(store, clock=lambda: clock.now)
     row, secret = auth.create("ci-runner", Role.SUBMITTER, ["vision", "nlp"])

@@ -31,6 +31,7 @@ from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import ServerState
+from gpufleet.server.event_ids import KEY_NAME, Opaque
 from gpufleet.server.events import Hub
 from gpufleet.server.holds import Holds
 from gpufleet.server.limits import Limits, LimitsMiddleware
@@ -160,6 +161,7 @@ def create_app(
         polls=Polls(),
         hub=hub,
         holds=holds,
+        event_ids=Opaque(),
         metrics_public=metrics_public,
     )
     st.services.metrics.watch(st.services, st.polls, st.hub)
@@ -206,6 +208,8 @@ def _lifespan(
         st.audit.bind(loop)
         st.hub.bind(loop)
         st.holds.bind(loop)
+        key = await run_in_threadpool(store.server_key, KEY_NAME, Opaque.fresh_key())
+        st.event_ids.load(key)
         cleaned = await run_in_threadpool(services.blobs.startup)
         if cleaned:
             log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)

@@ -13,6 +13,7 @@ from gpufleet.errors import Forbidden
 from gpufleet.server.access import Caller
 from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
+from gpufleet.server.event_ids import PLAIN, EventIds, Opaque
 from gpufleet.server.events import Hub
 from gpufleet.server.holds import Credential, Holds
 from gpufleet.server.notify import Notifier
@@ -33,6 +34,7 @@ class ServerState:
     polls: Polls
     hub: Hub  # event streams
     holds: Holds  # what open streams and polls hold: ended when their token is revoked
+    event_ids: Opaque  # the event ids a pool-scoped caller sees (its key loaded at start)
     metrics_public: bool = False  # /metrics without a token
 
 
@@ -75,6 +77,12 @@ async def _token(request: Request) -> TokenRow:
     if token is None:  # a database read (or a wait for a pooled connection): off the loop
         token = await anyio.to_thread.run_sync(auth.check, header)
     return token
+
+
+def event_ids(request: Request, caller: Caller) -> EventIds:
+    """The event ids ``caller`` sees: the fleet's own numbers if it sees every pool,
+    else opaque ones (:mod:`gpufleet.server.event_ids`)."""
+    return PLAIN if caller.pools is None else state(request).event_ids
 
 
 def credential(request: Request) -> Credential:

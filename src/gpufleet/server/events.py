@@ -40,6 +40,7 @@ from typing import Any, Generic, TypeVar
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.domain.models import JobStatus
+from gpufleet.server.event_ids import PLAIN, EventIds
 from gpufleet.server.polls import wait_either
 from gpufleet.server.reads import PAGE_BYTES, full
 from gpufleet.store import LogRow, Store, WorkerRow, within
@@ -79,17 +80,33 @@ def frame(seq: int | None, kind: str, data: dict[str, Any]) -> bytes:
 
 @dataclass
 class Encoded:
+    """A record's event, encoded once for every follower on this server: ``data`` with
+    the fleet's numbers, ``hidden`` (made when first asked for) with opaque ones."""
+
     seq: int
     kind: str
     status: str | None  # a state record's status
     data: bytes
+    fields: dict[str, Any] | None = None  # what ``data`` says (None: no id, no ``seq``)
+    hidden: bytes | None = None
+
+    def shown(self, ids: EventIds) -> bytes:
+        """The event as a follower that sees ``ids`` gets it. There is one kind of
+        opaque ids per server, so the opaque event is made once, for all."""
+        if ids is PLAIN or self.fields is None:
+            return self.data
+        if self.hidden is None:
+            seq = ids.hide(self.seq)
+            self.hidden = frame(seq, self.kind, {**self.fields, "seq": seq})
+        return self.hidden
 
 
-def encode(row: LogRow) -> Encoded:
-    kind = KINDS.get(row.stream, "log")
-    data = record(row)
+def encode(row: LogRow, kind: str | None = None, **extra: Any) -> Encoded:
+    """A record's event: of its own kind, or ``kind`` with ``extra`` fields first."""
+    kind = kind or KINDS.get(row.stream, "log")
+    data = {**extra, **record(row)}
     status = str(data["status"]) if kind == "state" else None
-    return Encoded(row.seq, kind, status, frame(row.seq, kind, data))
+    return Encoded(row.seq, kind, status, frame(row.seq, kind, data), data)
 
 
 class _Reader(Generic[T]):
@@ -260,11 +277,12 @@ class Hub:
                 del self.feeds[feed.job_id]
 
     async def follow(
-        self, job_id: str, status: str, after: int, revoked: asyncio.Event
+        self, job_id: str, status: str, after: int, revoked: asyncio.Event, ids: EventIds = PLAIN
     ) -> AsyncGenerator[bytes, None]:
         """A job's records after ``after``, in batches of encoded events, until the job
         has ended (``status``: as read before this call) and all are sent, or until
-        ``revoked`` is set (the caller's token was: the stream stops without an ``end``)."""
+        ``revoked`` is set (the caller's token was: the stream stops without an ``end``);
+        numbered as ``ids`` show them."""
         feed = await self._feed(job_id)
         feed.followers += 1
         self.counters.job_streams += 1
@@ -287,13 +305,13 @@ class Hub:
                     for ev in batch:
                         status = ev.status or status
                     after = batch[-1].seq
-                    yield b"".join(ev.data for ev in batch)
+                    yield b"".join(ev.shown(ids) for ev in batch)
                     continue
                 if JobStatus(status).terminal:  # nothing more is written to its log,
                     if not ended:  # but the feed may not have read all of it yet
                         ended = True
                         continue
-                    yield frame(None, "end", {"status": status, "seq": after})
+                    yield frame(None, "end", {"status": status, "seq": ids.hide(after)})
                     return
                 await wait_either(updated, revoked)
         finally:
@@ -301,7 +319,7 @@ class Hub:
             self.counters.job_streams -= 1
 
     async def fleet_events(
-        self, pools: Sequence[str] | None, revoked: asyncio.Event
+        self, pools: Sequence[str] | None, revoked: asyncio.Event, ids: EventIds = PLAIN
     ) -> AsyncGenerator[bytes, None]:
         """Every status change of the jobs of ``pools`` (None: all) and every change of
         their workers, from now on, until ``revoked`` is set (the caller's token was)."""
@@ -314,10 +332,14 @@ class Hub:
         self.counters.fleet_streams += 1
         seen = fleet.generation
         try:
-            yield frame(None, "hello", {"seq": fleet.last})
+            yield frame(None, "hello", {"seq": ids.hide(fleet.last)})
             while not revoked.is_set():
                 updated = fleet.updated
-                chunks = [ev.data for ev in fleet.since(seen) if pools is None or ev.pool in pools]
+                chunks = [
+                    ev.event.shown(ids)
+                    for ev in fleet.since(seen)
+                    if pools is None or ev.pool in pools
+                ]
                 seen = fleet.generation
                 if chunks:
                     yield b"".join(chunks)
@@ -332,7 +354,7 @@ class Hub:
 class FleetEvent:
     generation: int
     pool: str
-    data: bytes
+    event: Encoded
 
 
 class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
@@ -359,10 +381,7 @@ class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
 
     def take(self, fresh: tuple[list[tuple[LogRow, str]], list[WorkerRow]]) -> bool:
         changes, workers = fresh
-        out = [
-            (pool, frame(row.seq, "job", {"job_id": row.job_id, "pool": pool, **record(row)}))
-            for row, pool in changes
-        ]
+        out = [(pool, encode(row, "job", job_id=row.job_id, pool=pool)) for row, pool in changes]
         if changes:
             self.last = changes[-1][0].seq
         for w in workers:
@@ -371,9 +390,9 @@ class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
             if self.workers.get(w.id) != key:
                 self.workers[w.id] = key
                 data = {"id": w.id, "name": w.name, "pool": w.pool, "status": w.status.value}
-                out.append((w.pool, frame(None, "worker", data)))
+                out.append((w.pool, Encoded(0, "worker", None, frame(None, "worker", data))))
         if out:
             self.generation += 1
-            self.events.extend(FleetEvent(self.generation, pool, data) for pool, data in out)
+            self.events.extend(FleetEvent(self.generation, pool, ev) for pool, ev in out)
             self.publish()
         return full([row for row, _ in changes], BATCH)

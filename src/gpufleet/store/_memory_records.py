@@ -38,6 +38,7 @@ class MemoryRecords:
         self.workers: dict[str, dict[str, Any]] = {}
         self.host_entries: dict[str, dict[str, Any]] = {}
         self.tokens: dict[str, dict[str, Any]] = {}
+        self.keys: dict[str, str] = {}  # the fleet's secrets, by name
         self.sessions: dict[str, dict[str, Any]] = {}
         self.audit_rows: list[dict[str, Any]] = []
         self.audit_seq = 0  # the last audit number given (numbers never repeat, as in SQL)
@@ -161,6 +162,12 @@ class MemoryRecords:
     def hosts(self) -> list[HostRow]:
         with self._lock:
             return [HostRow(**h) for h in self.host_entries.values()]
+
+    # ---- the fleet's secrets ------------------------------------------------------------
+
+    def server_key(self, name: str, fresh: str) -> str:
+        with self._lock:
+            return self.keys.setdefault(name, fresh)
 
     # ---- tokens -----------------------------------------------------------------------
 

@@ -224,6 +224,15 @@ sessions = Table(
     Column("expires_at", Float, nullable=False),
 )
 
+# The fleet's own secrets, by name, made by the first server that needs one: every server
+# sharing the database uses the same (the key of pool-scoped callers' event ids).
+server_keys = Table(
+    "server_keys",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("secret", String(128), nullable=False),
+)
+
 # Every state-changing call: who (token), from where, what (method, path, target), how it
 # ended (status). Denied calls are recorded too. Lifecycle events the server decides itself
 # (a worker registered, went offline, was removed; a lease lost) have an ``event`` instead

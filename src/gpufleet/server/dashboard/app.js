@@ -444,7 +444,7 @@ class LogView {
     this.older = page.more;
     this.box.scrollTop = this.box.scrollHeight;
     this.update();
-    return page.events.length ? page.events[page.events.length - 1].seq : 0;
+    return new Set(page.events.map((e) => String(e.seq)));
   }
 
   async reload() {
@@ -705,21 +705,21 @@ async function jobPage(main, ref) {
 
   render();
   await renderWhy();
-  // What happened so far, then everything after it, live: each kind is skipped up to
-  // where its own fetch ended, so nothing is shown twice.
-  const [past, logEnd] = await Promise.all([allEvents(id, "state,progress"), logs.tail()]);
+  // What happened so far, then everything after it, live. The log's tail is read after
+  // the rest, so it holds every line up to where the rest ended (and perhaps more): the
+  // stream starts there and skips the lines shown already. Event ids are compared for
+  // equality only: a token confined to some pools gets opaque ones, in no order.
+  const past = await allEvents(id, "state,progress");
+  const shownLines = await logs.tail();
   for (const e of past.events) {
     if (e.type === "state") addState(e.data);
     else curves.add(e.data.record);
   }
-  const seen = { state: past.next, progress: past.next, log: logEnd };
-  const start = Math.min(past.next, logEnd);
-  const source = new EventSource(`/v1/jobs/${enc(id)}/events?after=${start}`);
+  const source = new EventSource(`/v1/jobs/${enc(id)}/events?after=${past.next}`);
   onCleanup(() => source.close());
   const refreshSoon = throttle(refresh, 500);
   const take = (kind, fn) => source.addEventListener(kind, (ev) => {
-    const seq = Number(ev.lastEventId);
-    if (seq && seq <= seen[kind]) return;
+    if (kind === "log" && shownLines.has(ev.lastEventId)) return;
     let data;
     try { data = JSON.parse(ev.data); } catch { return; }
     fn(data);
