@@ -426,15 +426,17 @@ def test_a_follower_of_an_ended_job_gets_every_record_its_feed_had_not_read(
     queue.leases.append_logs(lease.job_id, lease.attempt, [("stdout", "line 1")])
 
     async def scenario() -> tuple[bytes, bytes]:
-        hub = Hub(store)
+        hub, open_ = Hub(store), asyncio.Event()  # the follower's token stays valid
         try:
-            first = hub.follow(submitted.id, "running", 0)
+            first = hub.follow(submitted.id, "running", 0, open_)
             seen = await anext(first)  # what the feed has: up to "line 1"
             await first.aclose()  # the follower breaks off; its feed lingers
             last = store.logs(submitted.id, 0, 100)[-1].seq
             queue.leases.append_logs(lease.job_id, lease.attempt, [("stdout", "line 2")])
             queue.leases.finish(lease.job_id, lease.attempt, 0, None)
-            rest = b"".join([chunk async for chunk in hub.follow(submitted.id, "succeeded", last)])
+            rest = b"".join(
+                [chunk async for chunk in hub.follow(submitted.id, "succeeded", last, open_)]
+            )
             return seen, rest
         finally:
             hub.bind(None)
