@@ -102,6 +102,7 @@ def _ends_them(
     changed_at = time.monotonic()
     change(token_id)
     took = [w.ended_within(changed_at) for w in watches]
+    print(f"{name}: streams ended {', '.join(f'{t:.2f}' for t in took)} s after")
     assert max(took) < WITHIN, took
     again = httpx.get(
         f"{stream_url}/v1/jobs/{job_id}/events",
