@@ -426,15 +426,17 @@ def test_a_follower_of_an_ended_job_gets_every_record_its_feed_had_not_read(
     queue.leases.append_logs(lease.job_id, lease.attempt, [("stdout", "line 1")])
 
     async def scenario() -> tuple[bytes, bytes]:
-        hub = Hub(store)
+        hub, open_ = Hub(store), asyncio.Event()  # the follower's token stays valid
         try:
-            first = hub.follow(submitted.id, "running", 0)
+            first = hub.follow(submitted.id, "running", 0, open_)
             seen = await anext(first)  # what the feed has: up to "line 1"
             await first.aclose()  # the follower breaks off; its feed lingers
             last = store.logs(submitted.id, 0, 100)[-1].seq
             queue.leases.append_logs(lease.job_id, lease.attempt, [("stdout", "line 2")])
             queue.leases.finish(lease.job_id, lease.attempt, 0, None)
-            rest = b"".join([chunk async for chunk in hub.follow(submitted.id, "succeeded", last)])
+            rest = b"".join(
+                [chunk async for chunk in hub.follow(submitted.id, "succeeded", last, open_)]
+            )
             return seen, rest
         finally:
             hub.bind(None)
@@ -1045,6 +1047,49 @@ def test_a_log_read_back_from_before_a_record(queue: Services, store: SqlStore) 
     back = store.logs(submitted.id, 0, 3, ["stdout"], before=out[6].seq)
     assert [r.line for r in back] == ["l3", "l4", "l5"]
     assert store.logs(submitted.id, 0, 3, None, before=out[0].seq)[-1].stream == "state"
+
+
+def test_a_log_read_within_a_byte_budget_stops_at_the_line_that_fills_it(
+    queue: Services, store: SqlStore
+) -> None:
+    """A read with a budget holds the records up to the one that takes their lines to
+    the budget (it included, so a line longer than the budget is still read, alone);
+    reading on from its last record misses nothing. Sizes are UTF-8 bytes: "é" is two."""
+    submitted = queue.submission.submit(spec())
+    lease = claim(queue, register(queue, "box"))
+    sizes = [300, 300, 500, 2000, 10, 10, 10]
+    lines = [("stdout", str(i) * n) for i, n in enumerate(sizes[:-1])] + [("stdout", "é" * 5)]
+    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0)[0]
+    out = ["stdout"]
+
+    def pages(budget: int) -> list[list[int]]:
+        got, after = [], 0
+        for _ in range(10):
+            page = store.logs(submitted.id, after, 100, out, budget=budget)
+            if not page:
+                return got
+            got.append([len(r.line.encode()) for r in page])
+            after = page[-1].seq
+        raise AssertionError(got)
+
+    assert pages(1000) == [[300, 300, 500], [2000], [10, 10, 10]]
+    assert pages(600) == [[300, 300], [500, 2000], [10, 10, 10]]
+    assert pages(1) == [[n] for n in sizes]
+    assert store.logs(submitted.id, 0, 2, out, budget=10_000) == store.logs(submitted.id, 0, 2, out)
+    # scrolled back: the newest records before the mark, within the budget, in order
+    every = store.logs(submitted.id, 0, 100, out)
+    back = store.logs(submitted.id, 0, 100, out, before=every[4].seq, budget=2400)
+    assert [len(r.line) for r in back] == [500, 2000]
+    events = store.state_events(0, 100, budget=1)
+    assert len(events) == 1 and events[0][0].stream == "state"
+
+
+def test_a_server_key_is_made_once_and_read_alike_after(store: SqlStore) -> None:
+    """The first server to ask makes the fleet's key; every later ask (any server sharing
+    the database) reads that one, whatever it offers."""
+    assert store.server_key("event-ids", "first") == "first"
+    assert store.server_key("event-ids", "second") == "first"
+    assert store.server_key("other", "third") == "third"
 
 
 def test_tokens_are_stored_as_hashes_and_revocable(store: SqlStore, clock: FakeClock) -> None:

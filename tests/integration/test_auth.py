@@ -162,6 +162,37 @@ def test_revoking_a_token_locks_it_out_at_once(client: TestClient, admin: dict[s
     assert_error(again, 404, "not_found", created["id"])
 
 
+def test_revoking_a_worker_token_ends_its_waiting_claim_poll(client: TestClient) -> None:
+    """A worker's long-poll waits up to its ``wait``; a revoke of its token ends it at
+    once (nothing is handed to a token that no longer gets in), and the next poll is 401.
+    Without the hold the poll waited its whole 20 s."""
+    import asyncio
+
+    from tests.integration.helpers import asgi, on_loop, register, until
+
+    st = client.app.state.gpufleet  # type: ignore[attr-defined]
+    row, secret = st.auth.create("box", Role.WORKER, ["default"])
+    worker = register(client, bearer(secret), "box")["id"]
+    body = {"cpu_slots": 1, "wait": 20}
+
+    async def scenario() -> tuple[int, float, int]:
+        async with asgi(client.app) as c:  # type: ignore[arg-type]
+            path = f"/v1/workers/{worker}/claim"
+            poll = asyncio.create_task(c.post(path, json=body, headers=bearer(secret)))
+            await until(lambda: len(st.holds) == 1, "the poll to wait")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await asyncio.to_thread(st.auth.revoke, row.id)
+            answer = await poll
+            took = loop.time() - started
+            again = await c.post(path, json=body, headers=bearer(secret))
+            return answer.status_code, took, again.status_code
+
+    status, took, again = on_loop(client, scenario)
+    assert status == 204 and took < 2.0, (status, took)
+    assert again == 401
+
+
 def test_revoking_an_unknown_token_is_404(client: TestClient, admin: dict[str, str]) -> None:
     assert_error(client.delete("/v1/tokens/t-nope", headers=admin), 404, "not_found", "t-nope")
 

@@ -242,7 +242,7 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True, raw: boo
             page = c.logs(job, after)
             _print_lines(page.lines, as_json, raw)
             after = page.next
-            if len(page.lines) < 10_000:
+            if not page.more and len(page.lines) < 10_000:  # a page stops at a byte budget too
                 return page.status
     d = c.job(job)
     status: str = d.status

@@ -4,6 +4,8 @@
 the connection breaks (or the server in use goes away), it connects again (to the next
 server, when several are named) with ``Last-Event-ID`` set to the last event it yielded:
 the server sends what came after it, so nothing is missed and nothing is yielded twice.
+An event's id is a whole number, but a token confined to some pools gets opaque ones (in
+no order), so ids are sent back, never compared.
 It ends when the server says the stream has ended (the job has ended and all was sent).
 """
 
@@ -89,8 +91,6 @@ def follow(
                         yield event
                         return
                     if event.seq is not None:
-                        if event.seq <= last:
-                            continue  # never twice
                         last = event.seq
                     gave_up_at = time.monotonic() + retry_for
                     pause = 0.2

@@ -31,8 +31,10 @@ from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import ServerState
+from gpufleet.server.event_ids import KEY_NAME, Opaque
 from gpufleet.server.events import Hub
 from gpufleet.server.gate import Gate
+from gpufleet.server.holds import Holds
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
@@ -151,14 +153,19 @@ def create_app(
     services = Services(
         store, settings, blobs, on_change=on_change, on_event=audit.event, on_written=hub.touch
     )
+    auth = Auth(store)
+    holds = Holds(auth.valid)
+    auth.on_forget.append(holds.changed)  # a token changed, here or on another replica
     st = ServerState(
         services=services,
-        auth=Auth(store),
+        auth=auth,
         notifier=notifier,
         claim_limiter=CapacityLimiter(1 if store.dialect == "sqlite" else 8),
         audit=audit,
         polls=Polls(),
         hub=hub,
+        holds=holds,
+        event_ids=Opaque(),
         metrics_public=metrics_public,
     )
     st.services.metrics.watch(st.services, st.polls, st.hub)
@@ -212,6 +219,9 @@ def _lifespan(
         st.polls.bind(loop)
         st.audit.bind(loop)
         st.hub.bind(loop)
+        st.holds.bind(loop)
+        key = await run_in_threadpool(store.server_key, KEY_NAME, Opaque.fresh_key())
+        st.event_ids.load(key)
         cleaned = await run_in_threadpool(services.blobs.startup)
         if cleaned:
             log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
@@ -251,5 +261,6 @@ def _lifespan(
             await st.audit.close()
             st.audit.bind(None)
             st.hub.bind(None)
+            st.holds.bind(None)
 
     return lifespan

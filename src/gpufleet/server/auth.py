@@ -21,6 +21,7 @@ from collections.abc import Callable
 from gpufleet.domain.models import Role
 from gpufleet.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 from gpufleet.server.access import check_pools
+from gpufleet.server.holds import Credential
 from gpufleet.store import Store, TokenRow
 
 log = logging.getLogger("gpufleet.server")
@@ -51,6 +52,8 @@ class Auth:
         self.clock = clock
         self._cache: dict[str, tuple[float, TokenRow]] = {}
         self._lock = threading.Lock()
+        # Called after every change of a token or session (here or on another replica).
+        self.on_forget: list[Callable[[], None]] = []
 
     def create(
         self,
@@ -115,7 +118,8 @@ class Auth:
         row = self._cached(want)
         return None if row is None else self._valid(want, row)
 
-    def _wanted(self, header: str | None) -> str:
+    @staticmethod
+    def _wanted(header: str | None) -> str:
         """The digest of the header's token; Unauthorized if there is none."""
         if not header:
             raise Unauthorized(
@@ -154,7 +158,9 @@ class Auth:
     def session(self, secret: str) -> TokenRow:
         """The token behind a dashboard session cookie, or Unauthorized (unknown, ended,
         signed out, or its token revoked, rotated or expired)."""
-        key = digest(secret)
+        return self._session(digest(secret))
+
+    def _session(self, key: str) -> TokenRow:
         row = self._cached(SESSION_KEY + key)
         if row is None:
             with self._lock:
@@ -171,6 +177,25 @@ class Auth:
         """:meth:`session` when it needs no database read, else None."""
         row = self._cached(SESSION_KEY + digest(secret))
         return None if row is None else self._live(row)
+
+    @staticmethod
+    def credential(header: str | None, cookie: str | None) -> Credential:
+        """What a request that was let in came with: its bearer token, else its session."""
+        if header is None and cookie:
+            return Credential("session", digest(cookie))
+        return Credential("bearer", Auth._wanted(header))
+
+    def valid(self, credential: Credential) -> bool:
+        """Whether ``credential`` still lets its holder in (read from the store unless
+        cached since the last change of a token)."""
+        try:
+            if credential.kind == "session":
+                self._session(credential.digest)
+            else:
+                self._valid(credential.digest, self._lookup(credential.digest))
+        except Unauthorized:
+            return False
+        return True
 
     def sign_out(self, secret: str) -> None:
         self.store.delete_session(digest(secret))
@@ -241,6 +266,8 @@ class Auth:
         with self._lock:
             self._cache.clear()
             self._generation += 1
+        for callback in self.on_forget:
+            callback()
 
 
 def _secret() -> str:

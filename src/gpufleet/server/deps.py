@@ -13,8 +13,10 @@ from gpufleet.errors import Forbidden
 from gpufleet.server.access import Caller
 from gpufleet.server.audit import AuditWriter
 from gpufleet.server.auth import Auth, require
+from gpufleet.server.event_ids import PLAIN, EventIds, Opaque
 from gpufleet.server.events import Hub
 from gpufleet.server.gate import SESSION_COOKIE
+from gpufleet.server.holds import Credential, Holds
 from gpufleet.server.notify import Notifier
 from gpufleet.server.polls import Polls
 from gpufleet.server.services import Services
@@ -32,6 +34,8 @@ class ServerState:
     audit: AuditWriter
     polls: Polls
     hub: Hub  # event streams
+    holds: Holds  # what open streams and polls hold: ended when their token is revoked
+    event_ids: Opaque  # the event ids a pool-scoped caller sees (its key loaded at start)
     metrics_public: bool = False  # /metrics without a token
 
 
@@ -58,6 +62,7 @@ async def _token(request: Request) -> TokenRow:
     auth, header = state(request).auth, request.headers.get("authorization")
     token: TokenRow | None = getattr(request.state, "token", None)
     cookie = request.cookies.get(SESSION_COOKIE)
+    request.state.credential = auth.credential(header, cookie)
     if header is None and cookie:
         if token is None:
             token = auth.session_cached(cookie)
@@ -78,6 +83,19 @@ async def _token(request: Request) -> TokenRow:
     if token is None:  # a database read (or a wait for a pooled connection): off the loop
         token = await anyio.to_thread.run_sync(auth.check, header)
     return token
+
+
+def event_ids(request: Request, caller: Caller) -> EventIds:
+    """The event ids ``caller`` sees: the fleet's own numbers if it sees every pool,
+    else opaque ones (:mod:`gpufleet.server.event_ids`)."""
+    return PLAIN if caller.pools is None else state(request).event_ids
+
+
+def credential(request: Request) -> Credential:
+    """What the caller was let in with (after a role check passed): a stream or a poll
+    holds it while it runs (:mod:`gpufleet.server.holds`)."""
+    held: Credential = request.state.credential
+    return held
 
 
 async def _caller(request: Request, *roles: Role) -> Caller:

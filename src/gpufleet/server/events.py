@@ -33,19 +33,26 @@ import itertools
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.store import LogRow, Store, WorkerRow
+from gpufleet.server.event_ids import PLAIN, EventIds
+from gpufleet.server.polls import wait_either
+from gpufleet.server.reads import PAGE_BYTES, full
+from gpufleet.store import LogRow, Store, WorkerRow, within
 
 log = logging.getLogger("gpufleet.server")
 
 RING = 20_000  # a job's newest records a feed keeps for its followers
-BATCH = 5_000  # records read from the store at a time
+RING_BYTES = 2 * PAGE_BYTES  # and the most bytes of them it keeps
+BATCH = 5_000  # records read from the store at a time (and PAGE_BYTES at most)
+# A follower's batch: what it reads of the store itself (behind the feed) and takes of
+# the feed at a time. Each follower holds its own, so it is smaller than a page.
+SEND_BYTES = 1 << 20
 POLL = 1.0  # seconds between reads of a followed log when nothing wakes it
 GAP = 0.2  # seconds at least between two reads of a stream: wakes in between are one read
 MAX_SEQ = 2**63 - 1
@@ -73,17 +80,33 @@ def frame(seq: int | None, kind: str, data: dict[str, Any]) -> bytes:
 
 @dataclass
 class Encoded:
+    """A record's event, encoded once for every follower on this server: ``data`` with
+    the fleet's numbers, ``hidden`` (made when first asked for) with opaque ones."""
+
     seq: int
     kind: str
     status: str | None  # a state record's status
     data: bytes
+    fields: dict[str, Any] | None = None  # what ``data`` says (None: no id, no ``seq``)
+    hidden: bytes | None = None
+
+    def shown(self, ids: EventIds) -> bytes:
+        """The event as a follower that sees ``ids`` gets it. There is one kind of
+        opaque ids per server, so the opaque event is made once, for all."""
+        if ids is PLAIN or self.fields is None:
+            return self.data
+        if self.hidden is None:
+            seq = ids.hide(self.seq)
+            self.hidden = frame(seq, self.kind, {**self.fields, "seq": seq})
+        return self.hidden
 
 
-def encode(row: LogRow) -> Encoded:
-    kind = KINDS.get(row.stream, "log")
-    data = record(row)
+def encode(row: LogRow, kind: str | None = None, **extra: Any) -> Encoded:
+    """A record's event: of its own kind, or ``kind`` with ``extra`` fields first."""
+    kind = kind or KINDS.get(row.stream, "log")
+    data = {**extra, **record(row)}
     status = str(data["status"]) if kind == "state" else None
-    return Encoded(row.seq, kind, status, frame(row.seq, kind, data))
+    return Encoded(row.seq, kind, status, frame(row.seq, kind, data), data)
 
 
 class _Reader(Generic[T]):
@@ -150,25 +173,31 @@ class Feed(_Reader[list[LogRow]]):
         # Every record numbered after ``floor`` is in ``ring`` or not yet read.
         self.floor = floor
         self.ring: deque[Encoded] = deque(seed)
+        self.size = sum(len(ev.data) for ev in seed)  # bytes the ring holds
         self.last = self.ring[-1].seq if self.ring else floor
 
     def fetch(self) -> list[LogRow]:
-        return self.store.logs(self.job_id, self.last, BATCH)
+        return self.store.logs(self.job_id, self.last, BATCH, budget=PAGE_BYTES)
 
     def take(self, fresh: list[LogRow]) -> bool:
         if not fresh:
             return False
-        self.ring.extend(encode(row) for row in fresh)
+        for ev in map(encode, fresh):
+            self.ring.append(ev)
+            self.size += len(ev.data)
         self.last = fresh[-1].seq
-        while len(self.ring) > RING:
-            self.floor = self.ring.popleft().seq
+        while len(self.ring) > RING or self.size > RING_BYTES:
+            gone = self.ring.popleft()
+            self.floor, self.size = gone.seq, self.size - len(gone.data)
         self.publish()
-        return len(fresh) == BATCH
+        return full(fresh, BATCH)
 
     def after(self, seq: int) -> list[Encoded]:
-        """The records the feed holds numbered after ``seq`` (which is at least ``floor``)."""
+        """The records the feed holds numbered after ``seq`` (which is at least ``floor``),
+        up to ``SEND_BYTES`` of them (one at least)."""
         start = bisect.bisect_right(self.ring, seq, key=lambda ev: ev.seq)
-        return list(itertools.islice(self.ring, start, None))
+        held = itertools.islice(self.ring, start, None)
+        return list(within(held, SEND_BYTES, lambda ev: len(ev.data)))
 
 
 @dataclass
@@ -223,10 +252,10 @@ class Hub:
         number order, so none still to come is numbered below the newest one read.
         Followers that start from the beginning of a log that fits (a dashboard opened,
         ``logs -f``) then share this one read instead of each reading the store."""
-        rows = self.store.logs(job_id, 0, RING, None, MAX_SEQ)
+        rows = self.store.logs(job_id, 0, RING, None, MAX_SEQ, RING_BYTES)
         if not rows:
             return self.store.last_seq(job_id), []
-        floor = 0 if len(rows) < RING else rows[0].seq - 1
+        floor = rows[0].seq - 1 if full(rows, RING, RING_BYTES) else 0
         return floor, [encode(row) for row in rows]
 
     async def _feed(self, job_id: str) -> Feed:
@@ -247,19 +276,25 @@ class Hub:
             if self.feeds.get(feed.job_id) is feed:
                 del self.feeds[feed.job_id]
 
-    async def follow(self, job_id: str, status: str, after: int) -> AsyncIterator[bytes]:
+    async def follow(
+        self, job_id: str, status: str, after: int, revoked: asyncio.Event, ids: EventIds = PLAIN
+    ) -> AsyncGenerator[bytes, None]:
         """A job's records after ``after``, in batches of encoded events, until the job
-        has ended (``status``: as read before this call) and all are sent."""
+        has ended (``status``: as read before this call) and all are sent, or until
+        ``revoked`` is set (the caller's token was: the stream stops without an ``end``);
+        numbered as ``ids`` show them."""
         feed = await self._feed(job_id)
         feed.followers += 1
         self.counters.job_streams += 1
         ended = False  # the job has ended: its last records are read from the store
         try:
-            while True:
+            while not revoked.is_set():
                 updated = feed.updated
                 # behind what the feed holds, or past what it has read of an ended job
                 if after < feed.floor or ended:
-                    rows = await run_in_threadpool(self.store.logs, job_id, after, BATCH)
+                    rows = await run_in_threadpool(
+                        self.store.logs, job_id, after, BATCH, None, None, SEND_BYTES
+                    )
                     batch = [encode(r) for r in rows]
                     if not batch and after < feed.floor:  # pruned meanwhile
                         after = feed.floor
@@ -270,22 +305,24 @@ class Hub:
                     for ev in batch:
                         status = ev.status or status
                     after = batch[-1].seq
-                    yield b"".join(ev.data for ev in batch)
+                    yield b"".join(ev.shown(ids) for ev in batch)
                     continue
                 if JobStatus(status).terminal:  # nothing more is written to its log,
                     if not ended:  # but the feed may not have read all of it yet
                         ended = True
                         continue
-                    yield frame(None, "end", {"status": status, "seq": after})
+                    yield frame(None, "end", {"status": status, "seq": ids.hide(after)})
                     return
-                await updated.wait()
+                await wait_either(updated, revoked)
         finally:
             feed.followers -= 1
             self.counters.job_streams -= 1
 
-    async def fleet_events(self, pools: Sequence[str] | None) -> AsyncIterator[bytes]:
+    async def fleet_events(
+        self, pools: Sequence[str] | None, revoked: asyncio.Event, ids: EventIds = PLAIN
+    ) -> AsyncGenerator[bytes, None]:
         """Every status change of the jobs of ``pools`` (None: all) and every change of
-        their workers, from now on."""
+        their workers, from now on, until ``revoked`` is set (the caller's token was)."""
         if self.fleet is None or self.fleet.task is None or self.fleet.task.done():
             start = await run_in_threadpool(self.store.last_seq)
             self.fleet = FleetFeed(self.store, start)
@@ -295,15 +332,19 @@ class Hub:
         self.counters.fleet_streams += 1
         seen = fleet.generation
         try:
-            yield frame(None, "hello", {"seq": fleet.last})
-            while True:
+            yield frame(None, "hello", {"seq": ids.hide(fleet.last)})
+            while not revoked.is_set():
                 updated = fleet.updated
-                chunks = [ev.data for ev in fleet.since(seen) if pools is None or ev.pool in pools]
+                chunks = [
+                    ev.event.shown(ids)
+                    for ev in fleet.since(seen)
+                    if pools is None or ev.pool in pools
+                ]
                 seen = fleet.generation
                 if chunks:
                     yield b"".join(chunks)
                     continue
-                await updated.wait()
+                await wait_either(updated, revoked)
         finally:
             fleet.followers -= 1
             self.counters.fleet_streams -= 1
@@ -313,7 +354,7 @@ class Hub:
 class FleetEvent:
     generation: int
     pool: str
-    data: bytes
+    event: Encoded
 
 
 class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
@@ -335,14 +376,12 @@ class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
         return list(itertools.islice(self.events, start, None))
 
     def fetch(self) -> tuple[list[tuple[LogRow, str]], list[WorkerRow]]:
-        return self.store.state_events(self.last, BATCH), self.store.list_workers()
+        changes = self.store.state_events(self.last, BATCH, budget=PAGE_BYTES)
+        return changes, self.store.list_workers()
 
     def take(self, fresh: tuple[list[tuple[LogRow, str]], list[WorkerRow]]) -> bool:
         changes, workers = fresh
-        out = [
-            (pool, frame(row.seq, "job", {"job_id": row.job_id, "pool": pool, **record(row)}))
-            for row, pool in changes
-        ]
+        out = [(pool, encode(row, "job", job_id=row.job_id, pool=pool)) for row, pool in changes]
         if changes:
             self.last = changes[-1][0].seq
         for w in workers:
@@ -351,9 +390,9 @@ class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
             if self.workers.get(w.id) != key:
                 self.workers[w.id] = key
                 data = {"id": w.id, "name": w.name, "pool": w.pool, "status": w.status.value}
-                out.append((w.pool, frame(None, "worker", data)))
+                out.append((w.pool, Encoded(0, "worker", None, frame(None, "worker", data))))
         if out:
             self.generation += 1
-            self.events.extend(FleetEvent(self.generation, pool, data) for pool, data in out)
+            self.events.extend(FleetEvent(self.generation, pool, ev) for pool, ev in out)
             self.publish()
-        return len(changes) == BATCH
+        return full([row for row, _ in changes], BATCH)

@@ -4,7 +4,7 @@ A worker's token says which worker is calling; it does not say which of that wor
 a write is for. A job's code that got hold of the token (a worker misconfigured, or running
 jobs as its own user) could otherwise write another job's output, artifact or finish on
 the same worker. So a claim gives the worker, with each lease, a secret for that attempt
-alone: an HMAC, under a key the fleet's servers share (``fleet_keys``), of the job, the
+alone: an HMAC, under a key the fleet's servers share (``server_keys``), of the job, the
 attempt and the claim's time. Nothing is stored per attempt; any server of the fleet
 recomputes it. The worker keeps it in its memory, which job code cannot read (it is not
 dumpable, and jobs run as other users), and never hands it to a job.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import secrets
 import threading
 
 from gpufleet.store import Store
@@ -33,7 +34,7 @@ class LeaseSecrets:
         if self._key is None:
             with self._lock:
                 if self._key is None:
-                    self._key = self.store.fleet_key(KEY)
+                    self._key = bytes.fromhex(self.store.server_key(KEY, secrets.token_hex(32)))
         return self._key
 
     def make(self, job_id: str, attempt: int, claimed_at: float) -> str:

@@ -90,8 +90,10 @@ class Polls:
             loop.call_soon_threadsafe(callback)
 
 
-async def wait_either(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
-    """Return when either event is set, or after ``timeout`` seconds."""
+async def wait_either(
+    first: asyncio.Event, second: asyncio.Event, timeout: float | None = None
+) -> None:
+    """Return when either event is set, or after ``timeout`` seconds (None: no limit)."""
     if first.is_set() or second.is_set():
         return
     waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]

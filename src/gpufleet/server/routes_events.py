@@ -6,6 +6,9 @@ See :mod:`gpufleet.server.events` for how followers share one reader per job.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -17,7 +20,9 @@ from gpufleet.errors import Forbidden, ValidationFailed
 from gpufleet.server import deps
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import state
+from gpufleet.server.event_ids import EventIds
 from gpufleet.server.events import KINDS, record
+from gpufleet.store import LogRow
 from gpufleet.wire import ERRORS, EventOut, EventsOut
 
 router = APIRouter(prefix="/v1", responses=ERRORS, tags=["events"])
@@ -30,11 +35,22 @@ SSE: dict[int | str, dict[str, Any]] = {
 STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
-def _resume_point(after: int | None, last_event_id: str | None) -> int:
+async def _held(
+    request: Request, stream: Callable[[asyncio.Event], AsyncGenerator[bytes, None]]
+) -> AsyncIterator[bytes]:
+    """``stream``, for as long as the caller's token (or dashboard session) lets it in:
+    a revoke, a rotate or a sign-out, on any server, ends it within a second."""
+    with state(request).holds.hold(deps.credential(request)) as hold:
+        async with contextlib.aclosing(stream(hold.ended)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+
+def _resume_point(after: int | None, last_event_id: str | None, ids: EventIds) -> int:
     """Where a follower starts: after ``Last-Event-ID`` (a reconnecting EventSource sends
-    it), else after ``?after=``, else from the first record."""
+    it), else after ``?after=``, else from the first record (ids as the caller sees them)."""
     if last_event_id is None or not last_event_id.strip():
-        return after or 0
+        return ids.show(after or 0)
     text = last_event_id.strip()
     if not text.isdigit() or int(text) > MAX_SEQ:
         raise ValidationFailed(
@@ -42,7 +58,14 @@ def _resume_point(after: int | None, last_event_id: str | None) -> int:
             "(a whole number from 0, as sent in an event's id: line)",
             detail={"field": "header.Last-Event-ID"},
         )
-    return int(text)
+    return ids.show(int(text))
+
+
+def _event(row: LogRow, ids: EventIds) -> EventOut:
+    """A record of a page, numbered as ``ids`` show it."""
+    seq = ids.hide(row.seq)
+    data = {**record(row), "seq": seq}
+    return EventOut(seq=seq, type=KINDS.get(row.stream, "log"), data=data)
 
 
 STREAMS = {"state": ("state",), "progress": ("progress",), "log": ("stdout", "stderr")}
@@ -80,29 +103,37 @@ async def job_events(
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response | EventsOut:
     """A job's event log: its status changes (``state``), progress records (``progress``)
-    and output lines (``log``), numbered by one sequence, from after ``Last-Event-ID`` or
-    ``?after=``. As Server-Sent Events (each with ``id: <seq>``), until the job has ended
-    and every record is sent, with a ping comment every 15 s while idle; or, with
-    ``?format=json``, one page of at most ``limit`` records and where the next begins:
-    of the ``types`` named (default: all), and with ``before``, the last page before that
-    record (to scroll back)."""
+    and output lines (``log``), numbered by one sequence (opaque numbers, in no order, to
+    a caller confined to some pools), from after ``Last-Event-ID`` or ``?after=``. As
+    Server-Sent Events (each with ``id: <seq>``), until the job has ended and every record
+    is sent, with a ping comment every 15 s while idle; or, with ``?format=json``, one page
+    of at most ``limit`` records and a few MiB of lines, where the next begins and whether
+    there is ``more``: of the ``types`` named (default: all), and with ``before``, the
+    last page before that record (to scroll back)."""
     st = state(request)
-    start = _resume_point(after, last_event_id)
+    ids = deps.event_ids(request, caller)
+    start = _resume_point(after, last_event_id, ids)
     streams = _streams(types)
     job = await run_in_threadpool(st.services.reads.job, ref, caller.pools)
     if format == "json":
-        rows = await run_in_threadpool(
-            st.services.reads.logs, job.id, start, limit, streams, before
+        page = await run_in_threadpool(
+            st.services.reads.logs,
+            job.id,
+            start,
+            limit,
+            streams,
+            None if before is None else ids.show(before),
         )
         return EventsOut(
             job_id=job.id,
             status=job.status.value,
-            events=[
-                EventOut(seq=r.seq, type=KINDS.get(r.stream, "log"), data=record(r)) for r in rows
-            ],
-            next=rows[-1].seq if rows else start,
+            events=[_event(r, ids) for r in page.rows],
+            next=ids.hide(page.rows[-1].seq if page.rows else start),
+            more=page.more,
         )
-    stream = st.hub.follow(job.id, job.status.value, start)
+    stream = _held(
+        request, lambda ended: st.hub.follow(job.id, job.status.value, start, ended, ids)
+    )
     return EventSourceResponse(stream, ping=st.hub.ping, headers=STREAM_HEADERS)
 
 
@@ -125,5 +156,6 @@ async def fleet_events(
                 detail={"pool": pool},
             )
         pools = (pool,)
-    stream = st.hub.fleet_events(pools)
+    ids = deps.event_ids(request, caller)
+    stream = _held(request, lambda ended: st.hub.fleet_events(pools, ended, ids))
     return EventSourceResponse(stream, ping=st.hub.ping, headers=STREAM_HEADERS)

@@ -226,15 +226,19 @@ def job_logs(
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> LogsOut:
-    """Output lines (stdout and stderr) after sequence number ``after``."""
+    """Output lines (stdout and stderr) after sequence number ``after``: ``limit`` lines
+    and a few MiB at most; ``more`` says whether to read on from ``next``. A caller
+    confined to some pools sees opaque numbers (``seq``, ``next``), and sends them back."""
     q = state(request).services
+    ids = deps.event_ids(request, caller)
     job = q.reads.job(ref, caller.pools)
-    rows = q.reads.logs(job.id, after, limit)
+    page = q.reads.logs(job.id, ids.show(after), limit)
     return LogsOut(
         job_id=job.id,
         status=job.status.value,
-        lines=[views.log_entry(r) for r in rows],
-        next=rows[-1].seq if rows else after,
+        lines=[views.log_entry(r, ids.hide(r.seq)) for r in page.rows],
+        next=ids.hide(page.rows[-1].seq) if page.rows else after,
+        more=page.more,
     )
 
 

@@ -8,6 +8,7 @@ the lease (404: a job of another pool; 409: a stale lease; 403: another token's 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import replace
@@ -25,7 +26,7 @@ from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
-from gpufleet.server.polls import Polls, wait_either
+from gpufleet.server.polls import Poll, Polls, wait_either
 from gpufleet.server.responses import error_info, error_response, internal_error
 from gpufleet.tokens import redact
 from gpufleet.wire import (
@@ -189,8 +190,6 @@ async def claim(
     if free.cpu_slots == 0 and not free.gpus:
         await to_thread.run_sync(st.services.fleet.own, worker_id, caller.id, caller.pools)
         return Response(status_code=204)
-    deadline = time.monotonic() + body.wait
-    wake = st.notifier.current()
     # The first try checks that this token enrolled the worker; only then may the poll end
     # an older one of the same worker (here, and on other replicas when it says so).
     lease = await to_thread.run_sync(
@@ -199,36 +198,58 @@ async def claim(
     poll = st.polls.begin(worker_id)
     if body.supersede:
         await to_thread.run_sync(st.services.leases.superseded, worker_id, st.polls.replica)
-    try:
-        while True:
-            if lease is not None:
-                if body.most > 1 and not await request.is_disconnected():
-                    lease.more = await to_thread.run_sync(
-                        leases.claim_more, worker_id, free, body.most - 1, limiter=st.claim_limiter
+    # A revoke or rotate of the worker's token ends the poll at once (on any server).
+    with st.holds.hold(deps.credential(request), poll.over.set) as hold:
+        try:
+            return await _poll(request, worker_id, free, body, lease, poll, hold.ended)
+        finally:
+            if st.polls.end(worker_id, poll):
+                leases.wait_end(worker_id)
+
+
+async def _poll(
+    request: Request,
+    worker_id: str,
+    free: FreeResources,
+    body: ClaimRequest,
+    lease: Lease | None,
+    poll: Poll,
+    revoked: asyncio.Event,
+) -> Lease | Response:
+    """Wait for a job that fits ``free`` (``lease``: the first try's), until the poll's
+    ``wait`` is up, a newer poll or a stop ends it, or its token is ``revoked``."""
+    st = state(request)
+    leases = st.services.leases
+    deadline = time.monotonic() + body.wait
+    wake = st.notifier.current()
+    while True:
+        if lease is not None:
+            if body.most > 1 and not await request.is_disconnected():
+                lease.more = await to_thread.run_sync(
+                    leases.claim_more, worker_id, free, body.most - 1, limiter=st.claim_limiter
+                )
+            # nobody will run them (the worker went away, or its token no longer lets it
+            # in): hand them back
+            if revoked.is_set() or await request.is_disconnected():
+                for one in (lease, *lease.more):
+                    await to_thread.run_sync(
+                        leases.release, one.job_id, one.attempt, "worker went away"
                     )
-                if await request.is_disconnected():  # nobody will run them: hand them back
-                    for one in (lease, *lease.more):
-                        await to_thread.run_sync(
-                            leases.release, one.job_id, one.attempt, "worker went away"
-                        )
-                    return Response(status_code=204)
-                # Serialized here, once: the hot path skips FastAPI's second validation pass.
-                note(request, lease.job_id)
-                return _json(lease)
-            left = deadline - time.monotonic()
-            if poll.over.is_set() or left <= 0 or await request.is_disconnected():
-                return _empty(st.polls)
-            # Re-check at least every second: backoffs and grace windows end without a wake.
-            await wait_either(wake, poll.over, min(left, 1.0))
-            if poll.over.is_set():
-                return _empty(st.polls)
-            wake = st.notifier.current()
-            lease = await to_thread.run_sync(
-                leases.try_claim, worker_id, free, limiter=st.claim_limiter
-            )
-    finally:
-        if st.polls.end(worker_id, poll):
-            leases.wait_end(worker_id)
+                return Response(status_code=204)
+            # Serialized here, once: the hot path skips FastAPI's second validation pass.
+            note(request, lease.job_id)
+            return _json(lease)
+        left = deadline - time.monotonic()
+        if poll.over.is_set() or left <= 0 or await request.is_disconnected():
+            return _empty(st.polls)
+        # Re-check at least every second: backoffs and grace windows end without a wake.
+        await wait_either(wake, poll.over, min(left, 1.0))
+        if poll.over.is_set():
+            return _empty(st.polls)
+        wake = st.notifier.current()
+        lease = await to_thread.run_sync(
+            leases.try_claim, worker_id, free, limiter=st.claim_limiter
+        )
 
 
 @router.post(

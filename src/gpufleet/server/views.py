@@ -140,8 +140,9 @@ def worker_out(state: WorkerState) -> WorkerOut:
     )
 
 
-def log_entry(r: LogRow) -> LogEntry:
-    return LogEntry(seq=r.seq, attempt=r.attempt, stream=r.stream, line=r.line, ts=ts(r.ts))
+def log_entry(r: LogRow, seq: int) -> LogEntry:
+    """An output line, numbered ``seq`` (its record's number as the caller sees it)."""
+    return LogEntry(seq=seq, attempt=r.attempt, stream=r.stream, line=r.line, ts=ts(r.ts))
 
 
 def token_out(t: TokenRow) -> TokenOut:

@@ -1,9 +1,18 @@
 """Persistence: the queue's operations (:class:`Store`) in memory, or over SQLite (the
 default) or PostgreSQL, chosen by URL."""
 
+from gpufleet.store._pages import within
 from gpufleet.store._sql import SqlStore, normalize_url
 from gpufleet.store.api import Applied, Batch, ClaimView, Hold, Hosts, StaleClaim, Store, Written
-from gpufleet.store.rows import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
+from gpufleet.store.rows import (
+    AttemptRow,
+    AuditRow,
+    JobRow,
+    LogRow,
+    TokenRow,
+    WorkerRow,
+    line_bytes,
+)
 
 __all__ = [
     "Applied",
@@ -21,5 +30,7 @@ __all__ = [
     "TokenRow",
     "WorkerRow",
     "Written",
+    "line_bytes",
     "normalize_url",
+    "within",
 ]

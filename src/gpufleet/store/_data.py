@@ -6,16 +6,13 @@ A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
-from sqlalchemy.exc import IntegrityError
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.store import schema as t
@@ -134,21 +131,6 @@ class DataOps(ABC):
         with self._write() as conn:
             conn.execute(t.uploads.delete().where(u.created_at < created_after))
             return set(conn.scalars(select(u.id)))
-
-    # ---- keys the servers share --------------------------------------------------------
-
-    def fleet_key(self, name: str) -> bytes:
-        """A random key every server of the fleet reads alike, made by the first to ask."""
-        k = t.fleet_keys.c
-        with self._read() as conn:
-            found = conn.scalar(select(k.value).where(k.name == name))
-        if found is None:
-            made = secrets.token_hex(32)
-            with contextlib.suppress(IntegrityError), self._write() as conn:  # made elsewhere
-                conn.execute(t.fleet_keys.insert().values(name=name, value=made))
-            with self._read() as conn:
-                found = conn.scalar(select(k.value).where(k.name == name))
-        return bytes.fromhex(str(found))
 
     # ---- artifacts --------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
 
 from gpufleet.domain.models import WorkerStatus
 from gpufleet.errors import Conflict
@@ -165,6 +166,25 @@ class FleetOps(ABC):
     def hosts(self) -> list[HostRow]:
         with self._read() as conn:
             return [HostRow.from_row(r) for r in conn.execute(select(t.hosts)).all()]
+
+    # ---- the fleet's secrets ------------------------------------------------------------
+
+    def server_key(self, name: str, fresh: str) -> str:
+        """The fleet's secret ``name``: ``fresh`` if no server made it before (every
+        server sharing the database reads the same one)."""
+        c = t.server_keys.c
+        q = select(c.secret).where(c.name == name)
+        with self._read() as conn:
+            found = conn.execute(q).scalar()
+        if found is None:
+            try:
+                with self._write() as conn:
+                    conn.execute(t.server_keys.insert().values(name=name, secret=fresh))
+            except IntegrityError:
+                pass  # another server made it meanwhile: theirs holds
+            with self._read() as conn:
+                found = conn.execute(q).scalar_one()
+        return str(found)
 
     # ---- tokens -----------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ as the tables hold them, read back through the same row models the SQL store use
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -39,13 +38,13 @@ class MemoryRecords:
         self.workers: dict[str, dict[str, Any]] = {}
         self.host_entries: dict[str, dict[str, Any]] = {}
         self.tokens: dict[str, dict[str, Any]] = {}
+        self.keys: dict[str, str] = {}  # the fleet's secrets, by name
         self.sessions: dict[str, dict[str, Any]] = {}
         self.audit_rows: list[dict[str, Any]] = []
         self.audit_seq = 0  # the last audit number given (numbers never repeat, as in SQL)
         self.blobs: dict[str, dict[str, Any]] = {}
         self.blob_pools: set[tuple[str, str]] = set()
         self.uploads: dict[str, dict[str, Any]] = {}
-        self.keys: dict[str, bytes] = {}
         self.artifacts: dict[tuple[str, int], dict[str, Any]] = {}
 
     # ---- workers ----------------------------------------------------------------------
@@ -163,6 +162,12 @@ class MemoryRecords:
     def hosts(self) -> list[HostRow]:
         with self._lock:
             return [HostRow(**h) for h in self.host_entries.values()]
+
+    # ---- the fleet's secrets ------------------------------------------------------------
+
+    def server_key(self, name: str, fresh: str) -> str:
+        with self._lock:
+            return self.keys.setdefault(name, fresh)
 
     # ---- tokens -----------------------------------------------------------------------
 
@@ -297,10 +302,6 @@ class MemoryRecords:
         with self._lock:
             u = self.uploads.get(upload_id)
             return None if u is None or u["token_id"] is None else str(u["token_id"])
-
-    def fleet_key(self, name: str) -> bytes:
-        with self._lock:
-            return self.keys.setdefault(name, secrets.token_bytes(32))
 
     def get_upload(self, upload_id: str) -> tuple[str | None, int, float] | None:
         with self._lock:

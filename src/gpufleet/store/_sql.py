@@ -38,6 +38,7 @@ from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statements
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps, write_hosts
+from gpufleet.store._pages import read_page
 from gpufleet.store._values import job_values, progress_columns, stop_event, submit_events
 from gpufleet.store.api import Batch, Hold, QueueGauges, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, log_offsets
@@ -727,26 +728,34 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         limit: int,
         streams: Collection[str] | None = None,
         before: int | None = None,
+        budget: int | None = None,
     ) -> list[LogRow]:
         """The job's event log after ``after``, in order: every record, or those of
         ``streams`` (stdout, stderr, progress, state). With ``before``: the last ``limit``
-        records between the two (a page scrolled back to), still in order."""
+        records between the two (a page scrolled back to), still in order. With
+        ``budget``: only the records within that many bytes of lines (see
+        :mod:`gpufleet.store._pages`)."""
         c = t.job_logs.c
         q = select(t.job_logs).where(c.job_id == job_id, c.seq > after)
         if streams is not None:
             q = q.where(c.stream.in_(sorted(streams)))
         if before is not None:
-            q = q.where(c.seq < before).order_by(c.seq.desc()).limit(limit)
-            with self._read() as conn:
-                return [LogRow.from_row(r) for r in reversed(conn.execute(q).all())]
+            q = q.where(c.seq < before)
         with self._read() as conn:
-            return [LogRow.from_row(r) for r in conn.execute(q.order_by(c.seq).limit(limit)).all()]
+            rows = read_page(conn, q, limit, budget, newest_first=before is not None)
+        found = [LogRow.from_row(r) for r in rows]
+        return found[::-1] if before is not None else found
 
     def state_events(
-        self, after: int, limit: int, pools: Sequence[str] | None = None
+        self,
+        after: int,
+        limit: int,
+        pools: Sequence[str] | None = None,
+        budget: int | None = None,
     ) -> list[tuple[LogRow, str]]:
         """Status changes of every job (of ``pools``) after ``after``, in order, each with
-        its job's pool: what the fleet-wide event stream carries."""
+        its job's pool: what the fleet-wide event stream carries (within ``budget``
+        bytes of records, as :meth:`logs`)."""
         c, j = t.job_logs.c, t.jobs.c
         q = (
             select(t.job_logs, j.pool)
@@ -756,7 +765,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         if pools is not None:
             q = q.where(j.pool.in_(list(pools)))
         with self._read() as conn:
-            rows = conn.execute(q.order_by(c.seq).limit(limit)).all()
+            rows = read_page(conn, q, limit, budget)
         out = []
         for r in rows:
             m = dict(r._mapping)

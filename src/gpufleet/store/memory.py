@@ -22,6 +22,7 @@ from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
+from gpufleet.store._pages import within
 from gpufleet.store._values import (
     job_values,
     progress_columns,
@@ -38,7 +39,7 @@ from gpufleet.store.api import (
     Store,
     Written,
 )
-from gpufleet.store.rows import AttemptRow, JobRow, LogRow, log_offsets
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow, line_bytes, log_offsets
 from gpufleet.store.stored import spec_json
 
 _ACTIVE = {s.value for s in ACTIVE}
@@ -587,6 +588,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
         limit: int,
         streams: Collection[str] | None = None,
         before: int | None = None,
+        budget: int | None = None,
     ) -> list[LogRow]:
         with self._lock:
             found = [
@@ -596,11 +598,18 @@ class MemoryStore(MemoryRecords, NamedChanges):
                 and after < r["seq"] < (before if before is not None else r["seq"] + 1)
                 and (streams is None or r["stream"] in streams)
             ]
-            page = found[-limit:] if before is not None else found[:limit]
-            return [LogRow.from_mapping(dict(r)) for r in page]
+            page = found[::-1][:limit] if before is not None else found[:limit]
+            if budget is not None:
+                page = list(within(page, budget, lambda r: line_bytes(r["line"])))
+            rows = [LogRow.from_mapping(dict(r)) for r in page]
+            return rows[::-1] if before is not None else rows
 
     def state_events(
-        self, after: int, limit: int, pools: Sequence[str] | None = None
+        self,
+        after: int,
+        limit: int,
+        pools: Sequence[str] | None = None,
+        budget: int | None = None,
     ) -> list[tuple[LogRow, str]]:
         with self._lock:
             found = [
@@ -611,7 +620,10 @@ class MemoryStore(MemoryRecords, NamedChanges):
                 and r["job_id"] in self.jobs
                 and (pools is None or self.jobs[r["job_id"]]["pool"] in pools)
             ]
-            return found[:limit]
+            page = found[:limit]
+            if budget is not None:
+                page = list(within(page, budget, lambda r: line_bytes(r[0].line)))
+            return page
 
     def last_seq(self, job_id: str | None = None) -> int:
         with self._lock:

@@ -262,6 +262,11 @@ class FreshLines:
     end: int  # the attempt's line count after them
 
 
+def line_bytes(line: str) -> int:
+    """The size of a log line in UTF-8 (without encoding it when it is ASCII)."""
+    return len(line) if line.isascii() else len(line.encode())
+
+
 def log_offsets(
     have: int, first: int | None, lines: Sequence[tuple[str, str]]
 ) -> FreshLines | None:

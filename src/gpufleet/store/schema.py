@@ -224,6 +224,15 @@ sessions = Table(
     Column("expires_at", Float, nullable=False),
 )
 
+# The fleet's own secrets, by name, made by the first server that needs one: every server
+# sharing the database uses the same (the key of pool-scoped callers' event ids).
+server_keys = Table(
+    "server_keys",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("secret", String(128), nullable=False),
+)
+
 # Every state-changing call: who (token), from where, what (method, path, target), how it
 # ended (status). Denied calls are recorded too. Lifecycle events the server decides itself
 # (a worker registered, went offline, was removed; a lease lost) have an ``event`` instead
@@ -279,15 +288,6 @@ uploads = Table(
     Column("created_at", Float, nullable=False),
     # the token that opened the session: only it may append, finish or abort it (0013)
     Column("token_id", String(64)),
-)
-
-# Random keys the fleet's servers share, made by the first that needs one (0013): the
-# key of each attempt's lease secret.
-fleet_keys = Table(
-    "fleet_keys",
-    metadata,
-    Column("name", String(64), primary_key=True),
-    Column("value", String(128), nullable=False),
 )
 
 artifacts = Table(

@@ -375,6 +375,11 @@ class LogsOut(Wire):
     status: JobState
     lines: list[LogEntry]
     next: int
+    more: bool = Field(
+        False,
+        description="the page stopped at its limit or its byte budget (a few MiB of lines): "
+        "more records may follow; read on from next",
+    )
 
 
 class EventOut(Wire):
@@ -392,6 +397,11 @@ class EventsOut(Wire):
     status: JobState
     events: list[EventOut]
     next: int = Field(description="pass as ?after= to read on")
+    more: bool = Field(
+        False,
+        description="the page stopped at its limit or its byte budget (a few MiB of lines): "
+        "more records may follow; read on from next",
+    )
 
 
 class WhyWorker(Wire):

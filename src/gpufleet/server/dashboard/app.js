@@ -441,10 +441,10 @@ class LogView {
   async tail() {
     const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=9007199254740991&limit=1000`);
     this.box.replaceChildren(...page.events.map((e) => logLine(e.data)));
-    this.older = page.events.length === 1000;
+    this.older = page.more;
     this.box.scrollTop = this.box.scrollHeight;
     this.update();
-    return page.events.length ? page.events[page.events.length - 1].seq : 0;
+    return new Set(page.events.map((e) => String(e.seq)));
   }
 
   async reload() {
@@ -478,7 +478,7 @@ class LogView {
     this.loading = true;
     try {
       const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=${first.dataset.seq}&limit=500`);
-      this.older = page.events.length === 500;
+      this.older = page.more;
       const height = this.box.scrollHeight;
       this.box.prepend(...page.events.map((e) => logLine(e.data)));
       this.box.scrollTop += this.box.scrollHeight - height;
@@ -581,7 +581,7 @@ async function allEvents(jobId, types) {
     const page = await api(`/v1/jobs/${enc(jobId)}/events?format=json&types=${types}&after=${after}&limit=10000`);
     out.push(...page.events);
     after = page.next;
-    if (page.events.length < 10000) break;
+    if (!page.more) break; // it stopped at its count or its byte budget
   }
   return { events: out, next: after };
 }
@@ -705,21 +705,21 @@ async function jobPage(main, ref) {
 
   render();
   await renderWhy();
-  // What happened so far, then everything after it, live: each kind is skipped up to
-  // where its own fetch ended, so nothing is shown twice.
-  const [past, logEnd] = await Promise.all([allEvents(id, "state,progress"), logs.tail()]);
+  // What happened so far, then everything after it, live. The log's tail is read after
+  // the rest, so it holds every line up to where the rest ended (and perhaps more): the
+  // stream starts there and skips the lines shown already. Event ids are compared for
+  // equality only: a token confined to some pools gets opaque ones, in no order.
+  const past = await allEvents(id, "state,progress");
+  const shownLines = await logs.tail();
   for (const e of past.events) {
     if (e.type === "state") addState(e.data);
     else curves.add(e.data.record);
   }
-  const seen = { state: past.next, progress: past.next, log: logEnd };
-  const start = Math.min(past.next, logEnd);
-  const source = new EventSource(`/v1/jobs/${enc(id)}/events?after=${start}`);
+  const source = new EventSource(`/v1/jobs/${enc(id)}/events?after=${past.next}`);
   onCleanup(() => source.close());
   const refreshSoon = throttle(refresh, 500);
   const take = (kind, fn) => source.addEventListener(kind, (ev) => {
-    const seq = Number(ev.lastEventId);
-    if (seq && seq <= seen[kind]) return;
+    if (kind === "log" && shownLines.has(ev.lastEventId)) return;
     let data;
     try { data = JSON.parse(ev.data); } catch { return; }
     fn(data);

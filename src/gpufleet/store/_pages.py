@@ -1,0 +1,69 @@
+"""A page of a job's event log bounded in bytes as well as in records.
+
+A job may write lines of up to a million characters, so a page of a thousand records
+could hold a gigabyte. A page read with a ``budget`` stops at the first record that
+takes its lines to ``budget`` bytes or more (it always holds one record, however long),
+and the records past it are never read from the database: PostgreSQL sums the lines'
+sizes in the query (``octet_length`` reads a long value's stored size, not the value)
+and returns only the records that fit; SQLite (in process, each row read as it is
+fetched) stops fetching.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Select, func, select
+
+from gpufleet.store.rows import line_bytes
+
+T = TypeVar("T")
+
+
+def within(rows: Iterable[T], budget: int, size: Callable[[T], int]) -> Iterator[T]:
+    """``rows`` up to the first one that takes their ``size`` to ``budget`` or more
+    (it included); ``rows`` is read no further."""
+    used = 0
+    for row in rows:
+        yield row
+        used += size(row)
+        if used >= budget:
+            return
+
+
+def read_page(
+    conn: Connection,
+    q: Select[Any],
+    limit: int,
+    budget: int | None,
+    newest_first: bool = False,
+) -> list[Any]:
+    """The rows of ``q`` (whose columns include ``seq`` and ``line``) in ``seq`` order
+    (``newest_first``: descending), at most ``limit``, and with ``budget`` only those
+    within it (see the module)."""
+    seq = q.selected_columns.seq
+    page = q.order_by(seq.desc() if newest_first else seq).limit(limit)
+    if budget is None:
+        return list(conn.execute(page).all())
+    if conn.dialect.name == "postgresql":
+        return list(conn.execute(_fitted(page, budget, newest_first)).all())
+    with contextlib.closing(conn.execute(page)) as result:
+        return list(within(result, budget, lambda r: line_bytes(r.line)))
+
+
+def _fitted(page: Select[Any], budget: int, newest_first: bool) -> Select[Any]:
+    """``page``'s rows whose lines before them, in its order, take under ``budget``
+    bytes: the sizes are summed over the page's rows, which only then are read whole."""
+    rows = page.subquery()
+    size = func.octet_length(rows.c.line)
+    order = rows.c.seq.desc() if newest_first else rows.c.seq
+    ahead = (func.sum(size).over(order_by=order) - size).label("ahead")
+    sized = select(rows, ahead).subquery()
+    columns = [sized.c[col.name] for col in rows.c]
+    return (
+        select(*columns)
+        .where(sized.c.ahead < budget)
+        .order_by(sized.c.seq.desc() if newest_first else sized.c.seq)
+    )
