@@ -1039,7 +1039,7 @@ def test_a_log_read_back_from_before_a_record(queue: Services, store: SqlStore) 
     submitted = queue.submission.submit(spec())
     lease = claim(queue, register(queue, "box"))
     lines = [("stdout", f"l{i}") for i in range(10)]
-    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0)[0]
+    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0).held
     out = store.logs(submitted.id, 0, 100, ["stdout"])
     assert [r.line for r in out] == [f"l{i}" for i in range(10)]
     back = store.logs(submitted.id, 0, 3, ["stdout"], before=out[6].seq)

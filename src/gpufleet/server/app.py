@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from gpufleet import __version__
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, InsufficientStorage
 from gpufleet.server import (
     routes_blobs,
     routes_dashboard,
@@ -30,7 +30,7 @@ from gpufleet.server import (
 from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
-from gpufleet.server.deps import ServerState
+from gpufleet.server.deps import ServerState, state
 from gpufleet.server.events import Hub
 from gpufleet.server.limits import Limits, LimitsMiddleware
 from gpufleet.server.notify import Notifier
@@ -39,8 +39,10 @@ from gpufleet.server.requests import RequestIds
 from gpufleet.server.responses import error_response
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
+from gpufleet.server.shortage import on_shortage
 from gpufleet.server.text_input import RefuseNul
 from gpufleet.store import SqlStore
+from gpufleet.store.space import shortage_classes
 
 log = logging.getLogger("gpufleet.server")
 
@@ -50,8 +52,10 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-async def _on_gpufleet_error(_: Request, exc: Exception) -> JSONResponse:
+async def _on_gpufleet_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GpufleetError)
+    if isinstance(exc, InsufficientStorage):  # a blob's disk filled: health says so
+        state(request).services.store.space.full(exc.message)
     return error_response(exc.status, exc.code, exc.message, exc.detail)
 
 
@@ -168,6 +172,8 @@ def create_app(
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
+    for cls in shortage_classes():
+        app.add_exception_handler(cls, on_shortage)
     app.add_middleware(AuditLog, writer=audit)
     app.add_middleware(RefuseNul)
     app.add_middleware(routes_dashboard.SecurityHeaders)

@@ -2,10 +2,21 @@
 default) or PostgreSQL, chosen by URL."""
 
 from gpufleet.store._sql import SqlStore, normalize_url
-from gpufleet.store.api import Applied, Batch, ClaimView, Hold, Hosts, StaleClaim, Store, Written
+from gpufleet.store.api import (
+    Appended,
+    Applied,
+    Batch,
+    ClaimView,
+    Hold,
+    Hosts,
+    StaleClaim,
+    Store,
+    Written,
+)
 from gpufleet.store.rows import AttemptRow, AuditRow, JobRow, LogRow, TokenRow, WorkerRow
 
 __all__ = [
+    "Appended",
     "Applied",
     "AttemptRow",
     "AuditRow",
