@@ -339,7 +339,7 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
 def _failed_report(request: Request, kind: str, shown: str, exc: Exception) -> ReportResult:
     """The answer to a report that failed on the server's side: 507 or 503 for a
     shortage (a full disk), else a 500, logged with its traceback."""
-    err = noted(request, exc)
+    err = noted(request, exc, state(request).services.store.space)
     if err is not None:
         return ReportResult(job_id=shown, status=err.status, error=error_info(err))
     rid = getattr(request.state, "request_id", "-")

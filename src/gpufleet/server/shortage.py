@@ -8,12 +8,9 @@ from __future__ import annotations
 import logging
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from gpufleet.errors import GpufleetError, InsufficientStorage, ServerUnavailable
-from gpufleet.server.deps import state
-from gpufleet.server.responses import error_response
-from gpufleet.store.space import Shortage, shortage
+from gpufleet.store.space import Shortage, SpaceWatch, shortage
 
 log = logging.getLogger("gpufleet.server")
 RETRY_AFTER = 30  # seconds: space is freed by a person, or by the retention sweep
@@ -34,24 +31,25 @@ def shortage_error(found: Shortage) -> GpufleetError:
     )
 
 
-def noted(request: Request, exc: BaseException) -> GpufleetError | None:
-    """If ``exc`` is a shortage: log it in one line, mark the store full if it was space,
-    and say what to answer (None: another failure)."""
+def noted(request: Request, exc: BaseException, space: SpaceWatch) -> GpufleetError | None:
+    """If ``exc`` is a shortage: log it in one line, tell ``space`` (the store's) if it
+    was of disk, and say what to answer (None: another failure)."""
     found = shortage(exc)
     if found is None:
         return None
     rid = getattr(request.state, "request_id", "-")
     if found.disk:
-        state(request).services.store.space.full(found.why)
+        space.full(found.why)
     log.warning("%s %s (request %s): %s", request.method, request.url.path, rid, found.why)
     return shortage_error(found)
 
 
-async def on_shortage(request: Request, exc: Exception) -> JSONResponse:
-    """The handler of database and file errors: a shortage is answered; anything else
-    goes on up as it would have (a 500, logged with its traceback)."""
-    err = noted(request, exc)
-    if err is None:
-        raise exc
-    headers = {"Retry-After": str(RETRY_AFTER)}
-    return error_response(err.status, err.code, err.message, err.detail, headers)
+def log_failure(exc: BaseException, what: str) -> None:
+    """Log a failure of the server's own work (a sweep, the audit log's writes): a
+    shortage in one line, as it may repeat every second while the disk is full; anything
+    else with its traceback."""
+    found = shortage(exc)
+    if found is None:
+        log.error("%s", what, exc_info=exc)
+    else:
+        log.warning("%s: %s", what, found.why)

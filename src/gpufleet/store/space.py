@@ -104,8 +104,9 @@ _WRITES = re.compile(
 
 def watch_engine(engine: Engine, space: SpaceWatch) -> None:
     """Keep ``space`` told of ``engine``'s writes: a statement that failed for lack of
-    disk sets it, and the commit of a transaction that wrote clears it. (The commit event
-    comes before the commit itself; one that then fails for lack of space sets it again.)"""
+    disk sets it, and the commit of a transaction in which a write statement went through
+    clears it. (The commit event comes before the commit itself; one that then fails for
+    lack of space sets it again.)"""
 
     def failed(context: ExceptionContext) -> None:
         found = shortage(context.original_exception)
@@ -125,5 +126,5 @@ def watch_engine(engine: Engine, space: SpaceWatch) -> None:
 
     event.listen(engine, "handle_error", failed)
     event.listen(engine, "begin", began)
-    event.listen(engine, "before_cursor_execute", executed)
+    event.listen(engine, "after_cursor_execute", executed)
     event.listen(engine, "commit", committed)
