@@ -54,9 +54,11 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 async def _on_gpufleet_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GpufleetError)
+    headers = None
     if isinstance(exc, InsufficientStorage):  # a blob's disk filled: health says so
         state(request).services.store.space.full(exc.message)
-    return error_response(exc.status, exc.code, exc.message, exc.detail)
+        headers = {"Retry-After": str(RETRY_AFTER)}
+    return error_response(exc.status, exc.code, exc.message, exc.detail, headers)
 
 
 async def _on_shortage(request: Request, exc: Exception) -> JSONResponse:
