@@ -211,6 +211,31 @@ SETTINGS: dict[str, Setting] = {
             "days an audit record is kept (0: forever)",
             minimum=0,
         ),
+        _setting(
+            "output_quota",
+            1 << 30,
+            "size",
+            "most bytes of output (stdout and stderr) the server stores of one attempt of a "
+            "job, e.g. 1G; past it the rest is dropped, with a marker in its log (each line "
+            "counts its bytes, a newline and 64 for its row)",
+            minimum=1024,
+        ),
+        _setting(
+            "output_rate",
+            1 << 20,
+            "size",
+            "bytes a second of an attempt's output the server stores, e.g. 1M, on average since it "
+            "was claimed (output_burst ahead of it); past it output is dropped until half the "
+            "burst is back",
+            minimum=1,
+        ),
+        _setting(
+            "output_burst",
+            64 << 20,
+            "size",
+            "bytes of output an attempt may send ahead of output_rate",
+            minimum=1024,
+        ),
         _setting("name", _hostname, "str", "worker name (default: hostname)"),
         _setting("labels", "", "str", "worker labels, k=v,k=v"),
         _setting("slots", None, "int", "worker CPU slots (default: 1)", minimum=0),

@@ -1041,7 +1041,7 @@ def test_a_log_read_back_from_before_a_record(queue: Services, store: SqlStore) 
     submitted = queue.submission.submit(spec())
     lease = claim(queue, register(queue, "box"))
     lines = [("stdout", f"l{i}") for i in range(10)]
-    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0)[0]
+    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0).held
     out = store.logs(submitted.id, 0, 100, ["stdout"])
     assert [r.line for r in out] == [f"l{i}" for i in range(10)]
     back = store.logs(submitted.id, 0, 3, ["stdout"], before=out[6].seq)
@@ -1059,7 +1059,7 @@ def test_a_log_read_within_a_byte_budget_stops_at_the_line_that_fills_it(
     lease = claim(queue, register(queue, "box"))
     sizes = [300, 300, 500, 2000, 10, 10, 10]
     lines = [("stdout", str(i) * n) for i, n in enumerate(sizes[:-1])] + [("stdout", "é" * 5)]
-    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0)[0]
+    assert store.append_logs(submitted.id, lease.attempt, lines, 0.0).held
     out = ["stdout"]
 
     def pages(budget: int) -> list[list[int]]:

@@ -69,6 +69,9 @@ def server(
     ephemeral_ttl: Annotated[float | None, setting_option("ephemeral_ttl")] = None,
     log_retention: Annotated[float | None, setting_option("log_retention")] = None,
     audit_retention: Annotated[float | None, setting_option("audit_retention")] = None,
+    output_quota: Annotated[str | None, setting_option("output_quota")] = None,
+    output_rate: Annotated[str | None, setting_option("output_rate")] = None,
+    output_burst: Annotated[str | None, setting_option("output_burst")] = None,
     max_blob_size: Annotated[str | None, setting_option("max_blob_size")] = None,
     blob_store: Annotated[str | None, setting_option("blob_store")] = None,
     s3_endpoint: Annotated[str | None, setting_option("s3_endpoint")] = None,
@@ -88,6 +91,7 @@ def server(
     ] = None,
 ) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
+    from gpufleet.domain.quota import OutputQuota
     from gpufleet.server import QueueSettings, ServerOptions, serve
 
     s = resolve(
@@ -101,6 +105,9 @@ def server(
         ephemeral_ttl=ephemeral_ttl,
         log_retention=log_retention,
         audit_retention=audit_retention,
+        output_quota=output_quota,
+        output_rate=output_rate,
+        output_burst=output_burst,
         max_blob_size=max_blob_size,
         blob_store=blob_store,
         s3_endpoint=s3_endpoint,
@@ -117,6 +124,7 @@ def server(
         ephemeral_ttl=s["ephemeral_ttl"],
         log_retention=_seconds(s["log_retention"], DAY),
         audit_retention=_seconds(s["audit_retention"], DAY),
+        output_quota=OutputQuota(s["output_quota"], s["output_rate"], s["output_burst"]),
     )
     serve(
         ServerOptions(

@@ -8,6 +8,7 @@ control characters show as escapes (``\\x1b``), so it cannot drive the terminal.
 from __future__ import annotations
 
 from gpufleet.cli._common import out, shown, styled, when
+from gpufleet.domain.quota import size_text
 from gpufleet.wire import JobDetail, JobOut
 
 
@@ -71,6 +72,11 @@ def show_detail(d: JobDetail) -> None:
         )
         if a.late_result:
             out.print(f"    [yellow]late result:[/yellow] {shown(a.late_result)}")
+        if a.output_dropped:
+            out.print(
+                f"    [yellow]output cut:[/yellow] {size_text(a.output_dropped)} dropped "
+                "(past the server's output quota)"
+            )
 
 
 def _inputs(d: JobDetail) -> None:

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from gpufleet import __version__
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, InsufficientStorage
 from gpufleet.server import (
     routes_blobs,
     routes_dashboard,
@@ -30,7 +30,7 @@ from gpufleet.server import (
 from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
-from gpufleet.server.deps import ServerState
+from gpufleet.server.deps import ServerState, state
 from gpufleet.server.event_ids import KEY_NAME, Opaque
 from gpufleet.server.events import Hub
 from gpufleet.server.gate import Gate
@@ -42,8 +42,10 @@ from gpufleet.server.requests import RequestIds
 from gpufleet.server.responses import error_response
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
+from gpufleet.server.shortage import RETRY_AFTER, log_failure, noted
 from gpufleet.server.text_input import RefuseNul
 from gpufleet.store import SqlStore
+from gpufleet.store.space import shortage_classes
 
 log = logging.getLogger("gpufleet.server")
 
@@ -53,9 +55,24 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-async def _on_gpufleet_error(_: Request, exc: Exception) -> JSONResponse:
+async def _on_gpufleet_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GpufleetError)
-    return error_response(exc.status, exc.code, exc.message, exc.detail)
+    headers = None
+    if isinstance(exc, InsufficientStorage):  # a blob's disk filled: health says so
+        state(request).services.store.space.full(exc.message)
+        headers = {"Retry-After": str(RETRY_AFTER)}
+    return error_response(exc.status, exc.code, exc.message, exc.detail, headers)
+
+
+async def _on_shortage(request: Request, exc: Exception) -> JSONResponse:
+    """The handler of database and file errors: a shortage (a full disk) is answered 507
+    or 503, never a 500; anything else goes on up as it would have (a 500, logged with
+    its traceback)."""
+    err = noted(request, exc, state(request).services.store.space)
+    if err is None:
+        raise exc
+    headers = {"Retry-After": str(RETRY_AFTER)}
+    return error_response(err.status, err.code, err.message, err.detail, headers)
 
 
 def _problem(message: str) -> str:
@@ -119,8 +136,8 @@ async def _sweeper(services: Services, interval: float) -> None:
                 if expired:
                     log.warning("removed %d upload session(s) unfinished for a day", expired)
                 await run_in_threadpool(services.retention.run)
-        except Exception:  # keep sweeping: one failed sweep must not stop expiry forever
-            log.exception("sweep failed")
+        except Exception as exc:  # keep sweeping: one failed sweep must not stop expiry forever
+            log_failure(exc, "sweep failed")
         else:
             for job_id in requeued:
                 log.warning("lease expired for job %s", job_id)
@@ -181,6 +198,8 @@ def create_app(
     app.add_exception_handler(GpufleetError, _on_gpufleet_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
+    for cls in shortage_classes():
+        app.add_exception_handler(cls, _on_shortage)
     app.add_middleware(AuditLog, writer=audit)
     app.add_middleware(RefuseNul)
     app.add_middleware(routes_dashboard.SecurityHeaders)

@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpufleet.server.asgi import StatusWatch
 from gpufleet.server.requests import loggable
+from gpufleet.server.shortage import log_failure
 from gpufleet.store import Store, TokenRow
 
 log = logging.getLogger("gpufleet.audit")
@@ -126,8 +127,10 @@ class AuditWriter:
             with anyio.CancelScope(shield=True):
                 try:
                     await anyio.to_thread.run_sync(self.store.insert_audit, batch)
-                except Exception:  # the calls happened; losing their records must not hide it
-                    log.exception("could not write %d audit record(s)", len(batch))
+                except (
+                    Exception
+                ) as exc:  # the calls happened; losing their records must not hide it
+                    log_failure(exc, f"could not write {len(batch)} audit record(s)")
 
     async def close(self) -> None:
         if self._flusher is not None and not self._flusher.done():

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus, WorkerStatus
+from gpufleet.domain.quota import MARKER
 from gpufleet.errors import Conflict, Forbidden, NotFound
 from gpufleet.scheduling.matching import (
     Assignment,
@@ -430,8 +431,9 @@ class Leases:
         first: int | None = None,
     ) -> float | None:
         """Append output lines (from line ``first`` of the attempt on: lines the server has
-        already are skipped); the stop grace when the job has been asked to stop (the
-        worker learns it here, within a second of a stop, as well as at its heartbeat)."""
+        already are skipped; output past the attempt's quota is dropped); the stop grace
+        when the job has been asked to stop (the worker learns it here, within a second of
+        a stop, as well as at its heartbeat)."""
         lines = [(stream, printable(line)) for stream, line in lines]
         now = self.clock()
         # A big batch goes in as several short transactions: on SQLite each holds the one
@@ -446,11 +448,23 @@ class Leases:
         stop = None
         for at, part in parts:
             start = None if first is None else first + at
-            done, stop = self.store.append_logs(job_id, attempt, part, now, start)
-            if not done:
+            done = self.store.append_logs(
+                job_id, attempt, part, now, start, self.settings.output_quota
+            )
+            if not done.held:
                 self._held(job_id, attempt)
+            if done.cut is not None:
+                self._cut(job_id, attempt, done.cut)
+            stop = done.stop
         self.on_written(job_id)
         return stop
+
+    def _cut(self, job_id: str, attempt: int, marker: str) -> None:
+        """An attempt's output passed its quota and is cut from here: say so in the log
+        and the audit log (the job's event log has the marker and a record already)."""
+        why = marker.removeprefix(MARKER)
+        log.warning("job %s attempt %d: output cut: %s", job_id, attempt, why)
+        self.on_event("job.output_cut", job_id, f"attempt {attempt}: {why}", None)
 
     def finish(
         self,

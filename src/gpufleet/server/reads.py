@@ -121,3 +121,10 @@ class Reads:
     def database(self) -> str:
         """The database's kind, once it answered (raises if it does not)."""
         return self.store.ping()
+
+    def problems(self) -> list[str]:
+        """What keeps the server from working whole: writes failing for lack of disk."""
+        why = self.store.space.why
+        if why is None:
+            return []
+        return [f"writes fail: the disk is full ({why}); free space in its data dir or database"]

@@ -57,9 +57,13 @@ def _names(request: Request) -> dict[str, str]:
 
 @router.get("/health", response_model=Health, tags=["meta"])
 async def health(request: Request) -> Health:
-    """Liveness and database reachability; needs no token."""
-    db = await run_in_threadpool(state(request).services.reads.database)
-    return Health(status="ok", version=__version__, database=db)
+    """Liveness and database reachability; needs no token. Still 200 when degraded (its
+    writes fail for lack of disk): the server answers, and says why in ``problems``."""
+    reads = state(request).services.reads
+    db = await run_in_threadpool(reads.database)
+    problems = reads.problems()
+    status: Literal["ok", "degraded"] = "degraded" if problems else "ok"
+    return Health(status=status, version=__version__, database=db, problems=problems)
 
 
 @router.get("/whoami", response_model=WhoAmI, tags=["meta"])

@@ -28,6 +28,7 @@ from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
 from gpufleet.server.polls import Poll, Polls, wait_either
 from gpufleet.server.responses import error_info, error_response, internal_error
+from gpufleet.server.shortage import noted
 from gpufleet.tokens import redact
 from gpufleet.wire import (
     ERRORS,
@@ -354,13 +355,22 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
                     except GpufleetError as exc:  # answered; what it wrote stands
                         done = ReportResult(job_id=shown, status=exc.status, error=error_info(exc))
             except Exception as exc:  # ours, not the report's: as its own call would, a 500
-                rid = getattr(request.state, "request_id", "-")
-                log.error("internal error in a %s report (request %s)", r.kind, rid, exc_info=exc)
-                done = ReportResult(job_id=shown, status=500, error=internal_error(rid))
+                done = _failed_report(request, r.kind, shown, exc)
             results.append(done)
             audited.append((f"/v1/jobs/{quote(r.job_id, safe='')}/{r.kind}", done.status))
     request.state.audit_items = audited  # committed: each report is recorded
     return _json(ReportResults(results=results))
+
+
+def _failed_report(request: Request, kind: str, shown: str, exc: Exception) -> ReportResult:
+    """The answer to a report that failed on the server's side: 507 or 503 for a
+    shortage (a full disk), else a 500, logged with its traceback."""
+    err = noted(request, exc, state(request).services.store.space)
+    if err is not None:
+        return ReportResult(job_id=shown, status=err.status, error=error_info(err))
+    rid = getattr(request.state, "request_id", "-")
+    log.error("internal error in a %s report (request %s)", kind, rid, exc_info=exc)
+    return ReportResult(job_id=shown, status=500, error=internal_error(rid))
 
 
 @router.post("/jobs/{job_id}/release", response_model=JobOut, tags=["worker protocol"])

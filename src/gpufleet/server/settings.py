@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from gpufleet.domain.quota import OutputQuota
 
 
 @dataclass(frozen=True)
@@ -12,7 +14,8 @@ class QueueSettings:
     attempts; ``candidates``: jobs a claim looks at, at most; ``ephemeral_ttl``: seconds an
     offline ephemeral worker is kept before it is forgotten; ``log_retention``: seconds a
     finished job's output lines are kept after it ended, ``audit_retention``: seconds an
-    audit record is kept (None: forever)."""
+    audit record is kept (None: forever); ``output_quota``: how much of an attempt's output
+    is stored (:mod:`gpufleet.domain.quota`)."""
 
     lease_timeout: float = 120.0
     prefer_cuda_grace: float = 300.0
@@ -21,3 +24,4 @@ class QueueSettings:
     ephemeral_ttl: float = 3600.0
     log_retention: float | None = 30 * 86400.0
     audit_retention: float | None = 90 * 86400.0
+    output_quota: OutputQuota = field(default_factory=OutputQuota)

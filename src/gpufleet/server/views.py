@@ -77,6 +77,7 @@ def attempt_out(a: AttemptRow) -> AttemptOut:
         error=a.error,
         stderr_tail=list(a.stderr_tail),
         late_result=a.late_result,
+        output_dropped=a.output_dropped,
     )
 
 

@@ -3,7 +3,17 @@ default) or PostgreSQL, chosen by URL."""
 
 from gpufleet.store._pages import within
 from gpufleet.store._sql import SqlStore, normalize_url
-from gpufleet.store.api import Applied, Batch, ClaimView, Hold, Hosts, StaleClaim, Store, Written
+from gpufleet.store.api import (
+    Appended,
+    Applied,
+    Batch,
+    ClaimView,
+    Hold,
+    Hosts,
+    StaleClaim,
+    Store,
+    Written,
+)
 from gpufleet.store.rows import (
     AttemptRow,
     AuditRow,
@@ -15,6 +25,7 @@ from gpufleet.store.rows import (
 )
 
 __all__ = [
+    "Appended",
     "Applied",
     "AttemptRow",
     "AuditRow",

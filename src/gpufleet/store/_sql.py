@@ -33,15 +33,25 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DisconnectionError
 
 from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
+from gpufleet.domain.quota import OutputQuota
 from gpufleet.store import schema as t
 from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statements
 from gpufleet.store._data import DataOps
 from gpufleet.store._fleet import FleetOps, write_hosts
 from gpufleet.store._pages import read_page
-from gpufleet.store._values import job_values, progress_columns, stop_event, submit_events
-from gpufleet.store.api import Batch, Hold, QueueGauges, Written
+from gpufleet.store._values import (
+    account_columns,
+    cut_event,
+    job_values,
+    metered,
+    progress_columns,
+    stop_event,
+    submit_events,
+)
+from gpufleet.store.api import Appended, Batch, Hold, QueueGauges, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, log_offsets
+from gpufleet.store.space import SpaceWatch, watch_engine
 from gpufleet.store.stored import spec_json
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -153,6 +163,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
             event.listen(self.engine, "checkout", _ping_if_idle)
             self._lock = None
         self.dialect = self.engine.dialect.name
+        self.space = SpaceWatch()
+        watch_engine(self.engine, self.space)
         self.page_q = page_statements()
         # The transaction calls share inside ``together`` (this store's, this thread's).
         self._shared: ContextVar[Connection | None] = ContextVar(f"store{id(self)}", default=None)
@@ -673,34 +685,47 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         lines: Sequence[tuple[str, str]],
         now: float,
         first: int | None = None,
-    ) -> tuple[bool, float | None]:
+        quota: OutputQuota | None = None,
+    ) -> Appended:
         """Append output lines if the lease still holds the job, line ``first`` of the
         attempt on (None: after what it has): lines it has already are skipped, so a batch
-        sent again is stored once. Returns whether the lease held, and the stop grace when
+        sent again is stored once. Output past the attempt's ``quota`` is dropped (a cut's
+        marker and event are stored). Says whether the lease held, and the stop grace when
         the job has been asked to stop (read in the same go)."""
         j, a = t.jobs.c, t.attempts.c
         with self._write() as conn:
             # The job's row is locked, as a status change locks it: the job's events are
             # numbered in the order they commit, so a follower never skips one.
             held = conn.execute(
-                select(j.stop_requested_at, j.stop_grace, j.metrics)
+                select(j.status, j.stop_requested_at, j.stop_grace, j.metrics)
                 .where(self._lease_where(job_id, lease, ACTIVE))
                 .with_for_update()
             ).first()
             if held is None:
-                return False, None
+                return Appended(False)
             this = (a.job_id == job_id) & (a.attempt == lease)
             # the attempt's row is locked: appends of one attempt count one at a time
-            have = conn.execute(select(a.log_lines).where(this).with_for_update()).scalar()
-            fresh = log_offsets(have or 0, first, lines)
+            account = (a.log_lines, a.claimed_at, a.output_bytes, a.output_dropped, a.output_cut)
+            have = conn.execute(select(*account).where(this).with_for_update()).one()
+            fresh = log_offsets(have.log_lines or 0, first, lines)
+            cut = None
             if fresh:
-                rows = [(job_id, lease, s, ln, now) for s, ln in fresh.lines]
-                _insert_lines(conn, self.dialect, rows)
-                conn.execute(update(t.attempts).where(this), {"log_lines": fresh.end})
-                summary = progress_columns(fresh.lines, held.metrics)
+                got = metered(fresh.lines, dict(have._mapping), quota, now)
+                rows = [(job_id, lease, s, ln, now) for s, ln in got.lines]
+                if rows:
+                    _insert_lines(conn, self.dialect, rows)
+                columns = {"log_lines": fresh.end, **account_columns(got.account)}
+                conn.execute(update(t.attempts).where(this), columns)
+                summary = progress_columns(got.lines, held.metrics)
                 if summary is not None:
                     conn.execute(update(t.jobs).where(j.id == job_id), summary)
-        return True, (None if held.stop_requested_at is None else float(held.stop_grace or 0))
+                if got.marker is not None:
+                    cut = got.marker
+                    conn.execute(
+                        t.job_logs.insert(), cut_event(job_id, held.status, lease, cut, now)
+                    )
+        stop = None if held.stop_requested_at is None else float(held.stop_grace or 0)
+        return Appended(True, stop, cut)
 
     def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int:
         """Delete up to ``batch`` rows: log lines of jobs that ended before ``logs_before``,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpufleet.domain import lifecycle, progress
 from gpufleet.domain.lifecycle import Change
 from gpufleet.domain.models import JobSpec
+from gpufleet.domain.quota import MARKER, Account, Admitted, OutputQuota, admit
 from gpufleet.store.stored import spec_json
 
 
@@ -75,3 +76,39 @@ def stop_event(
     why = f"asked to stop early (SIGTERM after {grace:g} s if it still runs)"
     record = lifecycle.state_record(status, "stop", attempt, by, why)
     return state_row(job_id, attempt, record, now)
+
+
+def metered(
+    lines: Sequence[tuple[str, str]],
+    attempt: Mapping[str, Any],
+    quota: OutputQuota | None,
+    now: float,
+) -> Admitted:
+    """Of an attempt's new lines, those to store under its output quota (None: all), and
+    its account after them; ``attempt``: its row (claim time and account)."""
+    account = Account(
+        int(attempt["output_bytes"] or 0),
+        int(attempt["output_dropped"] or 0),
+        bool(attempt["output_cut"]),
+    )
+    if quota is None:
+        return Admitted(list(lines), account, None)
+    return admit(lines, account, quota, now - float(attempt["claimed_at"]))
+
+
+def account_columns(account: Account) -> dict[str, Any]:
+    """An attempt's output account as its row's columns."""
+    return {
+        "output_bytes": account.counted,
+        "output_dropped": account.dropped,
+        "output_cut": account.cut,
+    }
+
+
+def cut_event(job_id: str, status: str, attempt: int, marker: str, now: float) -> dict[str, Any]:
+    """The record an output cut leaves in the job's event log: the marker's words; the
+    job's status does not change (it runs on)."""
+    why = marker.removeprefix(MARKER)
+    return state_row(
+        job_id, attempt, lifecycle.state_record(status, "output_cut", attempt, None, why), now
+    )

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from gpufleet.domain.lifecycle import Change
 from gpufleet.domain.models import JobSpec
+from gpufleet.domain.quota import OutputQuota
 from gpufleet.store.rows import (
     ArtifactRow,
     AttemptRow,
@@ -28,6 +29,7 @@ from gpufleet.store.rows import (
     TokenRow,
     WorkerRow,
 )
+from gpufleet.store.space import SpaceWatch
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,17 @@ class Written:
 
     created: list[str]
     updated: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What an append of output did: whether the lease held the job, the stop grace when
+    the job has been asked to stop, and the marker of an output cut it began (the
+    attempt passed its quota), if any."""
+
+    held: bool
+    stop: float | None = None
+    cut: str | None = None
 
 
 @dataclass(frozen=True)
@@ -202,7 +215,8 @@ class JobStore(Protocol):
         lines: Sequence[tuple[str, str]],
         now: float,
         first: int | None = None,
-    ) -> tuple[bool, float | None]: ...
+        quota: OutputQuota | None = None,
+    ) -> Appended: ...
     def logs(
         self,
         job_id: str,
@@ -277,6 +291,7 @@ class Store(JobStore, FleetStore, DataStore, Protocol):
     """Everything the server keeps, and the plumbing around it."""
 
     dialect: str
+    space: SpaceWatch  # whether its writes fail for lack of disk now
 
     def migrate(self) -> None: ...
     def close(self) -> None: ...

@@ -19,18 +19,23 @@ from typing import Any
 from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
+from gpufleet.domain.quota import OutputQuota
 from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store._memory_records import MemoryRecords, defaults
 from gpufleet.store._pages import within
 from gpufleet.store._values import (
+    account_columns,
+    cut_event,
     job_values,
+    metered,
     progress_columns,
     state_rows,
     stop_event,
     submit_events,
 )
 from gpufleet.store.api import (
+    Appended,
     Applied,
     Batch,
     ClaimView,
@@ -40,6 +45,7 @@ from gpufleet.store.api import (
     Written,
 )
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, line_bytes, log_offsets
+from gpufleet.store.space import SpaceWatch
 from gpufleet.store.stored import spec_json
 
 _ACTIVE = {s.value for s in ACTIVE}
@@ -126,6 +132,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
         self.log_rows: list[dict[str, Any]] = []
         self.log_seq = 0  # the last log line number given (numbers never repeat, as in SQL)
         self.deps: dict[str, list[str]] = {}  # job id -> the jobs it needs
+        self.space = SpaceWatch()  # never full: it has no disk
         self._init_records()
 
     # ---- plumbing ---------------------------------------------------------------------
@@ -562,24 +569,30 @@ class MemoryStore(MemoryRecords, NamedChanges):
         lines: Sequence[tuple[str, str]],
         now: float,
         first: int | None = None,
-    ) -> tuple[bool, float | None]:
+        quota: OutputQuota | None = None,
+    ) -> Appended:
         with self._lock:
             j = self.jobs.get(job_id)
             if j is None or j["lease"] != lease or j["status"] not in _ACTIVE:
-                return False, None
+                return Appended(False)
             attempt = self.attempt_rows[(job_id, lease)]
             fresh = log_offsets(attempt["log_lines"], first, lines)
+            cut = None
             if fresh:
-                attempt["log_lines"] = fresh.end
-                j.update(progress_columns(fresh.lines, j["metrics"]) or {})
-            self._log(
-                [
-                    {"job_id": job_id, "attempt": lease, "stream": s, "line": line, "ts": now}
-                    for s, line in (fresh.lines if fresh else ())
-                ]
-            )
+                got = metered(fresh.lines, attempt, quota, now)
+                attempt.update(log_lines=fresh.end, **account_columns(got.account))
+                j.update(progress_columns(got.lines, j["metrics"]) or {})
+                self._log(
+                    [
+                        {"job_id": job_id, "attempt": lease, "stream": s, "line": ln, "ts": now}
+                        for s, ln in got.lines
+                    ]
+                )
+                if got.marker is not None:
+                    cut = got.marker
+                    self._log([cut_event(job_id, j["status"], lease, cut, now)])
             stop = None if j["stop_requested_at"] is None else float(j["stop_grace"] or 0)
-            return True, stop
+            return Appended(True, stop, cut)
 
     def logs(
         self,

@@ -113,6 +113,9 @@ class AttemptRow:
     stderr_tail: tuple[str, ...] = ()
     late_result: str | None = None
     log_lines: int = 0
+    output_bytes: int = 0
+    output_dropped: int = 0  # bytes of its output cut by the quota (gpufleet.domain.quota)
+    output_cut: bool = False
 
     @classmethod
     def from_row(cls, r: Any) -> AttemptRow:
@@ -122,6 +125,7 @@ class AttemptRow:
     def from_mapping(cls, m: dict[str, Any]) -> AttemptRow:
         m["gpus"] = tuple(json.loads(m["gpus"]))
         m["stderr_tail"] = _lines(m.get("stderr_tail"))
+        m["output_cut"] = bool(m.get("output_cut"))
         return cls(**m)
 
 

@@ -113,6 +113,11 @@ attempts = Table(
     # How many output lines the attempt's worker has sent: a batch sent again (its answer
     # lost) names its first line, and the lines already here are not stored twice.
     Column("log_lines", BigInteger, nullable=False, default=0, server_default="0"),
+    # The attempt's output quota (gpufleet.domain.quota): bytes of output stored and
+    # dropped, and whether its output is being cut now.
+    Column("output_bytes", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("output_dropped", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("output_cut", Boolean, nullable=False, default=False),
 )
 
 workers = Table(

@@ -138,6 +138,13 @@ class TokenCreated(TokenOut):
 
 
 class Health(Wire):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"] = Field(
+        description="ok, or degraded: the server answers, but some calls fail (see problems)"
+    )
     version: str
     database: str
+    problems: list[str] = Field(
+        default_factory=list,
+        description="why it is degraded: e.g. its writes fail because its disk is full "
+        "(they are answered 507 until space is freed)",
+    )

@@ -251,6 +251,11 @@ class AttemptOut(Wire):
         description="a result its worker sent after the attempt had ended (its lease lost, "
         "or the job cancelled), which the server refused: what it said, and when",
     )
+    output_dropped: int = Field(
+        0,
+        description="bytes of the attempt's output the server dropped: it passed its "
+        "output quota (its log has a marker where each cut began)",
+    )
 
 
 class JobOut(Wire):
