@@ -155,6 +155,14 @@ SETTINGS: dict[str, Setting] = {
             "`gpufleet server` answers /metrics without a token (else an operator's or admin's)",
         ),
         _setting(
+            "trusted_proxies",
+            None,
+            "str",
+            "reverse proxies (addresses or networks, comma-separated, e.g. 127.0.0.1) whose "
+            "X-Forwarded-For `gpufleet server` believes and whose connections it does not "
+            "count per address; none by default",
+        ),
+        _setting(
             "api_docs",
             False,
             "bool",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.domain.models import JobSpec
-from gpufleet.domain.quota import MARKER, ROW_BYTES, OutputQuota
+from gpufleet.domain.quota import MARKER, ROW_BYTES, OutputQuota, line_cost
 from gpufleet.scheduling.matching import FreeResources
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.services import Services
@@ -85,10 +85,18 @@ def test_output_past_the_quota_is_cut_with_one_marker_and_one_event(
     [event] = cut_events(store, lease.job_id)
     assert event["status"] == "running" and event["attempt"] == lease.attempt
     assert "output rate of 1 KiB/s" in str(event["why"])
-    # progress records are neither counted nor cut: the job's progress is current
+    # progress records are counted and cut like output (the first fit, the second came
+    # during the cut), yet the job's row keeps its latest progress: show stays current
     assert json.loads(store.get_job(lease.job_id).progress or "{}") == {"step": 2}  # type: ignore[union-attr]
+    progress = [json.loads(r.line) for r in store.logs(lease.job_id, 0, 100, ["progress"])]
+    assert progress == [{"step": 1}]
     a = account(store, lease.job_id)
-    assert (a.output_bytes, a.output_dropped, a.output_cut) == (6 * KIB, 3 * KIB + 100, True)
+    first, second = line_cost('{"step": 1}'), line_cost('{"step": 2}')
+    assert (a.output_bytes, a.output_dropped, a.output_cut) == (
+        6 * KIB + first,
+        3 * KIB + 100 + second,
+        True,
+    )
 
 
 def test_a_rate_cut_ends_once_half_the_burst_is_back(

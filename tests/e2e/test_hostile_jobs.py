@@ -367,8 +367,11 @@ ORDINARY = (
     "os.makedirs('outputs', exist_ok=True)\n"
     "open('outputs/model.txt', 'w').write('weights')\n"
     "open(os.path.join(os.environ['HOME'], '.cache-probe'), 'w').write('ok')\n"
+    "import tempfile\n"
+    "tempfile.NamedTemporaryFile(delete=False).write(b'scratch')\n"
     "left = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-    "print('LEFT', left.pid, 'USER', os.environ['USER'], 'HOME', os.environ['HOME'])\n"
+    "print('LEFT', left.pid, 'USER', os.environ['USER'], 'HOME', os.environ['HOME'],\n"
+    "      'TMP', tempfile.gettempdir())\n"
 )
 
 
@@ -386,6 +389,8 @@ def test_a_slot_users_job_runs_as_any_job_and_leaves_nothing_running(
     said = fleet.cli("logs", job).stdout.split()
     assert said[said.index("USER") + 1] == users.slots[0]
     assert said[said.index("HOME") + 1] == str(base / "work" / f"{job}-1")
+    # its temp files in its own folder, not in the /tmp every slot user shares
+    assert said[said.index("TMP") + 1] == str(base / "work" / f"{job}-1" / ".tmp")
     assert f"as {users.slots[0]}" in worker.text()
     fleet.cli("download", job, "-o", str(fleet.root / "got"))
     assert (fleet.root / "got" / "outputs" / "model.txt").read_text() == "weights"

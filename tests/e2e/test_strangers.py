@@ -255,3 +255,71 @@ def test_a_body_sent_with_its_headers_in_one_write_is_not_taken_for_headers(
             assert answer.status == 422 and b"name" in text, (answer.status, text[:200])
     finally:
         sock.close()
+
+
+def test_a_body_the_answer_did_not_wait_for_ends_its_connection(fleet: Fleet) -> None:
+    """A request answered before its body ended (here a 405) must not keep its
+    connection by sending body without end: past the answer, the connection closes."""
+    fleet.start_server()
+    sock = _connect(_address(fleet), "127.0.0.2")
+    try:
+        sock.sendall(b"POST /v1/health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.settimeout(0.5)
+        began, closed = time.monotonic(), False
+        while time.monotonic() - began < 15:
+            try:
+                sock.sendall(b"4\r\nabcd\r\n")
+                if sock.recv(65536) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed, "the connection was still open after 15 s of unwanted body"
+    finally:
+        sock.close()
+
+
+def test_past_its_cap_an_address_gets_no_more_connections(fleet: Fleet) -> None:
+    """1,024 open at once from one address (here 127.0.0.6); the next is answered 503
+    and closed, and another address still gets in."""
+    fleet.start_server()
+    target = _address(fleet)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(1024):
+            held.append(_connect(target, "127.0.0.6"))
+        extra = _connect(target, "127.0.0.6")
+        held.append(extra)
+        answer = extra.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer
+        other = http.client.HTTPConnection(target[0], target[1], timeout=10)
+        other.request("GET", "/v1/health")
+        assert other.getresponse().status == 200
+        other.close()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_x_forwarded_for_is_not_believed_unless_a_proxy_is_trusted(fleet: Fleet) -> None:
+    """A process on the server's own host (a job, say) that claims another address in
+    ``X-Forwarded-For`` cannot lock that address out: its wrong tokens count against its
+    real address (uvicorn's default believes any process on the host)."""
+    fleet.start_server()
+    target = _address(fleet)
+
+    def get(headers: dict[str, str]) -> int:
+        conn = http.client.HTTPConnection(target[0], target[1], timeout=10)
+        try:
+            conn.request("GET", "/v1/jobs", headers=headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    forged = {"Authorization": "Bearer gf_wrong", "X-Forwarded-For": "192.0.2.7"}
+    assert {get(forged) for _ in range(25)} == {401, 429}
+    # the strikes fell on 127.0.0.1 itself, which is now refused
+    assert get({"Authorization": "Bearer gf_wrong"}) == 429

@@ -255,6 +255,11 @@ def test_a_blob_corrupted_on_disk_is_never_served_whole(
     got = client.get(f"/v1/blobs/{sha}", headers=admin)
     assert len(got.content) < len(data)  # cut off before its end
     assert any(sha in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
+    # a range that covers it all is the whole blob, checked alike
+    whole = client.get(f"/v1/blobs/{sha}", headers={**admin, "Range": "bytes=0-"})
+    assert len(whole.content) < len(data)
+    # the route logged why; no traceback is added to it
+    assert not any(r.exc_info for r in caplog.records if r.name == "gpufleet.server")
 
 
 def test_an_upload_session_belongs_to_the_token_that_opened_it(

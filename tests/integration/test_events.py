@@ -89,3 +89,20 @@ def test_the_fleet_stream_keeps_a_submitter_to_its_pools(
             if event.type == "job":
                 break
     assert [(e.data["pool"], e.data["event"]) for e in seen] == [("lab", "submit")]
+
+
+def test_a_pool_scoped_callers_ids_at_their_edge_are_answered_not_500(
+    client: TestClient, admin: dict[str, str], store: SqlStore
+) -> None:
+    """An opaque id past every id (``after``, ``before``, ``Last-Event-ID`` at the
+    largest a client may send) is an empty page, never a server error."""
+    from gpufleet.server.event_ids import MAX_SEQ
+
+    job = submit(client, admin)
+    scoped = bearer(Auth(store).create("alice", Role.SUBMITTER, pools=["default"])[1])
+    url = f"/v1/jobs/{job}/events"
+    for query in (f"after={MAX_SEQ}", f"before={MAX_SEQ}", f"after={MAX_SEQ - 1}"):
+        r = client.get(f"{url}?format=json&{query}", headers=scoped)
+        assert r.status_code == 200, (query, r.text)
+    r = client.get(f"{url}?format=json", headers={**scoped, "Last-Event-ID": str(MAX_SEQ)})
+    assert r.status_code == 200 and r.json()["events"] == [], r.text

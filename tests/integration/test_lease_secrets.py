@@ -119,3 +119,23 @@ def test_another_server_of_the_fleet_derives_the_same_secret(
     elsewhere = LeaseSecrets(store)
     assert elsewhere.holds(lease["secret"], job, 1, row.claimed_at)
     assert not elsewhere.holds(lease["secret"], job, 2, row.claimed_at)
+
+
+def test_a_late_result_without_the_attempts_secret_leaves_no_word_in_its_history(
+    client: TestClient, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    """A result for an attempt that ended is refused (409) and kept in the attempt's
+    history, but only from the worker that held it: a worker token alone wrote a forged
+    'late result' onto a succeeded job before."""
+    w = register(client, worker, "box")
+    job = submit(client, admin, max_attempts=1)
+    lease = claim(client, worker, w["id"])
+    assert client.post(f"/v1/jobs/{job}/cancel", headers=admin).status_code == 200
+    forged = {"attempt": 1, "secret": None, "exit_code": 1, "error": "FORGED"}
+    assert_error(client.post(f"/v1/jobs/{job}/finish", json=forged, headers=worker), 409)
+    [first] = client.get(f"/v1/jobs/{job}", headers=admin).json()["history"]
+    assert first["late_result"] is None
+    late = {"attempt": 1, "secret": lease["secret"], "exit_code": 0, "error": "saved"}
+    assert_error(client.post(f"/v1/jobs/{job}/finish", json=late, headers=worker), 409)
+    [first] = client.get(f"/v1/jobs/{job}", headers=admin).json()["history"]
+    assert first["late_result"].startswith("exit code 0 (saved)")

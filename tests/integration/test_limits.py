@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -661,3 +662,64 @@ def test_stream_limits_hold_however_the_token_is_sent(client: TestClient, store:
         await asyncio.wait_for(first, 10)
 
     on_loop(client, scenario)
+
+
+# ---- what the review of issue 30 found ----------------------------------------------------
+
+
+def test_the_bracket_scan_of_an_unterminated_string_is_linear() -> None:
+    """A quote left open, then escaped quotes without end: each quote was tried as a
+    string's start and each try scanned to the end (64 KiB took 11 s, 1 MiB would take
+    most of an hour, with the event loop held). Now it is one pass."""
+    body = b"[" * 40 + b'"' + b'\\"' * (512 << 10)  # 1 MiB
+    began = time.monotonic()
+    assert nesting_depth(body) == 40
+    assert time.monotonic() - began < 5  # minutes before; milliseconds now
+
+
+def test_a_body_on_a_route_without_a_token_is_not_read(client: TestClient) -> None:
+    """The dashboard's page and files take no body: one sent there is never read, let
+    alone scanned (a stranger's 64 KiB held the event loop for 11 s there)."""
+    body = b"[" * 40 + b'"' + b'\\"' * (32 << 10)
+    for path in ("/", "/nothing"):
+        r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code in (404, 405), r.text
+
+
+def test_a_refused_scheme_does_not_refuse_the_same_token_sent_right(
+    client: TestClient, admin_token: str
+) -> None:
+    """``Token X`` is refused as malformed; ``Bearer X`` still works after it."""
+    for scheme in ("Token", "Basic"):
+        wrong = client.get("/v1/jobs", headers={"Authorization": f"{scheme} {admin_token}"})
+        assert_error(wrong, 401, "unauthorized", "Bearer")
+    assert client.get("/v1/jobs", headers=bearer(admin_token)).status_code == 200
+
+
+def test_only_workers_may_send_a_log_batchs_16_mib(
+    client: TestClient, store: SqlStore, worker: dict[str, str]
+) -> None:
+    """A log batch may be 16 MiB; anyone else's body on those routes is held to the JSON
+    limit, from its Content-Length (a submitter's 16 MiB of ``[{},...]`` had cost 423 MiB
+    of server memory to parse before its 403)."""
+    submitter = bearer(Auth(store).create("alice", Role.SUBMITTER)[1])
+    body = b'{"reports": [' + b"{}," * (1 << 20) + b"{}]}"  # 3 MiB
+    headers = {**submitter, "Content-Type": "application/json"}
+    r = client.post("/v1/reports", content=body, headers=headers)
+    assert_error(r, 413, "too_large", str(LIMIT))
+    r = client.post(
+        "/v1/reports", content=body, headers={**worker, "Content-Type": "application/json"}
+    )
+    assert r.status_code == 422, r.text  # a worker's is read, and found wrong
+
+
+def test_an_ipv6_client_counts_as_its_64() -> None:
+    """Whoever holds one address of an IPv6 /64 usually holds all of it: the per-address
+    limits count the /64, or one client would get 2^64 addresses' worth."""
+    from gpufleet.server.limits import address_key, trusts
+
+    assert address_key("2001:db8:1:2::7") == address_key("2001:db8:1:2:ffff::1")
+    assert address_key("2001:db8:1:2::7") != address_key("2001:db8:1:3::7")
+    assert address_key("192.0.2.7") == "192.0.2.7"
+    assert trusts(("10.0.0.0/8", "127.0.0.1"), "10.1.2.3") and trusts(("127.0.0.1",), "127.0.0.1")
+    assert not trusts((), "127.0.0.1") and not trusts(("10.0.0.0/8",), "192.0.2.7")

@@ -3,6 +3,8 @@ a cut begins, and when a cut ends."""
 
 from __future__ import annotations
 
+import json
+
 from gpufleet.domain.quota import (
     MARKER,
     ROW_BYTES,
@@ -41,17 +43,23 @@ def test_output_is_stored_until_a_line_does_not_fit_then_one_marker_and_nothing(
     assert got.lines[:3] == lines[:3]
     assert got.lines[3][0] == "stderr" and got.lines[3][1].startswith(MARKER)
     assert got.lines[4:] == []
-    assert got.account == Account(counted=6 * KIB, dropped=3 * KIB + 100, cut=True)
+    progress = line_cost('{"step":1}')  # counted too: it fit
+    assert got.account == Account(counted=6 * KIB + progress, dropped=3 * KIB + 100, cut=True)
     assert got.marker == got.lines[3][1]
     assert "output rate of 1 KiB/s (beyond a 8 KiB burst)" in got.marker
 
 
-def test_progress_records_pass_a_cut_and_are_not_counted() -> None:
+def test_progress_records_are_counted_and_cut_like_output() -> None:
+    """A job's progress records are its own writing: a job printing nothing but progress
+    must not get around its quota (the review stored 2.6 MB of them past a 16 KiB one)."""
     cut = Account(counted=8 * KIB, cut=True)
     got = admit([("progress", "{}"), line(100)], cut, QUOTA, 0)
-    assert got.lines == [("progress", "{}")]
+    assert got.lines == []
     assert got.marker is None  # the cut goes on: no second marker
-    assert got.account == Account(counted=8 * KIB, dropped=100, cut=True)
+    assert got.account == Account(counted=8 * KIB, dropped=line_cost("{}") + 100, cut=True)
+    flood = [("progress", json.dumps({"step": i})) for i in range(1000)]
+    got = admit(flood, Account(), QUOTA, 0)
+    assert got.marker is not None and got.account.counted <= QUOTA.allowance(0)
 
 
 def test_a_rate_cut_ends_once_half_the_burst_is_back_and_the_next_is_marked_again() -> None:

@@ -89,10 +89,15 @@ def server(
         bool | None,
         typer.Option("--api-docs", help=setting_help("api_docs"), show_default=False),
     ] = None,
+    trusted_proxies: Annotated[
+        str | None,
+        typer.Option("--trusted-proxies", help=setting_help("trusted_proxies"), show_default=False),
+    ] = None,
 ) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
     from gpufleet.domain.quota import OutputQuota
     from gpufleet.server import QueueSettings, ServerOptions, serve
+    from gpufleet.server.limits import Limits
 
     s = resolve(
         host=host,
@@ -116,6 +121,7 @@ def server(
         access_log=access_log,
         metrics_public=metrics_public,
         api_docs=api_docs,
+        trusted_proxies=trusted_proxies,
     )
     queue = QueueSettings(
         lease_timeout=s["lease_timeout"],
@@ -141,11 +147,28 @@ def server(
             access_log=s["access_log"],
             metrics_public=s["metrics_public"],
             api_docs=s["api_docs"],
+            limits=Limits(trusted_proxies=proxies(s["trusted_proxies"])),
         )
     )
 
 
 DAY, HOUR = 86400.0, 3600.0
+
+
+def proxies(given: str | None) -> tuple[str, ...]:
+    """``--trusted-proxies`` as addresses and networks; a bad one is named."""
+    import ipaddress
+
+    found = tuple(p.strip() for p in (given or "").split(",") if p.strip())
+    for entry in found:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"--trusted-proxies: {entry!r} is not an address or network (such as "
+                "127.0.0.1 or 10.0.0.0/8)"
+            ) from None
+    return found
 
 
 def _seconds(retention: float, unit: float) -> float | None:

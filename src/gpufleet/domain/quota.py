@@ -9,8 +9,11 @@ It depends only on the attempt's claim time and the bytes counted so far (both i
 attempt's row), so several servers sharing one database enforce one quota. A line that
 does not fit is dropped, with every line after it, until the attempt has half its burst
 of room back (never, past the total): one marker line says where the cut began, and the
-attempt's row counts the bytes dropped. Progress and state records are neither counted
-nor cut; the job runs on either way.
+attempt's row counts the bytes dropped. Progress records are the job's too (its
+``::gpufleet::`` lines, its progress file): they are counted and cut like its output, or a
+job could fill the database through them; the job's row still keeps its latest progress
+and metrics (``show`` and ``watch`` stay current). State records are the server's, never
+counted. The job runs on either way.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: Streams the quota meters: the job's own output.
-OUTPUT_STREAMS = frozenset({"stdout", "stderr"})
+#: Streams the quota meters: what the job wrote (its output and its progress records).
+METERED_STREAMS = frozenset({"stdout", "stderr", "progress"})
 #: What a stored line costs in the database besides its text (its row's ids, stream,
 #: time and index entry, about): a flood of empty lines is not free.
 ROW_BYTES = 64
@@ -37,7 +40,8 @@ def size_text(n: float) -> str:
 
 
 def line_cost(line: str) -> int:
-    """The bytes a stored output line counts: its UTF-8 text, a newline and its row."""
+    """The bytes a stored line (output or progress) counts: its UTF-8 text, a newline and
+    its row."""
     return len(line.encode("utf-8", "surrogatepass")) + 1 + ROW_BYTES
 
 
@@ -105,7 +109,7 @@ def admit(
     kept: list[tuple[str, str]] = []
     marker = None
     for stream, line in lines:
-        if stream not in OUTPUT_STREAMS:
+        if stream not in METERED_STREAMS:
             kept.append((stream, line))
             continue
         cost = line_cost(line)

@@ -1,4 +1,4 @@
-"""A small piece both ASGI middlewares (audit, limits) need."""
+"""Small pieces the ASGI middlewares (audit, limits, request ids) and routes share."""
 
 from __future__ import annotations
 
@@ -16,3 +16,9 @@ class StatusWatch:
         if message["type"] == "http.response.start":
             self.status = message["status"]
         await self.send(message)
+
+
+class AnswerCut(Exception):
+    """Raised by a route to cut its answer off after it began (its connection closes with
+    the body short: a client, a browser too, sees the download fail). The route has logged
+    why; the request-id middleware logs nothing more, no traceback."""

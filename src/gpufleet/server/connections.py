@@ -16,8 +16,8 @@ server's memory and connections. :class:`Guarded` adds, per connection:
 * **a body stall limit**: a body that gives no byte for ``body_timeout`` seconds while the
   server waits for one ends its connection (the app sees a disconnect);
 * **connections per address**: past ``connections_per_address`` open at once from one
-  address, a new connection is answered 503 and closed before anything is read. A
-  reverse proxy uvicorn trusts (``--forwarded-allow-ips``, 127.0.0.1 by default) carries
+  address (an IPv6 address counts as its /64), a new connection is answered 503 and
+  closed before anything is read. A trusted reverse proxy (``--trusted-proxies``) carries
   many clients' connections and is not counted: the proxy limits its own clients.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gpufleet.server.limits import Limits
+from gpufleet.server.limits import Limits, address_key, trusts
 
 log = logging.getLogger("gpufleet.server.limits")
 
@@ -70,12 +70,6 @@ class Census:
             del self.open[address]
 
 
-def _trusted(allowed: list[str] | str, address: str) -> bool:
-    """Whether ``address`` is a proxy uvicorn trusts for the clients' addresses."""
-    names = allowed.split(",") if isinstance(allowed, str) else allowed
-    return any(name.strip() in ("*", address) for name in names)
-
-
 def guarded_protocol(limits: Limits) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol, bounded by ``limits`` (see the module's text)."""
     census = Census()
@@ -105,8 +99,9 @@ class Guarded(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        address = self.client[0] if self.client else "-"
-        trusted = _trusted(self.config.forwarded_allow_ips, address)
+        peer = self.client[0] if self.client else "-"
+        address = address_key(peer)
+        trusted = trusts(self.limits.trusted_proxies, peer)
         cap = 0 if trusted else self.limits.connections_per_address
         if not self.census.admit(address, cap):
             log.warning(
@@ -143,6 +138,12 @@ class Guarded(HttpToolsProtocol):
             self._header_bytes += len(data)
             if self._header_bytes > self.limits.max_header_bytes:
                 self._headers_too_large()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete and cycle.more_body:
+            # answered before its body ended (a 404, a 405): the rest is unwanted, and
+            # reading it on would hold the connection past every deadline
+            self.transport.close()
+            return
         if self._stall is not None and not self.transport.is_closing():
             self._arm_stall()
 

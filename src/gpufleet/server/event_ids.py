@@ -23,7 +23,7 @@ from typing import Protocol
 HALF = 26  # bits of each half of a number the permutation works on
 MASK = (1 << HALF) - 1
 SPACE = 1 << (2 * HALF)  # numbers it permutes: 0 to 2^52 - 1 (shown as 1 to 2^52)
-MAX_SEQ = 2**63 - 1
+MAX_SEQ = 2**63 - 1  # the largest id a client may send (a signed 64-bit integer)
 ROUNDS = 4
 KEY_NAME = "event-ids"
 
@@ -68,6 +68,8 @@ class Opaque:
     def hide(self, seq: int) -> int:
         if seq <= 0:
             return 0
+        if seq == MAX_SEQ:  # what show() made of an id past every id: the same again
+            return SPACE + 1
         if seq >= SPACE:
             raise RuntimeError(f"event {seq} is past what opaque ids can number")
         left, right = seq >> HALF, seq & MASK

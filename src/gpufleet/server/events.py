@@ -40,7 +40,7 @@ from typing import Any, Generic, TypeVar
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.server.event_ids import PLAIN, EventIds
+from gpufleet.server.event_ids import MAX_SEQ, PLAIN, EventIds
 from gpufleet.server.polls import wait_either
 from gpufleet.server.reads import PAGE_BYTES, full
 from gpufleet.store import LogRow, Store, WorkerRow, within
@@ -55,7 +55,6 @@ BATCH = 5_000  # records read from the store at a time (and PAGE_BYTES at most)
 SEND_BYTES = 1 << 20
 POLL = 1.0  # seconds between reads of a followed log when nothing wakes it
 GAP = 0.2  # seconds at least between two reads of a stream: wakes in between are one read
-MAX_SEQ = 2**63 - 1
 LINGER = 30.0  # seconds a feed with no followers stays (a follower may reconnect)
 T = TypeVar("T")
 KINDS = {"stdout": "log", "stderr": "log", "progress": "progress", "state": "state"}

@@ -9,9 +9,13 @@ known (``scope["state"]["token"]``, see :mod:`gpufleet.server.deps`).
 A credential this process checked lately is answered from the token cache, with no
 thread and no database. One it has not is read from the database in a thread, at most
 ``LOOKUPS`` at a time, so a flood of wrong tokens cannot take the thread pool the routes
-run in. A digest that matched nothing is remembered (a secret is 256 random bits: no
-token created later can have it), so the same wrong token sent again costs a dictionary
-lookup.
+run in. A header or cookie that was refused is remembered, whole, with why (a secret is
+256 random bits: no token created later can have it; a revoked, rotated or expired one
+stays refused), so the same wrong credential sent again costs a dictionary lookup. The
+whole header is the key: ``Token X`` refused as malformed says nothing of ``Bearer X``.
+
+What this module sees is what the request *offers* (:class:`Offer`); what a request was
+let in with, by digest, is :class:`gpufleet.server.holds.Credential`.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def needs_credential(method: str, path: str, metrics_public: bool) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Credential:
+class Offer:
     """What a request offers to prove who it is: an ``Authorization`` header, or else the
     dashboard's session cookie."""
 
@@ -59,25 +63,24 @@ class Credential:
 
     @property
     def key(self) -> str:
-        """The digest the cache knows it by."""
-        if self.kind == "bearer":
-            return digest(self.value.partition(" ")[2].strip())
-        return "session:" + digest(self.value)
+        """What a refusal is remembered by: the digest of the whole header (so "Token X",
+        refused as malformed, never refuses "Bearer X"), or of the session's secret."""
+        return f"{self.kind}:{digest(self.value.strip())}"
 
 
-def credential(scope: Scope) -> Credential | None:
+def offer(scope: Scope) -> Offer | None:
     """The request's credential, from its headers (the header wins over the cookie, as in
     the routes' own check); None when it has neither."""
     cookies = None
     for name, value in scope["headers"]:
         if name == b"authorization":
-            return Credential("bearer", value.decode("latin-1"))
+            return Offer("bearer", value.decode("latin-1"))
         if name == b"cookie":
             cookies = value.decode("latin-1")
     if cookies:
         secret = cookie_parser(cookies).get(SESSION_COOKIE)
         if secret:
-            return Credential("session", secret)
+            return Offer("session", secret)
     return None
 
 
@@ -89,7 +92,7 @@ class Gate:
         self._lookups = CapacityLimiter(LOOKUPS)
         self._misses: OrderedDict[str, str] = OrderedDict()  # digest -> why
 
-    async def identify(self, cred: Credential | None) -> TokenRow:
+    async def identify(self, cred: Offer | None) -> TokenRow:
         """The token behind ``cred``, or Unauthorized saying why."""
         if cred is None:
             self.auth.check(None)  # raises the message that says how to send a token
@@ -106,17 +109,17 @@ class Gate:
             self._missed(cred, exc.message)
             raise
 
-    def _cached(self, cred: Credential) -> TokenRow | None:
+    def _cached(self, cred: Offer) -> TokenRow | None:
         if cred.kind == "bearer":
             return self.auth.check_cached(cred.value)
         return self.auth.session_cached(cred.value)
 
-    def _read(self, cred: Credential) -> TokenRow:
+    def _read(self, cred: Offer) -> TokenRow:
         if cred.kind == "bearer":
             return self.auth.check(cred.value)
         return self.auth.session(cred.value)
 
-    def _missed(self, cred: Credential, why: str) -> None:
+    def _missed(self, cred: Offer, why: str) -> None:
         """Remember a refused digest and why: unknown, revoked, rotated away, expired or
         signed out, it is refused for good."""
         misses = self._misses

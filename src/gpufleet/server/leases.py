@@ -495,7 +495,13 @@ class Leases:
         return done.job
 
     def refused_result(
-        self, job_id: str, attempt: int, token_id: str, exit_code: int | None, error: str | None
+        self,
+        job_id: str,
+        attempt: int,
+        token_id: str,
+        exit_code: int | None,
+        error: str | None,
+        secret: str | None = None,
     ) -> None:
         """A result for an attempt that had ended (its lease lost, the job cancelled) is
         refused with 409; keep what it said in that attempt's history, if a worker of
@@ -504,6 +510,8 @@ class Leases:
         holder = self.fleet.claimer(ran.worker_id) if ran and ran.worker_id else None
         if holder is None or holder.token_id != token_id:
             return
+        if ran is None or not self.secrets.holds(secret, job_id, attempt, ran.claimed_at):
+            return  # only the attempt's own worker may leave a word in its history
         said = f"exit code {exit_code}" if exit_code is not None else "no exit code"
         if error:
             said += f" ({printable(error)[:500]})"

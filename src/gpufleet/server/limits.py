@@ -42,6 +42,7 @@ no lock.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -54,10 +55,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.domain.models import Role
 from gpufleet.errors import Unauthorized
 from gpufleet.server.asgi import StatusWatch
 from gpufleet.server.audit import AuditWriter
-from gpufleet.server.gate import SIGN_IN, Credential, Gate, credential, needs_credential
+from gpufleet.server.gate import SIGN_IN, Gate, Offer, needs_credential, offer
 from gpufleet.server.responses import error_response
 
 log = logging.getLogger("gpufleet.server.limits")
@@ -105,14 +107,42 @@ class Limits:
     max_connections: int = 8192
     #: Seconds an idle kept-alive connection stays open.
     keep_alive: int = 5
+    #: Reverse proxies whose ``X-Forwarded-For`` is believed, and whose connections (their
+    #: clients') are not counted per address: addresses or networks. None by default: a
+    #: process on the server's own host (a job, say) could claim any address.
+    trusted_proxies: tuple[str, ...] = ()
     #: Seconds, monotonic; tests pass a fake to move the window without sleeping.
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+
+
+def address_key(address: str) -> str:
+    """What a client's address counts as for the per-address limits: itself, or for IPv6
+    its /64 (whoever holds one address of a /64 usually holds all of it)."""
+    if ":" not in address:
+        return address
+    try:
+        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
+    except ValueError:
+        return address
+
+
+def trusts(proxies: tuple[str, ...], address: str) -> bool:
+    """Whether ``address`` is one of the trusted ``proxies`` (addresses or networks)."""
+    if not proxies:
+        return False
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(p, strict=False) for p in proxies)
 
 
 # ---- JSON depth ---------------------------------------------------------------------------
 
 # A JSON string, escapes included ("unrolled": linear, no backtracking blow-up).
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# An unterminated string runs to the end: else each quote after it would be tried as a
+# string's start, every try scanning to the end (quadratic: 64 KiB took 11 s).
+_STRING = re.compile(rb'"[^"\\]*(?:\\(?:.|\Z)[^"\\]*)*(?:"|\Z)', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
@@ -250,7 +280,7 @@ class _Call:
     """What the limits need to know about one request, read from its scope once."""
 
     address: str
-    credential: Credential | None
+    offer: Offer | None  # the token or session it offers, from its headers
     length: int | None
     has_body: bool
     body_limit: int  # bytes; 0: none here (a blob transfer, streamed and limited elsewhere)
@@ -316,17 +346,21 @@ class LimitsMiddleware:
             worker = path[len(_WORKERS) : -len(_CLAIM)]
             claim_of = worker if worker and "/" not in worker else None
         transfer = _is_transfer(method, path)
+        guarded = needs_credential(method, path, self.metrics_public)
+        sign_in = (method, path) == SIGN_IN
         return _Call(
-            address=client[0] if client else "-",
-            credential=credential(scope),
+            address=address_key(client[0]) if client else "-",
+            offer=offer(scope),
             length=length,
             has_body=chunked or bool(length),
-            body_limit=0 if transfer else self._body_limit(method, path),
+            body_limit=0
+            if transfer or not (guarded or sign_in)
+            else self._body_limit(method, path),
             claim_of=claim_of,
             transfer=transfer,
             stream=method == "GET" and path.startswith("/v1/") and path.endswith("/events"),
-            sign_in=(method, path) == SIGN_IN,
-            guarded=needs_credential(method, path, self.metrics_public),
+            sign_in=sign_in,
+            guarded=guarded,
         )
 
     def _body_limit(self, method: str, path: str) -> int:
@@ -379,7 +413,7 @@ class LimitsMiddleware:
         locked out) when it does not hold. A valid one passes even then."""
         assert self.gate is not None
         try:
-            token = await self.gate.identify(call.credential)
+            token = await self.gate.identify(call.offer)
         except Unauthorized as exc:
             locked = self._locked_out(call)
             if locked is not None:
@@ -390,6 +424,8 @@ class LimitsMiddleware:
             return _Refusal(401, exc.code, exc.message)
         scope.setdefault("state", {})["token"] = token
         call.token_id = token.id
+        if token.role != Role.WORKER.value and call.body_limit == self.limits.max_body:
+            call.body_limit = self.limits.max_json_body  # log batches are workers' alone
         return None
 
     async def _checked_body(

@@ -21,6 +21,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpufleet.server.asgi import AnswerCut
 from gpufleet.server.responses import error_response, internal_error
 from gpufleet.tokens import redact
 
@@ -63,6 +64,8 @@ class RequestIds:
         crashed = False
         try:
             await self.app(scope, receive, send_with_id)
+        except AnswerCut:  # on purpose, and logged by the route
+            crashed = True
         except Exception as exc:
             crashed = True
             where = f"{scope['method']} {loggable(scope['path'])}"

@@ -23,6 +23,7 @@ from gpufleet.errors import (
 )
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
+from gpufleet.server.asgi import AnswerCut
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.deps import state
 from gpufleet.server.pump import Stalled
@@ -110,17 +111,18 @@ async def get_blob(sha256: BlobId, request: Request, caller: User) -> Response:
         "Accept-Ranges": "bytes",
     }
     start, end, status = 0, size - 1, 200
+    whole = wanted is None or wanted == (0, size - 1)  # checked against its name as it goes
     if wanted is not None:
         start, end, status = *wanted, 206
         headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         path = blobs.storage.local_path(sha256)
-        if path is not None:  # a part: sent from the file (the client checks the whole)
+        if path is not None and not whole:  # a part, from the file (the client checks it)
             response = FileResponse(path, media_type="application/octet-stream", headers=headers)
             response.chunk_size = 1 << 20
             return response
     headers["Content-Length"] = str(end - start + 1)
     chunks = await run_in_threadpool(blobs.storage.chunks, sha256, start, end)
-    if wanted is None:
+    if whole:
         chunks = verified(chunks, sha256)
     return StreamingResponse(
         iterate_in_threadpool(chunks),
@@ -130,7 +132,7 @@ async def get_blob(sha256: BlobId, request: Request, caller: User) -> Response:
     )
 
 
-class CorruptBlob(Exception):
+class CorruptBlob(AnswerCut):
     """A blob's bytes on the server's storage no longer hash to its name."""
 
 

@@ -20,14 +20,13 @@ from gpufleet.errors import Forbidden, ValidationFailed
 from gpufleet.server import deps
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import state
-from gpufleet.server.event_ids import EventIds
+from gpufleet.server.event_ids import MAX_SEQ, EventIds
 from gpufleet.server.events import KINDS, record
 from gpufleet.store import LogRow
 from gpufleet.wire import ERRORS, EventOut, EventsOut
 
 router = APIRouter(prefix="/v1", responses=ERRORS, tags=["events"])
 Reader = Annotated[Caller, Depends(deps.reader)]
-MAX_SEQ = 2**63 - 1
 SSE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "events, or a JSON page"}
 }

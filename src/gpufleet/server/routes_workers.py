@@ -320,7 +320,9 @@ def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) 
     try:
         held = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
     except Conflict:
-        leases.refused_result(job_id, body.attempt, caller.id, body.exit_code, body.error)
+        leases.refused_result(
+            job_id, body.attempt, caller.id, body.exit_code, body.error, body.secret
+        )
         raise
     job = leases.finish(
         job_id, body.attempt, body.exit_code, body.error, body.stderr_tail, held=held

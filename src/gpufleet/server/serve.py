@@ -225,6 +225,10 @@ def serve(opts: ServerOptions) -> None:
         # connections in all and idle kept-alive ones.
         http=guarded_protocol(opts.limits),
         limit_concurrency=opts.limits.max_connections or None,
+        # X-Forwarded-For is believed from the proxies the operator names, and no other
+        # (uvicorn's default believes any process on the server's own host)
+        proxy_headers=bool(opts.limits.trusted_proxies),
+        forwarded_allow_ips=list(opts.limits.trusted_proxies) or None,
         timeout_keep_alive=opts.limits.keep_alive,
         # Polls answer at once when told to stop; this bounds the other requests in flight
         # (an upload cut here keeps what arrived, and resumes).

@@ -716,7 +716,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                     _insert_lines(conn, self.dialect, rows)
                 columns = {"log_lines": fresh.end, **account_columns(got.account)}
                 conn.execute(update(t.attempts).where(this), columns)
-                summary = progress_columns(got.lines, held.metrics)
+                # the job's latest progress, even from records the quota cut from its log
+                summary = progress_columns(fresh.lines, held.metrics)
                 if summary is not None:
                     conn.execute(update(t.jobs).where(j.id == job_id), summary)
                 if got.marker is not None:

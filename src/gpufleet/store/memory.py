@@ -581,7 +581,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
             if fresh:
                 got = metered(fresh.lines, attempt, quota, now)
                 attempt.update(log_lines=fresh.end, **account_columns(got.account))
-                j.update(progress_columns(got.lines, j["metrics"]) or {})
+                j.update(progress_columns(fresh.lines, j["metrics"]) or {})
                 self._log(
                     [
                         {"job_id": job_id, "attempt": lease, "stream": s, "line": ln, "ts": now}

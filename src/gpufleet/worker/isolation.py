@@ -253,9 +253,14 @@ def private_root(work_dir: Path, progress: Path) -> None:
             entry.chmod(stat.S_IMODE(st.st_mode) & 0o700)
 
 
+JOB_TMP = ".tmp"  # a slot user's job's TMPDIR, in its folder
+
+
 def give_tree(root: Path, user: SlotUser) -> None:
     """Make ``root`` and everything in it ``user``'s (links themselves, never followed):
-    a job's folder with the inputs staged into it."""
+    a job's folder with the inputs staged into it, and its own temp folder (``TMPDIR``:
+    slot users share /tmp, where one job's files would meet the next's)."""
+    (root / JOB_TMP).mkdir(mode=0o700, exist_ok=True)
     os.lchown(root, user.uid, user.gid)
     for folder, dirs, files in os.walk(root):
         for name in (*dirs, *files):
@@ -276,11 +281,14 @@ def make_private_file(path: Path, user: SlotUser) -> None:
 
 def job_user_env(env: Mapping[str, str], user: SlotUser, workdir: Path) -> dict[str, str]:
     """A job's environment as its slot user's: its own HOME (its folder, where the user
-    has no home of its own), USER and LOGNAME, and none of the worker's user's folders."""
+    has no home of its own), USER and LOGNAME, its temp folder in its own folder (TMPDIR,
+    TMP, TEMP), and none of the worker's user's folders."""
     out = {k: v for k, v in env.items() if k not in USER_DIRS}
     home = Path(user.home)
     has_home = home.is_dir() and home.stat().st_uid == user.uid
     out.update(HOME=str(home if has_home else workdir), USER=user.name, LOGNAME=user.name)
+    tmp = str(workdir / JOB_TMP)
+    out.update(TMPDIR=tmp, TMP=tmp, TEMP=tmp)
     return out
 
 
