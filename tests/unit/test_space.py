@@ -37,10 +37,14 @@ def test_a_file_write_out_of_space_or_quota_is_a_disk_shortage() -> None:
     assert shortage(OSError(errno.EACCES, "Permission denied")) is None
 
 
-def test_the_watch_is_full_until_a_write_commits() -> None:
+def test_the_watch_is_full_until_a_write_commits_with_no_failure_in_it() -> None:
     watch = SpaceWatch()
     assert watch.why is None
+    began = watch.mark()
     watch.full("SQLite: database or disk is full")
     assert watch.why == "SQLite: database or disk is full"
-    watch.wrote()
+    watch.wrote(began)  # a batch whose part failed committed: it wrote nothing
+    assert watch.why is not None
+    began = watch.mark()
+    watch.wrote(began)
     assert watch.why is None

@@ -206,6 +206,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         if self._shared.get() is not None:
             yield nullcontext
             return
+        began = self.space.mark()
         with self._lock or nullcontext(), self.engine.begin() as conn:
             if self.dialect == "sqlite":
                 # pysqlite opens a transaction only before a write, and SQLite commits the
@@ -225,6 +226,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
                 yield conn.begin_nested
             finally:
                 self._shared.reset(token)
+        self.space.wrote(began)  # committed: a full disk (if one was seen) has room again
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -232,8 +234,10 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
         if shared is not None:
             yield shared
             return
+        began = self.space.mark()
         with self._lock or nullcontext(), self.engine.begin() as conn:
             yield conn
+        self.space.wrote(began)  # committed: a full disk (if one was seen) has room again
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
