@@ -52,6 +52,21 @@ def _concurrently(n: int, read: Any) -> list[Any]:
     return out
 
 
+def _six_at_once(pid: int, read: Any, what: str) -> list[Any]:
+    """Six concurrent ``read`` calls, asserting the server (``pid``) grew by less than
+    100 MiB meanwhile (its peak RSS, sampled)."""
+    rss = PeakRss(pid)
+    baseline = rss.proc.memory_info().rss
+    rss.start()
+    got = _concurrently(6, read)
+    rss.stopping.set()
+    rss.join(5)
+    grew = (rss.peak - baseline) / MIB
+    print(f"six concurrent {what}: server RSS {baseline / MIB:.0f} MiB, +{grew:.0f} MiB")
+    assert grew < 100, grew
+    return got
+
+
 def _long_lines_job(fleet: Fleet, tmp_path: Path) -> str:
     script = tmp_path / "long.py"
     script.write_text(JOB)
@@ -71,15 +86,8 @@ def test_six_concurrent_pages_of_1_mib_lines_add_under_100_mib(
     with httpx.Client(base_url=fleet.url, headers=headers, timeout=60) as http:
         _page(http, job, limit=1)  # the code paths warm, a record's worth read
         time.sleep(0.5)
-        rss = PeakRss(fleet.server.popen.pid)
-        baseline = rss.proc.memory_info().rss
-        rss.start()
-        pages = _concurrently(6, lambda: _page(http, job))
-        rss.stopping.set()
-        rss.join(5)
-        grew = (rss.peak - baseline) / MIB
-        print(f"six concurrent pages: server RSS {baseline / MIB:.0f} MiB, +{grew:.0f} MiB")
-        assert grew < 100, grew
+        pid = fleet.server.popen.pid
+        pages = _six_at_once(pid, lambda: _page(http, job), "pages")
         for page in pages:
             sizes = [len(e["data"]["line"]) for e in page["events"] if e["type"] == "log"]
             assert page["more"] and sizes and sum(sizes) <= 5 * MIB, sizes  # 4 MiB and a line
@@ -98,15 +106,7 @@ def test_six_concurrent_pages_of_1_mib_lines_add_under_100_mib(
         assert [len(x) for x in got[:2]] == [1_000_000, MIB - 1_000_000]  # its stored pieces
 
         # Six followers of its event stream, from the start: batches of a few MiB too.
-        baseline = rss.proc.memory_info().rss
-        rss = PeakRss(fleet.server.popen.pid)
-        rss.start()
-        streamed = _concurrently(6, lambda: _follow(http, job))
-        rss.stopping.set()
-        rss.join(5)
-        grew = (rss.peak - baseline) / MIB
-        print(f"six concurrent followers: server RSS {baseline / MIB:.0f} MiB, +{grew:.0f} MiB")
-        assert grew < 100, grew
+        streamed = _six_at_once(pid, lambda: _follow(http, job), "followers")
         assert all(n > LINES * MIB for n in streamed), streamed
 
 

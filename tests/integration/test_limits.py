@@ -452,6 +452,25 @@ def test_a_worker_gets_two_long_polls_a_third_is_429_and_slots_come_back(
     on_loop(client, scenario)
 
 
+def http_scope(method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
+    """An ASGI request's scope, for a call the test drives message by message."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("gpufleet.test", 80),
+        "state": {},
+    }
+
+
 async def disconnected_claim(app: FastAPI, path: str, headers: dict[str, str]) -> int:
     """A claim whose client hangs up right after sending it, as the server reports it."""
     messages = [{"type": "http.request", "body": json.dumps(CLAIM_BODY).encode()}]
@@ -463,23 +482,8 @@ async def disconnected_claim(app: FastAPI, path: str, headers: dict[str, str]) -
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-        + [(b"content-type", b"application/json"), (b"content-length", b"30")],
-        "client": ("127.0.0.1", 40000),
-        "server": ("gpufleet.test", 80),
-        "state": {},
-    }
-    await app(scope, receive, send)
+    json_body = {"Content-Type": "application/json", "Content-Length": "30"}
+    await app(http_scope("POST", path, {**headers, **json_body}), receive, send)
     status: int = sent[0]["status"]
     return status
 
@@ -634,21 +638,7 @@ def test_stream_limits_hold_however_the_token_is_sent(client: TestClient, store:
             started.set()
 
     async def scenario() -> None:
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": "/v1/events",
-            "raw_path": b"/v1/events",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"authorization", f"Bearer {secret}".encode())],
-            "client": ("127.0.0.1", 40000),
-            "server": ("gpufleet.test", 80),
-            "state": {},
-        }
+        scope = http_scope("GET", "/v1/events", {"Authorization": f"Bearer {secret}"})
         first = asyncio.create_task(client.app(scope, receive, send))  # type: ignore[arg-type]
         await asyncio.wait_for(started.wait(), 10)
         async with asgi(client.app) as c:  # type: ignore[arg-type]
@@ -697,7 +687,7 @@ def test_a_refused_scheme_does_not_refuse_the_same_token_sent_right(
 
 
 def test_only_workers_may_send_a_log_batchs_16_mib(
-    client: TestClient, store: SqlStore, worker: dict[str, str]
+    client: TestClient, store: SqlStore, worker: dict[str, str], admin: dict[str, str]
 ) -> None:
     """A log batch may be 16 MiB; anyone else's body on those routes is held to the JSON
     limit, from its Content-Length (a submitter's 16 MiB of ``[{},...]`` had cost 423 MiB

@@ -65,6 +65,9 @@ from gpufleet.server.responses import error_response
 log = logging.getLogger("gpufleet.server.limits")
 
 HEALTH = "/v1/health"
+#: Roles a worker may run as (an admin's token runs the local worker a fresh server's
+#: machine starts): only their calls may carry a log batch's 16 MiB.
+_BATCHERS = frozenset({Role.WORKER.value, Role.ADMIN.value})
 _WORKERS, _CLAIM = "/v1/workers/", "/claim"
 
 
@@ -424,8 +427,8 @@ class LimitsMiddleware:
             return _Refusal(401, exc.code, exc.message)
         scope.setdefault("state", {})["token"] = token
         call.token_id = token.id
-        if token.role != Role.WORKER.value and call.body_limit == self.limits.max_body:
-            call.body_limit = self.limits.max_json_body  # log batches are workers' alone
+        if token.role not in _BATCHERS and call.body_limit == self.limits.max_body:
+            call.body_limit = self.limits.max_json_body  # log batches come from workers
         return None
 
     async def _checked_body(
