@@ -148,3 +148,25 @@ def test_a_line_longer_than_the_server_takes_is_split_and_the_job_finishes(fleet
     assert lines[-1] == "done"
     assert all(len(line) <= 1_000_000 for line in lines)
     assert "".join(lines[:-1]) == "x" * 1_500_000, "no output is lost"
+
+
+def test_a_worker_killed_and_started_again_gets_its_dead_job_requeued_at_once(
+    fleet: Fleet,
+) -> None:
+    """With a 20 s lease, the job of a worker SIGKILLed (its guard kills the job) goes
+    back to the queue as the worker registers again under its name, not when the lease
+    would have expired; the worker then runs it again (issue 31, item 5)."""
+    fleet.start_server(lease_timeout=20.0)
+    first = fleet.start_worker("w1")
+    job_id = fleet.cli("submit", "--", "sleep", "600").stdout.split()[-1]
+    fleet.wait_status(job_id, "running")
+    first.signal(signal.SIGKILL)
+    first.popen.wait(10)
+    fleet.start_worker("w1")  # returns once it has registered
+    back = time.monotonic()
+    with fleet.client() as c:
+        wait_for(lambda: c.job(job_id).attempt == 2, 10, "the job's second attempt")
+    assert time.monotonic() - back < 2.0
+    history = fleet.job(job_id)["history"]
+    assert history[0]["outcome"] == "lost" and "started again" in history[0]["error"]
+    fleet.cli("cancel", job_id)

@@ -296,17 +296,22 @@ def finish(
     )
 
 
-def lose(job: JobState, now: float, who: str | None) -> Change:
+def lose(job: JobState, now: float, who: str | None, restarted: bool = False) -> Change:
     """The job's lease expired (its worker went silent): an attempt used, and the job
     back in the queue while attempts are left (never, when it was asked to stop). Applied
-    only if the lease is still expired at ``now``: a heartbeat may just have landed."""
+    only if the lease is still expired at ``now``: a heartbeat may just have landed. With
+    ``restarted``, its worker started again and no longer runs it (it died, and the job
+    with it): the lease is lost now, as it would be at its expiry, without waiting."""
     used = job.attempts + 1
     event = failure_event(used, job.max_attempts, lost=True)
     if job.stop_requested_at is not None:
         event = Event.LOSE_FINAL
-    error = f"lease expired: worker {who} stopped heartbeating"
+    if restarted:
+        error = f"lost: worker {who} started again without it"
+    else:
+        error = f"lease expired: worker {who} stopped heartbeating"
     change = _ended(job, event, now, attempts=used, outcome="lost", error=error)
-    return replace(change, expired_before=now)
+    return change if restarted else replace(change, expired_before=now)
 
 
 def release(job: JobState, now: float, why: str) -> Change:

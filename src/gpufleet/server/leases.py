@@ -554,20 +554,43 @@ class Leases:
         requeued: list[str] = []
         for job in expired:
             who = names.get(job.worker_id or "", job.worker_id)
-            change = lifecycle.lose(job, now, who)
-            if self.store.reap(change) is None:
-                continue
-            self.metrics.lease_expirations.inc()
-            self.metrics.ended(change.status.value, job.started_at, now, "lease_lost")
-            self.on_written(job.id)
-            requeued.append(job.id)
-            final = change.status == JobStatus.FAILED
-            then = "failed: no attempts left" if final else "requeued"
-            detail = f"attempt {job.lease} on worker {who}: no heartbeat; {then}"
-            self.on_event("lease.lost", job.id, detail, None)
+            if self._lose(job, now, who or "?", restarted=False):
+                requeued.append(job.id)
         if requeued:
             self.on_change()
         return requeued
+
+    def _lose(self, job: JobRow, now: float, who: str, restarted: bool) -> bool:
+        """The job's lease is lost (``lifecycle.lose``): requeued, or failed with no
+        attempts left; whether it took (a heartbeat or a result may have come first)."""
+        change = lifecycle.lose(job, now, who, restarted)
+        if self.store.reap(change) is None:
+            return False
+        self.metrics.lease_expirations.inc()
+        self.metrics.ended(change.status.value, job.started_at, now, "lease_lost")
+        self.on_written(job.id)
+        final = change.status == JobStatus.FAILED
+        then = "failed: no attempts left" if final else "requeued"
+        why = "started again without it" if restarted else "no heartbeat"
+        self.on_event(
+            "lease.lost", job.id, f"attempt {job.lease} on worker {who}: {why}; {then}", None
+        )
+        return True
+
+    def settle(self, worker_id: str, name: str, running: Sequence[tuple[str, int]]) -> list[str]:
+        """A worker registers again and runs only ``running``: the leases it held besides
+        (a worker killed and started again lost its jobs with it) are lost now, not at
+        their expiry. The requeued (or failed) job ids."""
+        still = set(running)
+        now = self.clock()
+        lost = [
+            job.id
+            for job in self.store.active_jobs(worker_id)
+            if (job.id, job.lease) not in still and self._lose(job, now, name, restarted=True)
+        ]
+        if lost:
+            self.on_change()
+        return lost
 
     def tidy(self) -> list[str]:
         """Recount dependencies another replica met, fold the job count changes in (on

@@ -140,7 +140,8 @@ def remove_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
 
 @router.post("/workers", response_model=WorkerOut, status_code=201, tags=["worker protocol"])
 def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> WorkerOut:
-    """Register (or re-register) a worker by name; jobs it still runs keep their leases.
+    """Register (or re-register) a worker by name; jobs it still runs keep their leases,
+    and those it held but no longer runs (it died and started again) are lost at once.
     A worker token registers workers of its own pool only, and a name enrolled with
     another token is refused. Labels the token fixes (``tokens create --label``) are the
     worker's whatever it declares; declaring another value for one is refused (403)."""
@@ -148,8 +149,10 @@ def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> W
     pool = body.pool or caller.default_pool()
     caller.may_use(pool)
     w = services.fleet.register(body, pool, caller.token)
-    if body.running:
-        services.leases.keep([(r.job_id, r.attempt) for r in body.running], w.id)
+    running = [(r.job_id, r.attempt) for r in body.running]
+    if running:
+        services.leases.keep(running, w.id)
+    services.leases.settle(w.id, w.name, running)  # what it no longer runs: lost now
     note(request, w.id)
     out = _worker_out(request, w)
     out.lease_timeout = services.settings.lease_timeout
