@@ -62,7 +62,6 @@ async def _token(request: Request) -> TokenRow:
     auth, header = state(request).auth, request.headers.get("authorization")
     token: TokenRow | None = getattr(request.state, "token", None)
     cookie = request.cookies.get(SESSION_COOKIE)
-    request.state.credential = auth.credential(header, cookie)
     if header is None and cookie:
         if token is None:
             token = auth.session_cached(cookie)
@@ -93,9 +92,10 @@ def event_ids(request: Request, caller: Caller) -> EventIds:
 
 def credential(request: Request) -> Credential:
     """What the caller was let in with (after a role check passed): a stream or a poll
-    holds it while it runs (:mod:`gpufleet.server.holds`)."""
-    held: Credential = request.state.credential
-    return held
+    holds it while it runs (:mod:`gpufleet.server.holds`). Worked out here, for those
+    alone, not for every request (a digest of the token each time)."""
+    header, cookie = request.headers.get("authorization"), request.cookies.get(SESSION_COOKIE)
+    return state(request).auth.credential(header, cookie)
 
 
 async def _caller(request: Request, *roles: Role) -> Caller:
