@@ -75,14 +75,24 @@ def test_auto_select_session_and_a_busy_worker(fleet: Fleet) -> None:
     # --auto-select: the available worker with the most *free* GPU memory: the 24 GiB card
     # (22 free), not the bigger A100 that others fill (12 free), nor the busy 80 GiB one.
     picked = fleet.cli("submit", "--auto-select", "--require-cuda", *QUICK)
-    assert "rtx-24" in picked.stderr and "22.0 GiB GPU memory free" in picked.stderr
+    said = " ".join(picked.stderr.split())
+    assert "worker rtx-24" in said and "chosen: GPU 0 (RTX 4090 24 GiB), 22.0 GiB free" in said
     assert _worker_of(fleet, picked.stdout.split()[-1]) == "rtx-24"
     # --min-gpu-memory (MiB, free) filters: 12000 leaves both; 23000 nobody free now.
     picked = fleet.cli("submit", "--auto-select", "--min-gpu-memory", "12000", *QUICK)
     assert _worker_of(fleet, picked.stdout.split()[-1]) == "rtx-24"
     none = fleet.cli("submit", "--auto-select", "--min-gpu-memory", "23000", *QUICK, check=False)
     assert none.returncode != 0 and "no worker" in none.stderr, none.stderr
-    assert "a100-40: needs 1 free GPU(s) with" in " ".join(none.stderr.split())
+    assert "a100-40: needs 1 free GPU(s) with 23000 MiB (22.5 GiB) free" in " ".join(
+        none.stderr.split()
+    )
+    # More than any GPU has: said in the MiB it was asked in, never queued.
+    never = fleet.cli(
+        "submit", "--auto-select", "--queue", "--min-gpu-memory", "100000", *QUICK, check=False
+    )
+    message = " ".join(never.stderr.split())
+    assert never.returncode != 0 and "no worker could ever run this job on a GPU" in message
+    assert "needs 100000 MiB (97.7 GiB) VRAM per GPU; largest GPU has 80.0 GiB" in message
 
     # --session reaches exactly the worker that printed it, not the one with more memory.
     sent = fleet.cli("submit", "--session", sessions["a100-40"], "--require-cuda", *QUICK)
@@ -108,13 +118,15 @@ def test_auto_select_session_and_a_busy_worker(fleet: Fleet) -> None:
     assert _worker_of(fleet, queued) == "a100-80"
 
 
-def _answer_at_a_terminal(fleet: Fleet, args: list[str], answers: list[bytes]) -> str:
-    """Run the CLI on a pseudo-terminal (stdin and stderr), answering each prompt in turn;
-    what the terminal showed. Bounded: 60 s in all."""
+def _answer_at_a_terminal(
+    fleet: Fleet, args: list[str], answers: list[bytes], columns: int = 160
+) -> str:
+    """Run the CLI on a pseudo-terminal (stdin and stderr) ``columns`` wide, answering
+    each prompt in turn; what the terminal showed. Bounded: 60 s in all."""
     primary, secondary = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", *args],
-        env={**fleet.env, "TERM": "xterm-256color", "COLUMNS": "160"},
+        env={**fleet.env, "TERM": "xterm-256color", "COLUMNS": str(columns)},
         stdin=secondary,
         stdout=subprocess.PIPE,
         stderr=secondary,
@@ -147,18 +159,60 @@ def _answer_at_a_terminal(fleet: Fleet, args: list[str], answers: list[bytes]) -
 
 def test_select_at_a_terminal_picks_the_chosen_worker(fleet: Fleet) -> None:
     _gpu_fleet(fleet)
-    # The list is ordered by free GPU memory: a100-80 (78), rtx-24 (22), a100-40 (12); cpu
-    # cannot (it needs CUDA). "r" lists them again; "2" picks the second.
+    # The list is ordered by the free memory of the GPU the job gets: a100-80 (78), rtx-24
+    # (22), a100-40 (12); cpu cannot (it needs CUDA). "r" lists them again; "2" picks the
+    # second. At 80 columns each worker is one line.
     shown = _answer_at_a_terminal(
-        fleet, ["submit", "--select", "--require-cuda", *QUICK], [b"r\n", b"2\n"]
+        fleet, ["submit", "--select", "--require-cuda", *QUICK], [b"r\n", b"2\n"], columns=80
     )
     assert shown.count("to quit): ") == 2, shown
-    table = shown.split("to quit): ")[0]
-    order = [n for n in re.findall(r"\b(a100-80|a100-40|rtx-24|cpu)\b", table)]
-    assert order[:3] == ["a100-80", "rtx-24", "a100-40"], table
+    table = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.split("to quit): ")[0])
+    lines = [line for line in table.splitlines() if line.strip()]
+    assert all(len(line) <= 80 for line in lines), table
+    names = re.compile(r"\b(a100-80|a100-40|rtx-24)\b")
+    rows = [line for line in lines if names.search(line)]
+    order = [m[1] for line in rows if (m := names.search(line))]
+    assert order == ["a100-80", "rtx-24", "a100-40"], table
+    assert "GPU 0 (A100-SXM4-80GB 80 GiB), 78.0 GiB free" in rows[0], table
     assert "cpu: needs a GPU" in " ".join(shown.split()), shown
     job_id = shown.split()[-1]
     assert _worker_of(fleet, job_id) == "rtx-24"
+
+
+def test_auto_select_takes_the_best_single_gpu_and_never_a_cpu_slot(fleet: Fleet) -> None:
+    fleet.start_server()
+    fleet.start_gpu_worker("two-24", [("NVIDIA GeForce RTX 4090", 24, 24)] * 2)
+    fleet.start_gpu_worker("one-40", [("NVIDIA A100-PCIE-40GB", 40, 40)])
+    fleet.start_worker("laptop")
+    # A job gets one GPU, not a worker's sum: one 40 GiB GPU beats two of 24 (48 in all).
+    picked = fleet.cli("submit", "--auto-select", *QUICK)
+    said = " ".join(picked.stderr.split())
+    assert "worker one-40" in said and "GPU 0 (A100-PCIE-40GB 40 GiB), 40.0 GiB free" in said
+    assert _worker_of(fleet, picked.stdout.split()[-1]) == "one-40"
+
+    # Every GPU busy, the laptop idle: --auto-select does not put the job in its CPU slot.
+    holders = [
+        fleet.cli("submit", "--worker", name, *LONG).stdout.split()[-1]
+        for name in ("two-24", "two-24", "one-40")
+    ]
+    for job_id in holders:
+        fleet.wait_status(job_id, "running")
+    before = len(json.loads(fleet.cli("jobs", "--json").stdout))
+    refused = fleet.cli("submit", "--auto-select", *QUICK, check=False)
+    message = " ".join(refused.stderr.split())
+    assert refused.returncode != 0 and "can start this job on a GPU now" in message, message
+    assert "laptop: no GPU" in message and "--queue" in message and "--cpu" in message
+    assert len(json.loads(fleet.cli("jobs", "--json").stdout)) == before
+
+    # --queue waits for the first GPU that frees; the idle laptop never takes it.
+    queued = fleet.cli("submit", "--auto-select", "--queue", *QUICK)
+    assert "queued for the first that frees" in queued.stderr, queued.stderr
+    job_id = queued.stdout.split()[-1]
+    time.sleep(2)  # the laptop polls every half second meanwhile
+    assert fleet.job(job_id)["status"] == "pending"
+    fleet.cli("cancel", holders[2])
+    done = fleet.wait_status(job_id, "succeeded", "failed")
+    assert (done["status"], done["worker"], done["gpus"]) == ("succeeded", "one-40", [0])
 
 
 def test_select_off_a_terminal_says_how_else(fleet: Fleet) -> None:

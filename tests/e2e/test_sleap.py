@@ -125,6 +125,31 @@ def test_two_sleap_jobs_run_at_once_on_two_gpus_each_on_its_own_ports(
     assert second["start"] < first["end"], runs  # they overlapped
 
 
+def test_auto_select_spreads_a_packages_models_over_free_gpus(fleet: Fleet, tmp_path: Path) -> None:
+    """The first model takes the GPU with the most free memory (the 80 GiB one); the
+    second is chosen once the first holds it, so it takes a GPU of the 2-GPU box at once
+    rather than waiting behind the first."""
+    fleet.start_server()
+    env = {**SLEAP_PATH, "FAKE_SLEAP_BATCH_S": "0.2"}
+    fleet.start_gpu_worker("big", [("NVIDIA A100-SXM4-80GB", 80, 78)], env_extra=env)
+    fleet.start_gpu_worker("twogpu", [("NVIDIA RTX 4090", 24, 24)] * 2, env_extra=env)
+    pkg = make_package(tmp_path / "p.zip", epochs=6)  # about 4 s each: time to overlap
+    done = fleet.cli(
+        "sleap", "train", str(pkg), "--auto-select", "--wait", "-o", str(tmp_path), timeout=120
+    )
+    said = " ".join(done.stderr.split())
+    assert "worker big" in said and "worker twogpu" in said, done.stderr
+    jobs = jobs_named(fleet)
+    ran = {h: jobs[run_name(h)]["worker"] for h in ("centroid", "centered_instance")}
+    assert ran == {"centroid": "big", "centered_instance": "twogpu"}
+    runs = [
+        json.loads((tmp_path / "models" / run_name(h) / "fake-run.json").read_text())
+        for h in ("centroid", "centered_instance")
+    ]
+    first, second = sorted(runs, key=lambda r: r["start"])
+    assert second["start"] < first["end"], runs  # they ran at once
+
+
 def test_track_runs_the_trained_models_and_points_predictions_at_the_users_data(
     fleet: Fleet, tmp_path: Path
 ) -> None:

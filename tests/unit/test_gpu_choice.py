@@ -18,6 +18,7 @@ from gpufleet.scheduling.matching import (
     WorkerView,
     assign,
     ever_reason,
+    memory_text,
     reserve,
     selection,
     unheld,
@@ -114,18 +115,55 @@ def test_cpu_only_and_a_gpu_constraint_contradict_each_other(req: dict[str, Any]
 
 
 def test_choosing_judges_each_worker_as_if_the_job_were_aimed_at_it() -> None:
-    """--auto-select: the GPU box whose GPUs are all taken cannot start the job on a GPU,
-    so the laptop is chosen rather than a CPU slot of the GPU box."""
+    """The GPU box whose GPUs are all taken cannot start the job on a GPU; the laptop
+    could, in a CPU slot, and says so (--auto-select passes it over: it is no GPU)."""
     job = JobView("(new)", spec(), 0.0)
     full = FreeResources(cpu_slots=1, gpus=())
     rows = selection(job, [(GPU_BOX, full), (LAPTOP, everything(LAPTOP))], 0.0, 0.0)
-    assert [(w.name, why) for w, _, why in rows] == [
-        ("laptop", None),
-        ("gpu-box", "needs 1 free GPU(s); 0 free"),
+    assert [(c.worker.name, c.reason, c.on_gpu, c.ever) for c in rows] == [
+        ("laptop", None, False, True),
+        ("gpu-box", "needs 1 free GPU(s); 0 free", True, True),
     ]
     free = everything(GPU_BOX)
     rows = selection(job, [(GPU_BOX, free), (LAPTOP, everything(LAPTOP))], 0.0, 0.0)
-    assert rows[0][0].name == "gpu-box" and rows[0][2] is None
+    assert rows[0].worker.name == "gpu-box" and rows[0].reason is None and rows[0].gpus
+
+
+RTX = GpuInfo(index=0, name="NVIDIA RTX 4090", total_mib=24 * GIB, free_mib=24 * GIB)
+
+
+def test_choosing_ranks_by_the_gpu_the_job_gets_not_the_sum_of_a_workers_gpus() -> None:
+    two = box("two-24", (RTX, replace(RTX, index=1)))
+    one = box("one-40", (replace(A100, free_mib=40 * GIB),))
+    job = JobView("(new)", spec(), 0.0)
+    rows = selection(job, [(two, everything(two)), (one, everything(one))], 0.0, 0.0)
+    assert [(c.worker.name, c.gpu_free_mib) for c in rows] == [
+        ("one-40", 40 * GIB),
+        ("two-24", 24 * GIB),
+    ]
+    # two GPUs wanted: the one-GPU box cannot; the job gets both of the other's
+    pair = JobView("(new)", spec(gpu_count=2), 0.0)
+    rows = selection(pair, [(one, everything(one)), (two, everything(two))], 0.0, 0.0)
+    assert rows[0].worker.name == "two-24" and rows[0].gpus == (0, 1)
+    assert rows[1].reason == "needs 2 GPUs; worker has 1" and not rows[1].ever
+
+
+def test_a_cpu_job_is_chosen_a_machine_with_fewer_gpus() -> None:
+    job = JobView("(new)", spec(cpu_only=True), 0.0)
+    rows = selection(job, [(GPU_BOX, everything(GPU_BOX)), (LAPTOP, everything(LAPTOP))], 0, 0)
+    assert [c.worker.name for c in rows] == ["laptop", "gpu-box"]
+    assert not rows[0].on_gpu and rows[0].gpu_free_mib is None
+
+
+@pytest.mark.parametrize(
+    ("gib", "text"),
+    [(40, "40 GiB"), (12.5, "12.5 GiB"), (100000 / 1024, "100000 MiB (97.7 GiB)"),
+     (1 / 3, "0.3 GiB")],
+)  # fmt: skip
+def test_memory_a_job_asks_for_reads_as_it_was_given(gib: float, text: str) -> None:
+    assert memory_text(gib) == text
+    too_big = ever_reason(spec(require_cuda=True, min_vram_gib=100000 / 1024), GPU_BOX)
+    assert too_big == "needs 100000 MiB (97.7 GiB) VRAM per GPU; largest GPU has 40.0 GiB"
 
 
 def test_jobs_aimed_at_a_worker_hold_their_slots_in_claim_order() -> None:

@@ -67,17 +67,15 @@ def seen(w: WorkerOut) -> str:
     return age(w.last_heartbeat) + " ago" if w.last_heartbeat else "-"
 
 
-def worker_table(rows: list[WorkerOut], numbered: bool = False) -> Table:
+def worker_table(rows: list[WorkerOut]) -> Table:
     table = Table(box=None, header_style="bold")
     tools = any(w.capability.tools for w in rows)  # a column only when some worker has one
-    cols = ["#"] if numbered else []
-    cols += ["ID", "NAME", "HOST", "POOL", "STATUS", "GPUS (free/total)", "RUNNING"]
+    cols = ["ID", "NAME", "HOST", "POOL", "STATUS", "GPUS (free/total)", "RUNNING"]
     cols += ["LABELS", *(["TOOLS"] if tools else []), "SEEN"]
     for col in cols:
         table.add_column(col)
-    for i, w in enumerate(rows, 1):
-        cells = [str(i)] if numbered else []
-        cells += [
+    for w in rows:
+        cells = [
             shown(w.id),
             shown(w.name),
             shown(w.capability.hostname),
@@ -133,18 +131,84 @@ def _why_not(rows: list[Candidate]) -> str:
     return "; ".join(f"{c.worker.name}: {c.reason}" for c in rows if c.reason) or "none"
 
 
-def auto_select(c: Client, spec: JobSpecModel) -> Candidate:
-    """The worker that can start the job now with the most free GPU memory."""
+def _short_gpu(name: str) -> str:
+    return name.removeprefix("NVIDIA ").removeprefix("GeForce ")
+
+
+def gets_text(pick: Candidate) -> str:
+    """What the job gets on the chosen worker: "GPU 0 (A100-PCIE-40GB 40 GiB), 38.0 GiB
+    free", or "a CPU slot"."""
+    if not pick.gpus:
+        return "a CPU slot"
+    gpus = [g for g in pick.worker.gpus if g.index in pick.gpus]
+    models = ", ".join(sorted({f"{_short_gpu(g.name)} {g.total_mib / 1024:.0f} GiB" for g in gpus}))
+    free = (pick.assigned_free_mib or 0) / 1024
+    if len(pick.gpus) == 1:
+        return f"GPU {pick.gpus[0]} ({models}), {free:.1f} GiB free"
+    numbers = ", ".join(str(i) for i in pick.gpus)
+    return f"GPUs {numbers} ({models}), at least {free:.1f} GiB free on each"
+
+
+def _not_for_it(rows: list[Candidate], cpu: bool) -> str:
+    """Why each worker was not chosen: its reason, or that it would run the job in a CPU
+    slot (a job that did not ask for one)."""
+    why = [
+        f"{r.worker.name}: {r.reason or 'no GPU; it would run the job in a CPU slot'}"
+        for r in rows
+        if r.reason or not (cpu or r.on_gpu)
+    ]
+    return "; ".join(why) or "none"
+
+
+def auto_select(c: Client, spec: JobSpecModel, wait: bool = False) -> Candidate | None:
+    """The worker whose GPU (the one the job would get there) has the most free memory
+    now; with ``cpu_only``, a free CPU slot, on a machine with few GPUs. A job that did
+    not ask for a CPU never goes to a CPU slot. None: no worker can start it now, and
+    ``wait``: the caller queues it for the first that frees, of those that could ever
+    run it (refused when none could)."""
     rows = c.select(spec)
-    fitting = [r for r in rows if r.fits]
-    if not fitting:
-        where = f" in pool {spec.pool!r}" if spec.pool else ""
+    cpu = spec.requirements.cpu_only
+    fitting = [r for r in rows if r.fits and (cpu or r.on_gpu)]
+    if fitting:
+        return fitting[0]
+    where = f" in pool {spec.pool!r}" if spec.pool else ""
+    if not rows:
+        raise ConfigError(f"--auto-select: no worker{where} is registered; see gpufleet workers")
+    slot = "in a CPU slot" if cpu else "on a GPU"
+    why = _not_for_it(rows, cpu)
+    if not any(r.ever and (cpu or r.on_gpu) for r in rows):
+        other = "" if cpu else "; --cpu runs it in a CPU slot"
         raise ConfigError(
-            f"--auto-select: no worker{where} can start this job now "
-            f"({_why_not(rows) if rows else 'no workers registered'}); "
-            "see gpufleet workers, or add --queue with --worker ID to wait for one"
+            f"--auto-select: no worker{where} could ever run this job {slot} ({why}){other}"
         )
-    return fitting[0]
+    if wait:
+        return None
+    instead = "a free CPU slot" if cpu else "the first GPU that frees"
+    other = "" if cpu else ", or --cpu to run it in a CPU slot"
+    raise ConfigError(
+        f"--auto-select: no worker{where} can start this job {slot} now ({why}); add "
+        f"--queue to wait for {instead}{other} (gpufleet workers shows who runs what)"
+    )
+
+
+def choice_table(rows: list[Candidate]) -> Table:
+    """The workers to choose from, one line each at 80 columns: number, name, what the
+    job would get there, how many GPUs it has, how many jobs it runs."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("WORKER", no_wrap=True, overflow="ellipsis", max_width=20)
+    table.add_column("THE JOB GETS", no_wrap=True, overflow="ellipsis", max_width=44)
+    table.add_column("GPUS", justify="right", no_wrap=True)
+    table.add_column("RUNS", justify="right", no_wrap=True)
+    for i, r in enumerate(rows, 1):
+        table.add_row(
+            str(i),
+            shown(r.worker.name),
+            shown(gets_text(r)),
+            str(len(r.worker.gpus)),
+            str(len(r.worker.running)),
+        )
+    return table
 
 
 def interactive_select(c: Client, spec: JobSpecModel) -> Candidate:
@@ -156,12 +220,15 @@ def interactive_select(c: Client, spec: JobSpecModel) -> Candidate:
         rows = c.select(spec)
         fitting = [r for r in rows if r.fits]
         if fitting:
-            err.print(worker_table([r.worker for r in fitting], numbered=True))
+            err.print(choice_table(fitting))
         else:
             err.print("no worker can start this job now")
         others = [r for r in rows if not r.fits]
         if others:
-            err.print(f"[dim]not listed: {shown(_why_not(others))}[/dim]")
+            err.print("[dim]not listed:[/dim]")
+        for r in others:  # one line each, cut at the terminal's edge
+            line = f"[dim]  {shown(r.worker.name)}: {shown(r.reason)}[/dim]"
+            err.print(line, soft_wrap=False, no_wrap=True, overflow="ellipsis")
         span = f"1-{len(fitting)}, " if fitting else ""
         err.print(f"pick a worker ({span}r to refresh, q to quit): ", end="")
         try:

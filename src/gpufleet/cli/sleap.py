@@ -135,8 +135,11 @@ class TrainRequest(SleapChoice):
                 c, self.package, ".", pool="", quiet=self.as_json, workers=[], root=pkg.root
             )
             specs = train_specs(pkg, package, requirements, self.epochs, **self.queued())
-            # the models after the first wait for a chosen worker the first keeps busy
-            jobs = [self.submit(c, spec, queue=i > 0) for i, spec in enumerate(specs)]
+            # the models after the first wait for a chosen worker the first keeps busy;
+            # with --auto-select each is given a GPU of its own
+            jobs = [
+                self.submit(c, self.spread(c, spec, i), queue=i > 0) for i, spec in enumerate(specs)
+            ]
             track = None
             if self.then_track is not None:
                 trained = zip(jobs, pkg.models, strict=True)
@@ -155,6 +158,17 @@ class TrainRequest(SleapChoice):
             if track is not None and self.then_track and statuses[track.id] == "succeeded":
                 predictions = _predictions(c, track, self.then_track, where)
         _report(statuses, placed, predictions, self.as_json)
+
+    def spread(self, c: Client, spec: JobSpecModel, i: int) -> JobSpecModel:
+        """With --auto-select, each model after the first gets a GPU of its own: chosen
+        once the earlier ones were submitted, which hold theirs; none free, it waits for
+        the first that frees."""
+        if not (self.auto_select and i):
+            return spec
+        probe = spec.model_copy(
+            update={"requirements": spec.requirements.model_copy(update={"worker": None})}
+        )
+        return spec.model_copy(update={"requirements": self.placed(c, probe, wait=True)})
 
 
 def _job_input(job_id: str) -> InputModel:

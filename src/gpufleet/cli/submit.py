@@ -21,7 +21,7 @@ from gpufleet.cli._common import (
     styled,
 )
 from gpufleet.cli.choose import auto_select as auto_select_worker
-from gpufleet.cli.choose import interactive_select, read_session, session_token
+from gpufleet.cli.choose import gets_text, interactive_select, read_session, session_token
 from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
 from gpufleet.cli.jobs import default_name, follow
 from gpufleet.client import Client
@@ -76,7 +76,9 @@ AutoSelect = Annotated[
     bool,
     _Opt(
         "--auto-select",
-        help="Run on the worker that can start the job now with the most free GPU memory.",
+        help="Run on the GPU with the most free memory that can start the job now (never "
+        "in a CPU slot unless --cpu); with --queue, when none can, wait for the first that "
+        "frees.",
     ),
 ]
 Select = Annotated[
@@ -105,7 +107,11 @@ MinGpuMemory = Annotated[
 ]
 Queue = Annotated[
     bool,
-    _Opt("--queue", help="With a chosen worker that is busy: wait for it instead of refusing."),
+    _Opt(
+        "--queue",
+        help="With a chosen worker that is busy: wait for it instead of refusing (with "
+        "--auto-select: for the first GPU that frees).",
+    ),
 ]
 Shell = Annotated[bool, _Opt("--shell", help="Run the command through /bin/sh -c.")]
 Package = Annotated[
@@ -216,15 +222,28 @@ class Placement:
             cpu_only=self.cpu,
         )
 
-    def placed(self, c: Client, probe: JobSpecModel) -> RequirementsModel:
+    def placed(self, c: Client, probe: JobSpecModel, wait: bool | None = None) -> RequirementsModel:
         """The job's requirements, aimed at the worker ``--auto-select`` or ``--select``
-        picks for ``probe`` (a job like the ones to submit) when either was given."""
+        picks for ``probe`` (a job like the ones to submit) when either was given. When
+        no GPU can start it now and ``wait`` (default: ``--queue``), ``--auto-select``
+        leaves it unaimed, needing a GPU: it runs on the first that frees."""
         requirements = probe.requirements
         if not (self.auto_select or self.select):
             return requirements
-        pick = auto_select_worker(c, probe) if self.auto_select else interactive_select(c, probe)
-        free = f"{pick.free_gpu_mib / 1024:.1f} GiB GPU memory free"
-        err.print(f"worker {shown(pick.worker.name)} ({shown(pick.worker.id)}, {free}) chosen")
+        wait = self.queue if wait is None else wait
+        if not self.auto_select:
+            pick = interactive_select(c, probe)
+        elif (chosen := auto_select_worker(c, probe, wait)) is not None:
+            pick = chosen
+        else:
+            cpu = requirements.cpu_only
+            what = "a CPU slot" if cpu else "a GPU"
+            err.print(f"no worker can start it on {what} now: queued for the first that frees")
+            return requirements if cpu else requirements.model_copy(update={"require_cuda": True})
+        got = gets_text(pick)
+        err.print(
+            f"worker {shown(pick.worker.name)} ({shown(pick.worker.id)}) chosen: {shown(got)}"
+        )
         return requirements.model_copy(update={"worker": pick.worker.id})
 
     def mounts_pool(self, c: Client, packages: list[str] | None) -> str:

@@ -103,6 +103,18 @@ def effective_ram_gib(worker: WorkerView) -> float:
     return ram
 
 
+def memory_text(gib: float) -> str:
+    """GPU memory a job asks for, as the user gave it: whole or tenths of a GiB in GiB
+    ("40 GiB"); else in MiB, as ``--min-gpu-memory`` takes it, with the GiB beside it
+    ("100000 MiB (97.7 GiB)", not "97.6562 GiB")."""
+    if round(gib, 1) == gib:
+        return f"{gib:g} GiB"
+    mib = gib * MIB_PER_GIB
+    if mib == round(mib):
+        return f"{round(mib)} MiB ({gib:.1f} GiB)"
+    return f"{gib:.1f} GiB"
+
+
 def _gpu_fits(job: JobSpec, gpu: GpuInfo) -> bool:
     req = job.requirements
     if req.gpu_name and not _glob(gpu.name, req.gpu_name):
@@ -186,7 +198,8 @@ def _gpu_reason(job: JobSpec, worker: WorkerView) -> str | None:
     fitting = [g for g in named if _gpu_fits(job, g)]
     if len(fitting) < req.gpus_wanted:
         largest = max(g.total_gib for g in named)
-        return f"needs {req.min_vram_gib:g} GiB VRAM per GPU; largest GPU has {largest:.1f} GiB"
+        need = memory_text(req.min_vram_gib)
+        return f"needs {need} VRAM per GPU; largest GPU has {largest:.1f} GiB"
     return None
 
 
@@ -226,7 +239,9 @@ def assign(job: JobSpec, worker: WorkerView, free: FreeResources) -> Assignment 
     wanted = job.requirements.gpus_wanted
     if len(candidates) < wanted:
         if need_mib:
-            return f"needs {wanted} free GPU(s) with {job.requirements.min_vram_gib:g} GiB free"
+            return (
+                f"needs {wanted} free GPU(s) with {memory_text(job.requirements.min_vram_gib)} free"
+            )
         return f"needs {wanted} free GPU(s); {len(candidates)} free"
     chosen = candidates[:wanted]
     return Assignment(
@@ -301,22 +316,65 @@ def free_gpu_mib(free: FreeResources) -> int:
     return sum(g.free_mib for g in free.gpus)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A worker as a user choosing one sees it for a job aimed at it: where the job would
+    run there now (an assignment) or why it would not, whether it would run on the
+    worker's GPUs (else in a CPU slot), and whether it could ever (what stops it now, if
+    anything, is only its load)."""
+
+    worker: WorkerView
+    free: FreeResources
+    verdict: Assignment | str
+    on_gpu: bool
+    ever: bool
+
+    @property
+    def reason(self) -> str | None:
+        return self.verdict if isinstance(self.verdict, str) else None
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return () if isinstance(self.verdict, str) else self.verdict.gpus
+
+    @property
+    def gpu_free_mib(self) -> int | None:
+        """The free memory of the GPU the job would get now (of several, the least):
+        what it has to work with there, not the worker's sum. None: no GPU now."""
+        if not self.gpus:
+            return None
+        free = {g.index: g.free_mib for g in self.free.gpus}
+        return min(free.get(i, 0) for i in self.gpus)
+
+
+def _choice_rank(c: Choice) -> tuple[int, int, int, str]:
+    """Those that could start the job now first: on a GPU, the one whose GPU has the most
+    free memory leading; then in a CPU slot, machines with fewer GPUs first (GPU boxes stay
+    free for GPU work); then those that cannot, by name."""
+    priority = c.worker.policy.priority if c.worker.policy else 0
+    if c.reason is not None:
+        return (2, 0, 0, c.worker.name)
+    if c.gpus:
+        return (0, -(c.gpu_free_mib or 0), -priority, c.worker.name)
+    return (1, -priority, len(effective_gpus(c.worker)), c.worker.name)
+
+
 def selection(
     job: JobView,
     workers: list[tuple[WorkerView, FreeResources]],
     now: float,
     prefer_cuda_grace: float,
-) -> list[tuple[WorkerView, FreeResources, str | None]]:
-    """Workers as a user choosing one sees them: those that could take the job now first,
-    the one with the most free GPU memory leading, then the rest with their reason. Each is
-    judged as if the job were aimed at it, as it will be once chosen (so a GPU worker is
-    judged on a free GPU)."""
+) -> list[Choice]:
+    """Workers as a user choosing one sees them, best first (:func:`_choice_rank`). Each
+    is judged as if the job were aimed at it, as it will be once chosen (so a GPU worker
+    is judged on a free GPU, unless the job is ``cpu_only``)."""
     rows = []
     for worker, free in workers:
         aimed = replace(job.spec, requirements=replace(job.spec.requirements, worker=worker.id))
         verdict = now_reason(replace(job, spec=aimed), worker, free, now, prefer_cuda_grace)
-        rows.append((worker, free, verdict if isinstance(verdict, str) else None))
-    rows.sort(key=lambda r: (r[2] is not None, -free_gpu_mib(r[1]), r[0].name))
+        ever = worker.status != WorkerStatus.DRAINING and ever_reason(aimed, worker) is None
+        rows.append(Choice(worker, free, verdict, _gpu_job(aimed, worker), ever))
+    rows.sort(key=_choice_rank)
     return rows
 
 

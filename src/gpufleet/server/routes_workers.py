@@ -92,9 +92,10 @@ def list_workers(
 @router.post("/workers/select", response_model=list[Candidate], tags=["fleet"])
 def select_workers(body: SelectRequest, request: Request, caller: Reader) -> list[Candidate]:
     """The workers of the job's pool as a user choosing one sees them: those that could
-    start the job now first, the one with the most free GPU memory leading; the others
-    with the reason they cannot. Each is judged as if the job were aimed at it (a GPU
-    worker on a free GPU, unless ``cpu_only``); ``requirements.worker`` is ignored."""
+    start the job now first, on a GPU before in a CPU slot, the one whose GPU (the one the
+    job would get) has the most free memory leading; the others with the reason they
+    cannot. Each is judged as if the job were aimed at it (a GPU worker on a free GPU,
+    unless ``cpu_only``); ``requirements.worker`` is ignored."""
     q = state(request).services
     pool = body.spec.pool or caller.default_pool()
     caller.may_use(pool)
@@ -105,12 +106,16 @@ def select_workers(body: SelectRequest, request: Request, caller: Reader) -> lis
     ranked = selection(JobView("(new)", spec, q.clock()), fleet, q.clock(), 0.0)
     return [
         Candidate(
-            worker=views.worker_out(states[v.id]),
-            fits=reason is None,
-            reason=reason,
-            free_gpu_mib=free_gpu_mib(free),
+            worker=views.worker_out(states[c.worker.id]),
+            fits=c.reason is None,
+            reason=c.reason,
+            free_gpu_mib=free_gpu_mib(c.free),
+            on_gpu=c.on_gpu,
+            gpus=list(c.gpus),
+            assigned_free_mib=c.gpu_free_mib,
+            ever=c.ever,
         )
-        for v, free, reason in ranked
+        for c in ranked
     ]
 
 

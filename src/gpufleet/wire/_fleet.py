@@ -151,6 +151,22 @@ class Candidate(Wire):
     fits: bool = Field(description="could take the job now")
     reason: str | None = Field(description="why it cannot, when it cannot")
     free_gpu_mib: int = Field(description="GPU memory free now on GPUs no job holds")
+    on_gpu: bool = Field(
+        False, description="the job would run on the worker's GPUs there, not in a CPU slot"
+    )
+    gpus: list[int] = Field(
+        default_factory=list, description="the GPUs the job would get now (none: a CPU slot)"
+    )
+    assigned_free_mib: int | None = Field(
+        None,
+        description="free memory of the GPU the job would get now (of several, the least); "
+        "None when it would not get a GPU now",
+    )
+    ever: bool = Field(
+        True,
+        description="could take the job once free: what stops it now, if anything, is its "
+        "load, not a constraint it fails",
+    )
 
 
 _JobRef = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
