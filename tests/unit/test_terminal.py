@@ -170,8 +170,8 @@ def test_show_prints_a_job_and_its_stderr_as_text(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_workers_table_shows_names_and_labels_as_text() -> None:
-    from gpufleet.cli.choose import worker_table
-    from gpufleet.wire import WorkerOut
+    from gpufleet.cli.choose import choice_table, worker_table
+    from gpufleet.wire import Candidate, GpuModel, WorkerOut
 
     w = WorkerOut.model_validate(
         {
@@ -198,6 +198,15 @@ def test_the_workers_table_shows_names_and_labels_as_text() -> None:
     drawn = _rendered(worker_table([w]))
     _only_colours(drawn)
     assert "\\x1b[2J" in drawn
+    # --select's list: the name and the GPU the job gets, as text
+    gpu = {"index": 0, "name": "g" + HOSTILE, "total_mib": 1024, "free_mib": 1024}
+    w = w.model_copy(update={"gpus": [GpuModel.model_validate(gpu)]})
+    pick = Candidate(
+        worker=w, fits=True, reason=None, free_gpu_mib=1024, gpus=[0], assigned_free_mib=1024
+    )
+    drawn = _rendered(choice_table([pick]))
+    _only_colours(drawn)
+    assert drawn.count("\\x1b]0;pwned") == 2  # its name and its GPU's, cut to fit
 
 
 def test_watch_shows_a_job_and_its_last_lines_with_their_colours_only() -> None:
