@@ -69,7 +69,7 @@ TrackPackage = Annotated[
     typer.Argument(
         help="An inference package: a zip of trained model folders and the data to track "
         "(SLEAP's export, with inference-script.sh; sleap-rtc's, with track-script.sh). "
-        "Instead of --data and --model."
+        "Instead of --data and --model. Another file is the data, as with --data."
     ),
 ]
 Epochs = Annotated[
@@ -226,6 +226,10 @@ class TrainRequest(SleapChoice):
         _report(statuses, placed, predictions, self.as_json)
 
 
+def _zip_named(path: Path) -> bool:
+    return path.suffix.lower() == ".zip"
+
+
 def _job_input(job_id: str) -> InputModel:
     return InputModel(kind="job", ref=job_id, dest=".", label=f"job:{job_id}")
 
@@ -238,6 +242,11 @@ class TrackRequest(SleapChoice):
     output: TrackOut = None
 
     def run(self) -> None:
+        from gpufleet.client.sleap_inference import is_zip
+
+        given = self.package
+        if given is not None and self.data is None and not _zip_named(given) and not is_zip(given):
+            self.data, self.package = given, None  # `sleap track video.mp4 --model M`
         if self.package is not None:
             return self.run_package(self.package)
         if self.data is None:
