@@ -417,8 +417,8 @@ def _why_failed(c: Client, job: JobOut) -> None:
         err.print(f"{shown(job.name)}: sleap-nn said: {shown(said)}")
     if d.spec.adapter == Adapter.SLEAP_TRAIN.value:
         err.print(
-            f"{shown(job.name)}: what it left (best.ckpt): --download-failed with --wait, "
-            f"or gpufleet download {shown(job.id)}"
+            f"{shown(job.name)}: what it left (its best.ckpt so far): gpufleet download "
+            f"{shown(job.id)}, or --download-failed with --wait"
         )
 
 
