@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import h5py
+import yaml
 
 from tests.e2e.conftest import Fleet, wait_for
-from tests.sleap_pkg import FAKE_SLEAP, make_package, run_name
+from tests.sleap_pkg import FAKE_SLEAP, config, make_package, run_name
 
 SLEAP_PATH = {"PATH": f"{FAKE_SLEAP}{os.pathsep}{os.environ['PATH']}"}
 
@@ -221,3 +223,138 @@ def test_a_session_string_sends_the_package_to_that_worker(fleet: Fleet, tmp_pat
     fleet.cli("sleap", "train", str(pkg), "--cpu", "--session", session[1], "--wait")
     ran = {j["worker"] for j in jobs_named(fleet).values()}
     assert ran == {"chosen"}
+
+
+def test_track_by_name_takes_the_newest_training_that_succeeded(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    sleap_worker(fleet)
+    pkg = make_package(tmp_path / "p.zip", ("single_instance",), epochs=1)
+    name = run_name("single_instance")
+    first = fleet.cli("sleap", "train", str(pkg), "--cpu").stdout.split()[0]
+    fleet.wait_status(first, "succeeded", timeout=60)
+    second = fleet.cli("sleap", "train", str(pkg), "--cpu", "--epochs", "2").stdout.split()[0]
+    fleet.wait_status(second, "succeeded", timeout=60)
+    data = tmp_path / "session.slp"
+    data.write_bytes(b"frames")
+    done = fleet.cli(
+        "sleap", "track", "--data", str(data), "--model", f"job:{name}", "--cpu", "--wait",
+        "-o", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert (tmp_path / "out" / "session.slp.predictions.slp").is_file(), done.stderr
+    (track,) = [j for j in jobs_named(fleet).values() if j["name"].startswith("track")]
+    inputs = fleet.job(track["id"])["spec"]["inputs"]
+    assert [i["ref"] for i in inputs if i["kind"] == "job"] == [second]
+
+
+def inference_package(path: Path, script: str | None, models: tuple[str, ...]) -> Path:
+    """An inference package as SLEAP's GUI exports one: trained run folders, the labels
+    it embeds its frames in, and (unless None) its inference script."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for run in models:
+            zf.writestr(f"models/{run}/best.ckpt", "epoch 9\n")
+            zf.writestr(f"models/{run}/training_config.yaml", "model_config: {}\n")
+        zf.writestr("labels.v001.pkg.slp", b"embedded frames the fake never opens")
+        if script is not None:
+            zf.writestr("inference-script.sh", script)
+    return path
+
+
+def test_an_inference_package_tracks_with_its_own_options(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_server()
+    sleap_worker(fleet)
+    runs = ("260825_115048.centroid.n=4", "260825_115048.centered_instance.n=4")
+    # as SLEAP writes it: the exporting machine's absolute paths, the models it did not
+    # retrain by theirs too, and its options
+    script = (
+        "#!/bin/bash\n"
+        "sleap-nn track --data_path /home/me/proj/labels.v001.slp --only_suggested_frames "
+        f"--model_paths models/{runs[0]} --model_paths /home/me/proj/models/{runs[1]} "
+        "-o labels.v001.slp.predictions.slp --batch_size 4\n"
+    )
+    pkg = inference_package(tmp_path / "labels.v001.slp.inference.zip", script, runs)
+    out = tmp_path / "out"
+    done = fleet.cli("sleap", "track", str(pkg), "--cpu", "--wait", "-o", str(out))
+    predictions = out / "labels.v001.slp.predictions.slp"
+    assert f"predictions: {predictions}" in done.stderr.replace("\n", ""), done.stderr
+    with h5py.File(predictions, "r") as f:
+        (video,) = [json.loads(v) for v in f["videos_json"][()]]
+    # pointed at the data taken out of the package, beside the predictions
+    assert video["backend"]["filename"] == str(out / "labels.v001.pkg.slp")
+    assert (out / "labels.v001.pkg.slp").read_bytes().startswith(b"embedded frames")
+    (track,) = jobs_named(fleet).values()
+    command = fleet.job(track["id"])["spec"]["command"]
+    assert command == [
+        "sleap-nn", "track", "--data_path", "labels.v001.pkg.slp",
+        "--model_paths", f"models/{runs[0]}", "--model_paths", f"models/{runs[1]}",
+        "--only_suggested_frames", "--batch_size", "4",
+        "-o", "labels.v001.slp.predictions.slp", "--gui",
+    ]  # fmt: skip
+
+    no_script = inference_package(tmp_path / "plain.zip", None, runs[:1])
+    fleet.cli("sleap", "track", str(no_script), "--cpu", "--wait", "-o", str(tmp_path / "o2"))
+    assert (tmp_path / "o2" / "labels.v001.pkg.slp.predictions.slp").is_file()
+
+    lacking = inference_package(tmp_path / "lacking.zip", script, runs[:1])
+    refused = fleet.cli("sleap", "track", str(lacking), check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.replace("\n", "") == (
+        f"error: lacking.zip:inference-script.sh, line 2: names model /home/me/proj/models/"
+        f"{runs[1]}, which the package lacks (no training_config.yaml or best.ckpt in it); a "
+        "training package trains first: gpufleet sleap train"
+    )
+    assert len(json.loads(fleet.cli("jobs", "--json").stdout)) == 2  # nothing submitted
+
+
+def test_a_labels_file_trains_with_a_config_and_with_a_model_type(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    sleap_worker(fleet)
+    labels = tmp_path / "project" / "labels.v002.slp"
+    labels.parent.mkdir()
+    labels.write_bytes(b"labels the fake only looks for")
+    mine = tmp_path / "centroid_config.yaml"  # it names labels elsewhere: replaced
+    mine.write_text(yaml.safe_dump(config("centroid", 2, labels="/old/machine/labels.slp")))
+    done = fleet.cli(
+        "sleap", "train", str(labels), "--config", str(mine), "--model-type", "bottomup",
+        "--cpu", "--wait", timeout=120,
+    )  # fmt: skip
+    runs = {p.name.split(".", 1)[1]: p for p in (labels.parent / "models").iterdir()}
+    assert set(runs) == {"centroid", "bottomup"}, done.stderr
+    assert (runs["centroid"] / "best.ckpt").read_text() == "epoch 2\n"
+    trained = yaml.safe_load((runs["bottomup"] / "training_config.yaml").read_text())
+    assert trained["data_config"]["train_labels_path"] == ["labels.v002.slp"]
+    assert set(trained["model_config"]["head_configs"]) == {"bottomup"}
+    tags = sorted(tuple(j["spec"]["tags"]) for j in map(fleet.job, jobs_named_ids(fleet)))
+    assert tags == [("sleap", "bottomup"), ("sleap", "centroid")]
+
+    refused = fleet.cli("sleap", "train", str(labels), check=False)
+    assert refused.returncode == 2
+    assert "--config CONFIG.yaml or --model-type TYPE" in refused.stderr.replace("\n", "")
+
+
+def jobs_named_ids(fleet: Fleet) -> list[str]:
+    return [j["id"] for j in jobs_named(fleet).values()]
+
+
+def test_a_failed_training_says_why_in_sleap_nns_words_and_may_keep_its_checkpoint(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    sleap_worker(fleet, FAKE_SLEAP_FAIL_AFTER="2")
+    pkg = make_package(tmp_path / "p.zip", ("single_instance",), epochs=5)
+    run = tmp_path / "kept" / "models" / run_name("single_instance")
+    args = ("sleap", "train", str(pkg), "--cpu", "--max-attempts", "1", "--wait")
+    failed = fleet.cli(*args, "-o", str(tmp_path / "plain"), check=False)
+    said = failed.stderr.replace("\n", "")
+    assert failed.returncode == 1
+    assert "sleap-nn said: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in said
+    assert "--download-failed" in said
+    assert not (tmp_path / "plain" / "models").exists()  # not asked for
+
+    kept = fleet.cli(*args, "-o", str(tmp_path / "kept"), "--download-failed", check=False)
+    assert kept.returncode == 1
+    assert (run / "best.ckpt").read_text() == "epoch 2\n", kept.stderr
+    assert f"model: {run}" in kept.stderr.replace("\n", "")

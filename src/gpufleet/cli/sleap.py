@@ -7,9 +7,9 @@ from __future__ import annotations
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,8 +18,12 @@ from gpufleet.cli.data import package_input
 from gpufleet.cli.submit import Placement
 from gpufleet.client import Client
 from gpufleet.domain import sleap
+from gpufleet.domain.models import Adapter
 from gpufleet.errors import GpufleetError, NotFound
-from gpufleet.wire import InputModel, JobOut, JobSpecModel, RequirementsModel
+from gpufleet.wire import InputModel, JobDetail, JobOut, JobSpecModel, RequirementsModel
+
+if TYPE_CHECKING:
+    from gpufleet.client.sleap import SleapPackage
 
 sleap_app = typer.Typer(
     help="SLEAP pose estimation: train a package exported by SLEAP on the fleet, track "
@@ -32,7 +36,40 @@ PackageArg = Annotated[
     Path,
     typer.Argument(
         help="The training package SLEAP exported (File > Export Training Job Package): "
-        "LABELS.slp.training_job.zip."
+        "LABELS.slp.training_job.zip; or a labels file (LABELS.slp) with --config or "
+        "--model-type."
+    ),
+]
+Config = Annotated[
+    list[Path] | None,
+    _Opt(
+        "--config",
+        help="With a labels file: train this sleap-nn config on it (its "
+        "data_config.train_labels_path becomes the labels file; repeatable, a model each).",
+    ),
+]
+ModelType = Annotated[
+    list[str] | None,
+    _Opt(
+        "--model-type",
+        help="With a labels file: train this model type with sleap-nn's defaults "
+        "(single_instance, centroid, centered_instance, bottomup; repeatable, a model each).",
+    ),
+]
+DownloadFailed = Annotated[
+    bool,
+    _Opt(
+        "--download-failed",
+        help="With --wait: download what a failed training left too (its run folder, "
+        "best.ckpt of its best epoch so far) into models/RUN_NAME/.",
+    ),
+]
+TrackPackage = Annotated[
+    Path | None,
+    typer.Argument(
+        help="An inference package: a zip of trained model folders and the data to track "
+        "(SLEAP's export, with inference-script.sh; sleap-rtc's, with track-script.sh). "
+        "Instead of --data and --model. Another file is the data, as with --data."
     ),
 ]
 Epochs = Annotated[
@@ -58,13 +95,16 @@ ThenTrack = Annotated[
         "waits for the training jobs."
     ),
 ]
-Data = Annotated[Path, _Opt("--data", help="Data to track: a labels file (.slp) or a video.")]
+Data = Annotated[
+    Path | None, _Opt("--data", help="Data to track: a labels file (.slp) or a video.")
+]
 Model = Annotated[
-    list[str],
+    list[str] | None,
     _Opt(
         "--model",
-        help="A trained model: a run folder (models/RUN) or job:NAME_OR_ID of a finished "
-        "or queued `sleap train` job (repeatable; top-down needs both of its models).",
+        help="A trained model: a run folder (models/RUN) or job:NAME_OR_ID of a `sleap "
+        "train` job: by name, the newest that succeeded, else the one still to end "
+        "(repeatable; top-down needs both of its models).",
     ),
 ]
 TrackOut = Annotated[
@@ -118,22 +158,50 @@ class SleapChoice(Placement):
 @dataclass(kw_only=True)
 class TrainRequest(SleapChoice):
     package: PackageArg
+    config: Config = None
+    model_type: ModelType = None
     epochs: Epochs = None
     output: TrainOut = None
     then_track: ThenTrack = None
+    download_failed: DownloadFailed = False
+    # the folder a labels file's configs are written to, until the command ends
+    _configs: Any = field(default=None, init=False, repr=False)
+
+    def read(self) -> SleapPackage:
+        """The package, or a plain labels file's job: checked before anything is sent."""
+        from gpufleet.client.sleap import read_labels_job, read_package
+
+        if self.package.suffix.lower() != ".slp":
+            if self.config or self.model_type:
+                raise GpufleetError(
+                    f"{self.package}: --config and --model-type are for a labels file "
+                    "(.slp); a training package has its own configs"
+                )
+            return read_package(self.package)
+        self._configs = tempfile.TemporaryDirectory(prefix="gpufleet-sleap-")
+        into = Path(self._configs.name)
+        return read_labels_job(self.package, self.config or [], self.model_type or [], into)
+
+    def inputs(self, c: Client, pkg: SleapPackage) -> list[InputModel]:
+        """What the jobs run in: the package, unpacked (never a reference to the zip on a
+        mount); for a labels file, its configs and the labels beside them."""
+        package = package_input(
+            c, pkg.path, ".", pool="", quiet=self.as_json, workers=[], root=pkg.root
+        )
+        if pkg.path == self.package:
+            return [package]
+        pool = self.mounts_pool(c, [str(self.package)])
+        return [package, package_input(c, self.package.resolve(), None, pool, self.as_json)]
 
     def run(self) -> None:
-        from gpufleet.client.sleap import read_package, train_specs
+        from gpufleet.client.sleap import train_specs
 
-        pkg = read_package(self.package)  # checked before anything is sent
+        pkg = self.read()
         if self.then_track is not None and not self.then_track.is_file():
             raise GpufleetError(f"--then-track {self.then_track}: no such file")
         with self.connect() as c:
             requirements = self.place(c, pkg.models[0].run_name, [sleap.TOOL, "train"])
-            # always unpacked on the worker (never a reference to the zip on a mount)
-            package = package_input(
-                c, self.package, ".", pool="", quiet=self.as_json, workers=[], root=pkg.root
-            )
+            package = self.inputs(c, pkg)
             specs = train_specs(pkg, package, requirements, self.epochs, **self.queued())
             # the models after the first wait for a chosen worker the first keeps busy;
             # with --auto-select each is given a GPU of its own
@@ -152,11 +220,12 @@ class TrainRequest(SleapChoice):
                 return
             statuses = watch(self.connect, [*jobs, *([track] if track else [])], self.as_json)
             where = self.output or self.package.resolve().parent
-            done = [j for j in jobs if statuses[j.id] == "succeeded"]
+            kept = ("succeeded", "failed") if self.download_failed else ("succeeded",)
+            done = [j for j in jobs if statuses[j.id] in kept]
             placed = [path for j in done for path in _models(c, j, where)]
-            predictions = None
+            predictions: list[Path | None] = []
             if track is not None and self.then_track and statuses[track.id] == "succeeded":
-                predictions = _predictions(c, track, self.then_track, where)
+                predictions = [_predictions(c, track, self.then_track, where)]
         _report(statuses, placed, predictions, self.as_json)
 
     def spread(self, c: Client, spec: JobSpecModel, i: int) -> JobSpecModel:
@@ -171,17 +240,31 @@ class TrainRequest(SleapChoice):
         return spec.model_copy(update={"requirements": self.placed(c, probe, wait=True)})
 
 
+def _zip_named(path: Path) -> bool:
+    return path.suffix.lower() == ".zip"
+
+
 def _job_input(job_id: str) -> InputModel:
     return InputModel(kind="job", ref=job_id, dest=".", label=f"job:{job_id}")
 
 
 @dataclass(kw_only=True)
 class TrackRequest(SleapChoice):
-    data: Data
-    model: Model
+    package: TrackPackage = None
+    data: Data = None
+    model: Model = None
     output: TrackOut = None
 
     def run(self) -> None:
+        from gpufleet.client.sleap_inference import is_zip
+
+        given = self.package
+        if given is not None and self.data is None and not _zip_named(given) and not is_zip(given):
+            self.data, self.package = given, None  # `sleap track video.mp4 --model M`
+        if self.package is not None:
+            return self.run_package(self.package)
+        if self.data is None:
+            raise GpufleetError("--data: give the data to track (or an inference package)")
         if not self.data.is_file():
             raise GpufleetError(f"--data {self.data}: no such file")
         if not self.model:
@@ -192,11 +275,50 @@ class TrackRequest(SleapChoice):
             job = _submit_track(self, c, self.data, models, requirements)
             if not self.wait:
                 print_json({"jobs": [job.id]}) if self.as_json else print(job.id)
-                return
+                return None
             statuses = watch(self.connect, [job], self.as_json)
-            predictions = None
+            predictions = []
             if statuses[job.id] == "succeeded":
-                predictions = _predictions(c, job, self.data, self.output or Path.cwd())
+                predictions = [_predictions(c, job, self.data, self.output or Path.cwd())]
+        _report(statuses, [], predictions, self.as_json)
+        return None
+
+    def run_package(self, path: Path) -> None:
+        """An inference package: one track job per line of its script, in the unpacked
+        package; with --wait, each predictions file beside the data taken out of it."""
+        from gpufleet.client.sleap import track_spec
+        from gpufleet.client.sleap_inference import extract_data, read_inference_package
+
+        if self.data is not None or self.model:
+            raise GpufleetError(
+                f"{path}: an inference package names its data and models; leave out "
+                "--data and --model"
+            )
+        pkg = read_inference_package(path)  # checked before anything is sent
+        with self.connect() as c:
+            requirements = self.place(c, f"track {pkg.runs[0].data}", [sleap.TOOL, "track"])
+            package = package_input(
+                c, path, ".", pool="", quiet=self.as_json, workers=[], root=pkg.root
+            )
+            jobs = []
+            for run in pkg.runs:
+                models = [(package, m) for m in run.models]
+                spec = track_spec(
+                    package, run.data, models, requirements, out=run.output, extra=run.args,
+                    **self.queued(),
+                )  # fmt: skip
+                jobs.append(self.submit(c, spec))
+            if not self.wait:
+                ids = [j.id for j in jobs]
+                print_json({"jobs": ids}) if self.as_json else print("\n".join(ids))
+                return
+            statuses = watch(self.connect, jobs, self.as_json)
+            where = _made(self.output or Path.cwd())
+            predictions = [
+                _predictions(c, job, extract_data(pkg, run, where), where, run.output)
+                for job, run in zip(jobs, pkg.runs, strict=True)
+                if statuses[job.id] == "succeeded"
+            ]
         _report(statuses, [], predictions, self.as_json)
 
 
@@ -206,10 +328,7 @@ def _model_input(req: SleapChoice, c: Client, item: str) -> tuple[InputModel, st
     from gpufleet.client.sleap import MARKERS, run_path_of
 
     if item.startswith("job:"):
-        try:
-            job = c.job(item[4:])
-        except NotFound:
-            raise GpufleetError(f"--model {item}: no such job") from None
+        job = _trained_job(c, item[4:], req.pool)
         path = run_path_of(job.spec)
         if path is None:
             raise GpufleetError(f"--model {item}: not a `gpufleet sleap train` job")
@@ -224,6 +343,17 @@ def _model_input(req: SleapChoice, c: Client, item: str) -> tuple[InputModel, st
     dest = f"models/{folder.resolve().name}"
     pool = req.mounts_pool(c, [item])
     return package_input(c, folder.resolve(), dest, pool, req.as_json), dest
+
+
+def _trained_job(c: Client, ref: str, pool: str | None) -> JobDetail:
+    """``--model job:REF``'s job: REF a job id, or a name (the newest that succeeded)."""
+    from gpufleet.client.sleap import choose_trained
+
+    chosen = choose_trained(ref, c.jobs(limit=1000, name=ref), pool)
+    try:
+        return c.job(chosen.id if chosen else ref)
+    except NotFound:
+        raise GpufleetError(f"--model job:{ref}: no such job") from None
 
 
 def _submit_track(
@@ -287,9 +417,23 @@ def _follow(c: Client, job: JobOut, quiet: bool) -> str:
         if line and not quiet:
             err.print(f"{shown(job.name)}: {line}")
     if status == "failed" and not quiet:
-        d = c.job(job.id)
-        err.print(f"{shown(job.name)}: [red]failed[/red]: {shown(d.error or '')}")
+        _why_failed(c, job)
     return status
+
+
+def _why_failed(c: Client, job: JobOut) -> None:
+    """Why a job failed: gpufleet's word, then sleap-nn's own error line (the last of its
+    stderr), and for a training where to find what it left."""
+    d = c.job(job.id)
+    err.print(f"{shown(job.name)}: [red]failed[/red]: {shown(d.error or '')}")
+    said = sleap.error_line(d.stderr_tail)
+    if said:
+        err.print(f"{shown(job.name)}: sleap-nn said: {shown(said)}")
+    if d.spec.adapter == Adapter.SLEAP_TRAIN.value:
+        err.print(
+            f"{shown(job.name)}: what it left (its best.ckpt so far): gpufleet download "
+            f"{shown(job.id)}, or --download-failed with --wait"
+        )
 
 
 def _record_line(record: dict[str, Any], tenth: int) -> tuple[str | None, int]:
@@ -326,11 +470,14 @@ def _models(c: Client, job: JobOut, where: Path) -> list[Path]:
         return place_models(unpacked, where / "models") if unpacked else []
 
 
-def _predictions(c: Client, job: JobOut, data: Path, where: Path) -> Path | None:
-    """The predictions file, into ``where``, pointing at the user's ``data``."""
+def _predictions(
+    c: Client, job: JobOut, data: Path, where: Path, name: str | None = None
+) -> Path | None:
+    """The predictions file (``name``, else named after ``data``), into ``where``,
+    pointing at the user's ``data``."""
     from gpufleet.client.sleap import predictions_name, repoint, unused_path
 
-    name = predictions_name(data.name)
+    name = name or predictions_name(data.name)
     with tempfile.TemporaryDirectory(prefix=".gpufleet-sleap-", dir=_made(where)) as tmp:
         unpacked = _download(c, job, Path(tmp) / "artifact")
         found = next(unpacked.rglob(name), None) if unpacked else None
@@ -349,39 +496,46 @@ def _made(folder: Path) -> Path:
 
 
 def _report(
-    statuses: dict[str, str], placed: list[Path], predictions: Path | None, as_json: bool
+    statuses: dict[str, str],
+    placed: list[Path],
+    predictions: list[Path | None],
+    as_json: bool,
 ) -> None:
+    got = [p for p in predictions if p is not None]
     if as_json:
         print_json(
             {
                 "jobs": statuses,
                 "models": [str(p) for p in placed],
-                "predictions": str(predictions) if predictions else None,
+                "predictions": str(got[0]) if len(got) == 1 else [str(p) for p in got] or None,
             }
         )
     else:
         for path in placed:
             err.print(f"model: {shown(str(path))}")
-        if predictions is not None:
-            err.print(f"predictions: {shown(str(predictions))}")
+        for path in got:
+            err.print(f"predictions: {shown(str(path))}")
     if any(s != "succeeded" for s in statuses.values()):
         raise typer.Exit(1)
 
 
 def train(**asked: Any) -> None:
-    """Train the models of a SLEAP training package on the fleet.
+    """Train the models of a SLEAP training package, or of a labels file with a config,
+    on the fleet.
 
     One job per model (top-down's two models may run at once on two GPUs). The package is
     checked here first and uploaded once (a re-run sends nothing). With --wait, follows
-    the epochs and puts each trained model in OUTPUT/models/RUN_NAME/."""
+    the epochs and puts each trained model in OUTPUT/models/RUN_NAME/; a failed one says
+    why, in sleap-nn's words."""
     TrainRequest(**asked).run()
 
 
 def track(**asked: Any) -> None:
-    """Run trained SLEAP models on data (sleap-nn track) on the fleet.
+    """Run trained SLEAP models on data (sleap-nn track) on the fleet: --data and
+    --model, or an inference package.
 
     With --wait, downloads the predictions file, pointed at your own copy of the data so
-    it opens in SLEAP at once."""
+    it opens in SLEAP at once (of a package: the data taken out of it, beside them)."""
     TrackRequest(**asked).run()
 
 

@@ -210,8 +210,12 @@ class Client:
     def whoami(self) -> WhoAmI:
         return self.call(ops.whoami())
 
-    def jobs(self, status: str | None = None, limit: int = 1000) -> list[JobOut]:
-        return self.call(ops.jobs(status, limit))
+    def jobs(
+        self, status: str | None = None, limit: int = 1000, name: str | None = None
+    ) -> list[JobOut]:
+        """The newest ``limit`` jobs, oldest first; with ``name``, those whose name holds
+        it (any case)."""
+        return self.call(ops.jobs(status, limit, name))
 
     def job(self, ref: str) -> JobDetail:
         return self.call(ops.job(ref))

@@ -62,10 +62,12 @@ def whoami() -> Call[WhoAmI]:
     return Call("GET", "/v1/whoami", model(WhoAmI))
 
 
-def jobs(status: str | None, limit: int) -> Call[list[JobOut]]:
+def jobs(status: str | None, limit: int, name: str | None = None) -> Call[list[JobOut]]:
     params: dict[str, Any] = {"limit": limit}
     if status:
         params["status"] = status
+    if name:
+        params["name"] = name
     return Call("GET", "/v1/jobs", model(list[JobOut]), params=params)
 
 

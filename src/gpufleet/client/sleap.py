@@ -18,6 +18,7 @@ import json
 import posixpath
 import shutil
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +26,8 @@ from typing import Any
 
 from gpufleet.domain import sleap
 from gpufleet.domain.models import Adapter
-from gpufleet.errors import PackageError
-from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
+from gpufleet.errors import GpufleetError, PackageError
+from gpufleet.wire import InputModel, JobOut, JobSpecModel, RequirementsModel
 
 DEFAULT_CKPT_DIR = "models"
 MAX_RUN_NAME = 200  # a job's name
@@ -182,14 +183,16 @@ def with_tool(requirements: RequirementsModel) -> RequirementsModel:
 
 def train_specs(
     pkg: SleapPackage,
-    package: InputModel,
+    package: InputModel | list[InputModel],
     requirements: RequirementsModel,
     epochs: int | None = None,
     **common: Any,
 ) -> list[JobSpecModel]:
     """One job per model: ``sleap-nn train`` with the line's own arguments (and an
-    ``--epochs`` override), run in the unpacked package, keeping its run folder."""
+    ``--epochs`` override), run in the unpacked package (and beside the labels file it
+    trains on, for :func:`read_labels_job`'s), keeping its run folder."""
     needs = with_tool(requirements)
+    inputs = package if isinstance(package, list) else [package]
     specs = []
     for m in pkg.models:
         args = [*m.line.args, *m.added]
@@ -202,7 +205,7 @@ def train_specs(
                 # what the line sets before its command, but the GPUs: the worker pins them
                 env={k: v for k, v in m.line.env if k != "CUDA_VISIBLE_DEVICES"},
                 requirements=needs,
-                inputs=[package],
+                inputs=inputs,
                 outputs=[f"{m.run_path}*"],
                 adapter=Adapter.SLEAP_TRAIN.value,
                 tags=["sleap", m.model_type],
@@ -212,6 +215,111 @@ def train_specs(
             )
         )
     return specs
+
+
+def read_labels_job(
+    labels: Path,
+    configs: Sequence[Path],
+    model_types: Sequence[str],
+    into: Path,
+    now: datetime | None = None,
+) -> SleapPackage:
+    """A training job for a plain labels file, as a package: one model for each config
+    and each model type (sleap-nn's defaults, :func:`sleap.default_config`), its config
+    written into the folder ``into`` training on ``labels`` alone. The run name is the
+    config's, else the time and the model type (as sleap-nn names runs). Raises
+    :class:`PackageError` naming the file and what is wrong; nothing is written then."""
+    if not labels.is_file():
+        raise PackageError(f"{labels}: no such file")
+    if not configs and not model_types:
+        raise PackageError(
+            f"{labels}: a labels file trains with --config CONFIG.yaml or --model-type TYPE "
+            "(or export a training package from SLEAP)"
+        )
+    parsed = [(c.stem, _read_config(c), str(c)) for c in configs]
+    parsed += [(t, sleap.default_config(t), f"--model-type {t}") for t in model_types]
+    stamp = (now or datetime.now()).strftime("%y%m%d_%H%M%S")
+    written: list[tuple[str, dict[str, Any]]] = []
+    models: list[SleapModel] = []
+    for stem, raw, where in parsed:
+        cfg = sleap.on_labels(raw, labels.name, where)
+        facts = sleap.config_facts(cfg, where)
+        model_type = sleap.model_type_of(stem, facts)
+        name = _unused({n for n, _ in written}, stem, ".yaml")
+        ckpt_dir = sleap.inside_package(
+            facts.ckpt_dir or DEFAULT_CKPT_DIR, f"{where}: {sleap.CKPT_DIR} {facts.ckpt_dir!r}"
+        )
+        run_name = _unused({m.run_name for m in models}, facts.run_name or f"{stamp}.{model_type}")
+        _check_run_name(run_name, where)
+        line = sleap.TrainLine(0, ("--config-name", name, "--config-dir", "."), name)
+        added = tuple(
+            f"++{key}={sleap.hydra_quoted(value)}"
+            for key, value in ((sleap.CKPT_DIR, ckpt_dir), (sleap.RUN_NAME, run_name))
+        )
+        models.append(SleapModel(line, model_type, ckpt_dir, run_name, facts.max_epochs, added))
+        written.append((name, cfg))
+    yaml = _yaml()
+    for name, cfg in written:  # all checked: now written
+        (into / name).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return SleapPackage(into, "", tuple(models), (labels.name,))
+
+
+def _read_config(path: Path) -> Any:
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise PackageError(f"--config {path}: no such file") from None
+    except OSError as exc:
+        raise PackageError(f"--config {path}: cannot be read ({exc.strerror})") from None
+    return _load_yaml(text, str(path))
+
+
+def _unused(taken: set[str], stem: str, suffix: str = "") -> str:
+    name, n = f"{stem}{suffix}", 0
+    while name in taken:
+        n += 1
+        name = f"{stem}-{n}{suffix}"
+    return name
+
+
+def choose_trained(ref: str, named: Sequence[JobOut], pool: str | None) -> JobOut | None:
+    """Of the jobs named ``ref`` (any order), the one ``--model job:NAME`` means: the
+    newest that succeeded; else the one not yet ended (a track job waits for it). None
+    when there is none. Raises :class:`GpufleetError` listing the candidates, with their
+    ids and dates, when that is not one job: several pools hold the name (and ``pool``
+    does not choose), several are still to end, or all of them failed."""
+    found = [j for j in named if j.name == ref and (pool is None or j.pool == pool)]
+    if not found:
+        return None
+    pools = sorted({j.pool for j in found})
+    if len(pools) > 1:
+        raise GpufleetError(
+            f"--model job:{ref}: jobs of that name in pools {', '.join(pools)}; give --pool "
+            f"or a job id:\n{_candidates(found)}"
+        )
+    newest = sorted(found, key=lambda j: j.created_at, reverse=True)
+    done = [j for j in newest if j.status == "succeeded"]
+    if done:
+        return done[0]
+    pending = [j for j in newest if j.status not in ("failed", "cancelled")]
+    if len(pending) == 1:
+        return pending[0]
+    if pending:
+        raise GpufleetError(
+            f"--model job:{ref}: none has succeeded and {len(pending)} have not ended; give "
+            f"a job id:\n{_candidates(pending)}"
+        )
+    raise GpufleetError(
+        f"--model job:{ref}: every job of that name failed or was cancelled; requeue one "
+        f"(gpufleet requeue ID) or give a trained model folder:\n{_candidates(newest)}"
+    )
+
+
+def _candidates(jobs: Sequence[JobOut]) -> str:
+    rows = sorted(jobs, key=lambda j: j.created_at, reverse=True)
+    return "\n".join(
+        f"  {j.id}  {j.status:<9}  {j.created_at:%Y-%m-%d %H:%M:%S}  pool {j.pool}" for j in rows
+    )
 
 
 def run_path_of(spec: JobSpecModel) -> str | None:
@@ -236,19 +344,22 @@ def track_spec(
     data_name: str,
     models: list[tuple[InputModel, str]],
     requirements: RequirementsModel,
+    out: str | None = None,
+    extra: Sequence[str] = (),
     **common: Any,
 ) -> JobSpecModel:
     """A job that runs ``sleap-nn track`` on ``data_name`` with the models (each an input
-    and its path in the job directory) and keeps the predictions file."""
+    and its path in the job directory) and ``extra`` options, and keeps the predictions
+    file (``out``, by default named as SLEAP names them)."""
     needs = with_tool(requirements)
-    out = predictions_name(data_name)
+    out = out or predictions_name(data_name)
     command = [sleap.TOOL, "track", "--data_path", data_name]
     for _, path in models:
         command += ["--model_paths", path]
     inputs = [data, *(i for i, _ in models)]
     return JobSpecModel(
         name=f"track {data_name}",
-        command=[*command, "-o", out, "--gui"],
+        command=[*command, *extra, "-o", out, "--gui"],
         requirements=needs,
         inputs=list({(i.kind, i.ref, i.dest): i for i in inputs}.values()),
         outputs=[out],

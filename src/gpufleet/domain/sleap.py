@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import posixpath
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -213,6 +214,92 @@ def inside_package(path: str, what: str) -> str:
     return normal
 
 
+#: The commands a track line of an inference package may start with; all run as
+#: ``sleap-nn track``.
+TRACK_COMMANDS = (("sleap-nn", "track"), ("sleap", "track"), ("sleap-track",))
+#: The scripts an inference package may hold its track lines in: sleap-rtc's, then SLEAP's.
+TRACK_SCRIPTS = ("track-script.sh", "inference-script.sh")
+_TRACK_OPTIONS = {
+    "--data_path": "data",
+    "-i": "data",
+    "--model_paths": "model",
+    "-m": "model",
+    "-o": "output",
+    "--output_path": "output",
+}
+
+
+@dataclass(frozen=True)
+class TrackLine:
+    """One ``sleap-nn track`` line of an inference package's script."""
+
+    number: int
+    data: str | None  # as the line names it (SLEAP writes the exporting machine's path)
+    models: tuple[str, ...]
+    output: str | None
+    args: tuple[str, ...]  # the rest (--batch_size 4, --tracking, ...): passed on
+
+
+def parse_track_script(text: str, where: str) -> list[TrackLine]:
+    """The track lines of an inference package's script, in order (other lines are passed
+    over; none at all is an empty list). Raises :class:`PackageError` for a line that
+    cannot be split or chains commands."""
+    found = []
+    for number, line in _logical_lines(text):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise PackageError(f"{where}, line {number}: cannot be read ({exc})") from None
+        _, words = _env_prefix(words)
+        rest = next((words[len(c) :] for c in TRACK_COMMANDS if tuple(words[: len(c)]) == c), None)
+        if rest is None:
+            continue
+        said = f"{where}, line {number}"
+        if shell := sorted(SHELL_OPERATORS.intersection(rest)):
+            raise PackageError(f"{said}: {' '.join(shell)} makes it more than one command")
+        found.append(_track_line(number, rest, said))
+    return found
+
+
+def _track_line(number: int, args: Sequence[str], said: str) -> TrackLine:
+    named: dict[str, list[str]] = {"data": [], "model": [], "output": []}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        flag, eq, inline = args[i].partition("=")
+        if flag in _TRACK_OPTIONS:
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+            if value is None:
+                raise PackageError(f"{said}: {flag} has no value")
+            named[_TRACK_OPTIONS[flag]].append(value)
+            i += 1 if eq else 2
+            continue
+        if i == 0 and not args[i].startswith("-"):  # `sleap track DATA -m ...` (SLEAP 1.4)
+            named["data"].append(args[i])
+        elif args[i] != "--gui":  # gpufleet adds its own
+            rest.append(args[i])
+        i += 1
+    if len(named["data"]) > 1:
+        raise PackageError(f"{said}: names {len(named['data'])} data files; give one a line")
+    data = named["data"][0] if named["data"] else None
+    output = named["output"][-1] if named["output"] else None
+    return TrackLine(number, data, tuple(named["model"]), output, tuple(rest))
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]*(?:Error|Exception|Interrupt)\b|Error\b|CUDA error)")
+
+
+def error_line(lines: Sequence[str]) -> str | None:
+    """What a failed sleap-nn run said went wrong, from the last lines of its stderr: the
+    last exception line (``RuntimeError: CUDA out of memory...``) or logged ERROR, else its
+    last line. None when it printed nothing."""
+    said = [line.strip() for line in lines if line.strip()]
+    for line in reversed(said):
+        if _ERROR_LINE.match(line) or "| ERROR" in line:
+            return line
+    return said[-1] if said else None
+
+
 @dataclass(frozen=True)
 class ConfigFacts:
     """What gpufleet reads of one sleap-nn config."""
@@ -366,3 +453,57 @@ def track_record(line: str) -> dict[str, Any] | None:
         if progress.is_number(n) and math.isfinite(float(n)) and float(n) >= 0:
             record[name] = float(n)
     return checked(record)
+
+
+# ---- a plain labels file -----------------------------------------------------------------
+
+#: The heads ``--model-type`` trains without a config of the user's: sleap-nn's own
+#: defaults fill what these leave out (part names, edges and anchor from the skeleton).
+DEFAULT_HEADS: dict[str, dict[str, Any]] = {
+    "single_instance": {"confmaps": {"part_names": None, "sigma": 5.0, "output_stride": 2}},
+    "centroid": {"confmaps": {"anchor_part": None, "sigma": 5.0, "output_stride": 2}},
+    "centered_instance": {
+        "confmaps": {"part_names": None, "anchor_part": None, "sigma": 5.0, "output_stride": 2}
+    },
+    "bottomup": {
+        "confmaps": {"part_names": None, "sigma": 5.0, "output_stride": 4, "loss_weight": 1.0},
+        "pafs": {"edges": None, "sigma": 15.0, "output_stride": 8, "loss_weight": 1.0},
+    },
+}
+
+
+def default_config(model_type: str) -> dict[str, Any]:
+    """A sleap-nn config that trains ``model_type`` (one of :data:`DEFAULT_HEADS`) with a
+    UNet and sleap-nn's defaults for the rest; the labels are set by :func:`on_labels`."""
+    if model_type not in DEFAULT_HEADS:
+        known = ", ".join(DEFAULT_HEADS)
+        raise PackageError(
+            f"--model-type {model_type}: gpufleet has no default config for it ({known}); "
+            "give one with --config"
+        )
+    return {
+        "data_config": {"validation_fraction": 0.1},
+        "model_config": {
+            "backbone_config": {"unet": {"filters": 32, "filters_rate": 1.5, "max_stride": 16}},
+            "head_configs": {model_type: DEFAULT_HEADS[model_type]},
+        },
+        "trainer_config": {"max_epochs": 200, "save_ckpt": True},
+    }
+
+
+def on_labels(cfg: Mapping[str, Any], labels: str, where: str) -> dict[str, Any]:
+    """``cfg`` (a parsed sleap-nn config) training on ``labels`` alone: its
+    ``data_config.train_labels_path`` replaced. A config naming validation labels is
+    refused (only ``labels`` is sent; ``validation_fraction`` splits it)."""
+    facts = config_facts(cfg, where)
+    if facts.model_type is None:
+        raise PackageError(f"{where}: trains no one model type (one of model_config.head_configs)")
+    if facts.val_labels:
+        raise PackageError(
+            f"{where}: names validation labels ({', '.join(facts.val_labels)}); gpufleet sends "
+            "one labels file: remove data_config.val_labels_path (validation_fraction splits it)"
+        )
+    data = dict(_section(cfg, "data_config"))
+    data["train_labels_path"] = [labels]
+    data["val_labels_path"] = None
+    return {**cfg, "data_config": data}
