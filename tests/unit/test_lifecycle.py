@@ -229,9 +229,9 @@ def test_a_claim_moves_to_the_next_lease_and_opens_its_attempt() -> None:
     ("job", "exit_code", "event", "not_before"),
     [
         (Job(status=R, lease=1), 0, Event.SUCCEED, None),
-        (Job(status=R, lease=1), 2, Event.RETRY, 110.0),
-        (Job(status=R, lease=2, attempts=1), 2, Event.RETRY, 120.0),
-        (Job(status=R, lease=3, attempts=2), 2, Event.FAIL, None),
+        (Job(status=R, lease=1), 1, Event.RETRY, 110.0),
+        (Job(status=R, lease=2, attempts=1), 1, Event.RETRY, 120.0),
+        (Job(status=R, lease=3, attempts=2), 1, Event.FAIL, None),
         (Job(status=R, lease=1, stop_requested_at=5.0), 0, Event.SUCCEED, None),
         (Job(status=R, lease=1, stop_requested_at=5.0), 1, Event.FAIL, None),
     ],
