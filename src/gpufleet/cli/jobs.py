@@ -100,8 +100,9 @@ def apply(
         bool,
         typer.Option(
             "--hyper-check/--no-hyper-check",
-            help="Run each job's Python script with --help here (in the manifest's folder, "
-            "no network, 20 s at most) and refuse a hyper.* key it does not take.",
+            help="Refuse a job's hyper.* key that its Python script does not take, read "
+            "from the script's --help run here (in the manifest's folder, no network, 20 s "
+            "at most); --no-hyper-check skips it.",
         ),
     ] = True,
     as_json: JsonOpt = False,
