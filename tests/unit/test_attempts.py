@@ -40,6 +40,8 @@ def test_the_last_attempt_a_timeout_and_a_lost_lease_say_what_follows() -> None:
     lost = {"status": "pending", "event": "lose", "attempts": 1, "max_attempts": 3, "why": "x"}
     assert attempt_lines(lost) == ["attempt 1/3 lost: x; back in the queue now"]
     assert attempt_lines({"status": "running", "event": "start", "attempt": 1}) == []
+    stopped = {"status": "failed", "event": "fail", "attempt": 2, "why": "asked to stop"}
+    assert attempt_lines(stopped) == ["attempt 2 failed: asked to stop; not retried"]
 
 
 def test_what_a_job_wrote_is_shown_as_escapes() -> None:

@@ -55,7 +55,8 @@ def _next(data: Mapping[str, Any]) -> str:
         return f"retry at {clock}{wait}"
     if data.get("not_retried"):
         return "the job has failed"
-    if data.get("status") == "failed" and data.get("attempts") == data.get("max_attempts"):
+    used = data.get("attempts")
+    if data.get("status") == "failed" and used is not None and used == data.get("max_attempts"):
         return "no attempts left"
     return "not retried"
 
