@@ -213,8 +213,9 @@ def logs(
         typer.Option(
             "--follow",
             "-f",
-            help="Keep printing until the job ends, then say how it ended (exit code 1 "
-            "unless it succeeded).",
+            help="Keep printing until the job ends, with each failed attempt as it ends "
+            "(why, its stderr's last lines, when it is retried), then say how the job "
+            "ended (exit code 1 unless it succeeded).",
         ),
     ] = False,
     raw: Annotated[
