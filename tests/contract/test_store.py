@@ -651,6 +651,19 @@ def test_failures_retry_with_backoff_then_fail(
     assert {a.outcome for a in history} == {"failed"}
 
 
+def test_an_exit_code_the_job_names_as_not_retried_fails_it_at_once(
+    store: SqlStore, queue: Services
+) -> None:
+    w = register(queue, "w1")
+    submitted = queue.submission.submit(spec(max_attempts=3, no_retry_on=(4,)))
+    first = claim(queue, w)
+    row = queue.leases.finish(first.job_id, first.attempt, 4, None, ["bad input"])
+    assert (row.status, row.attempts) == (JobStatus.FAILED, 1)
+    assert row.error == "exit code 4, never retried (the job's no_retry_on names it)"
+    said = [r for r in store.logs(submitted.id, 0, 100) if r.stream == "state"][-1]
+    assert json.loads(said.line)["stderr_tail"] == ["bad input"]
+
+
 def test_success_after_a_retry_counts_both_attempts(
     store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:

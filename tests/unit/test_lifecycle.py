@@ -229,9 +229,9 @@ def test_a_claim_moves_to_the_next_lease_and_opens_its_attempt() -> None:
     ("job", "exit_code", "event", "not_before"),
     [
         (Job(status=R, lease=1), 0, Event.SUCCEED, None),
-        (Job(status=R, lease=1), 2, Event.RETRY, 110.0),
-        (Job(status=R, lease=2, attempts=1), 2, Event.RETRY, 120.0),
-        (Job(status=R, lease=3, attempts=2), 2, Event.FAIL, None),
+        (Job(status=R, lease=1), 1, Event.RETRY, 110.0),
+        (Job(status=R, lease=2, attempts=1), 1, Event.RETRY, 120.0),
+        (Job(status=R, lease=3, attempts=2), 1, Event.FAIL, None),
         (Job(status=R, lease=1, stop_requested_at=5.0), 0, Event.SUCCEED, None),
         (Job(status=R, lease=1, stop_requested_at=5.0), 1, Event.FAIL, None),
     ],
@@ -318,3 +318,75 @@ def test_a_chain_of_any_length_is_walked_without_recursion() -> None:
     root = Job(id="root", name="root", status=X, error="cancelled")
     changes = lifecycle.dependents_failed(root, below, now=1.0)
     assert len(changes) == 5000 and changes[-1].job_id == "j4999"
+
+
+# ---- which failures are retried, and what a failed attempt's record says -----------------
+
+
+@pytest.mark.parametrize(
+    ("code", "retry_on", "no_retry_on", "retried"),
+    [
+        (1, (), (), True),
+        (-9, (), (), True),  # killed by a signal (the OOM killer): worth another try
+        (None, (), (), True),  # did not start, or timed out
+        (2, (), (), False),  # a usage error: the same command fails the same way
+        (126, (), (), False),
+        (127, (), (), False),
+        (2, (2,), (), True),
+        (4, (), (4, 5), False),
+        (4, (4,), (4,), False),  # no_retry_on wins
+    ],
+)
+def test_which_exit_codes_are_retried(
+    code: int | None, retry_on: tuple[int, ...], no_retry_on: tuple[int, ...], retried: bool
+) -> None:
+    assert (lifecycle.not_retried(code, retry_on, no_retry_on) is None) is retried
+
+
+def test_an_exit_code_not_retried_fails_the_job_at_once_saying_why() -> None:
+    job = Job(status=R, lease=1)
+    change = lifecycle.finish(job, 4, None, ["boom"], 100.0, 10.0, no_retry_on=(4,))
+    assert change.event is Event.FAIL and change.fields["attempts"] == 1
+    assert change.fields["error"] == "exit code 4, never retried (the job's no_retry_on names it)"
+    record = lifecycle.state_event(change)
+    assert record["not_retried"] == "never retried (the job's no_retry_on names it)"
+    assert (record["exit_code"], record["attempts"], record["max_attempts"]) == (4, 1, 3)
+    last = lifecycle.finish(Job(status=R, attempts=2), 4, None, [], 100.0, 10.0, no_retry_on=(4,))
+    assert last.fields["error"] == "exit code 4" and "not_retried" not in last.said
+
+
+def test_a_retried_attempts_record_says_its_exit_code_stderr_and_retry_time() -> None:
+    lines = [f"line {i}" for i in range(8)] + ["x" * 1000]
+    change = lifecycle.finish(Job(status=R, lease=1), 4, None, lines, 100.0, 10.0)
+    record = lifecycle.state_event(change)
+    assert (record["event"], record["exit_code"], record["retry_at"]) == ("retry", 4, 110.0)
+    tail = record["stderr_tail"]
+    assert isinstance(tail, list) and len(tail) == lifecycle.SAID_LINES
+    assert tail[:-1] == ["line 4", "line 5", "line 6", "line 7"]
+    assert len(tail[-1]) == lifecycle.SAID_CHARS and tail[-1].endswith("\u2026")
+    assert "exit_code" not in lifecycle.state_event(
+        lifecycle.finish(Job(status=R, lease=1), 0, None, [], 100.0, 10.0)
+    )
+
+
+def test_a_lost_lease_says_attempts_used_and_no_exit_code() -> None:
+    record = lifecycle.state_event(lifecycle.lose(Job(status=R, lease=1), 100.0, "box"))
+    assert (record["event"], record["attempts"], record["max_attempts"]) == ("lose", 1, 3)
+    assert "exit_code" not in record and "retry_at" not in record
+
+
+@pytest.mark.parametrize(
+    ("retry_on", "no_retry_on", "said"),
+    [
+        ((0,), (), "retry_on: 0 is not a failing exit code"),
+        ((), (-65,), "no_retry_on: -65 is not"),
+        ((3, 4), (4,), "exit code 4 is in both"),
+        (tuple(range(1, 70)), (), "at most 64"),
+    ],
+)
+def test_wrong_exit_code_lists_are_refused(
+    retry_on: tuple[int, ...], no_retry_on: tuple[int, ...], said: str
+) -> None:
+    problem = lifecycle.exit_codes_problem(retry_on, no_retry_on)
+    assert problem is not None and said in problem
+    assert lifecycle.exit_codes_problem((75, -9), (4, 255)) is None

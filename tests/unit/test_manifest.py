@@ -530,3 +530,36 @@ def test_cpu_only_with_a_gpu_requirement_names_the_job_and_the_field() -> None:
     assert err.detail == {"file": "lab.toml", "job": "j", "field": "cpu_only"}
     assert "gpu_name asks for a GPU" in str(err)
     assert parse(one_job('cpu_only = true\nworker = "gpu-box"')).jobs[0].requirements.cpu_only
+
+
+# ---- exit codes a job is (not) retried after ---------------------------------------------
+
+
+def test_exit_codes_not_retried_are_set_in_defaults_and_per_job() -> None:
+    plan = parse(
+        f'{HEAD}[defaults]\ncommand = "run"\nno_retry_on = [4, 5]\n'
+        '[[jobs]]\nname = "a"\n[[jobs]]\nname = "b"\nno_retry_on = [3]\nretry_on = [2]\n'
+    )
+    a, b = plan.jobs
+    assert (a.no_retry_on, a.retry_on) == ((4, 5), ())
+    assert (b.no_retry_on, b.retry_on) == ((3,), (2,))
+    wired = JobSpecModel.from_domain(b)
+    assert (wired.no_retry_on, wired.retry_on) == ([3], [2])
+    assert wired.to_domain() == b
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "said"),
+    [
+        ("no_retry_on = 4", "no_retry_on", "expected an array of exit codes"),
+        ('retry_on = ["4"]', "retry_on[0]", "expected an integer exit code"),
+        ("no_retry_on = [0]", "no_retry_on", "0 is not a failing exit code"),
+        ("retry_on = [256]", "retry_on", "256 is not a failing exit code"),
+        ("retry_on = [4]\nno_retry_on = [4]", "no_retry_on", "in both retry_on and no_retry_on"),
+    ],
+)
+def test_wrong_exit_codes_are_refused_naming_the_field(line: str, field: str, said: str) -> None:
+    exc = error(one_job(line))
+
+    assert f'field "{field}": ' in exc.message and said in exc.message
+    assert exc.detail["job"] == "j"

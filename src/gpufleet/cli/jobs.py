@@ -26,6 +26,7 @@ from gpufleet.cli._common import (
     styled,
     when,
 )
+from gpufleet.cli.attempts import attempt_lines
 from gpufleet.cli.choose import session_client
 from gpufleet.cli.show import error_line, show_detail
 from gpufleet.client import Client
@@ -58,9 +59,11 @@ def default_name(command: list[str]) -> str:
     return short.replace("/", "_")[:80]
 
 
-def load_plan(file: Path, c: Client, quiet: bool) -> ManifestApply:
-    """Parse a manifest and upload the packages its jobs name (each once)."""
+def load_plan(file: Path, c: Client, quiet: bool, hyper_check: bool = True) -> ManifestApply:
+    """Parse a manifest, check its jobs' hyper.* keys against their scripts' options
+    (unless not ``hyper_check``), and upload the packages its jobs name (each once)."""
     from gpufleet.cli.data import package_inputs  # only `apply` reads manifests
+    from gpufleet.cli.hypercheck import check_hyper
     from gpufleet.domain.manifest import parse_manifest
 
     try:
@@ -69,6 +72,8 @@ def load_plan(file: Path, c: Client, quiet: bool) -> ManifestApply:
         raise ManifestError(f"{file}: cannot read the manifest: {exc.strerror or exc}") from exc
     base = file.resolve().parent
     plan = parse_manifest(text, str(file), base_dir=str(base))
+    if hyper_check:  # before anything is uploaded: a refused manifest writes nothing
+        check_hyper(plan, base, lambda line: err.print(f"[yellow]note:[/yellow] {shown(line)}"))
     uploaded: dict[tuple[str, str], InputModel] = {}
     jobs = []
     for spec in plan.jobs:
@@ -91,11 +96,21 @@ def apply(
     file: Annotated[Path, typer.Argument(help="The manifest (TOML).")],
     server: ServerOpt = None,
     ca: CaOpt = None,
+    hyper_check: Annotated[
+        bool,
+        typer.Option(
+            "--hyper-check/--no-hyper-check",
+            help="Refuse a job's hyper.* key that its Python script does not take, read "
+            "from the script's --help run here (in the manifest's folder, no network, 20 s "
+            "at most); --no-hyper-check skips it.",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Apply a manifest: new jobs are queued, existing ones keep their status."""
+    """Apply a manifest: new jobs are queued, existing ones keep their status. A job's
+    hyper.* keys are checked against its script's --help first, when it can be run."""
     with client(server, ca) as c:
-        plan = load_plan(file, c, as_json)
+        plan = load_plan(file, c, as_json, hyper_check)
         result = c.apply(plan)
     if as_json:
         print_json(result)
@@ -198,8 +213,9 @@ def logs(
         typer.Option(
             "--follow",
             "-f",
-            help="Keep printing until the job ends, then say how it ended (exit code 1 "
-            "unless it succeeded).",
+            help="Keep printing until the job ends, with each failed attempt as it ends "
+            "(why, its stderr's last lines, when it is retried), then say how the job "
+            "ended (exit code 1 unless it succeeded).",
         ),
     ] = False,
     raw: Annotated[
@@ -251,7 +267,17 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True, raw: boo
             _print_lines([LogEntry.model_validate(event.data)], as_json, raw)
         elif event.type in ("state", "end"):
             status = str(event.data["status"])
+            _say_attempt(event.data)
     return status
+
+
+def _say_attempt(data: dict[str, object]) -> None:
+    """A failed attempt, as it ends: on stderr, whatever the output's form."""
+    lines = attempt_lines(data)
+    if lines:
+        sys.stdout.flush()
+        sys.stderr.write("".join(line + "\n" for line in lines))
+        sys.stderr.flush()
 
 
 def _print_lines(lines: Sequence[LogEntry], as_json: bool, raw: bool = False) -> None:

@@ -68,6 +68,24 @@ Env = Annotated[list[str] | None, _Opt(help="Environment variable K=V for the jo
 Priority = Annotated[int, _Opt(help="Higher runs first.")]
 MaxAttempts = Annotated[int, _Opt(min=1, help="Attempts before the job fails.")]
 Timeout = Annotated[float | None, _Opt(min=0.001, help="Seconds before the job is killed.")]
+NoRetryOn = Annotated[
+    list[str] | None,
+    _Opt(
+        "--no-retry-on",
+        metavar="CODES",
+        help="Exit codes after which the job fails at once, attempts left or not "
+        "(comma-separated or repeated, e.g. 4,5).",
+    ),
+]
+RetryOn = Annotated[
+    list[str] | None,
+    _Opt(
+        "--retry-on",
+        metavar="CODES",
+        help="Exit codes retried although the default does not retry them: 2 (a usage "
+        "error), 126, 127 (comma-separated or repeated).",
+    ),
+]
 Worker = Annotated[
     str | None,
     _Opt(help="Run on this worker (id or name); refused if it is busy, unless --queue."),
@@ -163,6 +181,8 @@ class Placement:
     host: Host = None
     priority: Priority = 0
     max_attempts: MaxAttempts = 3
+    no_retry_on: NoRetryOn = None
+    retry_on: RetryOn = None
     timeout: Timeout = None
     worker: Worker = None
     auto_select: AutoSelect = False
@@ -258,6 +278,8 @@ class Placement:
         return {
             "priority": self.priority,
             "max_attempts": self.max_attempts,
+            "no_retry_on": exit_codes(self.no_retry_on, "--no-retry-on"),
+            "retry_on": exit_codes(self.retry_on, "--retry-on"),
             "timeout": self.timeout,
             "pool": self.pool,
         }
@@ -311,6 +333,16 @@ class SubmitRequest(Placement):
             **self.queued(),
             outputs=self.output or ["outputs"],
         )
+
+
+def exit_codes(given: list[str] | None, flag: str) -> list[int]:
+    """``4,5`` (or the flag repeated) as exit codes; the server checks their range."""
+    words = [w.strip() for w in ",".join(given or []).split(",") if w.strip()]
+    try:
+        return [int(w) for w in words]
+    except ValueError:
+        bad = next(w for w in words if not w.lstrip("-").isdigit())
+        raise ConfigError(f"{flag}: {visible(bad)!r} is not an exit code") from None
 
 
 def finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet: bool) -> None:

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufleet.cli._common import CaOpt, SessionOpt, duration, out, setting_option, shown, styled
+from gpufleet.cli.attempts import attempt_lines
 from gpufleet.cli.choose import session_client
 from gpufleet.cli.show import placement
 from gpufleet.domain import progress
@@ -34,6 +35,7 @@ from gpufleet.wire import JobDetail
 SPARKS = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 40
 REDRAW = 0.25  # seconds between redraws at most
+ATTEMPT = "attempt"  # the tail's stream name for a failed attempt's lines
 
 
 def register(app: typer.Typer) -> None:
@@ -85,6 +87,8 @@ class Seen:
         """Take one event; whether it changed the job's status."""
         if kind == "log":
             self.tail.append((str(data.get("stream", "")), str(data.get("line", ""))))
+        elif kind == "state":  # a failed attempt says why among the lines, as it ends
+            self.tail.extend((ATTEMPT, line) for line in attempt_lines(data))
         elif kind == "progress":
             record = data.get("record") or {}
             self.record = record
@@ -177,6 +181,8 @@ def output_line(line: str, stream: str) -> Text:
     """An output line as ``logs`` prints it (its colours kept, every other control shown
     as an escape), at its last carriage return: what a terminal shows of a progress bar
     redrawn in place. Stderr dimmed."""
+    if stream == ATTEMPT:  # our own words, the job's already escaped
+        return Text(line, style="yellow")
     return Text.from_ansi(for_terminal(line), style="dim" if stream == "stderr" else "")
 
 

@@ -11,7 +11,7 @@ sets. A store applies a change as one conditional update and decides nothing its
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
@@ -90,6 +90,61 @@ def failure_event(attempts_used: int, max_attempts: int, *, lost: bool = False) 
     return Event.LOSE if lost else Event.RETRY
 
 
+#: Exit codes a failed attempt is not retried after unless its job names them in
+#: ``retry_on``: each says the command itself is wrong, so running it again fails the
+#: same way (docs/jobs.md, "Retries").
+NOT_RETRIED: dict[int, str] = {
+    2: "a usage error: the command line was refused (argparse, click and typer exit 2)",
+    126: "the command could not be executed",
+    127: "the command was not found",
+}
+#: What a failed attempt's ``state`` record keeps of its stderr: the last lines, each cut.
+SAID_LINES = 5
+SAID_CHARS = 300
+
+
+#: The most exit codes one of a job's lists names.
+MOST_EXIT_CODES = 64
+
+
+def exit_codes_problem(retry_on: Sequence[int], no_retry_on: Sequence[int]) -> str | None:
+    """What is wrong with a job's ``retry_on`` and ``no_retry_on``, or None: each names
+    failing exit codes (1 to 255, or -1 to -64: killed by that signal), at most
+    ``MOST_EXIT_CODES``, and no code is in both."""
+    for name, codes in (("retry_on", retry_on), ("no_retry_on", no_retry_on)):
+        if len(codes) > MOST_EXIT_CODES:
+            return f"{name} names {len(codes)} exit codes; at most {MOST_EXIT_CODES}"
+        for code in codes:
+            if isinstance(code, bool) or not isinstance(code, int) or not _failing(code):
+                return (
+                    f"{name}: {code!r} is not a failing exit code "
+                    "(1 to 255, or -1 to -64 for a process killed by that signal)"
+                )
+    both = sorted(set(retry_on) & set(no_retry_on))
+    if both:
+        return f"exit code {', '.join(map(str, both))} is in both retry_on and no_retry_on"
+    return None
+
+
+def _failing(code: int) -> bool:
+    return 1 <= code <= 255 or -64 <= code <= -1
+
+
+def not_retried(
+    exit_code: int | None, retry_on: Collection[int] = (), no_retry_on: Collection[int] = ()
+) -> str | None:
+    """Why an attempt that failed with ``exit_code`` is not tried again, whatever attempts
+    are left (to follow "exit code N, "); None when it may be. A job's ``no_retry_on``
+    wins over its ``retry_on``."""
+    if exit_code is None:  # it did not start, timed out or was lost: worth another try
+        return None
+    if exit_code in no_retry_on:
+        return "never retried (the job's no_retry_on names it)"
+    if exit_code in NOT_RETRIED and exit_code not in retry_on:
+        return f"not retried by default ({NOT_RETRIED[exit_code]}; retry_on retries it)"
+    return None
+
+
 def backoff_seconds(attempts_used: int, base: float, cap: float = 600.0) -> float:
     """Exponential backoff before the next attempt: base, 2*base, 4*base ... up to cap."""
     if attempts_used <= 0 or base <= 0:
@@ -150,6 +205,9 @@ class Change:
     guard: Mapping[str, object] = field(default_factory=dict)
     # Who asked for it (a token's or worker's name), for the job's event log.
     by: str | None = None
+    # What else the job's event log says of it: how a failed attempt ended (its exit code,
+    # stderr's last lines, when it is tried again), for those following the job.
+    said: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def sources(self) -> frozenset[JobStatus]:
@@ -185,9 +243,31 @@ def state_event(change: Change) -> dict[str, object]:
     if by is None and change.opens is not None:
         by = str(change.opens.get("worker_name") or "") or None
     why = change.fields.get("error") or (change.record or {}).get("error")
-    return state_record(
+    out = state_record(
         change.status.value, change.event.value, change.attempt, by, str(why) if why else None
     )
+    return {**out, **change.said}
+
+
+def failed_attempt(
+    job: JobState, event: Event, exit_code: int | None, stderr_tail: Sequence[str], **more: object
+) -> dict[str, object]:
+    """What a failed attempt's ``state`` record says besides its status: the attempts used
+    of how many, its exit code, the last ``SAID_LINES`` lines of its stderr (each cut at
+    ``SAID_CHARS``) and anything in ``more`` (``retry_at``, ``not_retried``) that is set."""
+    lines = [
+        line if len(line) <= SAID_CHARS else line[: SAID_CHARS - 1] + "\u2026"
+        for line in list(stderr_tail)[-SAID_LINES:]
+    ]
+    said: dict[str, object] = {
+        "attempts": job.attempts + (1 if event in COUNTED else 0),
+        "max_attempts": job.max_attempts,
+    }
+    if exit_code is not None:
+        said["exit_code"] = exit_code
+    if lines:
+        said["stderr_tail"] = lines
+    return {**said, **{k: v for k, v in more.items() if v is not None}}
 
 
 #: What a job loses when it goes back to the queue: no worker holds it.
@@ -270,19 +350,30 @@ def finish(
     stderr_tail: Sequence[str],
     now: float,
     backoff_base: float,
+    *,
+    retry_on: Collection[int] = (),
+    no_retry_on: Collection[int] = (),
 ) -> Change:
     """The worker reports how the attempt ended: success, a retry after a backoff while
     attempts are left, or failure. A job asked to stop that did not exit 0 failed and is
-    not tried again; one that exited 0 succeeded early."""
+    not tried again; one that exited 0 succeeded early. An exit code that is not retried
+    (:func:`not_retried`, from the job's ``retry_on`` and ``no_retry_on``) fails it at
+    once, saying why."""
     used = job.attempts + 1
     stopped = job.stop_requested_at is not None
+    refused = None
     if exit_code == 0 and error is None:
         event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
     else:
-        event = Event.FAIL if stopped else failure_event(used, job.max_attempts)
+        refused = None if stopped else not_retried(exit_code, retry_on, no_retry_on)
+        event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)
         outcome, error = "failed", error or f"exit code {exit_code}"
+        if refused and event == Event.FAIL and used < job.max_attempts:
+            error = f"{error}, {refused}"
+        else:
+            refused = None  # no attempts were left anyway
     not_before = now + backoff_seconds(used, backoff_base) if event == Event.RETRY else None
-    return _ended(
+    change = _ended(
         job,
         event,
         now,
@@ -294,6 +385,12 @@ def finish(
         not_before=not_before,
         stopped_early=stopped and event == Event.SUCCEED,
     )
+    if event == Event.SUCCEED:
+        return change
+    said = failed_attempt(
+        job, event, exit_code, stderr_tail, retry_at=not_before, not_retried=refused
+    )
+    return replace(change, said=said)
 
 
 def lose(job: JobState, now: float, who: str | None, restarted: bool = False) -> Change:
@@ -311,6 +408,7 @@ def lose(job: JobState, now: float, who: str | None, restarted: bool = False) ->
     else:
         error = f"lease expired: worker {who} stopped heartbeating"
     change = _ended(job, event, now, attempts=used, outcome="lost", error=error)
+    change = replace(change, said=failed_attempt(job, event, None, ()))
     return change if restarted else replace(change, expired_before=now)
 
 

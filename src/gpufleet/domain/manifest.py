@@ -48,6 +48,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from gpufleet.domain.lifecycle import exit_codes_problem
 from gpufleet.domain.limits import MAX_ARG, MAX_NAME, SCHEMA_VERSION
 from gpufleet.domain.manifest_values import (
     _ALIASES,
@@ -290,6 +291,9 @@ def _parse_job(index: int, raw: Any, ctx: _Context) -> JobSpec:
     problem = requirements.contradiction()
     if problem:
         where.fail("cpu_only", problem)
+    problem = exit_codes_problem(merged.get("retry_on", ()), merged.get("no_retry_on", ()))
+    if problem:
+        where.fail("no_retry_on", problem)
     spec = {k: merged[k] for k in _SPEC_FIELDS if k in merged and k != "command"}
     spec["inputs"] = spec.pop("packages", ()) + spec.pop("inputs", ())
     return JobSpec(

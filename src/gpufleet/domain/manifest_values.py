@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from gpufleet.domain.lifecycle import exit_codes_problem
 from gpufleet.domain.limits import (
     MAX_ATTEMPTS,
     MAX_GIB,
@@ -260,6 +261,20 @@ def _outputs(value: Any, where: _Where, field: str) -> tuple[str, ...]:
     return tuple(_rel_path(v, where, field) for v in _str_list(value, where, field))
 
 
+def _exit_codes(value: Any, where: _Where, field: str) -> tuple[int, ...]:
+    """Exit codes a job is (not) retried after: an array of integers, each failing."""
+    if not isinstance(value, list):
+        _wrong_type(value, where, field, "an array of exit codes")
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int):
+            _wrong_type(item, where, f"{field}[{i}]", "an integer exit code")
+    problem = exit_codes_problem(value, ()) if field == "retry_on" else None
+    problem = problem or exit_codes_problem((), value)
+    if problem:
+        where.fail(field, problem)
+    return tuple(value)
+
+
 def _hyper_style(value: Any, where: _Where, field: str) -> HyperStyle:
     text = _str(value, where, field)
     styles = [s.value for s in HyperStyle]
@@ -299,6 +314,8 @@ _SPEC_FIELDS: dict[str, _Check] = {
     "inputs": _inputs,
     "outputs": _outputs,
     "hyper_style": _hyper_style,
+    "retry_on": _exit_codes,
+    "no_retry_on": _exit_codes,
 }
 _JOB_FIELDS: dict[str, _Check] = {"name": _name, **_SPEC_FIELDS, **_REQUIREMENT_FIELDS}
 _ALIASES = {"gpus": "gpu_count"}

@@ -220,6 +220,10 @@ class JobSpec:
     # (None: a plain process; see gpufleet.worker.adapters).
     adapter: str | None = None
     tags: tuple[str, ...] = ()  # words to find and group jobs by ("sleap", "centroid")
+    # Exit codes after which a failed attempt is never tried again, and ones after which
+    # it is, where the default would not (gpufleet.domain.lifecycle.not_retried).
+    no_retry_on: tuple[int, ...] = ()
+    retry_on: tuple[int, ...] = ()
 
     @property
     def dependencies(self) -> tuple[str, ...]:

@@ -482,7 +482,11 @@ class Leases:
         tail = [printable(line) for line in stderr_tail]
         said = printable(error) if error else None
         now = self.clock()
-        change = lifecycle.finish(job, exit_code, said, tail, now, self.settings.retry_backoff)
+        # Only a failure reads the spec's exit codes: a success need not parse it.
+        codes = {} if exit_code == 0 and said is None else _retry_codes(job)
+        change = lifecycle.finish(
+            job, exit_code, said, tail, now, self.settings.retry_backoff, **codes
+        )
         done = self.store.finish(change)
         if done is None:
             self._held(job_id, attempt)
@@ -600,3 +604,9 @@ class Leases:
         if self.store.refresh_waiting():
             self.on_change()
         return self.fleet.sweep()
+
+
+def _retry_codes(job: JobRow) -> dict[str, tuple[int, ...]]:
+    """The exit codes a job names as retried and not retried."""
+    spec = job.spec
+    return {"retry_on": spec.retry_on, "no_retry_on": spec.no_retry_on}

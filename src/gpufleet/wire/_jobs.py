@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from gpufleet.domain.lifecycle import MOST_EXIT_CODES, exit_codes_problem
 from gpufleet.domain.models import (
     DeclaredCapability,
     HostPolicy,
@@ -149,9 +150,29 @@ class JobSpecModel(Strict):
     tags: list[Annotated[str, Field(pattern=TAG_PATTERN)]] = Field(
         default_factory=list, max_length=20, description="words to find and group jobs by"
     )
+    no_retry_on: list[int] = Field(
+        default_factory=list,
+        max_length=MOST_EXIT_CODES,
+        description="exit codes after which a failed attempt is not tried again",
+    )
+    retry_on: list[int] = Field(
+        default_factory=list,
+        max_length=MOST_EXIT_CODES,
+        description="exit codes after which a failed attempt is tried again (while attempts "
+        "are left) where the default would not: 2, 126 and 127",
+    )
+
+    @model_validator(mode="after")
+    def _exit_codes(self) -> JobSpecModel:
+        if self.retry_on or self.no_retry_on:
+            problem = exit_codes_problem(self.retry_on, self.no_retry_on)
+            if problem:
+                raise ValueError(problem)
+        return self
 
     def to_domain(self) -> JobSpec:
-        data = self.model_dump(exclude={"requirements", "inputs", "outputs", "hyper_style", "tags"})
+        lists = {"requirements", "inputs", "outputs", "hyper_style", "tags"}
+        data = self.model_dump(exclude=lists | {"retry_on", "no_retry_on"})
         return JobSpec(
             **{**data, "command": tuple(self.command), "pool": self.pool or "default"},
             requirements=self.requirements.to_domain(),
@@ -159,6 +180,8 @@ class JobSpecModel(Strict):
             outputs=tuple(self.outputs),
             hyper_style=HyperStyle(self.hyper_style),
             tags=tuple(self.tags),
+            retry_on=tuple(self.retry_on),
+            no_retry_on=tuple(self.no_retry_on),
         )
 
     @classmethod
@@ -178,6 +201,8 @@ class JobSpecModel(Strict):
                 "outputs": list(s.outputs),
                 "hyper_style": s.hyper_style.value,
                 "tags": list(s.tags),
+                "retry_on": list(s.retry_on),
+                "no_retry_on": list(s.no_retry_on),
                 "requirements": RequirementsModel.model_construct(
                     **{
                         **r,
