@@ -1,5 +1,6 @@
 // gpufleet dashboard: one page, routed by the URL's fragment (#/, #/jobs, #/jobs/ID,
-// #/workers). Every value a user or a job wrote reaches the page as text (textContent,
+// #/workers, #/tokens); admin.js holds what changes the fleet (tokens, a worker's drain and
+// removal, a job's clone). Every value a user or a job wrote reaches the page as text (textContent,
 // text nodes), never as HTML. Live updates come over Server-Sent Events; nothing polls.
 "use strict";
 
@@ -24,6 +25,12 @@ function h(tag, props, ...kids) {
     el.append(kid instanceof Node ? kid : String(kid));
   }
   return el;
+}
+
+// el's children become kids; a null or false kid is left out (replaceChildren would write
+// it as the text "null": the jobs page's pager once read "nullnullnull").
+function fill(el, ...kids) {
+  el.replaceChildren(...kids.flat(Infinity).filter((k) => k !== null && k !== undefined && k !== false));
 }
 
 const $ = (sel) => document.querySelector(sel);
@@ -181,6 +188,7 @@ function signedOut(message) {
 
 function signedIn() {
   $("#nav").hidden = false;
+  $("#nav-tokens").hidden = !isAdmin(); // the server refuses the others anyway (403)
   $("#signout").hidden = false;
   const pools = S.me.pools.length ? S.me.pools.join(", ") : "every pool";
   $("#who").textContent = S.me.name + " · " + S.me.role + " · " + pools;
@@ -188,7 +196,9 @@ function signedIn() {
   route();
 }
 
+function isAdmin() { return Boolean(S.me && S.me.role === "admin"); }
 function canOperate() { return S.me && (S.me.role === "admin" || S.me.role === "operator"); }
+function canSubmit() { return Boolean(S.me && ["admin", "operator", "submitter"].includes(S.me.role)); }
 function canSteer(job) { return canOperate() || (S.me && S.me.role === "submitter" && job.submitted_by === S.me.id); }
 
 // ---- the fleet's event stream (job status changes, worker changes) ----------------------------
@@ -244,7 +254,7 @@ async function route() {
   const main = $("#main");
   main.replaceChildren();
   const { parts, params } = parseHash();
-  const page = parts[0] === "jobs" ? "jobs" : parts[0] === "workers" ? "workers" : "fleet";
+  const page = ["jobs", "workers", "tokens"].includes(parts[0]) ? parts[0] : "fleet";
   for (const a of document.querySelectorAll("#nav a")) {
     if (a.dataset.page === page) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
@@ -253,6 +263,7 @@ async function route() {
     if (page === "jobs" && parts[1]) await jobPage(main, parts[1]);
     else if (page === "jobs") await jobsPage(main, params);
     else if (page === "workers") await workersPage(main);
+    else if (page === "tokens") await tokensPage(main);
     else await fleetPage(main);
   } catch (e) {
     if (e.status !== 401) main.replaceChildren(h("h1", {}, "Could not load this page"), h("p", { class: "error" }, e.message));
@@ -261,17 +272,57 @@ async function route() {
 
 // ---- fleet overview ---------------------------------------------------------------------------
 
-function gpuCard(worker, gpu) {
+// A GPU's own idle use: a driver with no process on the GPU still counts some memory as
+// used (a few hundred MiB), and utilisation flickers a few percent. Above these, someone
+// is using it.
+const IDLE_GPU_MIB = 1024;
+const IDLE_GPU_UTIL = 10;
+
+// The gpufleet jobs (claimed or running) that hold this GPU of this worker.
+function jobsOnGpu(worker, gpu, running) {
+  return running.filter((j) => j.worker_id === worker.id && (j.gpus || []).includes(gpu.index));
+}
+
+// What of a GPU's memory and utilisation gpufleet's own jobs do not explain: {mib, util}
+// (util null when jobs share the GPU: NVML does not split utilisation by process), or
+// null when nothing else is seen or it cannot be told (a job that has not reported its
+// GPU memory yet, a simulated GPU).
+function otherUse(gpu, held) {
+  if (gpu.simulated) return null;
+  const used = Math.max(0, gpu.total_mib - gpu.free_mib);
+  const util = gpu.util_percent === null || gpu.util_percent === undefined ? null : gpu.util_percent;
+  if (!held.length) {
+    const busy = used > IDLE_GPU_MIB || (util !== null && util >= IDLE_GPU_UTIL);
+    return busy ? { mib: used, util } : null;
+  }
+  if (held.some((j) => j.gpu_mib === null || j.gpu_mib === undefined)) return null;
+  // a job's GPU memory is over all its GPUs: each of them gets its share
+  const own = held.reduce((sum, j) => sum + j.gpu_mib / Math.max(1, j.gpus.length), 0);
+  const other = Math.round(used - own);
+  return other > IDLE_GPU_MIB ? { mib: other, util: null } : null;
+}
+
+function otherText(other) {
+  return "used by other processes: " + mib(other.mib) + (other.util === null ? "" : ", " + other.util + " %");
+}
+
+function gpuCard(worker, gpu, running) {
   const used = Math.max(0, gpu.total_mib - gpu.free_mib);
   const util = gpu.util_percent;
-  return h("div", { class: "gpu" },
+  const held = jobsOnGpu(worker, gpu, running || []);
+  const other = otherUse(gpu, held);
+  return h("div", { class: "gpu", "data-gpu": worker.name + "/" + gpu.index },
     h("strong", {}, "GPU " + gpu.index + " · " + gpu.name + (gpu.simulated ? " (simulated)" : "")),
     h("span", { class: "muted" }, worker.name),
     bar("memory of GPU " + gpu.index + " on " + worker.name, used, gpu.total_mib,
       "memory " + mib(used) + " / " + mib(gpu.total_mib)),
     util === null || util === undefined
       ? h("span", { class: "muted" }, "utilisation not reported")
-      : bar("utilisation of GPU " + gpu.index + " on " + worker.name, util, 100, "utilisation " + util + " %"));
+      : bar("utilisation of GPU " + gpu.index + " on " + worker.name, util, 100, "utilisation " + util + " %"),
+    h("span", { class: "gpu-jobs" }, "gpufleet: ", held.length
+      ? held.map((j, i) => [i ? ", " : "", h("a", { href: jobHref(j.id) }, j.name)])
+      : "no job"),
+    other ? h("span", { class: "other" }, otherText(other)) : null);
 }
 
 function jobsTable(jobs, caption) {
@@ -308,9 +359,10 @@ async function fleetPage(main) {
     h("h2", {}, "GPUs"), gpus,
     h("h2", {}, "Queue: running and waiting jobs"), queue);
   const refresh = async () => {
-    const [status, workers, jobs] = await Promise.all([
+    const [status, workers, jobs, running] = await Promise.all([
       api("/v1/status"), api("/v1/workers"),
       api("/v1/jobs?status=claimed,running,pending&order=newest&limit=25"),
+      api("/v1/jobs?status=claimed,running&limit=1000"),
     ]);
     const card = (n, k) => h("div", { class: "card" }, h("div", { class: "n" }, String(n)), h("div", { class: "k" }, k));
     counts.replaceChildren(
@@ -322,12 +374,12 @@ async function fleetPage(main) {
       h("thead", {}, h("tr", {}, ["Worker", "Status", "Pool", "GPUs", "Running", "Heartbeat"].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, workers.map((w) => h("tr", {},
         h("td", { class: "name" }, h("a", { href: "#/workers" }, w.name)),
-        h("td", {}, badge(w.status), w.drain ? " draining" : ""),
+        h("td", {}, badge(w.status)),
         h("td", {}, w.pool),
         h("td", {}, w.gpus.length ? w.gpus.map((g) => g.name).join(", ") : "none"),
         h("td", {}, String(w.running.length)),
         h("td", {}, ago(w.last_heartbeat)))))) : h("p", { class: "muted" }, "No workers have joined yet."));
-    const cards = workers.filter((w) => w.status !== "offline").flatMap((w) => w.gpus.map((g) => gpuCard(w, g)));
+    const cards = workers.filter((w) => w.status !== "offline").flatMap((w) => w.gpus.map((g) => gpuCard(w, g, running)));
     gpus.replaceChildren(...(cards.length ? cards : [h("p", { class: "muted" }, "No GPUs online.")]));
     queue.replaceChildren(jobsTable(jobs, "Newest first; at most 25"));
   };
@@ -336,6 +388,32 @@ async function fleetPage(main) {
 }
 
 // ---- jobs -------------------------------------------------------------------------------------
+
+// Where each page of the jobs list came from, by the cursor of the page after it: "Newer"
+// goes back there (the API pages back only; this page's memory is enough for the way back).
+const NEWER = new Map();
+
+function jobsLink(filters, cursor, at, text, id) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(filters)) if (v) q.set(k, v);
+  if (cursor) { q.set("before", cursor); q.set("at", String(at)); }
+  return h("a", { href: "#/jobs" + (q.toString() ? "?" + q : ""), id, class: "button" }, text);
+}
+
+// The pager: its links and which jobs of how many the page shows; nothing on a lone page.
+function pagerParts(filters, before, at, jobs, more, total) {
+  const older = more ? jobs[jobs.length - 1].id : null;
+  if (older) NEWER.set(older, { before, at });
+  const back = before ? NEWER.get(before) : null;
+  const parts = [
+    before && (!back || back.before) ? jobsLink(filters, "", 1, "« Newest", "newest") : null,
+    back ? jobsLink(filters, back.before, back.at, "‹ Newer", "newer") : null,
+    older ? jobsLink(filters, older, at + jobs.length, "Older ›", "older") : null,
+  ].filter(Boolean);
+  if (!parts.length) return [];
+  const range = jobs.length ? "jobs " + at + " to " + (at + jobs.length - 1) + " of " + total : "no jobs here";
+  return [...parts, h("span", { class: "muted", id: "page-range" }, range)];
+}
 
 async function jobsPage(main, params) {
   const status = params.get("status") || "";
@@ -368,27 +446,21 @@ async function jobsPage(main, params) {
   const pager = h("div", { class: "pager" });
   main.append(h("h1", {}, "Jobs"), form, table, pager);
 
+  const at = Math.max(1, Math.floor(Number(params.get("at"))) || 1); // this page's first job's place
   const load = async () => {
-    const q = new URLSearchParams({ order: "newest", limit: String(PAGE) });
+    // one more than a page: whether an older page exists, without an empty last page
+    const q = new URLSearchParams({ order: "newest", limit: String(PAGE + 1) });
     if (status) q.set("status", status);
     if (pool) q.set("pool", pool);
     if (name) q.set("name", name);
     if (before) q.set("before", before);
-    const { data: jobs, headers } = await api("/v1/jobs?" + q, { withHeaders: true });
+    const { data: got, headers } = await api("/v1/jobs?" + q, { withHeaders: true });
+    const more = got.length > PAGE;
+    const jobs = got.slice(0, PAGE);
     const total = Number(headers.get("X-Total-Count") || jobs.length);
     table.replaceChildren(jobsTable(jobs, total + " matching jobs, newest first"));
     table.setAttribute("data-count", String(jobs.length));
-    const older = new URLSearchParams();
-    if (status) older.set("status", status);
-    if (pool) older.set("pool", pool);
-    if (name) older.set("name", name);
-    const first = "#/jobs" + (older.toString() ? "?" + older : "");
-    if (jobs.length) older.set("before", jobs[jobs.length - 1].id);
-    pager.replaceChildren(
-      before ? h("a", { href: first }, "« Newest") : null,
-      before ? h("button", { type: "button", onclick: () => history.back() }, "‹ Newer") : null,
-      jobs.length === PAGE ? h("a", { href: "#/jobs?" + older, id: "older" }, "Older ›") : null,
-      h("span", { class: "muted" }, jobs.length ? "showing " + jobs.length + " of " + total : ""));
+    fill(pager, pagerParts({ status, pool, name }, before, at, jobs, more, total));
   };
   await load();
   // a job's status changed: the first page shows it (a page further back stays put)
@@ -608,6 +680,7 @@ async function jobPage(main, ref) {
   const id = job.id;
   const head = h("div", { class: "job-head" });
   const actions = h("div", { class: "actions", "aria-label": "Steer this job" });
+  const cloneBox = h("div", { id: "clone" }); // kept while render() redraws the rest
   const facts = h("dl", { class: "facts" });
   const progress = h("div", { id: "progress" });
   const curves = new Curves();
@@ -617,7 +690,7 @@ async function jobPage(main, ref) {
   const artifact = h("div", { id: "artifact" });
   const logs = new LogView(id);
   onCleanup(() => curves.destroy());
-  main.append(head, actions, progress,
+  main.append(head, actions, cloneBox, progress,
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Loss and metrics"), curves.box),
       h("section", {}, h("h2", {}, "Details"), facts, h("h2", {}, "Timeline"), timeline)),
@@ -643,6 +716,7 @@ async function jobPage(main, ref) {
       if (["pending", "claimed", "running"].includes(job.status)) actions.append(actionButton("Cancel", "danger", post("cancel"), "Really cancel? Click again"));
       if (["failed", "cancelled"].includes(job.status)) actions.append(actionButton("Requeue", "", post("requeue")));
     }
+    if (canSubmit()) actions.append(h("button", { type: "button", onclick: () => cloneForm(cloneBox, job) }, "Clone…"));
     const row = (k, v) => (v === null || v === undefined || v === "" ? [] : [h("dt", {}, k), h("dd", {}, v)]);
     facts.replaceChildren(
       ...row("id", h("code", {}, job.id)),
@@ -683,7 +757,7 @@ async function jobPage(main, ref) {
   const renderWhy = async () => {
     if (job.status !== "pending") { why.replaceChildren(); return; }
     const w = await api(`/v1/jobs/${enc(id)}/why`);
-    why.replaceChildren(h("h2", {}, "Why is it waiting?"), h("p", {}, w.summary),
+    fill(why, h("h2", {}, "Why is it waiting?"), h("p", {}, w.summary),
       w.position ? h("p", {}, "Position in its queue: " + w.position) : null,
       w.workers.length ? h("table", {},
         h("thead", {}, h("tr", {}, ["Worker", "Status", "What keeps it from this job"].map((c) => h("th", { scope: "col" }, c)))),
@@ -740,30 +814,39 @@ async function jobPage(main, ref) {
 
 async function workersPage(main) {
   const box = h("div", { class: "workers" });
-  main.append(h("h1", {}, "Workers"), box);
+  fill(main, h("h1", {}, "Workers"),
+    isAdmin() ? h("p", {}, h("a", { href: "#/tokens", class: "button" }, "Add a worker…")) : null, box);
   const refresh = async () => {
     const [workers, running] = await Promise.all([api("/v1/workers"), api("/v1/jobs?status=claimed,running&limit=1000")]);
-    const names = new Map(running.map((j) => [j.id, j]));
-    box.replaceChildren(...(workers.length ? workers.map((w) => {
-      const drain = canOperate() && !w.drain && w.status !== "offline"
-        ? actionButton("Drain", "", async () => { await api(`/v1/workers/${enc(w.id)}/drain`, { method: "POST" }); flash(w.name + " is draining: it finishes what it runs and takes nothing new"); await refresh(); }, "Really drain? Click again")
-        : null;
-      return h("article", { class: "worker", "aria-label": "Worker " + w.name },
-        h("h2", {}, w.name, badge(w.status), w.drain ? h("span", { class: "status cancelled" }, "draining") : null),
-        h("dl", { class: "facts" },
-          h("dt", {}, "pool"), h("dd", {}, w.pool),
-          h("dt", {}, "heartbeat"), h("dd", {}, ago(w.last_heartbeat)),
-          h("dt", {}, "slots"), h("dd", {}, Object.entries(w.slots).map(([k, v]) => k + " " + v).join(", ") || "–"),
-          h("dt", {}, "labels"), h("dd", {}, Object.entries(w.labels).map(([k, v]) => k + "=" + v).join(", ") || "–"),
-          h("dt", {}, "tools"), h("dd", {}, Object.entries(w.capability.tools || {}).map(([k, v]) => k + " " + v).join(", ") || "–")),
-        w.gpus.length ? h("div", { class: "gpus" }, w.gpus.map((g) => gpuCard(w, g))) : h("p", { class: "muted" }, "No GPU (CPU jobs only)."),
-        h("h3", {}, "Running"),
-        w.running.length ? h("ul", {}, w.running.map((jid) => h("li", {}, h("a", { href: jobHref(jid) }, names.has(jid) ? names.get(jid).name : jid), " ", names.has(jid) ? progressText(names.get(jid).progress) : ""))) : h("p", { class: "muted" }, "Nothing."),
-        drain ? h("div", { class: "actions" }, drain) : null);
-    }) : [h("p", { class: "muted" }, "No workers have joined yet.")]));
+    box.replaceChildren(...(workers.length
+      ? workers.map((w) => workerCard(w, running, refresh))
+      : [h("p", { class: "muted" }, "No workers have joined yet.")]));
   };
   await refresh();
   onFleet(throttle(refresh, 1000));
+}
+
+function workerCard(w, running, refresh) {
+  const names = new Map(running.map((j) => [j.id, j]));
+  const others = w.gpus.map((g) => [g, otherUse(g, jobsOnGpu(w, g, running))]).filter(([, o]) => o);
+  const actions = workerActions(w, refresh);
+  return h("article", { class: "worker", "aria-label": "Worker " + w.name, "data-worker": w.name },
+    h("h2", {}, w.name, badge(w.status)),
+    h("dl", { class: "facts" },
+      h("dt", {}, "pool"), h("dd", {}, w.pool),
+      h("dt", {}, "heartbeat"), h("dd", {}, ago(w.last_heartbeat)),
+      h("dt", {}, "slots"), h("dd", {}, Object.entries(w.slots).map(([k, v]) => k + " " + v).join(", ") || "–"),
+      h("dt", {}, "labels"), h("dd", {}, Object.entries(w.labels).map(([k, v]) => k + "=" + v).join(", ") || "–"),
+      h("dt", {}, "tools"), h("dd", {}, Object.entries(w.capability.tools || {}).map(([k, v]) => k + " " + v).join(", ") || "–")),
+    w.gpus.length ? h("div", { class: "gpus" }, w.gpus.map((g) => gpuCard(w, g, running))) : h("p", { class: "muted" }, "No GPU (CPU jobs only)."),
+    h("h3", {}, "Running"),
+    w.running.length
+      ? h("ul", {}, w.running.map((jid) => h("li", {}, h("a", { href: jobHref(jid) }, names.has(jid) ? names.get(jid).name : jid), " ", names.has(jid) ? progressText(names.get(jid).progress) : "")))
+      : h("p", { class: "muted running-none" }, "No gpufleet job."),
+    others.length
+      ? h("p", { class: "other" }, others.map(([g, o], i) => [i ? "; " : "", "GPU " + g.index + " is " + otherText(o)]))
+      : null,
+    actions);
 }
 
 // ---- start ----------------------------------------------------------------------------------------
