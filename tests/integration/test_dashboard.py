@@ -52,7 +52,8 @@ def test_the_page_and_its_files_are_served_with_a_policy_that_runs_no_inline_scr
     scripts = re.findall(r"<script([^>]*)>(.*?)</script>", r.text, re.S)
     assert scripts and all("src=" in attrs and not body.strip() for attrs, body in scripts)
     assert re.search(r"\son[a-z]+=", r.text) is None  # no inline event handlers
-    for path in ("/ui/app.js", "/ui/admin.js", "/ui/style.css", "/ui/vendor/uPlot.iife.min.js"):
+    files = ("/ui/app.js", "/ui/job.js", "/ui/admin.js", "/ui/vendor/uPlot.iife.min.js")
+    for path in (*files, "/ui/style.css"):
         got = client.get(path)
         assert got.status_code == 200, path
         assert "content-security-policy" in got.headers

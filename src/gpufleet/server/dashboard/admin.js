@@ -190,6 +190,8 @@ function workerActions(w, refresh) {
 // A number field's value: the number, null when empty, or an error naming the field.
 function numberField(input, label, { integer = false, empty = null } = {}) {
   const text = input.value.trim();
+  // a number field holding what is not a number reads as empty: say so, not the default
+  if (input.validity && input.validity.badInput) throw new Error(label + ": not a number");
   if (!text) return empty;
   const n = Number(text);
   if (!Number.isFinite(n) || (integer && !Number.isInteger(n))) {
