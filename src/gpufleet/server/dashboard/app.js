@@ -443,7 +443,7 @@ async function jobsPage(main, params) {
   h("label", { for: "f-name" }, "Name holds", nameInput),
   h("button", { type: "submit", class: "primary" }, "Filter"));
   const table = h("div");
-  const pager = h("div", { class: "pager" });
+  const pager = h("nav", { class: "pager", "aria-label": "Pages of jobs" });
   main.append(h("h1", {}, "Jobs"), form, table, pager);
 
   const at = Math.max(1, Math.floor(Number(params.get("at"))) || 1); // this page's first job's place
