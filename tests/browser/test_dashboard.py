@@ -61,6 +61,7 @@ def test_a_job_goes_from_pending_to_succeeded_live_with_its_curve_and_logs(
     page.wait_for_selector(".job-head[data-status=pending]")
     page.wait_for_selector("#why table, #why p")  # why it waits: no worker yet
     assert "Why is it waiting" in page.inner_text("#why")
+    assert "null" not in page.inner_text("#why")  # no worker to list: nothing, not "null"
     page.evaluate("window.__sameDocument = true")  # gone if the page reloads
 
     fleet.start_worker("w1")
@@ -100,10 +101,17 @@ def test_a_job_goes_from_pending_to_succeeded_live_with_its_curve_and_logs(
     fleet.start_gpu_worker("gpu-box", [], env_extra={"FAKE_NVML_GPUS": json.dumps(gpus)})
     page.wait_for_selector(".gpu [aria-valuetext='utilisation 87 %']", timeout=20_000)
     assert "NVIDIA RTX 4090" in page.inner_text("main")
+    # GPU 0's 18 GiB and 87 % are no job of gpufleet's: the page says so; GPU 1 is idle
+    busy, idle = ".gpu[data-gpu='gpu-box/0']", ".gpu[data-gpu='gpu-box/1']"
+    assert page.inner_text(f"{busy} .other") == "used by other processes: 18.0 GiB, 87 %"
+    assert page.locator(f"{idle} .other").count() == 0
     watched.shot("fleet")
     page.goto(f"{fleet.url}/#/workers")
     page.wait_for_selector("article.worker")
     assert "w1" in page.inner_text("main") and "gpu-box" in page.inner_text("main")
+    card = page.inner_text("article[data-worker='gpu-box']")
+    assert "No gpufleet job." in card
+    assert "GPU 0 is used by other processes: 18.0 GiB, 87 %" in card
     watched.shot("workers")
     assert watched.errors == [] and watched.dialogs == []
 
@@ -193,10 +201,53 @@ def test_a_submitter_sees_only_its_pools(fleet: Fleet, watched: Watched) -> None
     text = page.inner_text("main")
     assert "w-vision" in text and "w-nlp" not in text
     assert page.get_by_role("button", name="Drain").count() == 0  # operators drain
+    assert page.get_by_role("button", name="Remove").count() == 0
+    assert not page.is_visible("#nav-tokens")  # and admins make tokens
+    # what the page does not offer, the server refuses (the session's CSRF token and all)
+    with fleet.client() as c:
+        worker_id = next(w.id for w in c.workers() if w.name == "w-vision")
+    refused = page.evaluate(
+        """async (id) => {
+            const me = await (await fetch("/v1/session")).json();
+            const headers = { "X-CSRF-Token": me.csrf, "Content-Type": "application/json" };
+            const drain = await fetch(`/v1/workers/${id}/drain`, { method: "POST", headers });
+            const body = JSON.stringify({ name: "mine", role: "worker", pools: ["vision"] });
+            const token = await fetch("/v1/tokens", { method: "POST", headers, body });
+            return [drain.status, token.status];
+        }""",
+        worker_id,
+    )
+    assert refused == [403, 403]
+    assert fleet.job(mine)["status"] == "succeeded"
+
+    # a clone of its job, with a new command and priority: the same pool, a new job
+    page.goto(f"{fleet.url}/#/jobs/{mine}")
+    page.get_by_role("button", name="Clone…").click()
+    page.wait_for_selector("#clone-form")
+    assert page.input_value("#clone-name") == "vision-job"
+    assert page.input_value("#clone-priority") == "0"
+    page.fill("#clone-priority", "7")
+    page.fill("#clone-argv li:nth-child(1) textarea", "echo")
+    page.get_by_role("button", name="Add an argument").click()
+    page.fill("#clone-argv li:nth-child(2) textarea", "cloned <b>")
+    page.fill("#clone-ram", "0.5")
+    watched.shot("clone")
+    page.get_by_role("button", name="Submit the clone").click()
+    page.wait_for_function(
+        f"() => location.hash.startsWith('#/jobs/') && !location.hash.endsWith('{mine}')"
+    )
+    clone = page.evaluate("decodeURIComponent(location.hash.slice('#/jobs/'.length))")
+    page.wait_for_selector(".job-head h1")
+    detail = fleet.job(clone)
+    assert detail["priority"] == 7 and detail["pool"] == "vision"
+    assert detail["spec"]["command"] == ["echo", "cloned <b>"]
+    assert detail["spec"]["requirements"]["min_ram_gib"] == 0.5
+    assert detail["name"] == "vision-job"
     page.goto(f"{fleet.url}/#/jobs/{theirs}")
     page.wait_for_selector("main h1")
     assert "no job" in page.inner_text("main")  # as if it did not exist
     watched.shot("submitter")
+    assert watched.errors == []
 
 
 LOUD = textwrap.dedent(

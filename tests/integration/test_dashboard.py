@@ -52,7 +52,8 @@ def test_the_page_and_its_files_are_served_with_a_policy_that_runs_no_inline_scr
     scripts = re.findall(r"<script([^>]*)>(.*?)</script>", r.text, re.S)
     assert scripts and all("src=" in attrs and not body.strip() for attrs, body in scripts)
     assert re.search(r"\son[a-z]+=", r.text) is None  # no inline event handlers
-    for path in ("/ui/app.js", "/ui/style.css", "/ui/vendor/uPlot.iife.min.js"):
+    files = ("/ui/app.js", "/ui/job.js", "/ui/admin.js", "/ui/vendor/uPlot.iife.min.js")
+    for path in (*files, "/ui/style.css"):
         got = client.get(path)
         assert got.status_code == 200, path
         assert "content-security-policy" in got.headers
@@ -111,6 +112,34 @@ def test_a_change_through_the_cookie_needs_the_sessions_csrf_token(
     assert client.get(f"/v1/jobs/{job}").json()["status"] == "pending"  # nothing changed
     r = client.post(f"/v1/jobs/{job}/cancel", headers={"X-CSRF-Token": csrf})
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
+
+
+def test_the_admin_pages_calls_take_the_sessions_role_and_csrf_token(
+    client: TestClient, store: SqlStore, worker: dict[str, str]
+) -> None:
+    """What the dashboard's admin pages call: tokens (admin), drain and remove (operator).
+    The page hides the buttons a role cannot use; the server refuses them anyway."""
+    auth = Auth(store)
+    box = register(client, worker, "box")["id"]
+    new = {"name": "box-2", "role": "worker", "pools": ["default"]}
+    drain, tokens = f"/v1/workers/{box}/drain", "/v1/tokens"
+    for role in (Role.SUBMITTER, Role.OPERATOR):
+        csrf = {"X-CSRF-Token": _sign_in(client, auth.create(role.value, role)[1])}
+        assert_error(client.post(tokens, json=new, headers=csrf), 403, "forbidden")
+        assert_error(client.get(tokens), 403, "forbidden")
+        assert_error(client.post(f"{tokens}/t-nope/rotate", headers=csrf), 403, "forbidden")
+        if role == Role.SUBMITTER:
+            assert_error(client.post(drain, headers=csrf), 403, "forbidden")
+            assert_error(client.delete(f"/v1/workers/{box}", headers=csrf), 403, "forbidden")
+        else:
+            assert_error(client.post(drain), 403, "forbidden", "X-CSRF-Token")
+            assert client.get(f"/v1/workers/{box}").json()["status"] != "draining"  # unchanged
+            assert client.post(drain, headers=csrf).json()["status"] == "draining"
+        client.cookies.clear()
+    csrf = {"X-CSRF-Token": _sign_in(client, auth.create("root", Role.ADMIN)[1])}
+    assert_error(client.post(tokens, json=new), 403, "forbidden", "X-CSRF-Token")
+    made = client.post(tokens, json=new, headers=csrf)
+    assert made.status_code == 201 and made.json()["token"].startswith("gf_")
 
 
 def test_sign_in_refuses_bad_worker_and_empty_tokens(client: TestClient, worker_token: str) -> None:

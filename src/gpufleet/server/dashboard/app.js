@@ -1,5 +1,6 @@
 // gpufleet dashboard: one page, routed by the URL's fragment (#/, #/jobs, #/jobs/ID,
-// #/workers). Every value a user or a job wrote reaches the page as text (textContent,
+// #/workers, #/tokens); job.js holds a job's page, admin.js what changes the fleet (tokens,
+// a worker's drain and removal, a job's clone). Every value a user or a job wrote reaches the page as text (textContent,
 // text nodes), never as HTML. Live updates come over Server-Sent Events; nothing polls.
 "use strict";
 
@@ -24,6 +25,12 @@ function h(tag, props, ...kids) {
     el.append(kid instanceof Node ? kid : String(kid));
   }
   return el;
+}
+
+// el's children become kids; a null or false kid is left out (replaceChildren would write
+// it as the text "null": the jobs page's pager once read "nullnullnull").
+function fill(el, ...kids) {
+  el.replaceChildren(...kids.flat(Infinity).filter((k) => k !== null && k !== undefined && k !== false));
 }
 
 const $ = (sel) => document.querySelector(sel);
@@ -181,6 +188,7 @@ function signedOut(message) {
 
 function signedIn() {
   $("#nav").hidden = false;
+  $("#nav-tokens").hidden = !isAdmin(); // the server refuses the others anyway (403)
   $("#signout").hidden = false;
   const pools = S.me.pools.length ? S.me.pools.join(", ") : "every pool";
   $("#who").textContent = S.me.name + " · " + S.me.role + " · " + pools;
@@ -188,7 +196,9 @@ function signedIn() {
   route();
 }
 
+function isAdmin() { return Boolean(S.me && S.me.role === "admin"); }
 function canOperate() { return S.me && (S.me.role === "admin" || S.me.role === "operator"); }
+function canSubmit() { return Boolean(S.me && ["admin", "operator", "submitter"].includes(S.me.role)); }
 function canSteer(job) { return canOperate() || (S.me && S.me.role === "submitter" && job.submitted_by === S.me.id); }
 
 // ---- the fleet's event stream (job status changes, worker changes) ----------------------------
@@ -244,7 +254,7 @@ async function route() {
   const main = $("#main");
   main.replaceChildren();
   const { parts, params } = parseHash();
-  const page = parts[0] === "jobs" ? "jobs" : parts[0] === "workers" ? "workers" : "fleet";
+  const page = ["jobs", "workers", "tokens"].includes(parts[0]) ? parts[0] : "fleet";
   for (const a of document.querySelectorAll("#nav a")) {
     if (a.dataset.page === page) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
@@ -253,6 +263,7 @@ async function route() {
     if (page === "jobs" && parts[1]) await jobPage(main, parts[1]);
     else if (page === "jobs") await jobsPage(main, params);
     else if (page === "workers") await workersPage(main);
+    else if (page === "tokens") await tokensPage(main);
     else await fleetPage(main);
   } catch (e) {
     if (e.status !== 401) main.replaceChildren(h("h1", {}, "Could not load this page"), h("p", { class: "error" }, e.message));
@@ -261,17 +272,57 @@ async function route() {
 
 // ---- fleet overview ---------------------------------------------------------------------------
 
-function gpuCard(worker, gpu) {
+// A GPU's own idle use: a driver with no process on the GPU still counts some memory as
+// used (a few hundred MiB), and utilisation flickers a few percent. Above these, someone
+// is using it.
+const IDLE_GPU_MIB = 1024;
+const IDLE_GPU_UTIL = 10;
+
+// The gpufleet jobs (claimed or running) that hold this GPU of this worker.
+function jobsOnGpu(worker, gpu, running) {
+  return running.filter((j) => j.worker_id === worker.id && (j.gpus || []).includes(gpu.index));
+}
+
+// What of a GPU's memory and utilisation gpufleet's own jobs do not explain: {mib, util}
+// (util null when jobs share the GPU: NVML does not split utilisation by process), or
+// null when nothing else is seen or it cannot be told (a job that has not reported its
+// GPU memory yet, a simulated GPU).
+function otherUse(gpu, held) {
+  if (gpu.simulated) return null;
+  const used = Math.max(0, gpu.total_mib - gpu.free_mib);
+  const util = gpu.util_percent === null || gpu.util_percent === undefined ? null : gpu.util_percent;
+  if (!held.length) {
+    const busy = used > IDLE_GPU_MIB || (util !== null && util >= IDLE_GPU_UTIL);
+    return busy ? { mib: used, util } : null;
+  }
+  if (held.some((j) => j.gpu_mib === null || j.gpu_mib === undefined)) return null;
+  // a job's GPU memory is over all its GPUs: each of them gets its share
+  const own = held.reduce((sum, j) => sum + j.gpu_mib / Math.max(1, j.gpus.length), 0);
+  const other = Math.round(used - own);
+  return other > IDLE_GPU_MIB ? { mib: other, util: null } : null;
+}
+
+function otherText(other) {
+  return "used by other processes: " + mib(other.mib) + (other.util === null ? "" : ", " + other.util + " %");
+}
+
+function gpuCard(worker, gpu, running) {
   const used = Math.max(0, gpu.total_mib - gpu.free_mib);
   const util = gpu.util_percent;
-  return h("div", { class: "gpu" },
+  const held = jobsOnGpu(worker, gpu, running || []);
+  const other = otherUse(gpu, held);
+  return h("div", { class: "gpu", "data-gpu": worker.name + "/" + gpu.index },
     h("strong", {}, "GPU " + gpu.index + " · " + gpu.name + (gpu.simulated ? " (simulated)" : "")),
     h("span", { class: "muted" }, worker.name),
     bar("memory of GPU " + gpu.index + " on " + worker.name, used, gpu.total_mib,
       "memory " + mib(used) + " / " + mib(gpu.total_mib)),
     util === null || util === undefined
       ? h("span", { class: "muted" }, "utilisation not reported")
-      : bar("utilisation of GPU " + gpu.index + " on " + worker.name, util, 100, "utilisation " + util + " %"));
+      : bar("utilisation of GPU " + gpu.index + " on " + worker.name, util, 100, "utilisation " + util + " %"),
+    h("span", { class: "gpu-jobs" }, "gpufleet: ", held.length
+      ? held.map((j, i) => [i ? ", " : "", h("a", { href: jobHref(j.id) }, j.name)])
+      : "no job"),
+    other ? h("span", { class: "other" }, otherText(other)) : null);
 }
 
 function jobsTable(jobs, caption) {
@@ -308,9 +359,10 @@ async function fleetPage(main) {
     h("h2", {}, "GPUs"), gpus,
     h("h2", {}, "Queue: running and waiting jobs"), queue);
   const refresh = async () => {
-    const [status, workers, jobs] = await Promise.all([
+    const [status, workers, jobs, running] = await Promise.all([
       api("/v1/status"), api("/v1/workers"),
       api("/v1/jobs?status=claimed,running,pending&order=newest&limit=25"),
+      api("/v1/jobs?status=claimed,running&limit=1000"),
     ]);
     const card = (n, k) => h("div", { class: "card" }, h("div", { class: "n" }, String(n)), h("div", { class: "k" }, k));
     counts.replaceChildren(
@@ -322,12 +374,12 @@ async function fleetPage(main) {
       h("thead", {}, h("tr", {}, ["Worker", "Status", "Pool", "GPUs", "Running", "Heartbeat"].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, workers.map((w) => h("tr", {},
         h("td", { class: "name" }, h("a", { href: "#/workers" }, w.name)),
-        h("td", {}, badge(w.status), w.drain ? " draining" : ""),
+        h("td", {}, badge(w.status)),
         h("td", {}, w.pool),
         h("td", {}, w.gpus.length ? w.gpus.map((g) => g.name).join(", ") : "none"),
         h("td", {}, String(w.running.length)),
         h("td", {}, ago(w.last_heartbeat)))))) : h("p", { class: "muted" }, "No workers have joined yet."));
-    const cards = workers.filter((w) => w.status !== "offline").flatMap((w) => w.gpus.map((g) => gpuCard(w, g)));
+    const cards = workers.filter((w) => w.status !== "offline").flatMap((w) => w.gpus.map((g) => gpuCard(w, g, running)));
     gpus.replaceChildren(...(cards.length ? cards : [h("p", { class: "muted" }, "No GPUs online.")]));
     queue.replaceChildren(jobsTable(jobs, "Newest first; at most 25"));
   };
@@ -336,6 +388,32 @@ async function fleetPage(main) {
 }
 
 // ---- jobs -------------------------------------------------------------------------------------
+
+// Where each page of the jobs list came from, by the cursor of the page after it: "Newer"
+// goes back there (the API pages back only; this page's memory is enough for the way back).
+const NEWER = new Map();
+
+function jobsLink(filters, cursor, at, text, id) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(filters)) if (v) q.set(k, v);
+  if (cursor) { q.set("before", cursor); q.set("at", String(at)); }
+  return h("a", { href: "#/jobs" + (q.toString() ? "?" + q : ""), id, class: "button" }, text);
+}
+
+// The pager: its links and which jobs of how many the page shows; nothing on a lone page.
+function pagerParts(filters, before, at, jobs, more, total) {
+  const older = more ? jobs[jobs.length - 1].id : null;
+  if (older) NEWER.set(older, { before, at });
+  const back = before ? NEWER.get(before) : null;
+  const parts = [
+    before && (!back || back.before) ? jobsLink(filters, "", 1, "« Newest", "newest") : null,
+    back ? jobsLink(filters, back.before, back.at, "‹ Newer", "newer") : null,
+    older ? jobsLink(filters, older, at + jobs.length, "Older ›", "older") : null,
+  ].filter(Boolean);
+  if (!parts.length) return [];
+  const range = jobs.length ? "jobs " + at + " to " + (at + jobs.length - 1) + " of " + total : "no jobs here";
+  return [...parts, h("span", { class: "muted", id: "page-range" }, range)];
+}
 
 async function jobsPage(main, params) {
   const status = params.get("status") || "";
@@ -365,30 +443,24 @@ async function jobsPage(main, params) {
   h("label", { for: "f-name" }, "Name holds", nameInput),
   h("button", { type: "submit", class: "primary" }, "Filter"));
   const table = h("div");
-  const pager = h("div", { class: "pager" });
+  const pager = h("nav", { class: "pager", "aria-label": "Pages of jobs" });
   main.append(h("h1", {}, "Jobs"), form, table, pager);
 
+  const at = Math.max(1, Math.floor(Number(params.get("at"))) || 1); // this page's first job's place
   const load = async () => {
-    const q = new URLSearchParams({ order: "newest", limit: String(PAGE) });
+    // one more than a page: whether an older page exists, without an empty last page
+    const q = new URLSearchParams({ order: "newest", limit: String(PAGE + 1) });
     if (status) q.set("status", status);
     if (pool) q.set("pool", pool);
     if (name) q.set("name", name);
     if (before) q.set("before", before);
-    const { data: jobs, headers } = await api("/v1/jobs?" + q, { withHeaders: true });
+    const { data: got, headers } = await api("/v1/jobs?" + q, { withHeaders: true });
+    const more = got.length > PAGE;
+    const jobs = got.slice(0, PAGE);
     const total = Number(headers.get("X-Total-Count") || jobs.length);
     table.replaceChildren(jobsTable(jobs, total + " matching jobs, newest first"));
     table.setAttribute("data-count", String(jobs.length));
-    const older = new URLSearchParams();
-    if (status) older.set("status", status);
-    if (pool) older.set("pool", pool);
-    if (name) older.set("name", name);
-    const first = "#/jobs" + (older.toString() ? "?" + older : "");
-    if (jobs.length) older.set("before", jobs[jobs.length - 1].id);
-    pager.replaceChildren(
-      before ? h("a", { href: first }, "« Newest") : null,
-      before ? h("button", { type: "button", onclick: () => history.back() }, "‹ Newer") : null,
-      jobs.length === PAGE ? h("a", { href: "#/jobs?" + older, id: "older" }, "Older ›") : null,
-      h("span", { class: "muted" }, jobs.length ? "showing " + jobs.length + " of " + total : ""));
+    fill(pager, pagerParts({ status, pool, name }, before, at, jobs, more, total));
   };
   await load();
   // a job's status changed: the first page shows it (a page further back stays put)
@@ -396,374 +468,43 @@ async function jobsPage(main, params) {
   onFleet((kind) => { if (kind === "job" && !before) reload(); });
 }
 
-// ---- one job ----------------------------------------------------------------------------------
-
-function cleanLine(text) {
-  // a carriage-return progress bar: keep its last state
-  if (text.includes("\r")) {
-    const parts = text.split("\r").filter((p) => p.length);
-    text = parts.length ? parts[parts.length - 1] : "";
-  }
-  return text;
-}
-
-function logLine(ev) {
-  const text = cleanLine(ev.line || "");
-  const line = h("div", { class: "line " + (ev.stream || "stdout"), "data-seq": ev.seq });
-  if (text.length > MAX_LINE_CHARS) {
-    line.append(text.slice(0, MAX_LINE_CHARS), h("span", { class: "cut" }, " … [" + (text.length - MAX_LINE_CHARS) + " more characters cut]"));
-  } else {
-    line.append(text);
-  }
-  return line;
-}
-
-class LogView {
-  constructor(jobId) {
-    this.jobId = jobId;
-    this.box = h("div", { class: "log", role: "log", tabindex: "0", "aria-label": "Job output", id: "log" });
-    this.note = h("span", { class: "muted" });
-    this.latest = h("button", { type: "button", hidden: true, onclick: () => this.reload() }, "Jump to latest");
-    this.older = true; // lines before the first shown may exist
-    this.detached = false; // scrolled back past what fits: live lines are not added
-    this.loading = false;
-    this.pending = [];
-    this.box.addEventListener("scroll", () => {
-      if (this.box.scrollTop < 40 && this.older && !this.loading) this.loadOlder();
-    });
-    this.el = h("section", { "aria-labelledby": "logs-title" },
-      h("div", { class: "logbar" }, h("h2", { id: "logs-title" }, "Logs"), this.note, this.latest), this.box);
-  }
-
-  count() { return this.box.childElementCount; }
-  atBottom() { return this.box.scrollHeight - this.box.scrollTop - this.box.clientHeight < 30; }
-
-  async tail() {
-    const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=9007199254740991&limit=1000`);
-    this.box.replaceChildren(...page.events.map((e) => logLine(e.data)));
-    this.older = page.more;
-    this.box.scrollTop = this.box.scrollHeight;
-    this.update();
-    return new Set(page.events.map((e) => String(e.seq)));
-  }
-
-  async reload() {
-    this.detached = false;
-    this.latest.hidden = true;
-    await this.tail();
-  }
-
-  add(ev) {
-    if (this.detached) return;
-    this.pending.push(ev);
-    if (this.pending.length === 1) requestAnimationFrame(() => this.flush());
-  }
-
-  flush() {
-    const stick = this.atBottom();
-    const batch = this.pending.splice(0);
-    const frag = document.createDocumentFragment();
-    for (const ev of batch) frag.append(logLine(ev));
-    this.box.append(frag);
-    let extra = this.count() - MAX_LOG_LINES;
-    if (extra > 0) this.older = true;
-    while (extra-- > 0) this.box.firstElementChild.remove();
-    if (stick) this.box.scrollTop = this.box.scrollHeight;
-    this.update();
-  }
-
-  async loadOlder() {
-    const first = this.box.firstElementChild;
-    if (!first) return;
-    this.loading = true;
-    try {
-      const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=${first.dataset.seq}&limit=500`);
-      this.older = page.more;
-      const height = this.box.scrollHeight;
-      this.box.prepend(...page.events.map((e) => logLine(e.data)));
-      this.box.scrollTop += this.box.scrollHeight - height;
-      let extra = this.count() - MAX_LOG_LINES;
-      if (extra > 0) { this.detached = true; this.latest.hidden = false; }
-      while (extra-- > 0) this.box.lastElementChild.remove();
-      this.update();
-    } finally {
-      this.loading = false;
-    }
-  }
-
-  update() {
-    const n = this.count();
-    this.note.textContent = n ? n + " lines shown" + (this.older ? "; scroll up for earlier ones" : "") + (this.detached ? "; not following" : "") : "no output yet";
-  }
-}
-
-const PALETTE = ["#2f6fbf", "#d9480f", "#2b8a3e", "#9c36b5", "#c2255c", "#0b7285", "#5c940d", "#e67700"];
-
-class Curves {
-  constructor() {
-    this.records = [];
-    this.box = h("div", { class: "chart", id: "chart", role: "img", "aria-label": "Metrics: none reported yet", "data-points": "0" });
-    this.empty = h("p", { class: "muted" }, "The job has reported no metrics yet.");
-    this.box.append(this.empty);
-    this.plot = null;
-    this.keys = [];
-    this.queued = false;
-    this.resize = () => { if (this.plot) this.plot.setSize(this.size()); };
-    window.addEventListener("resize", this.resize);
-  }
-
-  destroy() {
-    window.removeEventListener("resize", this.resize);
-    if (this.plot) this.plot.destroy();
-  }
-
-  size() { return { width: Math.max(300, this.box.clientWidth - 16), height: 240 }; }
-
-  add(record) {
-    this.records.push(record);
-    if (!this.queued) {
-      this.queued = true;
-      requestAnimationFrame(() => { this.queued = false; this.draw(); });
-    }
-  }
-
-  axis() {
-    if (this.records.some((r) => r.epoch !== undefined)) return "epoch";
-    if (this.records.some((r) => r.step !== undefined)) return "step";
-    return "report";
-  }
-
-  draw() {
-    const known = new Set(["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"]);
-    const keys = [];
-    for (const r of this.records) for (const k of Object.keys(r)) if (!known.has(k) && !keys.includes(k)) keys.push(k);
-    if (!keys.length) return;
-    const axis = this.axis();
-    // one point per x: a later record for the same epoch replaces the earlier one's values
-    const byX = new Map();
-    this.records.forEach((r, i) => {
-      const x = axis === "report" ? i + 1 : r[axis];
-      if (x === undefined) return;
-      byX.set(x, { ...(byX.get(x) || {}), ...r });
-    });
-    const xs = [...byX.keys()].sort((a, b) => a - b);
-    const data = [xs, ...keys.map((k) => xs.map((x) => { const v = byX.get(x)[k]; return typeof v === "number" ? v : null; }))];
-    this.box.setAttribute("data-points", String(xs.length));
-    const last = keys.map((k) => k + " " + fmt(data[keys.indexOf(k) + 1][xs.length - 1])).join(", ");
-    this.box.setAttribute("aria-label", `Metrics over ${xs.length} ${axis === "epoch" ? "epochs" : axis + "s"}: latest ${last}`);
-    if (typeof uPlot === "undefined") return;
-    if (!this.plot || keys.join() !== this.keys.join() || axis !== this.axisName) {
-      if (this.plot) this.plot.destroy();
-      this.empty.remove();
-      this.keys = keys;
-      this.axisName = axis;
-      const style = getComputedStyle(document.documentElement);
-      const ink = style.getPropertyValue("--text").trim() || "#000";
-      const grid = style.getPropertyValue("--line").trim() || "#ccc";
-      const ax = { stroke: ink, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } };
-      this.plot = new uPlot({
-        ...this.size(),
-        scales: { x: { time: false } },
-        axes: [{ ...ax, label: axis }, { ...ax }],
-        series: [{ label: axis }, ...keys.map((k, i) => ({ label: k, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: xs.length <= 60 } }))],
-      }, data, this.box);
-    } else {
-      this.plot.setData(data);
-    }
-  }
-}
-
-async function allEvents(jobId, types) {
-  // every record of these types so far, page by page; and where the pages ended
-  let after = 0;
-  const out = [];
-  for (let i = 0; i < 100; i++) {
-    const page = await api(`/v1/jobs/${enc(jobId)}/events?format=json&types=${types}&after=${after}&limit=10000`);
-    out.push(...page.events);
-    after = page.next;
-    if (!page.more) break; // it stopped at its count or its byte budget
-  }
-  return { events: out, next: after };
-}
-
-function actionButton(label, cls, fn, confirmText) {
-  const button = h("button", { type: "button", class: cls });
-  button.textContent = label;
-  let armed = false;
-  button.addEventListener("click", async () => {
-    if (confirmText && !armed) {
-      armed = true;
-      button.textContent = confirmText;
-      setTimeout(() => { armed = false; button.textContent = label; }, 5000);
-      return;
-    }
-    button.disabled = true;
-    try { await fn(); } catch (e) { flash(e.message, true); } finally { button.disabled = false; armed = false; button.textContent = label; }
-  });
-  return button;
-}
-
-async function jobPage(main, ref) {
-  let job = await api(`/v1/jobs/${enc(ref)}`);
-  const id = job.id;
-  const head = h("div", { class: "job-head" });
-  const actions = h("div", { class: "actions", "aria-label": "Steer this job" });
-  const facts = h("dl", { class: "facts" });
-  const progress = h("div", { id: "progress" });
-  const curves = new Curves();
-  const timeline = h("ol", { class: "timeline", id: "timeline" });
-  const attempts = h("div");
-  const why = h("section", { id: "why" });
-  const artifact = h("div", { id: "artifact" });
-  const logs = new LogView(id);
-  onCleanup(() => curves.destroy());
-  main.append(head, actions, progress,
-    h("div", { class: "grid2" },
-      h("section", {}, h("h2", {}, "Loss and metrics"), curves.box),
-      h("section", {}, h("h2", {}, "Details"), facts, h("h2", {}, "Timeline"), timeline)),
-    why, logs.el,
-    h("h2", {}, "Attempts"), attempts,
-    h("h2", {}, "Artifact"), artifact);
-
-  const render = () => {
-    head.replaceChildren(...[h("h1", {}, job.name), badge(job.status),
-      job.stopped_early ? h("span", { class: "muted" }, "stopped early") : null,
-      job.stop_requested_at && job.status === "running" ? h("span", { class: "muted" }, "stop requested") : null].filter(Boolean));
-    head.setAttribute("data-status", job.status);
-    actions.replaceChildren();
-    if (canSteer(job)) {
-      const post = (what, body) => async () => {
-        // The answer is the job's summary, not its detail (no spec): the page's own job
-        // stays the detail, or a state event rendering it meanwhile would find no spec.
-        const done = await api(`/v1/jobs/${enc(id)}/${what}`, { method: "POST", body });
-        flash(what + ": " + done.name + " is " + done.status);
-        await refresh();
-      };
-      if (job.status === "running" && !job.stop_requested_at) actions.append(actionButton("Stop (keep outputs)", "", post("stop", {})));
-      if (["pending", "claimed", "running"].includes(job.status)) actions.append(actionButton("Cancel", "danger", post("cancel"), "Really cancel? Click again"));
-      if (["failed", "cancelled"].includes(job.status)) actions.append(actionButton("Requeue", "", post("requeue")));
-    }
-    const row = (k, v) => (v === null || v === undefined || v === "" ? [] : [h("dt", {}, k), h("dd", {}, v)]);
-    facts.replaceChildren(
-      ...row("id", h("code", {}, job.id)),
-      ...row("pool", job.pool),
-      ...row("tags", (job.spec.tags || []).join(", ")),
-      ...row("command", h("code", {}, (job.spec.command || []).join(" "))),
-      ...row("worker", job.worker ? job.worker + (job.gpus.length ? " · GPU " + job.gpus.join(", ") : "") : ""),
-      ...row("GPU memory", job.gpu_mib !== null && job.gpu_mib !== undefined ? mib(job.gpu_mib) : ""),
-      ...row("attempt", job.attempt ? job.attempt + " (" + job.attempts + " of " + job.max_attempts + " counted)" : ""),
-      ...row("created", when(job.created_at)),
-      ...row("started", when(job.started_at)),
-      ...row("finished", when(job.finished_at)),
-      ...row("exit code", job.exit_code === null ? "" : String(job.exit_code)),
-      ...row("error", job.error || ""),
-      ...Object.entries(job.metrics || {}).flatMap(([k, v]) => row(k, fmt(v))));
-    const p = job.progress;
-    progress.replaceChildren();
-    if (p) {
-      let frac = null;
-      if (p.progress !== undefined) frac = p.progress;
-      else if (p.epoch !== undefined && p.epochs) frac = Math.min(1, p.epoch / p.epochs);
-      else if (p.step !== undefined && p.steps) frac = Math.min(1, p.step / p.steps);
-      const text = [progressText(p), p.eta_s !== undefined && job.status === "running" ? "ETA " + duration(p.eta_s) : "", p.message || ""].filter(Boolean).join(" · ");
-      progress.append(frac === null ? h("p", {}, text) : bar("progress", frac, 1, text));
-    }
-    attempts.replaceChildren(job.history.length ? h("table", {},
-      h("thead", {}, h("tr", {}, ["#", "Worker", "Claimed", "Ended", "Outcome", "Error"].map((c) => h("th", { scope: "col" }, c)))),
-      h("tbody", {}, job.history.map((a) => h("tr", {},
-        h("td", {}, String(a.attempt)), h("td", {}, a.worker || ""), h("td", {}, when(a.claimed_at)),
-        h("td", {}, when(a.finished_at)), h("td", {}, a.outcome || (a.finished_at ? "" : "running")),
-        h("td", { class: "name" }, a.error || "", a.stderr_tail.length ? h("pre", { class: "mono" }, a.stderr_tail.join("\n")) : null))))) : h("p", { class: "muted" }, "Not claimed yet."));
-    artifact.replaceChildren(job.artifact
-      ? h("p", {}, h("a", { href: "/v1/blobs/" + enc(job.artifact.sha256), download: job.name + "-attempt" + job.artifact.attempt + ".tar.zst", id: "artifact-link" }, "Download the outputs"),
-        " (" + job.artifact.file_count + " files, " + bytes(job.artifact.bytes) + " unpacked, " + bytes(job.artifact.size) + " archived)")
-      : h("p", { class: "muted" }, ["succeeded", "failed", "cancelled"].includes(job.status) ? "No outputs were kept." : "Outputs are kept when the job ends."));
-  };
-
-  const renderWhy = async () => {
-    if (job.status !== "pending") { why.replaceChildren(); return; }
-    const w = await api(`/v1/jobs/${enc(id)}/why`);
-    why.replaceChildren(h("h2", {}, "Why is it waiting?"), h("p", {}, w.summary),
-      w.position ? h("p", {}, "Position in its queue: " + w.position) : null,
-      w.workers.length ? h("table", {},
-        h("thead", {}, h("tr", {}, ["Worker", "Status", "What keeps it from this job"].map((c) => h("th", { scope: "col" }, c)))),
-        h("tbody", {}, w.workers.map((x) => h("tr", {}, h("td", {}, x.name), h("td", {}, badge(x.status)),
-          h("td", {}, x.reasons.length ? h("ul", { class: "reasons" }, x.reasons.map((r) => h("li", {}, r))) : "it may run it"))))) : null);
-  };
-
-  const refresh = async () => {
-    job = await api(`/v1/jobs/${enc(id)}`);
-    render();
-    await renderWhy();
-  };
-
-  const addState = (d) => {
-    const who = d.by ? " by " + d.by : "";
-    timeline.append(h("li", {}, h("time", { datetime: new Date(d.ts * 1000).toISOString() }, new Date(d.ts * 1000).toLocaleTimeString()), " ",
-      badge(d.status), " ", d.event || "", who, d.why ? " — " + d.why : ""));
-  };
-
-  render();
-  await renderWhy();
-  // What happened so far, then everything after it, live. The log's tail is read after
-  // the rest, so it holds every line up to where the rest ended (and perhaps more): the
-  // stream starts there and skips the lines shown already. Event ids are compared for
-  // equality only: a token confined to some pools gets opaque ones, in no order.
-  const past = await allEvents(id, "state,progress");
-  const shownLines = await logs.tail();
-  for (const e of past.events) {
-    if (e.type === "state") addState(e.data);
-    else curves.add(e.data.record);
-  }
-  const source = new EventSource(`/v1/jobs/${enc(id)}/events?after=${past.next}`);
-  onCleanup(() => source.close());
-  const refreshSoon = throttle(refresh, 500);
-  const take = (kind, fn) => source.addEventListener(kind, (ev) => {
-    if (kind === "log" && shownLines.has(ev.lastEventId)) return;
-    let data;
-    try { data = JSON.parse(ev.data); } catch { return; }
-    fn(data);
-  });
-  take("log", (d) => logs.add(d));
-  take("progress", (d) => {
-    curves.add(d.record);
-    job.progress = { ...(job.progress || {}), ...d.record };
-    job.metrics = { ...(job.metrics || {}) };
-    for (const [k, v] of Object.entries(d.record)) if (!["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"].includes(k)) job.metrics[k] = v;
-    render();
-  });
-  take("state", (d) => { addState(d); job.status = d.status; render(); refreshSoon(); });
-  source.addEventListener("end", () => { source.close(); refreshSoon(); });
-}
-
 // ---- workers ------------------------------------------------------------------------------------
 
 async function workersPage(main) {
   const box = h("div", { class: "workers" });
-  main.append(h("h1", {}, "Workers"), box);
+  fill(main, h("h1", {}, "Workers"),
+    isAdmin() ? h("p", {}, h("a", { href: "#/tokens", class: "button" }, "Add a worker…")) : null, box);
   const refresh = async () => {
     const [workers, running] = await Promise.all([api("/v1/workers"), api("/v1/jobs?status=claimed,running&limit=1000")]);
-    const names = new Map(running.map((j) => [j.id, j]));
-    box.replaceChildren(...(workers.length ? workers.map((w) => {
-      const drain = canOperate() && !w.drain && w.status !== "offline"
-        ? actionButton("Drain", "", async () => { await api(`/v1/workers/${enc(w.id)}/drain`, { method: "POST" }); flash(w.name + " is draining: it finishes what it runs and takes nothing new"); await refresh(); }, "Really drain? Click again")
-        : null;
-      return h("article", { class: "worker", "aria-label": "Worker " + w.name },
-        h("h2", {}, w.name, badge(w.status), w.drain ? h("span", { class: "status cancelled" }, "draining") : null),
-        h("dl", { class: "facts" },
-          h("dt", {}, "pool"), h("dd", {}, w.pool),
-          h("dt", {}, "heartbeat"), h("dd", {}, ago(w.last_heartbeat)),
-          h("dt", {}, "slots"), h("dd", {}, Object.entries(w.slots).map(([k, v]) => k + " " + v).join(", ") || "–"),
-          h("dt", {}, "labels"), h("dd", {}, Object.entries(w.labels).map(([k, v]) => k + "=" + v).join(", ") || "–"),
-          h("dt", {}, "tools"), h("dd", {}, Object.entries(w.capability.tools || {}).map(([k, v]) => k + " " + v).join(", ") || "–")),
-        w.gpus.length ? h("div", { class: "gpus" }, w.gpus.map((g) => gpuCard(w, g))) : h("p", { class: "muted" }, "No GPU (CPU jobs only)."),
-        h("h3", {}, "Running"),
-        w.running.length ? h("ul", {}, w.running.map((jid) => h("li", {}, h("a", { href: jobHref(jid) }, names.has(jid) ? names.get(jid).name : jid), " ", names.has(jid) ? progressText(names.get(jid).progress) : ""))) : h("p", { class: "muted" }, "Nothing."),
-        drain ? h("div", { class: "actions" }, drain) : null);
-    }) : [h("p", { class: "muted" }, "No workers have joined yet.")]));
+    box.replaceChildren(...(workers.length
+      ? workers.map((w) => workerCard(w, running, refresh))
+      : [h("p", { class: "muted" }, "No workers have joined yet.")]));
   };
   await refresh();
   onFleet(throttle(refresh, 1000));
+}
+
+function workerCard(w, running, refresh) {
+  const names = new Map(running.map((j) => [j.id, j]));
+  const others = w.gpus.map((g) => [g, otherUse(g, jobsOnGpu(w, g, running))]).filter(([, o]) => o);
+  const actions = workerActions(w, refresh);
+  return h("article", { class: "worker", "aria-label": "Worker " + w.name, "data-worker": w.name },
+    h("h2", {}, w.name, badge(w.status)),
+    h("dl", { class: "facts" },
+      h("dt", {}, "pool"), h("dd", {}, w.pool),
+      h("dt", {}, "heartbeat"), h("dd", {}, ago(w.last_heartbeat)),
+      h("dt", {}, "slots"), h("dd", {}, Object.entries(w.slots).map(([k, v]) => k + " " + v).join(", ") || "–"),
+      h("dt", {}, "labels"), h("dd", {}, Object.entries(w.labels).map(([k, v]) => k + "=" + v).join(", ") || "–"),
+      h("dt", {}, "tools"), h("dd", {}, Object.entries(w.capability.tools || {}).map(([k, v]) => k + " " + v).join(", ") || "–")),
+    w.gpus.length ? h("div", { class: "gpus" }, w.gpus.map((g) => gpuCard(w, g, running))) : h("p", { class: "muted" }, "No GPU (CPU jobs only)."),
+    h("h3", {}, "Running"),
+    w.running.length
+      ? h("ul", {}, w.running.map((jid) => h("li", {}, h("a", { href: jobHref(jid) }, names.has(jid) ? names.get(jid).name : jid), " ", names.has(jid) ? progressText(names.get(jid).progress) : "")))
+      : h("p", { class: "muted running-none" }, "No gpufleet job."),
+    others.length
+      ? h("p", { class: "other" }, others.map(([g, o], i) => [i ? "; " : "", "GPU " + g.index + " is " + otherText(o)]))
+      : null,
+    actions);
 }
 
 // ---- start ----------------------------------------------------------------------------------------

@@ -1,0 +1,346 @@
+// gpufleet dashboard: one job's page (#/jobs/ID): its status, progress, curves, timeline,
+// "why", live logs, attempts and artifact, and the buttons that steer it. Loaded after
+// app.js, whose helpers it uses; what a job wrote goes in as text.
+"use strict";
+
+// ---- one job ----------------------------------------------------------------------------------
+
+function cleanLine(text) {
+  // a carriage-return progress bar: keep its last state
+  if (text.includes("\r")) {
+    const parts = text.split("\r").filter((p) => p.length);
+    text = parts.length ? parts[parts.length - 1] : "";
+  }
+  return text;
+}
+
+function logLine(ev) {
+  const text = cleanLine(ev.line || "");
+  const line = h("div", { class: "line " + (ev.stream || "stdout"), "data-seq": ev.seq });
+  if (text.length > MAX_LINE_CHARS) {
+    line.append(text.slice(0, MAX_LINE_CHARS), h("span", { class: "cut" }, " … [" + (text.length - MAX_LINE_CHARS) + " more characters cut]"));
+  } else {
+    line.append(text);
+  }
+  return line;
+}
+
+class LogView {
+  constructor(jobId) {
+    this.jobId = jobId;
+    this.box = h("div", { class: "log", role: "log", tabindex: "0", "aria-label": "Job output", id: "log" });
+    this.note = h("span", { class: "muted" });
+    this.latest = h("button", { type: "button", hidden: true, onclick: () => this.reload() }, "Jump to latest");
+    this.older = true; // lines before the first shown may exist
+    this.detached = false; // scrolled back past what fits: live lines are not added
+    this.loading = false;
+    this.pending = [];
+    this.box.addEventListener("scroll", () => {
+      if (this.box.scrollTop < 40 && this.older && !this.loading) this.loadOlder();
+    });
+    this.el = h("section", { "aria-labelledby": "logs-title" },
+      h("div", { class: "logbar" }, h("h2", { id: "logs-title" }, "Logs"), this.note, this.latest), this.box);
+  }
+
+  count() { return this.box.childElementCount; }
+  atBottom() { return this.box.scrollHeight - this.box.scrollTop - this.box.clientHeight < 30; }
+
+  async tail() {
+    const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=9007199254740991&limit=1000`);
+    this.box.replaceChildren(...page.events.map((e) => logLine(e.data)));
+    this.older = page.more;
+    this.box.scrollTop = this.box.scrollHeight;
+    this.update();
+    return new Set(page.events.map((e) => String(e.seq)));
+  }
+
+  async reload() {
+    this.detached = false;
+    this.latest.hidden = true;
+    await this.tail();
+  }
+
+  add(ev) {
+    if (this.detached) return;
+    this.pending.push(ev);
+    if (this.pending.length === 1) requestAnimationFrame(() => this.flush());
+  }
+
+  flush() {
+    const stick = this.atBottom();
+    const batch = this.pending.splice(0);
+    const frag = document.createDocumentFragment();
+    for (const ev of batch) frag.append(logLine(ev));
+    this.box.append(frag);
+    let extra = this.count() - MAX_LOG_LINES;
+    if (extra > 0) this.older = true;
+    while (extra-- > 0) this.box.firstElementChild.remove();
+    if (stick) this.box.scrollTop = this.box.scrollHeight;
+    this.update();
+  }
+
+  async loadOlder() {
+    const first = this.box.firstElementChild;
+    if (!first) return;
+    this.loading = true;
+    try {
+      const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=${first.dataset.seq}&limit=500`);
+      this.older = page.more;
+      const height = this.box.scrollHeight;
+      this.box.prepend(...page.events.map((e) => logLine(e.data)));
+      this.box.scrollTop += this.box.scrollHeight - height;
+      let extra = this.count() - MAX_LOG_LINES;
+      if (extra > 0) { this.detached = true; this.latest.hidden = false; }
+      while (extra-- > 0) this.box.lastElementChild.remove();
+      this.update();
+    } finally {
+      this.loading = false;
+    }
+  }
+
+  update() {
+    const n = this.count();
+    this.note.textContent = n ? n + " lines shown" + (this.older ? "; scroll up for earlier ones" : "") + (this.detached ? "; not following" : "") : "no output yet";
+  }
+}
+
+const PALETTE = ["#2f6fbf", "#d9480f", "#2b8a3e", "#9c36b5", "#c2255c", "#0b7285", "#5c940d", "#e67700"];
+
+class Curves {
+  constructor() {
+    this.records = [];
+    this.box = h("div", { class: "chart", id: "chart", role: "img", "aria-label": "Metrics: none reported yet", "data-points": "0" });
+    this.empty = h("p", { class: "muted" }, "The job has reported no metrics yet.");
+    this.box.append(this.empty);
+    this.plot = null;
+    this.keys = [];
+    this.queued = false;
+    this.resize = () => { if (this.plot) this.plot.setSize(this.size()); };
+    window.addEventListener("resize", this.resize);
+  }
+
+  destroy() {
+    window.removeEventListener("resize", this.resize);
+    if (this.plot) this.plot.destroy();
+  }
+
+  size() { return { width: Math.max(300, this.box.clientWidth - 16), height: 240 }; }
+
+  add(record) {
+    this.records.push(record);
+    if (!this.queued) {
+      this.queued = true;
+      requestAnimationFrame(() => { this.queued = false; this.draw(); });
+    }
+  }
+
+  axis() {
+    if (this.records.some((r) => r.epoch !== undefined)) return "epoch";
+    if (this.records.some((r) => r.step !== undefined)) return "step";
+    return "report";
+  }
+
+  draw() {
+    const known = new Set(["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"]);
+    const keys = [];
+    for (const r of this.records) for (const k of Object.keys(r)) if (!known.has(k) && !keys.includes(k)) keys.push(k);
+    if (!keys.length) return;
+    const axis = this.axis();
+    // one point per x: a later record for the same epoch replaces the earlier one's values
+    const byX = new Map();
+    this.records.forEach((r, i) => {
+      const x = axis === "report" ? i + 1 : r[axis];
+      if (x === undefined) return;
+      byX.set(x, { ...(byX.get(x) || {}), ...r });
+    });
+    const xs = [...byX.keys()].sort((a, b) => a - b);
+    const data = [xs, ...keys.map((k) => xs.map((x) => { const v = byX.get(x)[k]; return typeof v === "number" ? v : null; }))];
+    this.box.setAttribute("data-points", String(xs.length));
+    const last = keys.map((k) => k + " " + fmt(data[keys.indexOf(k) + 1][xs.length - 1])).join(", ");
+    this.box.setAttribute("aria-label", `Metrics over ${xs.length} ${axis === "epoch" ? "epochs" : axis + "s"}: latest ${last}`);
+    if (typeof uPlot === "undefined") return;
+    if (!this.plot || keys.join() !== this.keys.join() || axis !== this.axisName) {
+      if (this.plot) this.plot.destroy();
+      this.empty.remove();
+      this.keys = keys;
+      this.axisName = axis;
+      const style = getComputedStyle(document.documentElement);
+      const ink = style.getPropertyValue("--text").trim() || "#000";
+      const grid = style.getPropertyValue("--line").trim() || "#ccc";
+      const ax = { stroke: ink, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } };
+      this.plot = new uPlot({
+        ...this.size(),
+        scales: { x: { time: false } },
+        axes: [{ ...ax, label: axis }, { ...ax }],
+        series: [{ label: axis }, ...keys.map((k, i) => ({ label: k, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: xs.length <= 60 } }))],
+      }, data, this.box);
+    } else {
+      this.plot.setData(data);
+    }
+  }
+}
+
+async function allEvents(jobId, types) {
+  // every record of these types so far, page by page; and where the pages ended
+  let after = 0;
+  const out = [];
+  for (let i = 0; i < 100; i++) {
+    const page = await api(`/v1/jobs/${enc(jobId)}/events?format=json&types=${types}&after=${after}&limit=10000`);
+    out.push(...page.events);
+    after = page.next;
+    if (!page.more) break; // it stopped at its count or its byte budget
+  }
+  return { events: out, next: after };
+}
+
+function actionButton(label, cls, fn, confirmText) {
+  const button = h("button", { type: "button", class: cls });
+  button.textContent = label;
+  let armed = false;
+  button.addEventListener("click", async () => {
+    if (confirmText && !armed) {
+      armed = true;
+      button.textContent = confirmText;
+      setTimeout(() => { armed = false; button.textContent = label; }, 5000);
+      return;
+    }
+    button.disabled = true;
+    try { await fn(); } catch (e) { flash(e.message, true); } finally { button.disabled = false; armed = false; button.textContent = label; }
+  });
+  return button;
+}
+
+async function jobPage(main, ref) {
+  let job = await api(`/v1/jobs/${enc(ref)}`);
+  const id = job.id;
+  const head = h("div", { class: "job-head" });
+  const actions = h("div", { class: "actions", "aria-label": "Steer this job" });
+  const cloneBox = h("div", { id: "clone" }); // kept while render() redraws the rest
+  const facts = h("dl", { class: "facts" });
+  const progress = h("div", { id: "progress" });
+  const curves = new Curves();
+  const timeline = h("ol", { class: "timeline", id: "timeline" });
+  const attempts = h("div");
+  const why = h("section", { id: "why" });
+  const artifact = h("div", { id: "artifact" });
+  const logs = new LogView(id);
+  onCleanup(() => curves.destroy());
+  main.append(head, actions, cloneBox, progress,
+    h("div", { class: "grid2" },
+      h("section", {}, h("h2", {}, "Loss and metrics"), curves.box),
+      h("section", {}, h("h2", {}, "Details"), facts, h("h2", {}, "Timeline"), timeline)),
+    why, logs.el,
+    h("h2", {}, "Attempts"), attempts,
+    h("h2", {}, "Artifact"), artifact);
+
+  const render = () => {
+    head.replaceChildren(...[h("h1", {}, job.name), badge(job.status),
+      job.stopped_early ? h("span", { class: "muted" }, "stopped early") : null,
+      job.stop_requested_at && job.status === "running" ? h("span", { class: "muted" }, "stop requested") : null].filter(Boolean));
+    head.setAttribute("data-status", job.status);
+    actions.replaceChildren();
+    if (canSteer(job)) {
+      const post = (what, body) => async () => {
+        // The answer is the job's summary, not its detail (no spec): the page's own job
+        // stays the detail, or a state event rendering it meanwhile would find no spec.
+        const done = await api(`/v1/jobs/${enc(id)}/${what}`, { method: "POST", body });
+        flash(what + ": " + done.name + " is " + done.status);
+        await refresh();
+      };
+      if (job.status === "running" && !job.stop_requested_at) actions.append(actionButton("Stop (keep outputs)", "", post("stop", {})));
+      if (["pending", "claimed", "running"].includes(job.status)) actions.append(actionButton("Cancel", "danger", post("cancel"), "Really cancel? Click again"));
+      if (["failed", "cancelled"].includes(job.status)) actions.append(actionButton("Requeue", "", post("requeue")));
+    }
+    if (canSubmit()) actions.append(h("button", { type: "button", onclick: () => cloneForm(cloneBox, job) }, "Clone…"));
+    const row = (k, v) => (v === null || v === undefined || v === "" ? [] : [h("dt", {}, k), h("dd", {}, v)]);
+    facts.replaceChildren(
+      ...row("id", h("code", {}, job.id)),
+      ...row("pool", job.pool),
+      ...row("tags", (job.spec.tags || []).join(", ")),
+      ...row("command", h("code", {}, (job.spec.command || []).join(" "))),
+      ...row("worker", job.worker ? job.worker + (job.gpus.length ? " · GPU " + job.gpus.join(", ") : "") : ""),
+      ...row("GPU memory", job.gpu_mib !== null && job.gpu_mib !== undefined ? mib(job.gpu_mib) : ""),
+      ...row("attempt", job.attempt ? job.attempt + " (" + job.attempts + " of " + job.max_attempts + " counted)" : ""),
+      ...row("created", when(job.created_at)),
+      ...row("started", when(job.started_at)),
+      ...row("finished", when(job.finished_at)),
+      ...row("exit code", job.exit_code === null ? "" : String(job.exit_code)),
+      ...row("error", job.error || ""),
+      ...Object.entries(job.metrics || {}).flatMap(([k, v]) => row(k, fmt(v))));
+    const p = job.progress;
+    progress.replaceChildren();
+    if (p) {
+      let frac = null;
+      if (p.progress !== undefined) frac = p.progress;
+      else if (p.epoch !== undefined && p.epochs) frac = Math.min(1, p.epoch / p.epochs);
+      else if (p.step !== undefined && p.steps) frac = Math.min(1, p.step / p.steps);
+      const text = [progressText(p), p.eta_s !== undefined && job.status === "running" ? "ETA " + duration(p.eta_s) : "", p.message || ""].filter(Boolean).join(" · ");
+      progress.append(frac === null ? h("p", {}, text) : bar("progress", frac, 1, text));
+    }
+    attempts.replaceChildren(job.history.length ? h("table", {},
+      h("thead", {}, h("tr", {}, ["#", "Worker", "Claimed", "Ended", "Outcome", "Error"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, job.history.map((a) => h("tr", {},
+        h("td", {}, String(a.attempt)), h("td", {}, a.worker || ""), h("td", {}, when(a.claimed_at)),
+        h("td", {}, when(a.finished_at)), h("td", {}, a.outcome || (a.finished_at ? "" : "running")),
+        h("td", { class: "name" }, a.error || "", a.stderr_tail.length ? h("pre", { class: "mono" }, a.stderr_tail.join("\n")) : null))))) : h("p", { class: "muted" }, "Not claimed yet."));
+    artifact.replaceChildren(job.artifact
+      ? h("p", {}, h("a", { href: "/v1/blobs/" + enc(job.artifact.sha256), download: job.name + "-attempt" + job.artifact.attempt + ".tar.zst", id: "artifact-link" }, "Download the outputs"),
+        " (" + job.artifact.file_count + " files, " + bytes(job.artifact.bytes) + " unpacked, " + bytes(job.artifact.size) + " archived)")
+      : h("p", { class: "muted" }, ["succeeded", "failed", "cancelled"].includes(job.status) ? "No outputs were kept." : "Outputs are kept when the job ends."));
+  };
+
+  const renderWhy = async () => {
+    if (job.status !== "pending") { why.replaceChildren(); return; }
+    const w = await api(`/v1/jobs/${enc(id)}/why`);
+    fill(why, h("h2", {}, "Why is it waiting?"), h("p", {}, w.summary),
+      w.position ? h("p", {}, "Position in its queue: " + w.position) : null,
+      w.workers.length ? h("table", {},
+        h("thead", {}, h("tr", {}, ["Worker", "Status", "What keeps it from this job"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, w.workers.map((x) => h("tr", {}, h("td", {}, x.name), h("td", {}, badge(x.status)),
+          h("td", {}, x.reasons.length ? h("ul", { class: "reasons" }, x.reasons.map((r) => h("li", {}, r))) : "it may run it"))))) : null);
+  };
+
+  const refresh = async () => {
+    job = await api(`/v1/jobs/${enc(id)}`);
+    render();
+    await renderWhy();
+  };
+
+  const addState = (d) => {
+    const who = d.by ? " by " + d.by : "";
+    timeline.append(h("li", {}, h("time", { datetime: new Date(d.ts * 1000).toISOString() }, new Date(d.ts * 1000).toLocaleTimeString()), " ",
+      badge(d.status), " ", d.event || "", who, d.why ? " — " + d.why : ""));
+  };
+
+  render();
+  await renderWhy();
+  // What happened so far, then everything after it, live. The log's tail is read after
+  // the rest, so it holds every line up to where the rest ended (and perhaps more): the
+  // stream starts there and skips the lines shown already. Event ids are compared for
+  // equality only: a token confined to some pools gets opaque ones, in no order.
+  const past = await allEvents(id, "state,progress");
+  const shownLines = await logs.tail();
+  for (const e of past.events) {
+    if (e.type === "state") addState(e.data);
+    else curves.add(e.data.record);
+  }
+  const source = new EventSource(`/v1/jobs/${enc(id)}/events?after=${past.next}`);
+  onCleanup(() => source.close());
+  const refreshSoon = throttle(refresh, 500);
+  const take = (kind, fn) => source.addEventListener(kind, (ev) => {
+    if (kind === "log" && shownLines.has(ev.lastEventId)) return;
+    let data;
+    try { data = JSON.parse(ev.data); } catch { return; }
+    fn(data);
+  });
+  take("log", (d) => logs.add(d));
+  take("progress", (d) => {
+    curves.add(d.record);
+    job.progress = { ...(job.progress || {}), ...d.record };
+    job.metrics = { ...(job.metrics || {}) };
+    for (const [k, v] of Object.entries(d.record)) if (!["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"].includes(k)) job.metrics[k] = v;
+    render();
+  });
+  take("state", (d) => { addState(d); job.status = d.status; render(); refreshSoon(); });
+  source.addEventListener("end", () => { source.close(); refreshSoon(); });
+}
