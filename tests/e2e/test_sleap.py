@@ -352,6 +352,8 @@ def test_a_failed_training_says_why_in_sleap_nns_words_and_may_keep_its_checkpoi
     assert failed.returncode == 1
     assert "sleap-nn said: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in said
     assert "--download-failed" in said
+    assert "attempt 1/1 failed: " in said  # as it ended, with its stderr's last lines
+    assert "stderr: RuntimeError: CUDA out of memory" in said
     assert not (tmp_path / "plain" / "models").exists()  # not asked for
 
     kept = fleet.cli(*args, "-o", str(tmp_path / "kept"), "--download-failed", check=False)

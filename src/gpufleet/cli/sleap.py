@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from gpufleet.cli._common import err, fields_signature, print_json, shown, styled
+from gpufleet.cli.attempts import attempt_lines
 from gpufleet.cli.data import package_input
 from gpufleet.cli.submit import Placement
 from gpufleet.client import Client
@@ -402,11 +404,12 @@ def _follow(c: Client, job: JobOut, quiet: bool) -> str:
     status: str = job.status
     tenth = -1
     for event in c.follow(job.id):
-        line = None
+        line, notices = None, []
         if event.type == "state":
             status = str(event.data["status"])
             by = event.data.get("by")
             line = styled(status) + (f" ({shown(str(by))})" if by else "")
+            notices = attempt_lines(event.data)  # a failed attempt: why, stderr, the retry
         elif event.type == "end":
             status = str(event.data["status"])
         elif event.type == "progress":
@@ -416,6 +419,8 @@ def _follow(c: Client, job: JobOut, quiet: bool) -> str:
             line = shown(said) if said else None  # the record's values are the job's
         if line and not quiet:
             err.print(f"{shown(job.name)}: {line}")
+        for notice in [] if quiet else notices:  # already shown as visible escapes
+            err.print(f"{shown(job.name)}: {escape(notice)}")
     if status == "failed" and not quiet:
         _why_failed(c, job)
     return status
