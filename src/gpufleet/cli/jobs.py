@@ -107,8 +107,10 @@ def apply(
     ] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Apply a manifest: new jobs are queued, existing ones keep their status. A job's
-    hyper.* keys are checked against its script's --help first, when it can be run."""
+    """Apply a manifest: new jobs are queued, existing ones keep their status.
+
+    A job's hyper.* keys are checked against its script's --help first, when it can be
+    run."""
     with client(server, ca) as c:
         plan = load_plan(file, c, as_json, hyper_check)
         result = c.apply(plan)
