@@ -179,8 +179,8 @@ def test_reports_that_come_while_one_is_on_its_way_go_together(
             rest = (reports.start(j, StartRequest(attempt=1, secret=SECRETS[j])) for j in jobs[1:])
             await asyncio.gather(first, *rest)
             ends = [
-                FinishRequest(attempt=1, exit_code=n, secret=SECRETS[j])
-                for n, j in enumerate(jobs[:3])
+                FinishRequest(attempt=1, exit_code=code, secret=SECRETS[j])
+                for code, j in zip((0, 1, 3), jobs[:3], strict=True)
             ]
             stale = FinishRequest(attempt=2, exit_code=0, secret=SECRETS[jobs[3]])
             ends.append(stale)  # a stale lease
@@ -196,7 +196,7 @@ def test_reports_that_come_while_one_is_on_its_way_go_together(
     assert paths == {"/v1/reports": 3}, paths
     assert [o.status if not isinstance(o, Exception) else o for o in outs[:3]] == [
         "succeeded",
-        "pending",  # exit code 1 and 2: retried
+        "pending",  # exit code 1 and 3: retried
         "pending",
     ]
     assert isinstance(outs[3], Conflict)
