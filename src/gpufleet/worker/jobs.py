@@ -28,6 +28,7 @@ from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
 from gpufleet.terminal import visible
 from gpufleet.tokens import redact
 from gpufleet.wire import (
+    BAR_END,
     STDERR_TAIL_CHARS,
     STDERR_TAIL_LINES,
     ArtifactAttach,
@@ -129,6 +130,12 @@ class Running:
         self.backlog.add(stream, line)
         if stream == "stderr":
             self.tail.append(line[:STDERR_TAIL_CHARS])
+
+    def on_bar(self, stream: str, state: str) -> None:
+        """The latest state of a line the job redraws in place (a progress bar), not yet
+        finished: stored with a carriage return at its end (a finished line never has
+        one), in place of the state before it when that one is not sent yet."""
+        self.backlog.update(stream, state + BAR_END)
 
 
 class JobSteps(ABC):
@@ -242,7 +249,9 @@ class JobSteps(ABC):
             say(f"job {lease.job_id}: {exc.message}")
             return exc.message
         try:
-            run.proc = await JobProcess.start(argv, workdir, env, run.on_line, run.user)
+            run.proc = await JobProcess.start(
+                argv, workdir, env, run.on_line, run.user, on_bar=run.on_bar
+            )
         except OSError as exc:
             return f"could not start {argv[0]!r}: {exc.strerror or exc}"
         started = datetime.now(UTC)  # the job's start, by this worker's clock
