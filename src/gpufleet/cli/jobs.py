@@ -218,7 +218,9 @@ def logs(
     A job's colours, carriage returns (progress bars) and tabs reach the terminal; every
     other control character or sequence (a window title, a screen clear, a clipboard
     write, a cursor move) is shown as an escape such as \\x1b, so what a job printed
-    cannot drive your terminal. --raw prints the lines untouched."""
+    cannot drive your terminal. --raw prints the lines untouched. A progress bar the job
+    redraws without a newline comes while it runs, at most two states a second: drawn
+    over one line on a terminal, a line each into a file or a pipe."""
     if raw and as_json:
         raise ConfigError("--raw and --json: choose one (--json escapes every line as JSON)")
     with session_client(server, ca, session) as c:

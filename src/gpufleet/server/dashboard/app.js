@@ -534,7 +534,7 @@ class Curves {
   }
 
   draw() {
-    const known = new Set(["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"]);
+    const known = new Set(["epoch", "epochs", "step", "steps", "progress", "eta_s", "message", "bytes", "bytes_total", "bytes_per_s"]);
     const keys = [];
     for (const r of this.records) for (const k of Object.keys(r)) if (!known.has(k) && !keys.includes(k)) keys.push(k);
     if (!keys.length) return;
@@ -729,7 +729,7 @@ async function jobPage(main, ref) {
     curves.add(d.record);
     job.progress = { ...(job.progress || {}), ...d.record };
     job.metrics = { ...(job.metrics || {}) };
-    for (const [k, v] of Object.entries(d.record)) if (!["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"].includes(k)) job.metrics[k] = v;
+    for (const [k, v] of Object.entries(d.record)) if (!["epoch", "epochs", "step", "steps", "progress", "eta_s", "message", "bytes", "bytes_total", "bytes_per_s"].includes(k)) job.metrics[k] = v;
     render();
   });
   take("state", (d) => { addState(d); job.status = d.status; render(); refreshSoon(); });

@@ -4,11 +4,13 @@ a few states and its last; the worker's download of a job's inputs says how far 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import textwrap
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +90,27 @@ def test_a_progress_bar_without_newline_reaches_logs_follow_while_it_runs(fleet:
     ).stdout
     assert raw.endswith(b"% training\r100% training\ntrained\n"), raw
     assert raw.count(b"\n") == 2  # the states are joined by carriage returns, as written
+
+
+def test_the_download_of_a_jobs_inputs_says_how_far_it_is(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "data.bin").write_bytes(os.urandom(4 << 20))  # 4 MiB that do not compress
+    job = _submit(fleet, "import os; print(os.path.getsize('data.bin'))", "--package", str(pkg))
+    fleet.wait_status(job, "succeeded")
+
+    with fleet.client() as c:
+        events = c.events(job, limit=1000).events
+    records = [e.data["record"] for e in events if e.type == "progress"]
+    said = [r["message"] for r in records]
+    assert said[0] == "downloading inputs 0.0/4.0 MiB", said  # at its start, with its size
+    assert said[-1].startswith("inputs downloaded: 4.0 MiB in "), said  # and its end, rate
+    assert records[0]["bytes_total"] >= 4 << 20 and records[-1]["bytes"] >= 4 << 20
+    assert records[-1]["bytes_per_s"] > 0
+    assert len(records) <= 3  # a download of a moment: no storm of events
+    # its words in the job's output, and its latest in show
+    assert "[gpufleet] inputs downloaded: 4.0 MiB in " in fleet.cli("logs", job).stderr
+    assert "inputs downloaded: 4.0 MiB" in fleet.cli("show", job).stdout
+    assert fleet.job(job)["metrics"] == {}  # bytes are no metric to plot
