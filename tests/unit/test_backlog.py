@@ -121,3 +121,17 @@ def test_with_room_enough_every_line_arrives_once_in_order(
                     backlog.sent()
         arrived.extend(line for _, line in drain(backlog))
         assert arrived == added
+
+
+def test_a_bars_unsent_states_are_replaced_by_its_latest(tmp_path: Path) -> None:
+    backlog = Backlog(tmp_path / "spill")
+    backlog.add("stdout", "epoch 1")
+    backlog.update("stderr", " 10%\r")
+    backlog.update("stderr", " 20%\r")  # the 10% state was not sent: replaced
+    assert backlog.peek(100, 1000) == [("stdout", "epoch 1"), ("stderr", " 20%\r")]
+    backlog.update("stderr", " 30%\r")  # the batch in flight keeps its 20%
+    backlog.sent()
+    backlog.update("stdout", "s 1\r")  # another stream's bar is a line of its own
+    backlog.add("stderr", "100%")
+    assert drain(backlog) == [("stderr", " 30%\r"), ("stdout", "s 1\r"), ("stderr", "100%")]
+    assert backlog.memory_bytes == 0

@@ -34,6 +34,7 @@ from gpufleet.domain.models import InputKind
 from gpufleet.errors import ConfigError, ManifestError
 from gpufleet.terminal import for_terminal
 from gpufleet.wire import (
+    BAR_END,
     HostModel,
     InputModel,
     JobOut,
@@ -235,7 +236,9 @@ def logs(
     A job's colours, carriage returns (progress bars) and tabs reach the terminal; every
     other control character or sequence (a window title, a screen clear, a clipboard
     write, a cursor move) is shown as an escape such as \\x1b, so what a job printed
-    cannot drive your terminal. --raw prints the lines untouched."""
+    cannot drive your terminal. --raw prints the lines untouched. A progress bar the job
+    redraws without a newline comes while it runs, at most two states a second: drawn
+    over one line on a terminal, a line each into a file or a pipe."""
     if raw and as_json:
         raise ConfigError("--raw and --json: choose one (--json escapes every line as JSON)")
     with session_client(server, ca, session) as c:
@@ -261,6 +264,7 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True, raw: boo
             _print_lines(page.lines, as_json, raw)
             after = page.next
             if not page.more and len(page.lines) < 10_000:  # a page stops at a byte budget too
+                _bar.end()
                 return page.status
     d = c.job(job)
     status: str = d.status
@@ -270,6 +274,7 @@ def follow(c: Client, job: str, as_json: bool, keep_going: bool = True, raw: boo
         elif event.type in ("state", "end"):
             status = str(event.data["status"])
             _say_attempt(event.data)
+    _bar.end()
     return status
 
 
@@ -277,6 +282,7 @@ def _say_attempt(data: dict[str, object]) -> None:
     """A failed attempt, as it ends: on stderr, whatever the output's form."""
     lines = attempt_lines(data)
     if lines:
+        _bar.end()  # a bar being drawn ends its line first
         sys.stdout.flush()
         sys.stderr.write("".join(line + "\n" for line in lines))
         sys.stderr.flush()
@@ -284,7 +290,9 @@ def _say_attempt(data: dict[str, object]) -> None:
 
 def _print_lines(lines: Sequence[LogEntry], as_json: bool, raw: bool = False) -> None:
     """Each line to the stream it was written to, escaped for a terminal, or ``raw``;
-    or as a JSON record a line on stdout (ASCII only: JSON escapes every control)."""
+    or as a JSON record a line on stdout (ASCII only: JSON escapes every control). A
+    progress bar's states (lines ending with ``BAR_END``) redraw one line on a terminal,
+    and are a line each off one; ``raw`` writes them as the job did, with no newline."""
     if raw:  # bytes go past the text layers: what those hold goes first
         sys.stdout.flush()
         sys.stderr.flush()
@@ -294,11 +302,42 @@ def _print_lines(lines: Sequence[LogEntry], as_json: bool, raw: bool = False) ->
             continue
         stream = sys.stdout if ln.stream == "stdout" else sys.stderr
         if raw:
-            _write_raw(stream, ln.line + "\n")
+            _write_raw(stream, ln.line if ln.line.endswith(BAR_END) else ln.line + "\n")
         else:
-            stream.write(for_terminal(ln.line) + "\n")
+            _bar.write(stream, ln.line)
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+class _Bar:
+    """A job's progress bar drawn on a terminal and not finished: the stream it is on.
+    Its next state, or its finished line, is drawn over it; any other line ends it first."""
+
+    def __init__(self) -> None:
+        self.on: TextIO | None = None
+
+    def write(self, stream: TextIO, line: str) -> None:
+        state = line.endswith(BAR_END)
+        text = for_terminal(line.removesuffix(BAR_END))
+        if self.on is not None and self.on is not stream:
+            self.end()
+        if not stream.isatty():  # a file or a pipe: a line per state
+            stream.write(text + "\n")
+            return
+        if self.on is stream:
+            stream.write("\r\x1b[K")  # back to the line's start, and clear it
+        stream.write(text if state else text + "\n")
+        self.on = stream if state else None
+
+    def end(self) -> None:
+        """Leave the bar as it is drawn, and go to the next line."""
+        if self.on is not None:
+            self.on.write("\n")
+            self.on.flush()
+            self.on = None
+
+
+_bar = _Bar()
 
 
 def _write_raw(stream: TextIO, text: str) -> None:

@@ -30,7 +30,7 @@ from gpufleet.cli.show import placement
 from gpufleet.domain import progress
 from gpufleet.domain.models import JobStatus
 from gpufleet.terminal import for_terminal, visible
-from gpufleet.wire import JobDetail
+from gpufleet.wire import BAR_END, JobDetail
 
 SPARKS = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 40
@@ -86,7 +86,7 @@ class Seen:
     def take(self, kind: str, data: dict[str, Any]) -> bool:
         """Take one event; whether it changed the job's status."""
         if kind == "log":
-            self.tail.append((str(data.get("stream", "")), str(data.get("line", ""))))
+            self.line(str(data.get("stream", "")), str(data.get("line", "")))
         elif kind == "state":  # a failed attempt says why among the lines, as it ends
             self.tail.extend((ATTEMPT, line) for line in attempt_lines(data))
         elif kind == "progress":
@@ -99,6 +99,17 @@ class Seen:
                 self.curve_of = name
                 self.curve.append(float(record[name]))
         return kind == "state"
+
+    def line(self, stream: str, line: str) -> None:
+        """An output line; one that continues a progress bar (its stream's last line
+        ended with ``BAR_END``) takes that line's place."""
+        for at in range(len(self.tail) - 1, -1, -1):
+            if self.tail[at][0] == stream:
+                if self.tail[at][1].endswith(BAR_END):
+                    self.tail[at] = (stream, line)
+                    return
+                break
+        self.tail.append((stream, line))
 
 
 def _loss_name(metrics: dict[str, Any]) -> str | None:
@@ -183,7 +194,8 @@ def output_line(line: str, stream: str) -> Text:
     redrawn in place. Stderr dimmed."""
     if stream == ATTEMPT:  # our own words, the job's already escaped
         return Text(line, style="yellow")
-    return Text.from_ansi(for_terminal(line), style="dim" if stream == "stderr" else "")
+    text = for_terminal(line.removesuffix(BAR_END))  # a bar's state: drawn as it is now
+    return Text.from_ansi(text, style="dim" if stream == "stderr" else "")
 
 
 def _counts(record: dict[str, Any]) -> str:

@@ -4,8 +4,10 @@ A job appends JSON lines to the file named by ``GPUFLEET_PROGRESS_FILE``, or pri
 line ``::gpufleet:: {json}`` on stdout or stderr. Each line is one object, for example
 ``{"epoch": 3, "epochs": 50, "loss": 0.12}``. The known keys say how far it is:
 ``epoch``/``epochs``, ``step``/``steps``, ``progress`` (0 to 1), ``eta_s`` and
-``message``. Any other key with a number is a metric to plot. A line that is not such an
-object is refused with a reason; the worker counts those and never stops the job for one.
+``message``, and of a transfer ``bytes``/``bytes_total`` and ``bytes_per_s`` (the worker
+reports its download of a job's inputs so). Any other key with a number is a metric to
+plot. A line that is not such an object is refused with a reason; the worker counts
+those and never stops the job for one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 MARK = "::gpufleet::"
 #: The environment variable naming the job's progress file.
 ENV = "GPUFLEET_PROGRESS_FILE"
-COUNTS = ("epoch", "epochs", "step", "steps")
+COUNTS = ("epoch", "epochs", "step", "steps", "bytes", "bytes_total", "bytes_per_s")
 KNOWN = frozenset({*COUNTS, "progress", "eta_s", "message"})
 MAX_LINE = 16_384  # characters of one record
 MAX_MESSAGE = 500
@@ -115,10 +117,10 @@ def fold(
 
 def fraction(record: Mapping[str, Any]) -> float | None:
     """How far along a record says the job is, 0 to 1: ``progress``, else epoch of
-    epochs, else step of steps; None when it does not say."""
+    epochs, else step of steps, else bytes of bytes_total; None when it does not say."""
     if record.get("progress") is not None:
         return float(record["progress"])
-    for done, total in (("epoch", "epochs"), ("step", "steps")):
+    for done, total in (("epoch", "epochs"), ("step", "steps"), ("bytes", "bytes_total")):
         if record.get(done) is not None and record.get(total):
             return min(1.0, float(record[done]) / float(record[total]))
     return None

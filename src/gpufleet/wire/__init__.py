@@ -37,6 +37,7 @@ from gpufleet.wire._base import (
     Strict,
 )
 from gpufleet.wire._fleet import (
+    BAR_END,
     MOST_REPORTS,
     WORKER_STATES,
     Candidate,
@@ -96,6 +97,7 @@ from gpufleet.wire._jobs import (
 )
 
 __all__ = [
+    "BAR_END",
     "ERRORS",
     "INT32",
     "MOST_REPORTS",

@@ -287,9 +287,17 @@ class StartRequest(Strict):
     )
 
 
+#: How an output line that is not finished ends: a progress bar redrawn in place (with
+#: carriage returns) is sent as its latest states while it runs, each ending with this,
+#: then as its finished line (which never does).
+BAR_END = "\r"
+
+
 class LogLine(Strict):
     """One line of a job's output, or (stream ``progress``) one progress record: a JSON
-    object with the known keys of :mod:`gpufleet.domain.progress` and numeric metrics."""
+    object with the known keys of :mod:`gpufleet.domain.progress` and numeric metrics.
+    An output line ending with a carriage return (``BAR_END``) is a state of a progress
+    bar the job still redraws: the line after it on its stream continues it."""
 
     stream: Literal["stdout", "stderr", "progress"] = "stdout"
     line: str = Field(max_length=1_000_000)

@@ -78,6 +78,16 @@ class Backlog:
         if self._mem_bytes > self.memory:
             self._spill()
 
+    def update(self, stream: str, line: str) -> None:
+        """Add a progress bar's latest state (a line that ends with a carriage return)
+        in place of the newest unsent line, when that one is an earlier state of the
+        same stream's bar, still in memory: each batch sent holds its latest state only."""
+        newest = self._mem[-1] if self._mem else None
+        if newest is not None and newest[0] == stream and newest[1].endswith("\r"):
+            _, old = self._mem.pop()
+            self._mem_bytes -= len(old) + LINE_OVERHEAD
+        self.add(stream, line)
+
     def _spill(self) -> None:
         """Memory to the newest segment (a new one when it is full), then the oldest
         segments out while the spill is over its bound."""

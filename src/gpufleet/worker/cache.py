@@ -17,7 +17,10 @@ from pathlib import Path
 
 import psutil
 
-Fetch = Callable[[str, Path], int]
+#: Downloads a blob, verified, into a path; given a third argument, tells it each
+#: number of bytes received.
+Fetch = Callable[..., int]
+Received = Callable[[int], None]
 LEFTOVER_IDLE = 600.0
 
 
@@ -36,26 +39,32 @@ class BlobCache:
     def path(self, sha256: str) -> Path:
         return self.root / sha256
 
-    async def get(self, sha256: str) -> tuple[Path, bool]:
+    def has(self, sha256: str) -> bool:
+        """Whether the blob is cached now (a neighbour may evict it yet)."""
+        return self.path(sha256).is_file()
+
+    async def get(self, sha256: str, received: Received | None = None) -> tuple[Path, bool]:
         """The blob's local path and whether it was already cached. Concurrent jobs that
-        need the same blob share one download. Call :meth:`release` when done with it."""
+        need the same blob share one download. Call :meth:`release` when done with it.
+        ``received``: told each number of bytes the download receives (in its thread)."""
         lock = self._locks.setdefault(sha256, asyncio.Lock())
         async with lock:
             self._in_use[sha256] = self._in_use.get(sha256, 0) + 1
             try:
-                return await self._get(sha256)
+                return await self._get(sha256, received)
             except BaseException:
                 self.release(sha256)
                 raise
 
-    async def _get(self, sha256: str) -> tuple[Path, bool]:
+    async def _get(self, sha256: str, received: Received | None) -> tuple[Path, bool]:
         path = self.path(sha256)
         with contextlib.suppress(FileNotFoundError):  # gone: a neighbour evicted it
             os.utime(path)  # most recently used
             return path, True
         temp = self.root / f".{sha256}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
-            await asyncio.to_thread(self._fetch, sha256, temp)
+            more = () if received is None else (received,)
+            await asyncio.to_thread(self._fetch, sha256, temp, *more)
             os.replace(temp, path)
         finally:
             temp.unlink(missing_ok=True)

@@ -28,6 +28,7 @@ from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
 from gpufleet.terminal import visible
 from gpufleet.tokens import redact
 from gpufleet.wire import (
+    BAR_END,
     STDERR_TAIL_CHARS,
     STDERR_TAIL_LINES,
     ArtifactAttach,
@@ -40,6 +41,7 @@ from gpufleet.wire import (
 )
 from gpufleet.worker.adapters import Adapter, AdapterError, adapter_for
 from gpufleet.worker.backlog import Backlog
+from gpufleet.worker.downloads import Download
 from gpufleet.worker.isolation import (
     SlotUser,
     SlotUsers,
@@ -129,6 +131,23 @@ class Running:
         self.backlog.add(stream, line)
         if stream == "stderr":
             self.tail.append(line[:STDERR_TAIL_CHARS])
+
+    def on_bar(self, stream: str, state: str) -> None:
+        """The latest state of a line the job redraws in place (a progress bar), not yet
+        finished: stored with a carriage return at its end (a finished line never has
+        one), in place of the state before it when that one is not sent yet."""
+        self.backlog.update(stream, state + BAR_END)
+
+    def downloading(self, record: dict[str, Any], line: str | None, finished: bool) -> None:
+        """How far the download of the job's inputs is: a progress record, and a line of
+        the worker's own in its output (a bar's state until ``finished``)."""
+        self.record(record)
+        if line is not None:
+            said = f"[gpufleet] {line}"
+            if finished:
+                self.backlog.add("stderr", said)
+            else:
+                self.on_bar("stderr", said)
 
 
 class JobSteps(ABC):
@@ -226,7 +245,9 @@ class JobSteps(ABC):
             base = job_user_env(base, run.user, workdir)
         env = job_env(base, spec.env, lease.gpus, extra)
         try:
-            await self.stager.stage(lease.inputs, workdir, partial(self.note, run))
+            await self.stager.stage(
+                lease.inputs, workdir, partial(self.note, run), Download(run.downloading)
+            )
             if run.user is not None:  # staged by the worker: the job's to read and change
                 await asyncio.to_thread(give_tree, workdir, run.user)
         except InputError as exc:
@@ -242,7 +263,9 @@ class JobSteps(ABC):
             say(f"job {lease.job_id}: {exc.message}")
             return exc.message
         try:
-            run.proc = await JobProcess.start(argv, workdir, env, run.on_line, run.user)
+            run.proc = await JobProcess.start(
+                argv, workdir, env, run.on_line, run.user, on_bar=run.on_bar
+            )
         except OSError as exc:
             return f"could not start {argv[0]!r}: {exc.strerror or exc}"
         started = datetime.now(UTC)  # the job's start, by this worker's clock
@@ -271,13 +294,35 @@ class JobSteps(ABC):
 
     async def execute(self, run: Running) -> tuple[int | None, str | None]:
         """Run the job to its end: its exit code (None if it never ran) and why it failed."""
-        lease, spec = run.lease, run.lease.spec
+        spec = run.lease.spec
         workdir = self.make_workdir(run)
-        refused = await self._launch(run, workdir)
-        if refused is not None:
-            return None, refused
-        assert run.proc is not None
+        # sent from the start: the download of its inputs is seen as it goes
         flusher = asyncio.create_task(self.flush_loop(run))
+        try:
+            refused = await self._launch(run, workdir)
+            if refused is not None:
+                return None, refused
+            code, oom = await self._wait(run)
+        finally:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+        run.read_progress(final=True)
+        if (bad := run.progress.summary()) is not None:
+            self.note(run, bad)
+        error = f"timed out after {spec.timeout:g}s" if run.stop_reason == "timeout" else None
+        error = error or describe_exit(code, oom=oom)
+        if run.stop_reason in (None, "timeout", "stop"):  # a stopped job keeps its outputs
+            failed = await self.collect(run, workdir)
+            if failed:
+                error = f"{error}; {failed}" if error else failed
+        return code, error
+
+    async def _wait(self, run: Running) -> tuple[int, bool]:
+        """Wait for the job's process to end (killed at its timeout), and read what it
+        left: its exit code, and whether the kernel's OOM killer ran meanwhile."""
+        lease, spec = run.lease, run.lease.spec
+        assert run.proc is not None
         kills = oom_kills()
         code = await run.proc.wait(spec.timeout)
         if code is None:
@@ -286,20 +331,8 @@ class JobSteps(ABC):
             code = await run.proc.stop()
         await run.proc.reap(self.workdir(lease))
         await run.adapter.close()
-        flusher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await flusher
-        run.read_progress(final=True)
-        if (bad := run.progress.summary()) is not None:
-            self.note(run, bad)
-        error = f"timed out after {spec.timeout:g}s" if run.stop_reason == "timeout" else None
         ours = run.stop_reason is not None  # we signalled it: not the kernel
-        error = error or describe_exit(code, oom=not ours and oom_kills() > kills)
-        if run.stop_reason in (None, "timeout", "stop"):  # a stopped job keeps its outputs
-            failed = await self.collect(run, workdir)
-            if failed:
-                error = f"{error}; {failed}" if error else failed
-        return code, error
+        return code, not ours and oom_kills() > kills
 
     def note(self, run: Running, message: str) -> None:
         """A line from the worker itself in the job's output."""

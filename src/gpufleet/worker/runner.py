@@ -13,21 +13,20 @@ import shlex
 import signal
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gpufleet.domain.models import HyperStyle, hyper_flags
 from gpufleet.worker.capability import job_path
 from gpufleet.worker.isolation import SlotUser, kill_user
+from gpufleet.worker.lines import LINE_LIMIT, Lines, OnLine
 from gpufleet.worker.spawn import Started, reaped, spawn
 
-LINE_LIMIT = 1 << 20  # bytes read for one line at most; longer lines are split
-MAX_LINE = 1_000_000  # characters of one stored output line (LogLine.line)
+READ_SIZE = 1 << 16  # bytes of a job's output read at one go
 PGID_MARKER = ".gpufleet-pgid"
 DRAIN_IDLE = 5.0  # seconds a pipe may give nothing, once its job ended, before it is left
 DRAIN_MOST = 60.0  # seconds its output is read at most once the job ended
-OnLine = Callable[[str, str], None]
 
 
 def build_argv(
@@ -81,7 +80,11 @@ class JobProcess:
         env: Mapping[str, str],
         on_line: OnLine,
         user: SlotUser | None = None,
+        on_bar: OnLine | None = None,
     ) -> JobProcess:
+        """Start ``argv``; its output lines go to ``on_line``, and the states of a line it
+        redraws in place (a progress bar) to ``on_bar`` while it is unfinished (none
+        without one)."""
         proc = await spawn(argv, cwd, env, LINE_LIMIT, user)
         stdout, stderr = proc.stdout, proc.stderr
         assert stdout is not None and stderr is not None
@@ -90,8 +93,8 @@ class JobProcess:
             write_marker(cwd / PGID_MARKER, f"{proc.pid} {os.getpid()}")  # group, worker
         read = _Read()
         pumps = [
-            asyncio.create_task(_pump(stdout, "stdout", on_line, read)),
-            asyncio.create_task(_pump(stderr, "stderr", on_line, read)),
+            asyncio.create_task(_pump(stdout, "stdout", on_line, on_bar or _ignored, read)),
+            asyncio.create_task(_pump(stderr, "stderr", on_line, on_bar or _ignored, read)),
         ]
         return cls(proc, pumps, read, user)
 
@@ -147,31 +150,38 @@ class JobProcess:
 
 
 class _Read:
-    """How many lines a job's pumps have read: whether its output still comes."""
+    """How many reads a job's pumps have made: whether its output still comes."""
 
     lines = 0
 
 
-async def _pump(reader: asyncio.StreamReader, stream: str, on_line: OnLine, read: _Read) -> None:
-    """Lines to ``on_line``. A pump must never stop early, or the child blocks on write:
-    a line longer than the buffer is passed on in pieces, none of it dropped."""
+def _ignored(stream: str, line: str) -> None:
+    """A bar state nobody asked for."""
+
+
+async def _pump(
+    reader: asyncio.StreamReader, stream: str, on_line: OnLine, on_bar: OnLine, read: _Read
+) -> None:
+    """Lines to ``on_line``, and the states of a line redrawn in place (a progress bar)
+    to ``on_bar`` while it stays unfinished (see :mod:`gpufleet.worker.lines`). A pump
+    must never stop early, or the child blocks on write: a line longer than the buffer
+    is passed on in pieces, none of it dropped."""
+    lines = Lines(stream, on_line, on_bar)
     while True:
+        wait = lines.due(time.monotonic())
         try:
-            raw = await reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError as eof:  # the end; a last line without newline
-            if eof.partial:
-                _emit(eof.partial, stream, on_line)
+            if wait is None:
+                chunk = await reader.read(READ_SIZE)
+            else:  # a bar's state is due: read until then (a cancelled read loses nothing)
+                chunk = await asyncio.wait_for(reader.read(READ_SIZE), wait)
+        except TimeoutError:
+            lines.bar()
+            continue
+        if not chunk:  # the end; a last line without newline is finished as it stands
+            lines.end()
             return
-        except asyncio.LimitOverrunError as long:
-            raw = await reader.readexactly(long.consumed)
         read.lines += 1
-        _emit(raw, stream, on_line)
-
-
-def _emit(raw: bytes, stream: str, on_line: OnLine) -> None:
-    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-    for start in range(0, max(len(text), 1), MAX_LINE):  # pieces the server accepts
-        on_line(stream, text[start : start + MAX_LINE])
+        lines.feed(chunk, time.monotonic())
 
 
 def _signal_name(number: int) -> str:

@@ -17,6 +17,7 @@ from gpufleet.domain.models import covering_mount
 from gpufleet.errors import GpufleetError
 from gpufleet.wire import StagedInput
 from gpufleet.worker.cache import BlobCache
+from gpufleet.worker.downloads import Download
 
 Note = Callable[[str], None]
 
@@ -51,8 +52,34 @@ class Stager:
         self.limits = limits
         self.digests = digests  # shared-mount hashes, by the tree's fingerprint
 
-    async def stage(self, inputs: list[StagedInput], workdir: Path, note: Note) -> None:
-        """Put every input in place, or raise InputError saying which one failed and why."""
+    async def stage(
+        self,
+        inputs: list[StagedInput],
+        workdir: Path,
+        note: Note,
+        download: Download | None = None,
+    ) -> None:
+        """Put every input in place, or raise InputError saying which one failed and why.
+        ``download`` is told how far the download of those not in the cache is."""
+        fetched = [
+            inp
+            for inp in inputs
+            if inp.kind != "path" and inp.sha256 is not None and not self.cache.has(inp.sha256)
+        ]
+        if download is None or not fetched:
+            await self._stage(inputs, workdir, note, None)
+            return
+        download.begin(sum(inp.size or 0 for inp in fetched))
+        ok = False
+        try:
+            await self._stage(inputs, workdir, note, download)
+            ok = True
+        finally:
+            download.end(ok)
+
+    async def _stage(
+        self, inputs: list[StagedInput], workdir: Path, note: Note, download: Download | None
+    ) -> None:
         for index, inp in enumerate(inputs):
             name = inp.label or (inp.sha256 or "")[:12]
             try:
@@ -61,21 +88,25 @@ class Stager:
                 elif inp.sha256 is None:
                     note(f"input {name}: that job left no artifact; nothing to unpack")
                 else:
-                    await self._unpack(inp, index, workdir, note)
+                    await self._unpack(inp, index, workdir, note, download)
             except GpufleetError as exc:
                 raise InputError(f"input {name}: {exc.message}") from exc
             except OSError as exc:
                 raise InputError(f"input {name}: {exc.strerror or exc}") from exc
 
-    async def _unpack(self, inp: StagedInput, index: int, workdir: Path, note: Note) -> None:
+    async def _unpack(
+        self, inp: StagedInput, index: int, workdir: Path, note: Note, download: Download | None
+    ) -> None:
         try:
-            await self._unpack_once(inp, index, workdir, note)
+            await self._unpack_once(inp, index, workdir, note, download)
         except FileNotFoundError:  # evicted by a worker sharing the cache: fetch it again
-            await self._unpack_once(inp, index, workdir, note)
+            await self._unpack_once(inp, index, workdir, note, download)
 
-    async def _unpack_once(self, inp: StagedInput, index: int, workdir: Path, note: Note) -> None:
+    async def _unpack_once(
+        self, inp: StagedInput, index: int, workdir: Path, note: Note, download: Download | None
+    ) -> None:
         assert inp.sha256 is not None
-        path, hit = await self.cache.get(inp.sha256)
+        path, hit = await self.cache.get(inp.sha256, download.got if download else None)
         try:
             how = "cache hit" if hit else "downloaded"
             note(f"input {inp.label or inp.sha256[:12]} ({human(inp.size)}): {how}")

@@ -14,9 +14,28 @@ function cleanLine(text) {
   return text;
 }
 
+function isBar(ev) {
+  // a progress bar's state while it runs: the worker sends it ending in a carriage return
+  return (ev.line || "").endsWith("\r");
+}
+
+function collapseBars(evs) {
+  // each bar state gives way to the next line of its stream: the bar's latest state stays
+  const out = [];
+  const lastOf = new Map();
+  for (const ev of evs) {
+    const at = lastOf.get(ev.stream);
+    if (at !== undefined && isBar(out[at])) out[at] = null;
+    lastOf.set(ev.stream, out.length);
+    out.push(ev);
+  }
+  return out.filter(Boolean);
+}
+
 function logLine(ev) {
   const text = cleanLine(ev.line || "");
-  const line = h("div", { class: "line " + (ev.stream || "stdout"), "data-seq": ev.seq });
+  const line = h("div", { class: "line " + (ev.stream || "stdout"), "data-seq": ev.seq, "data-stream": ev.stream || "stdout" });
+  if (isBar(ev)) line.dataset.bar = "1";
   if (text.length > MAX_LINE_CHARS) {
     line.append(text.slice(0, MAX_LINE_CHARS), h("span", { class: "cut" }, " … [" + (text.length - MAX_LINE_CHARS) + " more characters cut]"));
   } else {
@@ -47,7 +66,7 @@ class LogView {
 
   async tail() {
     const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=9007199254740991&limit=1000`);
-    this.box.replaceChildren(...page.events.map((e) => logLine(e.data)));
+    this.box.replaceChildren(...collapseBars(page.events.map((e) => e.data)).map(logLine));
     this.older = page.more;
     this.box.scrollTop = this.box.scrollHeight;
     this.update();
@@ -70,7 +89,10 @@ class LogView {
     const stick = this.atBottom();
     const batch = this.pending.splice(0);
     const frag = document.createDocumentFragment();
-    for (const ev of batch) frag.append(logLine(ev));
+    const last = this.box.lastElementChild;
+    const lines = collapseBars(batch);
+    if (last && last.dataset.bar && lines.some((ev) => (ev.stream || "stdout") === last.dataset.stream)) last.remove();
+    for (const ev of lines) frag.append(logLine(ev));
     this.box.append(frag);
     let extra = this.count() - MAX_LOG_LINES;
     if (extra > 0) this.older = true;
@@ -87,7 +109,7 @@ class LogView {
       const page = await api(`/v1/jobs/${enc(this.jobId)}/events?format=json&types=log&before=${first.dataset.seq}&limit=500`);
       this.older = page.more;
       const height = this.box.scrollHeight;
-      this.box.prepend(...page.events.map((e) => logLine(e.data)));
+      this.box.prepend(...collapseBars(page.events.map((e) => e.data)).map(logLine));
       this.box.scrollTop += this.box.scrollHeight - height;
       let extra = this.count() - MAX_LOG_LINES;
       if (extra > 0) { this.detached = true; this.latest.hidden = false; }
@@ -141,7 +163,7 @@ class Curves {
   }
 
   draw() {
-    const known = new Set(["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"]);
+    const known = new Set(["epoch", "epochs", "step", "steps", "progress", "eta_s", "message", "bytes", "bytes_total", "bytes_per_s"]);
     const keys = [];
     for (const r of this.records) for (const k of Object.keys(r)) if (!known.has(k) && !keys.includes(k)) keys.push(k);
     if (!keys.length) return;
@@ -338,7 +360,7 @@ async function jobPage(main, ref) {
     curves.add(d.record);
     job.progress = { ...(job.progress || {}), ...d.record };
     job.metrics = { ...(job.metrics || {}) };
-    for (const [k, v] of Object.entries(d.record)) if (!["epoch", "epochs", "step", "steps", "progress", "eta_s", "message"].includes(k)) job.metrics[k] = v;
+    for (const [k, v] of Object.entries(d.record)) if (!["epoch", "epochs", "step", "steps", "progress", "eta_s", "message", "bytes", "bytes_total", "bytes_per_s"].includes(k)) job.metrics[k] = v;
     render();
   });
   take("state", (d) => { addState(d); job.status = d.status; render(); refreshSoon(); });
