@@ -108,6 +108,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "worker's token), and when it was last seen or how long it has been gone. "
         "`workers rm` forgets an offline one.",
     ),
+    "hosts": (
+        "fleet",
+        "List the manifests' [hosts.NAME] declarations: the host (the worker of that "
+        "--name), what it narrows of what the worker offers (cuda, gpus, vram_gib, "
+        "ram_gib, allow_jobs, deny_jobs), its priority, the manifest and file it came "
+        "from, and when and by which token it was applied. A later manifest's entry for "
+        "a host replaces it.",
+    ),
     "config": ("fleet", "Show the effective configuration."),
     "tokens": ("fleet", "Create, list and revoke tokens (admin)."),
     "sleap": (

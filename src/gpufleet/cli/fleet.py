@@ -48,7 +48,7 @@ workers_app = typer.Typer(subcommand_metavar="[COMMAND [ARGS]...]")
 
 
 def register(app: typer.Typer) -> None:
-    for cmd in (server, drain, status, capability, audit, whoami):
+    for cmd in (server, drain, status, hosts, capability, audit, whoami):
         app.command()(cmd)
     app.add_typer(install.worker_group(worker), name="worker")  # `worker` runs it, plus `install`
     app.add_typer(workers_app, name="workers")  # `workers` lists them, plus `rm`
@@ -308,6 +308,35 @@ def workers(
         err.print("no workers" + (f" in pool {shown(repr(pool))}" if pool else ""))
         return
     out.print(worker_table(rows))
+
+
+def hosts(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """List the manifests' [hosts.NAME] declarations: the host (the worker of that
+    --name), what it narrows of what the worker offers (cuda, gpus, vram_gib, ram_gib,
+    allow_jobs, deny_jobs), its priority, the manifest and file it came from, and when and
+    by which token it was applied. A later manifest's entry for a host replaces it."""
+    with client(server, ca) as c:
+        rows = c.hosts()
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        err.print("no host declarations (a manifest's [hosts.NAME] tables; gpufleet apply)")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("HOST", "NARROWS", "PRIORITY", "MANIFEST", "FILE", "APPLIED", "BY"):
+        table.add_column(col)
+    for h in rows:
+        table.add_row(
+            shown(h.name),
+            shown(", ".join(h.narrows) or "-"),
+            str(h.policy.priority),
+            shown(h.manifest),
+            shown(h.file or "-"),
+            day(h.applied_at),
+            shown(h.applied_by or "-"),
+        )
+    out.print(table)
 
 
 def audit(

@@ -26,7 +26,7 @@ from gpufleet.cli._common import (
     styled,
     when,
 )
-from gpufleet.cli.choose import session_client
+from gpufleet.cli.choose import host_note, session_client
 from gpufleet.cli.show import error_line, show_detail
 from gpufleet.client import Client
 from gpufleet.domain.models import InputKind
@@ -83,7 +83,10 @@ def load_plan(file: Path, c: Client, quiet: bool) -> ManifestApply:
         staged = [uploaded[(i.ref, spec.pool)].model_copy(update={"dest": i.dest}) for i in local]
         jobs.append(model.model_copy(update={"inputs": staged + model.inputs}))
     return ManifestApply(
-        name=plan.name, hosts=[HostModel.from_domain(h) for h in plan.hosts], jobs=jobs
+        name=plan.name,
+        hosts=[HostModel.from_domain(h) for h in plan.hosts],
+        jobs=jobs,
+        file=str(file),
     )
 
 
@@ -368,10 +371,10 @@ def why(
     for col in ("WORKER", "STATUS", "VERDICT"):
         table.add_column(col)
     for r in w.workers:
-        table.add_row(
-            shown(r.name),
-            styled(r.status),
-            "\n".join(map(shown, r.reasons or [r.reason or ""])) or "[green]may run it[/green]",
-        )
+        verdict = "\n".join(map(shown, r.reasons or [r.reason or ""]))
+        verdict = verdict or "[green]may run it[/green]"
+        if r.host and r.host.narrows:
+            verdict += f"\n[dim]its host declaration: {shown(host_note(r.host))}[/dim]"
+        table.add_row(shown(r.name), styled(r.status), verdict)
     if w.workers:
         out.print(table)

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from gpufleet import __version__
 from gpufleet.domain.models import Role, WorkerStatus
 from gpufleet.errors import Forbidden, NotFound, ValidationFailed
+from gpufleet.scheduling.matching import effective_gpus
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
@@ -145,7 +146,8 @@ def show_job(ref: str, request: Request, caller: Reader) -> JobDetail:
     q = state(request).services
     job = q.reads.job(ref, caller.pools)
     attempts, artifact, deps = q.reads.history(job)
-    return views.job_detail(job, _names(request), attempts, artifact, deps)
+    host = q.fleet.declaration_for(job.worker_id or job.target)
+    return views.job_detail(job, _names(request), attempts, artifact, deps, host)
 
 
 @router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])
@@ -216,6 +218,7 @@ def why_job(ref: str, request: Request, caller: Reader) -> WhyOut:
                 status=s.status.value,
                 reason="; ".join(r) or None,
                 reasons=r,
+                host=views.host_out(s.host) if s.host else None,
             )
             for s, r in verdicts
         ],
@@ -270,7 +273,7 @@ def fleet_status(request: Request, caller: Reader) -> StatusOut:
     for s in q.fleet.states(caller.pools):
         workers[s.status.value] = workers.get(s.status.value, 0) + 1
         if s.status != WorkerStatus.OFFLINE:
-            gpus += len(s.row.capability.gpus)
+            gpus += len(effective_gpus(s.view))  # as its host declaration offers them
             gpus_free += len(s.free.gpus)
             cpu += s.row.cpu_slots
             cpu_free += s.free.cpu_slots
