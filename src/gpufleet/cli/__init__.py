@@ -50,9 +50,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": (
         "jobs",
         "Ask a running job to finish early and keep what it made: its process group gets "
-        "SIGINT (a training script saves its model and exits), its outputs are kept, and "
-        "it ends succeeded (stopped early) if it exits 0. `cancel` kills and keeps "
-        "nothing. A submitter token stops only the jobs it submitted.",
+        "SIGINT (a training script saves its model and exits); a SLEAP training job gets "
+        "sleap-nn's own stop command instead (SIGINT only if it has not ended after "
+        "--grace). Its outputs are kept, and it ends succeeded (stopped early) if it exits "
+        "0. `cancel` kills and keeps nothing. A submitter token stops only the jobs it "
+        "submitted.",
     ),
     "cancel": (
         "jobs",

@@ -254,7 +254,7 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
             raise GpufleetError(f"--mount {m}: no such folder on this machine")
     return WorkerOptions(
         server=s["server"],
-        token=config.token_for(s["server"], s),
+        token=_worker_token(s),
         name=s["name"],
         labels=parse_pairs([s["labels"]], "--labels"),
         cpu_slots=1 if s["slots"] is None else s["slots"],
@@ -272,6 +272,27 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         share_token=_share_token() if share_token else None,
         run_as=tuple(u.strip() for u in s["run_as"].split(",") if u.strip()),
     )
+
+
+def _worker_token(s: config.Resolved) -> str | None:
+    """The configured token; else the worker token the local server saved for this
+    machine's workers (pool default), never the admin's: a job must not act as the admin."""
+    token = config.worker_token_for(s["server"], s)
+    configured = bool(s["token"])
+    if token and not configured and s["pool"] not in (None, "default"):
+        raise ConfigError(
+            f"--pool {s['pool']}: the worker token this machine's server saved is for pool "
+            "'default'; make one for this pool (gpufleet tokens create --role worker --pool "
+            f"{s['pool']} --name NAME) and give it as GPUFLEET_TOKEN"
+        )
+    if token is None and config.load_token(s["server"]):
+        raise ConfigError(
+            f"no worker token for {s['server']}: a worker does not run with the admin's "
+            "token. Start the server on this machine again (it saves one for its local "
+            "workers), or make one (gpufleet tokens create --role worker --name NAME) and "
+            "give it as GPUFLEET_TOKEN"
+        )
+    return token
 
 
 def _share_token() -> str:

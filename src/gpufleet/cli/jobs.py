@@ -318,13 +318,18 @@ def stop(
     as_json: JsonOpt = False,
 ) -> None:
     """Ask a running job to finish early and keep what it made: its process group gets
-    SIGINT (a training script saves its model and exits), its outputs are kept, and it
-    ends succeeded (stopped early) if it exits 0. `cancel` kills and keeps nothing. A
-    submitter token stops only the jobs it submitted."""
+    SIGINT (a training script saves its model and exits); a SLEAP training job gets
+    sleap-nn's own stop command instead (SIGINT only if it has not ended after --grace).
+    Its outputs are kept, and it ends succeeded (stopped early) if it exits 0. `cancel`
+    kills and keeps nothing. A submitter token stops only the jobs it submitted."""
     with session_client(server, ca, session) as c:
         j = c.stop(job, grace)
+        sleap_train = not as_json and c.job(j.id).spec.adapter == "sleap-train"
     if as_json:
         print_json(j)
+    elif sleap_train:
+        asked = f"sent sleap-nn's stop command (SIGINT after {grace:g}s, then SIGTERM)"
+        out.print(f"{shown(j.id)}: {styled(j.status)}, {asked}")
     else:
         asked = f"asked to stop (SIGINT; SIGTERM after {grace:g}s)"
         out.print(f"{shown(j.id)}: {styled(j.status)}, {asked}")

@@ -51,7 +51,10 @@ def show_detail(d: JobDetail) -> None:
         pairs = ", ".join(f"{k}={v}" for k, v in d.progress.items())
         out.print(f"  progress: {shown(pairs)}")
     if d.submitted_by:
-        out.print(f"  submitted by token {shown(d.submitted_by)}")
+        who = f"token {shown(d.submitted_by)}"
+        if d.submitted_by_name:
+            who = f"{shown(d.submitted_by_name)} ({who})"
+        out.print(f"  submitted by {who}")
     if d.stopped_early:
         out.print("  [green]stopped early[/green] (gpufleet stop), outputs kept")
     elif d.stop_requested_at and d.status in ("claimed", "running"):

@@ -147,7 +147,8 @@ def show_job(ref: str, request: Request, caller: Reader) -> JobDetail:
     job = q.reads.job(ref, caller.pools)
     attempts, artifact, deps = q.reads.history(job)
     host = q.fleet.declaration_for(job.worker_id or job.target)
-    return views.job_detail(job, _names(request), attempts, artifact, deps, host)
+    who = q.reads.token_name(job.submitted_by)
+    return views.job_detail(job, _names(request), attempts, artifact, deps, host, who)
 
 
 @router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])
@@ -158,11 +159,7 @@ def job_artifact(ref: str, request: Request, caller: Reader) -> ArtifactOut:
     job = q.reads.job(ref, caller.pools)
     found = q.reads.result(job)
     if found is None:
-        raise NotFound(
-            f"job {job.id} has no artifact (status {job.status.value}; outputs "
-            f"{', '.join(job.spec.outputs) or 'none'} matched no files, or it has not ended)",
-            detail={"job": job.id},
-        )
+        raise NotFound(q.reads.no_result(job), detail={"job": job.id})
     return views.artifact_out(found)
 
 

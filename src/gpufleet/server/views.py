@@ -91,6 +91,7 @@ def job_detail(
     artifact: ArtifactRow | None = None,
     deps: list[JobRow] | None = None,
     host: HostDeclaration | None = None,
+    submitter: str | None = None,
 ) -> JobDetail:
     base = job_out(job, names).model_dump()
     return JobDetail(
@@ -103,6 +104,7 @@ def job_detail(
             DependencyOut(job_id=d.id, name=d.name, status=d.status.value) for d in deps or []
         ],
         host=host_out(host) if host else None,
+        submitted_by_name=submitter,
     )
 
 

@@ -319,6 +319,9 @@ class JobDetail(JobOut):
     unrunnable: str | None = None
     artifact: ArtifactOut | None = None
     depends_on: list[DependencyOut] = Field(default_factory=list)
+    submitted_by_name: str | None = Field(
+        None, description="the name of the token that submitted it (who submitted it)"
+    )
     host: HostOut | None = Field(
         None,
         description="the [hosts.NAME] declaration of the worker it runs on (or, pending, "
