@@ -214,7 +214,10 @@ def worker(
     run_as: Annotated[str | None, setting_option("run_as")] = None,
 ) -> None:
     """Run a worker: detect this machine, claim jobs that fit, run them, report back.
-    It prints a session string; `gpufleet submit --session STRING` sends a job to it."""
+    It prints a session string; `gpufleet submit --session STRING` sends a job to it.
+
+    Its token: GPUFLEET_TOKEN (or `token` in a config file), else the worker token the
+    server on this machine saved for its workers (pool default); never the admin's."""
     from gpufleet.worker.agent import run_worker
     from gpufleet.worker.capability import detect
 
@@ -278,7 +281,7 @@ def _worker_token(s: config.Resolved) -> str | None:
     """The configured token; else the worker token the local server saved for this
     machine's workers (pool default), never the admin's: a job must not act as the admin."""
     token = config.worker_token_for(s["server"], s)
-    configured = bool(s["token"])
+    configured = bool(str(s["token"] or "").strip())
     if token and not configured and s["pool"] not in (None, "default"):
         raise ConfigError(
             f"--pool {s['pool']}: the worker token this machine's server saved is for pool "
