@@ -61,7 +61,12 @@ def test_a_host_declaration_shows_in_workers_show_why_and_hosts(
     assert h["policy"]["declared"]["cuda"] is False and h["applied_at"]
 
     # `show` of the job aimed at it: in a CPU slot, and why
-    job = fleet.cli("submit", "--worker", "gpu-big", *QUICK).stdout.split()[-1]
+    aimed = fleet.cli("submit", "--worker", "gpu-big", *QUICK)
+    job = aimed.stdout.split()[-1]
+    assert (
+        "warning: worker gpu-big has 2 GPU(s), but hosts.gpu-big in "
+        f"{lab} declares cuda=false: it offers none of them, so this job runs in a CPU slot"
+    ) in " ".join(aimed.stderr.split())
     fleet.wait_status(job, "succeeded")
     shown = fleet.cli("show", job, env=WIDE).stdout
     assert "(a CPU slot)" in shown

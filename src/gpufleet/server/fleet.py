@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.domain.ids import new_worker_id
-from gpufleet.domain.models import ACTIVE, HostPolicy, JobStatus, WorkerStatus
+from gpufleet.domain.models import ACTIVE, HostPolicy, JobSpec, JobStatus, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound
 from gpufleet.scheduling.matching import (
     FreeGpu,
@@ -154,6 +154,22 @@ class Fleet:
             return hosts[ref]
         w = self.store.get_worker(ref)
         return hosts.get(w.name) if w is not None else None
+
+    def narrowed_note(self, spec: JobSpec) -> str | None:
+        """For a job aimed at a worker whose host declaration offers none of the GPUs it
+        has: that the job runs in a CPU slot, and which declaration says so."""
+        req = spec.requirements
+        if not req.worker or req.cpu_only:
+            return None
+        w = self.store.get_worker(req.worker)
+        d = self.declarations().get(w.name) if w is not None else None
+        if w is None or d is None or not w.capability.gpus or effective_gpus(self.view(w)):
+            return None
+        return (
+            f"worker {w.name} has {len(w.capability.gpus)} GPU(s), but hosts.{w.name} in "
+            f"{d.file or 'manifest ' + d.manifest} declares {', '.join(d.policy.narrowing())}:"
+            " it offers none of them, so this job runs in a CPU slot (gpufleet hosts)"
+        )
 
     def policies_after(self, hosts: Hosts) -> dict[str, HostPolicy]:
         """The host policies once a manifest's ``hosts`` are written (read fresh)."""

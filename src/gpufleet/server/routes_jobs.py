@@ -87,7 +87,9 @@ def submit(
         ),
     ] = False,
 ) -> SubmitResult:
-    """Queue one job. ``warning`` says when no registered worker could ever run it."""
+    """Queue one job. ``warning`` says when no registered worker could ever run it, or
+    when the worker it is aimed at runs it in a CPU slot because its host declaration
+    offers none of its GPUs."""
     pool = spec.pool or caller.default_pool()
     caller.may_use(pool)
     job = state(request).services.submission.submit(
@@ -99,7 +101,8 @@ def submit(
         by=caller.name,
     )
     note(request, job.id)
-    return SubmitResult(job=views.job_out(job, _names(request)), warning=job.unrunnable)
+    warning = job.unrunnable or state(request).services.fleet.narrowed_note(job.spec)
+    return SubmitResult(job=views.job_out(job, _names(request)), warning=warning)
 
 
 @router.get("/jobs", response_model=list[JobOut], tags=["jobs"])
