@@ -8,7 +8,8 @@ Precedence, highest first::
 Both config files are read when present; the one in the current directory wins per key.
 In a file, top-level keys are settings and ``[environments.NAME]`` tables override that
 file's top level when ``GPUFLEET_ENV=NAME``. ``GPUFLEET_CONFIG_DIR`` replaces the user
-config dir, which also holds ``credentials.json`` (bearer tokens per server URL).
+config dir, which also holds ``credentials.json`` (bearer tokens per server URL: the
+CLI's, and the worker token the local server made for this machine's workers).
 
 Every bad value raises :class:`~gpufleet.errors.ConfigError` naming the setting and where
 the value came from.
@@ -651,13 +652,21 @@ def credentials_path() -> Path:
     return config_dir() / CREDENTIALS_NAME
 
 
-def _read_credentials(path: Path) -> dict[str, str]:
-    """The ``servers`` table; raises OSError or ValueError when missing or malformed."""
+#: credentials.json's tables: the admin's (or a logged-in user's) token per server URL,
+#: and the worker token the local server made for this machine's workers.
+CLIENTS, WORKERS = "servers", "workers"
+
+
+def _read_credentials(path: Path, table: str = CLIENTS) -> dict[str, str]:
+    """One table of the file (``servers``: the CLI's tokens; ``workers``: the local
+    workers'); raises OSError or ValueError when the file is missing or malformed."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    servers = data.get("servers") if isinstance(data, dict) else None
-    if not isinstance(servers, dict):
+    if not isinstance(data, dict) or not isinstance(data.get(CLIENTS), dict):
         raise ValueError("no servers table")
-    return {normalize_url(k): v for k, v in servers.items() if isinstance(v, str)}
+    found = data.get(table, {})
+    if not isinstance(found, dict):
+        raise ValueError(f"no {table} table")
+    return {normalize_url(k): v for k, v in found.items() if isinstance(v, str)}
 
 
 def write_file(path: Path, text: str, mode: int = 0o600) -> None:
@@ -679,6 +688,16 @@ def write_file(path: Path, text: str, mode: int = 0o600) -> None:
 
 def save_token(server: str, token: str) -> Path:
     """Store ``token`` for ``server`` in ``credentials.json``, keeping other servers' tokens."""
+    return _save(server, token, CLIENTS)
+
+
+def save_worker_token(server: str, token: str) -> Path:
+    """Store the worker token the server at ``server`` made for this machine's workers
+    (``gpufleet worker`` takes it when no token is configured), beside the CLI's tokens."""
+    return _save(server, token, WORKERS)
+
+
+def _save(server: str, token: str, table: str) -> Path:
     try:
         key = _parse_url(server, Path())
     except _Invalid as exc:
@@ -687,29 +706,39 @@ def save_token(server: str, token: str) -> Path:
         raise ConfigError(f"save_token: empty token for {key}")
     path = credentials_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    servers: dict[str, str] = {}
+    tables: dict[str, dict[str, str]] = {CLIENTS: {}}
     if path.exists():
         try:
-            servers = _read_credentials(path)
+            tables = {name: _read_credentials(path, name) for name in (CLIENTS, WORKERS)}
         except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"{path}: cannot read credentials ({exc}); fix or delete it and log in again"
             ) from exc
-    servers[key] = token
-    write_file(path, json.dumps({"servers": servers}, indent=2, sort_keys=True) + "\n")
+    tables.setdefault(table, {})[key] = token
+    kept = {name: found for name, found in tables.items() if found or name == CLIENTS}
+    write_file(path, json.dumps(kept, indent=2, sort_keys=True) + "\n")
     return path
 
 
 def load_token(server: str) -> str | None:
     """The token saved for ``server`` (trailing slashes ignored), or ``None``. For
     several servers (``URL1,URL2``), the first saved for any of them."""
+    return _load(server, CLIENTS)
+
+
+def load_worker_token(server: str) -> str | None:
+    """The worker token the local server saved for ``server``'s workers, or ``None``."""
+    return _load(server, WORKERS)
+
+
+def _load(server: str, table: str) -> str | None:
     path = credentials_path()
     try:
-        servers = _read_credentials(path)
+        found = _read_credentials(path, table)
     except (OSError, ValueError):
         return None
     for url in server_urls(server):
-        token = servers.get(url)
+        token = found.get(url)
         if token:
             return tokens.clean(token, f"{path} (for {url})")
     return None
@@ -723,3 +752,14 @@ def token_for(server: str, resolved: Resolved) -> str | None:
         where = resolved.sources.get("token", "the token").removeprefix("env ")
         return tokens.clean(token, where)
     return load_token(server)
+
+
+def worker_token_for(server: str, resolved: Resolved) -> str | None:
+    """A worker's token: the configured one (env or file) if set, else the worker token
+    the local server saved for ``server``. Never the admin's saved token: a job on this
+    machine must not be able to act as the admin through its worker."""
+    token = resolved.values.get("token")
+    if isinstance(token, str) and token.strip():
+        where = resolved.sources.get("token", "the token").removeprefix("env ")
+        return tokens.clean(token, where)
+    return load_worker_token(server)

@@ -19,6 +19,7 @@ import pytest
 
 from gpufleet.client import Client
 from gpufleet.config import load_token
+from gpufleet.wire import TokenCreate
 from tests.procs import Proc, alive, free_port, listening, wait_for
 
 __all__ = ["PYTHON", "Fleet", "Proc", "alive", "free_port", "wait_for"]
@@ -98,12 +99,15 @@ class Fleet:
             str(self.root / "work" / name),
             *args,
         ]
+        env = {**self.env, **(env_extra or {})}
+        if "--pool" in args and "GPUFLEET_TOKEN" not in env:
+            env["GPUFLEET_TOKEN"] = self.worker_token(name, args[args.index("--pool") + 1])
         log = self.root / f"worker-{name}.log"
         n = 1
         while log.exists():  # a restarted worker of the same name keeps the old log
             n += 1
             log = self.root / f"worker-{name}.{n}.log"
-        proc = Proc(argv, {**self.env, **(env_extra or {})}, log)
+        proc = Proc(argv, env, log)
         self.procs.append(proc)
         wait_for(
             lambda: "registered" in proc.text() or proc.popen.poll() is not None,
@@ -112,6 +116,12 @@ class Fleet:
         )
         assert proc.popen.poll() is None, proc.text()
         return proc
+
+    def worker_token(self, name: str, pool: str) -> str:
+        """A new worker token of ``pool`` (the local server saves one of pool default
+        only, for this machine's workers)."""
+        with self.client() as c:
+            return c.create_token(TokenCreate(name=name, role="worker", pools=[pool])).token
 
     def start_gpu_worker(
         self, name: str, gpus: list[tuple[str, int, int]], *args: str, **kw: Any

@@ -93,7 +93,8 @@ def test_stop_asks_sleap_nn_itself_and_the_model_is_kept(fleet: Fleet, tmp_path:
     job = fleet.cli("sleap", "train", str(pkg), "--cpu").stdout.split()[0]
     with fleet.client() as c:
         wait_for(lambda: (c.job(job).progress or {}).get("epoch", 0) >= 1, 30, "an epoch")
-    fleet.cli("stop", job, "--stop-grace", "60")
+    said = fleet.cli("stop", job, "--stop-grace", "60").stdout
+    assert "sent sleap-nn's stop command (SIGINT after 60s" in said  # not "SIGINT" alone
     ended = fleet.wait_status(job, "succeeded", "failed", timeout=30)
     assert ended["status"] == "succeeded" and ended["stopped_early"], ended
     assert ended["exit_code"] == 0

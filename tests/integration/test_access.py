@@ -253,6 +253,20 @@ def test_a_submitter_lists_only_its_pools(world: World) -> None:
     assert len(everything) == 3
 
 
+def test_a_submitter_sees_only_the_host_declarations_of_its_pools_workers(world: World) -> None:
+    hosts = [{"name": "wa1", "declared": {"cuda": False}}, {"name": "wb", "priority": 2}]
+    plan = {"name": "lab", "hosts": hosts, "file": "plans/lab.toml"}
+    assert world.call("operator", "POST", "/v1/manifests", plan).status_code == 200
+    mine = world.call("sub_a", "GET", "/v1/hosts").json()
+    assert [(h["name"], h["narrows"], h["file"]) for h in mine] == [
+        ("wa1", ["cuda=false"], "plans/lab.toml")
+    ]
+    assert mine[0]["applied_by"] == "ops" and mine[0]["manifest"] == "lab"
+    every = world.call("admin", "GET", "/v1/hosts").json()
+    assert [h["name"] for h in every] == ["wa1", "wb"] and every[1]["narrows"] == []
+    assert world.call("worker_a1", "GET", "/v1/hosts").status_code == 403
+
+
 def test_a_submit_without_a_pool_goes_to_the_tokens_pool(world: World) -> None:
     r = world.call("sub_b", "POST", "/v1/jobs", job_body("mine"))
     assert r.status_code == 201, r.text

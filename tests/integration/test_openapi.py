@@ -45,6 +45,7 @@ EXPECTED = {
     ("GET", "/v1/audit"),
     ("POST", "/v1/workers/select"),
     ("GET", "/v1/workers"),
+    ("GET", "/v1/hosts"),
     ("GET", "/v1/workers/{ref}"),
     ("POST", "/v1/workers/{ref}/drain"),
     ("POST", "/v1/workers"),

@@ -173,7 +173,11 @@ def test_no_token_anywhere_is_a_clear_error() -> None:
 
 
 def test_token_from_file_or_from_the_saved_credentials(tmp_path: Path) -> None:
-    config.save_token("http://fleet:8000", "gf_saved")
+    config.save_token("http://fleet:8000", "gf_admin")
+    fleet = Given(server="http://fleet:8000")
+    with pytest.raises(ConfigError, match="no token"):  # never the admin's
+        build_service(fleet, token_file=None, python="/p", user=None, windows=False)
+    config.save_worker_token("http://fleet:8000", "gf_saved")
     svc = build_service(
         Given(server="http://fleet:8000"), token_file=None, python="/p", user=None, windows=False
     )

@@ -50,9 +50,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": (
         "jobs",
         "Ask a running job to finish early and keep what it made: its process group gets "
-        "SIGINT (a training script saves its model and exits), its outputs are kept, and "
-        "it ends succeeded (stopped early) if it exits 0. `cancel` kills and keeps "
-        "nothing. A submitter token stops only the jobs it submitted.",
+        "SIGINT (a training script saves its model and exits); a SLEAP training job gets "
+        "sleap-nn's own stop command instead (SIGINT only if it has not ended after "
+        "--grace). Its outputs are kept, and it ends succeeded (stopped early) if it exits "
+        "0. `cancel` kills and keeps nothing. A submitter token stops only the jobs it "
+        "submitted.",
     ),
     "cancel": (
         "jobs",
@@ -107,6 +109,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         " host, GPUs with free/total memory, running jobs, labels (* fixed by the "
         "worker's token), and when it was last seen or how long it has been gone. "
         "`workers rm` forgets an offline one.",
+    ),
+    "hosts": (
+        "fleet",
+        "List the manifests' [hosts.NAME] declarations: the host (the worker of that "
+        "--name), what it narrows of what the worker offers (cuda, gpus, vram_gib, "
+        "ram_gib, allow_jobs, deny_jobs), its priority, the manifest and file it came "
+        "from, and when and by which token it was applied. A later manifest's entry for "
+        "a host replaces it.",
     ),
     "config": ("fleet", "Show the effective configuration."),
     "tokens": ("fleet", "Create, list and revoke tokens (admin)."),

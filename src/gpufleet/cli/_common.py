@@ -100,8 +100,11 @@ SessionOpt = Annotated[
     typer.Option(
         "--session",
         help="Talk to the server of this session string (what a worker printed; @FILE "
-        "reads it from a file) with its token: the jobs you submitted through it. "
-        "Default: GPUFLEET_SESSION, when set.",
+        "reads it from a file) with the token it carries (the worker's --share-token), "
+        "else your own token for that server. Commands then see what that token sees: "
+        "`jobs` lists every job of its pools (a submitter token's), or of every pool (an "
+        "admin's), not only the jobs sent to that worker. Default: GPUFLEET_SESSION, "
+        "when set.",
     ),
 ]
 

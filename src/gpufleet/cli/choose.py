@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import typer
 from rich.table import Table
@@ -14,7 +14,7 @@ from gpufleet.cli._common import age, client, err, resolve, shown, styled
 from gpufleet.client import Client
 from gpufleet.client.session import Session
 from gpufleet.errors import ConfigError
-from gpufleet.wire import Candidate, GpuModel, JobSpecModel, WorkerOut
+from gpufleet.wire import Candidate, GpuModel, HostOut, JobSpecModel, WorkerOut
 
 SESSION_ENV = "GPUFLEET_SESSION"
 
@@ -49,6 +49,27 @@ def gpu_summary(gpus: list[GpuModel], simulated: bool) -> str:
     return (text + (" (simulated)" if simulated else "")) if text else "-"
 
 
+def host_note(h: HostOut) -> str:
+    """A host declaration and where it came from, e.g. "cuda=false by hosts.gpu-big in
+    lab.toml" (the file's name as the applying client gave it, else the manifest's name;
+    `gpufleet hosts` shows the whole path)."""
+    said = ", ".join(h.narrows) or f"priority={h.policy.priority}"
+    where = PurePath(h.file).name if h.file else f"manifest {h.manifest}"
+    return f"{said} by hosts.{h.name} in {where}"
+
+
+def gpu_cell(w: WorkerOut) -> str:
+    """A worker's GPUs as jobs get them: what its host declaration still offers (with the
+    declaration that narrowed them), then what the worker detected."""
+    detected = gpu_summary(w.gpus, w.gpus_simulated)
+    if w.host is None or not w.host.narrows:
+        return detected
+    if w.gpus_offered is None or not w.gpus:
+        return f"{detected}; {host_note(w.host)}"
+    offered = gpu_summary(w.gpus_offered, w.gpus_simulated) if w.gpus_offered else "0"
+    return f"{offered} of {len(w.gpus)} offered ({host_note(w.host)}); detected: {detected}"
+
+
 def labels_text(w: WorkerOut) -> str:
     """``k=v`` pairs, a ``*`` marking those the worker's token fixes (trustworthy)."""
     fixed = set(w.fixed_labels)
@@ -81,7 +102,7 @@ def worker_table(rows: list[WorkerOut]) -> Table:
             shown(w.capability.hostname),
             shown(w.pool),
             styled(w.status),
-            shown(gpu_summary(w.gpus, w.gpus_simulated)),
+            shown(gpu_cell(w)),
             shown(", ".join(w.running) or "-"),
             shown(labels_text(w)),
             *([shown(tools_text(w))] if tools else []),

@@ -48,7 +48,7 @@ workers_app = typer.Typer(subcommand_metavar="[COMMAND [ARGS]...]")
 
 
 def register(app: typer.Typer) -> None:
-    for cmd in (server, drain, status, capability, audit, whoami):
+    for cmd in (server, drain, status, hosts, capability, audit, whoami):
         app.command()(cmd)
     app.add_typer(install.worker_group(worker), name="worker")  # `worker` runs it, plus `install`
     app.add_typer(workers_app, name="workers")  # `workers` lists them, plus `rm`
@@ -214,7 +214,10 @@ def worker(
     run_as: Annotated[str | None, setting_option("run_as")] = None,
 ) -> None:
     """Run a worker: detect this machine, claim jobs that fit, run them, report back.
-    It prints a session string; `gpufleet submit --session STRING` sends a job to it."""
+    It prints a session string; `gpufleet submit --session STRING` sends a job to it.
+
+    Its token: GPUFLEET_TOKEN (or `token` in a config file), else the worker token the
+    server on this machine saved for its workers (pool default); never the admin's."""
     from gpufleet.worker.agent import run_worker
     from gpufleet.worker.capability import detect
 
@@ -254,7 +257,7 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
             raise GpufleetError(f"--mount {m}: no such folder on this machine")
     return WorkerOptions(
         server=s["server"],
-        token=config.token_for(s["server"], s),
+        token=_worker_token(s),
         name=s["name"],
         labels=parse_pairs([s["labels"]], "--labels"),
         cpu_slots=1 if s["slots"] is None else s["slots"],
@@ -272,6 +275,27 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         share_token=_share_token() if share_token else None,
         run_as=tuple(u.strip() for u in s["run_as"].split(",") if u.strip()),
     )
+
+
+def _worker_token(s: config.Resolved) -> str | None:
+    """The configured token; else the worker token the local server saved for this
+    machine's workers (pool default), never the admin's: a job must not act as the admin."""
+    token = config.worker_token_for(s["server"], s)
+    configured = bool(str(s["token"] or "").strip())
+    if token and not configured and s["pool"] not in (None, "default"):
+        raise ConfigError(
+            f"--pool {s['pool']}: the worker token this machine's server saved is for pool "
+            "'default'; make one for this pool (gpufleet tokens create --role worker --pool "
+            f"{s['pool']} --name NAME) and give it as GPUFLEET_TOKEN"
+        )
+    if token is None and config.load_token(s["server"]):
+        raise ConfigError(
+            f"no worker token for {s['server']}: a worker does not run with the admin's "
+            "token. Start the server on this machine again (it saves one for its local "
+            "workers), or make one (gpufleet tokens create --role worker --name NAME) and "
+            "give it as GPUFLEET_TOKEN"
+        )
+    return token
 
 
 def _share_token() -> str:
@@ -308,6 +332,35 @@ def workers(
         err.print("no workers" + (f" in pool {shown(repr(pool))}" if pool else ""))
         return
     out.print(worker_table(rows))
+
+
+def hosts(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """List the manifests' [hosts.NAME] declarations: the host (the worker of that
+    --name), what it narrows of what the worker offers (cuda, gpus, vram_gib, ram_gib,
+    allow_jobs, deny_jobs), its priority, the manifest and file it came from, and when and
+    by which token it was applied. A later manifest's entry for a host replaces it."""
+    with client(server, ca) as c:
+        rows = c.hosts()
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        err.print("no host declarations (a manifest's [hosts.NAME] tables; gpufleet apply)")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("HOST", "NARROWS", "PRIORITY", "MANIFEST", "FILE", "APPLIED", "BY"):
+        table.add_column(col)
+    for h in rows:
+        table.add_row(
+            shown(h.name),
+            shown(", ".join(h.narrows) or "-"),
+            str(h.policy.priority),
+            shown(h.manifest),
+            shown(h.file or "-"),
+            day(h.applied_at),
+            shown(h.applied_by or "-"),
+        )
+    out.print(table)
 
 
 def audit(

@@ -57,10 +57,10 @@ def read_token(token_file: Path | None, server: str) -> tuple[str, str]:
             raise ConfigError(f"{where}: the file is empty; put the worker's token in it")
     else:
         resolved = resolve(server=server)
-        token = config.token_for(server, resolved) or ""
+        token = config.worker_token_for(server, resolved) or ""
         where = resolved.sources["token"].removeprefix("env ")
         if not resolved["token"]:
-            where = f"the token saved for {server} in {config.credentials_path()}"
+            where = f"the worker token saved for {server} in {config.credentials_path()}"
     if not token:
         raise ConfigError(
             f"no token for the worker service at {server}: set GPUFLEET_TOKEN or pass "

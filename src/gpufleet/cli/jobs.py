@@ -27,7 +27,7 @@ from gpufleet.cli._common import (
     when,
 )
 from gpufleet.cli.attempts import attempt_lines
-from gpufleet.cli.choose import session_client
+from gpufleet.cli.choose import host_note, session_client
 from gpufleet.cli.show import error_line, show_detail
 from gpufleet.client import Client
 from gpufleet.domain.models import InputKind
@@ -89,7 +89,10 @@ def load_plan(file: Path, c: Client, quiet: bool, hyper_check: bool = True) -> M
         staged = [uploaded[(i.ref, spec.pool)].model_copy(update={"dest": i.dest}) for i in local]
         jobs.append(model.model_copy(update={"inputs": staged + model.inputs}))
     return ManifestApply(
-        name=plan.name, hosts=[HostModel.from_domain(h) for h in plan.hosts], jobs=jobs
+        name=plan.name,
+        hosts=[HostModel.from_domain(h) for h in plan.hosts],
+        jobs=jobs,
+        file=str(file),
     )
 
 
@@ -382,13 +385,18 @@ def stop(
     as_json: JsonOpt = False,
 ) -> None:
     """Ask a running job to finish early and keep what it made: its process group gets
-    SIGINT (a training script saves its model and exits), its outputs are kept, and it
-    ends succeeded (stopped early) if it exits 0. `cancel` kills and keeps nothing. A
-    submitter token stops only the jobs it submitted."""
+    SIGINT (a training script saves its model and exits); a SLEAP training job gets
+    sleap-nn's own stop command instead (SIGINT only if it has not ended after --grace).
+    Its outputs are kept, and it ends succeeded (stopped early) if it exits 0. `cancel`
+    kills and keeps nothing. A submitter token stops only the jobs it submitted."""
     with session_client(server, ca, session) as c:
         j = c.stop(job, grace)
+        sleap_train = not as_json and c.job(j.id).spec.adapter == "sleap-train"
     if as_json:
         print_json(j)
+    elif sleap_train:
+        asked = f"sent sleap-nn's stop command (SIGINT after {grace:g}s, then SIGTERM)"
+        out.print(f"{shown(j.id)}: {styled(j.status)}, {asked}")
     else:
         asked = f"asked to stop (SIGINT; SIGTERM after {grace:g}s)"
         out.print(f"{shown(j.id)}: {styled(j.status)}, {asked}")
@@ -435,10 +443,10 @@ def why(
     for col in ("WORKER", "STATUS", "VERDICT"):
         table.add_column(col)
     for r in w.workers:
-        table.add_row(
-            shown(r.name),
-            styled(r.status),
-            "\n".join(map(shown, r.reasons or [r.reason or ""])) or "[green]may run it[/green]",
-        )
+        verdict = "\n".join(map(shown, r.reasons or [r.reason or ""]))
+        verdict = verdict or "[green]may run it[/green]"
+        if r.host and r.host.narrows:
+            verdict += f"\n[dim]its host declaration: {shown(host_note(r.host))}[/dim]"
+        table.add_row(shown(r.name), styled(r.status), verdict)
     if w.workers:
         out.print(table)

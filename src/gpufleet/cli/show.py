@@ -8,6 +8,7 @@ control characters show as escapes (``\\x1b``), so it cannot drive the terminal.
 from __future__ import annotations
 
 from gpufleet.cli._common import out, shown, styled, when
+from gpufleet.cli.choose import host_note
 from gpufleet.domain.quota import size_text
 from gpufleet.wire import JobDetail, JobOut
 
@@ -42,13 +43,18 @@ def show_detail(d: JobDetail) -> None:
         out.print(f"  hyper ({shown(d.spec.hyper_style)}): {shown(pairs)}")
     if d.worker:
         out.print(f"  on: {shown(d.worker)} ({placement(d)}), started {when(d.started_at)}")
+    if d.host and d.host.narrows:
+        out.print(f"  its worker offers less than it has: {shown(host_note(d.host))}")
     if d.gpu_mib is not None:
         out.print(f"  GPU memory in use: {d.gpu_mib / 1024:.1f} GiB (its processes, NVML)")
     if d.progress:
         pairs = ", ".join(f"{k}={v}" for k, v in d.progress.items())
         out.print(f"  progress: {shown(pairs)}")
     if d.submitted_by:
-        out.print(f"  submitted by token {shown(d.submitted_by)}")
+        who = f"token {shown(d.submitted_by)}"
+        if d.submitted_by_name:
+            who = f"{shown(d.submitted_by_name)} ({who})"
+        out.print(f"  submitted by {who}")
     if d.stopped_early:
         out.print("  [green]stopped early[/green] (gpufleet stop), outputs kept")
     elif d.stop_requested_at and d.status in ("claimed", "running"):

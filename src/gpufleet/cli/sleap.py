@@ -408,7 +408,8 @@ def _follow(c: Client, job: JobOut, quiet: bool) -> str:
         if event.type == "state":
             status = str(event.data["status"])
             by = event.data.get("by")
-            line = styled(status) + (f" ({shown(str(by))})" if by else "")
+            who = "submitted by" if event.data.get("event") == "submit" else "by"
+            line = styled(status) + (f" ({who} {shown(str(by))})" if by else "")
             notices = attempt_lines(event.data)  # a failed attempt: why, stderr, the retry
         elif event.type == "end":
             status = str(event.data["status"])

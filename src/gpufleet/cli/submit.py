@@ -351,8 +351,8 @@ def finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet
     where = None
     try:
         where = fetch_results(c, job_id, results, quiet)
-    except NotFound:
-        err.print("the job left no artifact (its outputs matched no files)")
+    except NotFound as exc:  # the server says why: nothing kept, or nothing written
+        err.print(shown(exc.message))
     if quiet:
         print_json({"job_id": job_id, "status": status, "results": str(where) if where else None})
     else:

@@ -32,6 +32,7 @@ from gpufleet.wire import (
     FinishRequest,
     HeartbeatRequest,
     HeartbeatResponse,
+    HostOut,
     JobDetail,
     JobOut,
     JobSpecModel,
@@ -257,6 +258,10 @@ class Client:
 
     def workers(self, pool: str | None = None) -> list[WorkerOut]:
         return self.call(ops.workers(pool))
+
+    def hosts(self) -> list[HostOut]:
+        """The manifests' ``[hosts.NAME]`` declarations, with where each came from."""
+        return self.call(ops.hosts())
 
     def select(self, spec: JobSpecModel) -> list[Candidate]:
         """The workers that could take ``spec`` now (most free GPU memory first), then

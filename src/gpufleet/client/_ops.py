@@ -19,6 +19,7 @@ from gpufleet.wire import (
     FinishRequest,
     HeartbeatRequest,
     HeartbeatResponse,
+    HostOut,
     JobDetail,
     JobOut,
     JobSpecModel,
@@ -108,6 +109,10 @@ def apply(plan: ManifestApply) -> Call[ApplyResult]:
 def workers(pool: str | None = None) -> Call[list[WorkerOut]]:
     params: dict[str, Any] = {"pool": pool} if pool else {}
     return Call("GET", "/v1/workers", model(list[WorkerOut]), params=params)
+
+
+def hosts() -> Call[list[HostOut]]:
+    return Call("GET", "/v1/hosts", model(list[HostOut]))
 
 
 def select(spec: JobSpecModel) -> Call[list[Candidate]]:

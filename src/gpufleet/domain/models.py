@@ -298,6 +298,28 @@ class HostPolicy:
     description: str = ""
     declared: DeclaredCapability = field(default_factory=DeclaredCapability)
 
+    def narrowing(self) -> tuple[str, ...]:
+        """What this declaration takes from what its host would offer, each as the
+        manifest key says it ("cuda=false", "gpus=1", "allow_jobs=mlp,gbt"); empty: it
+        only sets a preference (priority) or a description."""
+        d = self.declared
+        said = [
+            "cuda=false" if d.cuda is False else "",
+            f"gpus={d.gpus}" if d.gpus is not None else "",
+            f"vram_gib={d.vram_gib:g}" if d.vram_gib is not None else "",
+            f"ram_gib={d.ram_gib:g}" if d.ram_gib is not None else "",
+            f"allow_jobs={','.join(self.allow_jobs) or '(none)'}"
+            if self.allow_jobs is not None
+            else "",
+            f"deny_jobs={','.join(self.deny_jobs)}" if self.deny_jobs else "",
+        ]
+        return tuple(s for s in said if s)
+
+    def narrows_gpus(self) -> bool:
+        """Whether it takes GPUs or GPU memory from its host (cuda, gpus, vram_gib)."""
+        d = self.declared
+        return d.cuda is False or d.gpus is not None or d.vram_gib is not None
+
 
 def covering_mount(path: str, mounts: Iterable[str]) -> str | None:
     """The mount in ``mounts`` that holds ``path``, if any. Both are normalized first, so

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from gpufleet.domain.models import Role
 from gpufleet.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
-from gpufleet.server.access import check_pools
+from gpufleet.server.access import DEFAULT_POOL, check_pools
 from gpufleet.server.holds import Credential
 from gpufleet.store import Store, TokenRow
 
@@ -31,6 +31,7 @@ CACHE_SECONDS = 2.0
 SESSION_PREFIX = "gs_"
 SESSION_SECONDS = 12 * 3600  # a dashboard sign-in lasts a working day
 SESSION_KEY = "session:"  # a session's entry in the lookup cache (beside token digests)
+LOCAL_WORKER = "local-worker"  # the token a server makes for its own machine's workers
 
 
 def digest(token: str) -> str:
@@ -105,6 +106,24 @@ class Auth:
         if self.store.count_tokens(Role.ADMIN.value):
             return None
         return self.create("admin", Role.ADMIN)[1]
+
+    def local_worker(self, saved: str | None, admin: str | None) -> str | None:
+        """A new worker token for the workers of the server's own machine (the secret),
+        or None: when the one saved there (``saved``) still works, or when the admin
+        token saved there (``admin``) is not this server's (that machine's credentials
+        are for another server, which makes its own). A worker that runs with it may act
+        only as a worker of the default pool, whatever its jobs do."""
+        if saved and self._role_of(saved) == Role.WORKER.value:
+            return None
+        if not admin or self._role_of(admin) != Role.ADMIN.value:
+            return None
+        return self.create(LOCAL_WORKER, Role.WORKER, pools=[DEFAULT_POOL])[1]
+
+    def _role_of(self, secret: str) -> str | None:
+        try:
+            return self.check(f"Bearer {secret}").role
+        except Unauthorized:
+            return None
 
     def check(self, header: str | None) -> TokenRow:
         """The token row behind an ``Authorization: Bearer`` header, or Unauthorized."""

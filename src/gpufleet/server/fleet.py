@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.domain.ids import new_worker_id
-from gpufleet.domain.models import ACTIVE, HostPolicy, JobStatus, WorkerStatus
+from gpufleet.domain.models import ACTIVE, HostPolicy, JobSpec, JobStatus, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound
 from gpufleet.scheduling.matching import (
     FreeGpu,
@@ -34,7 +34,7 @@ from gpufleet.scheduling.matching import (
     ever_reason,
     reserve,
 )
-from gpufleet.store import Hosts, JobRow, Store, TokenRow, WorkerRow, stored
+from gpufleet.store import HostRow, Hosts, JobRow, Store, TokenRow, WorkerRow, stored
 from gpufleet.wire import WorkerRegister
 
 Clock = Callable[[], float]
@@ -50,6 +50,33 @@ def no_event(event: str, target: str, detail: str, token: TokenRow | None) -> No
 
 
 @dataclass(frozen=True)
+class HostDeclaration:
+    """A manifest's ``[hosts.NAME]`` as the server applies it: the policy, the manifest
+    and file it came from, when, and the token that applied it (if known)."""
+
+    policy: HostPolicy
+    manifest: str
+    applied_at: float
+    file: str | None = None
+    applied_by: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @classmethod
+    def of(cls, row: HostRow) -> HostDeclaration:
+        origin = stored.host_origin(row.policy)
+        return cls(
+            stored.host_policy(row.policy),
+            row.manifest,
+            row.updated_at,
+            origin.file,
+            origin.applied_by,
+        )
+
+
+@dataclass(frozen=True)
 class WorkerState:
     """A worker as a user sees it now: its status, what it runs, what it has free (after
     the jobs aimed at it took theirs)."""
@@ -60,6 +87,7 @@ class WorkerState:
     running: list[JobRow]
     free: FreeResources
     waiting: list[JobRow] = field(default_factory=list)  # aimed at it, holding a slot
+    host: HostDeclaration | None = None  # the [hosts.NAME] that applies to it, if any
 
 
 class Fleet:
@@ -78,7 +106,11 @@ class Fleet:
         self.ephemeral_ttl = ephemeral_ttl
         self.clock = clock
         self.on_event = on_event
-        self._policies: tuple[float, dict[str, HostPolicy]] = (0.0, {})
+        self._hosts: tuple[float, dict[str, HostDeclaration], dict[str, HostPolicy]] = (
+            0.0,
+            {},
+            {},
+        )
         self._claimers: dict[str, tuple[float, WorkerRow]] = {}
         self._claimers_swept = 0.0
         # Heartbeats that changed nothing but liveness, written together by flush_beats:
@@ -88,14 +120,56 @@ class Fleet:
 
     # ---- host policies and views ------------------------------------------------------
 
+    def declarations(self) -> dict[str, HostDeclaration]:
+        """Host declarations from the last applied manifests, by host (cached for a second)."""
+        return self._applied()[0]
+
     def policies(self) -> dict[str, HostPolicy]:
         """Host policies from the last applied manifests (cached for a second)."""
-        loaded_at, cached = self._policies
+        return self._applied()[1]
+
+    def _applied(self) -> tuple[dict[str, HostDeclaration], dict[str, HostPolicy]]:
+        loaded_at, declared, policies = self._hosts
         if time.monotonic() - loaded_at < 1.0:
-            return cached
-        fresh = {h.name: stored.host_policy(h.policy) for h in self.store.hosts()}
-        self._policies = (time.monotonic(), fresh)
-        return fresh
+            return declared, policies
+        declared = {h.name: HostDeclaration.of(h) for h in self.store.hosts()}
+        policies = {name: d.policy for name, d in declared.items()}
+        self._hosts = (time.monotonic(), declared, policies)
+        return declared, policies
+
+    def hosts(self, pools: Sequence[str] | None = None) -> list[HostDeclaration]:
+        """Every host declaration by name; for ``pools``, those naming a worker of them."""
+        found = sorted(self.declarations().values(), key=lambda d: d.name)
+        if pools is None:
+            return found
+        mine = {w.name for w in self.store.list_workers(pools)}
+        return [d for d in found if d.name in mine]
+
+    def declaration_for(self, ref: str | None) -> HostDeclaration | None:
+        """The declaration that applies to the worker ``ref`` (id or name), if any."""
+        if not ref:
+            return None
+        hosts = self.declarations()
+        if ref in hosts:
+            return hosts[ref]
+        w = self.store.get_worker(ref)
+        return hosts.get(w.name) if w is not None else None
+
+    def narrowed_note(self, spec: JobSpec) -> str | None:
+        """For a job aimed at a worker whose host declaration offers none of the GPUs it
+        has: that the job runs in a CPU slot, and which declaration says so."""
+        req = spec.requirements
+        if not req.worker or req.cpu_only:
+            return None
+        w = self.store.get_worker(req.worker)
+        d = self.declarations().get(w.name) if w is not None else None
+        if w is None or d is None or not w.capability.gpus or effective_gpus(self.view(w)):
+            return None
+        return (
+            f"worker {w.name} has {len(w.capability.gpus)} GPU(s), but hosts.{w.name} in "
+            f"{d.file or 'manifest ' + d.manifest} declares {', '.join(d.policy.narrowing())}:"
+            " it offers none of them, so this job runs in a CPU slot (gpufleet hosts)"
+        )
 
     def policies_after(self, hosts: Hosts) -> dict[str, HostPolicy]:
         """The host policies once a manifest's ``hosts`` are written (read fresh)."""
@@ -103,7 +177,7 @@ class Fleet:
         return {name: stored.host_policy(raw) for name, raw in after.items()}
 
     def policies_changed(self) -> None:
-        self._policies = (0.0, {})
+        self._hosts = (0.0, {}, {})
 
     def view(self, w: WorkerRow, policies: Mapping[str, HostPolicy] | None = None) -> WorkerView:
         """How ``w`` is judged: its lifecycle status and its host's policy (from
@@ -153,7 +227,7 @@ class Fleet:
         status = view.status
         if status in (WorkerStatus.AVAILABLE, WorkerStatus.CONNECTING):
             status = self._load(view, free, running, bool(waiting)) or status
-        return WorkerState(w, view, status, running, free, waiting)
+        return WorkerState(w, view, status, running, free, waiting, self.declarations().get(w.name))
 
     def _holds_slot(self, job: JobRow, view: WorkerView) -> bool:
         """A pending job aimed at the worker holds a slot only if the worker would claim

@@ -65,8 +65,9 @@ from gpufleet.server.responses import error_response
 log = logging.getLogger("gpufleet.server.limits")
 
 HEALTH = "/v1/health"
-#: Roles a worker may run as (an admin's token runs the local worker a fresh server's
-#: machine starts): only their calls may carry a log batch's 16 MiB.
+#: Roles a worker may run as (a fresh server's local workers have a worker token of their
+#: own; an admin may still run one with its token, given as GPUFLEET_TOKEN): only their
+#: calls may carry a log batch's 16 MiB.
 _BATCHERS = frozenset({Role.WORKER.value, Role.ADMIN.value})
 _WORKERS, _CLAIM = "/v1/workers/", "/claim"
 

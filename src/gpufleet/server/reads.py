@@ -85,6 +85,20 @@ class Reads:
         latest one."""
         return self.store.artifact(job.id, job.lease if job.status == JobStatus.SUCCEEDED else None)
 
+    @staticmethod
+    def no_result(job: JobRow) -> str:
+        """Why :meth:`result` found nothing to download, plainly: the job has not ended,
+        keeps nothing, or wrote nothing where its outputs are kept."""
+        said = f"job {job.id} ({job.status.value})"
+        if not job.status.terminal:
+            return f"{said} has no outputs yet: they are kept when it ends"
+        if not job.spec.outputs:
+            return f"{said} keeps no outputs (submitted without any): nothing to download"
+        if tuple(job.spec.outputs) == ("outputs",):
+            return f"{said} wrote no files to its outputs folder (outputs/): nothing to download"
+        kept = ", ".join(job.spec.outputs)
+        return f"{said} left no outputs (no file matched {kept}): nothing to download"
+
     def logs(
         self,
         job_id: str,
@@ -111,6 +125,11 @@ class Reads:
     def worker_names(self) -> dict[str, str]:
         """Every worker's name by id (a job shows where it ran by name)."""
         return {w.id: w.name for w in self.store.list_workers()}
+
+    def token_name(self, token_id: str | None) -> str | None:
+        """The name of the token ``token_id`` (None: no such token, or none given)."""
+        found = self.store.get_token(token_id) if token_id else None
+        return found.name if found else None
 
     def tokens(self) -> list[TokenRow]:
         return self.store.list_tokens()

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from gpufleet import __version__
 from gpufleet.domain.models import Role, WorkerStatus
 from gpufleet.errors import Forbidden, NotFound, ValidationFailed
+from gpufleet.scheduling.matching import effective_gpus
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
@@ -86,7 +87,9 @@ def submit(
         ),
     ] = False,
 ) -> SubmitResult:
-    """Queue one job. ``warning`` says when no registered worker could ever run it."""
+    """Queue one job. ``warning`` says when no registered worker could ever run it, or
+    when the worker it is aimed at runs it in a CPU slot because its host declaration
+    offers none of its GPUs."""
     pool = spec.pool or caller.default_pool()
     caller.may_use(pool)
     job = state(request).services.submission.submit(
@@ -98,7 +101,8 @@ def submit(
         by=caller.name,
     )
     note(request, job.id)
-    return SubmitResult(job=views.job_out(job, _names(request)), warning=job.unrunnable)
+    warning = job.unrunnable or state(request).services.fleet.narrowed_note(job.spec)
+    return SubmitResult(job=views.job_out(job, _names(request)), warning=warning)
 
 
 @router.get("/jobs", response_model=list[JobOut], tags=["jobs"])
@@ -145,7 +149,9 @@ def show_job(ref: str, request: Request, caller: Reader) -> JobDetail:
     q = state(request).services
     job = q.reads.job(ref, caller.pools)
     attempts, artifact, deps = q.reads.history(job)
-    return views.job_detail(job, _names(request), attempts, artifact, deps)
+    host = q.fleet.declaration_for(job.worker_id or job.target)
+    who = q.reads.token_name(job.submitted_by)
+    return views.job_detail(job, _names(request), attempts, artifact, deps, host, who)
 
 
 @router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])
@@ -156,11 +162,7 @@ def job_artifact(ref: str, request: Request, caller: Reader) -> ArtifactOut:
     job = q.reads.job(ref, caller.pools)
     found = q.reads.result(job)
     if found is None:
-        raise NotFound(
-            f"job {job.id} has no artifact (status {job.status.value}; outputs "
-            f"{', '.join(job.spec.outputs) or 'none'} matched no files, or it has not ended)",
-            detail={"job": job.id},
-        )
+        raise NotFound(q.reads.no_result(job), detail={"job": job.id})
     return views.artifact_out(found)
 
 
@@ -216,6 +218,7 @@ def why_job(ref: str, request: Request, caller: Reader) -> WhyOut:
                 status=s.status.value,
                 reason="; ".join(r) or None,
                 reasons=r,
+                host=views.host_out(s.host) if s.host else None,
             )
             for s, r in verdicts
         ],
@@ -270,7 +273,7 @@ def fleet_status(request: Request, caller: Reader) -> StatusOut:
     for s in q.fleet.states(caller.pools):
         workers[s.status.value] = workers.get(s.status.value, 0) + 1
         if s.status != WorkerStatus.OFFLINE:
-            gpus += len(s.row.capability.gpus)
+            gpus += len(effective_gpus(s.view))  # as its host declaration offers them
             gpus_free += len(s.free.gpus)
             cpu += s.row.cpu_slots
             cpu_free += s.free.cpu_slots

@@ -39,6 +39,7 @@ from gpufleet.wire import (
     FinishRequest,
     HeartbeatRequest,
     HeartbeatResponse,
+    HostOut,
     JobOut,
     Lease,
     LeaveRequest,
@@ -117,6 +118,14 @@ def select_workers(body: SelectRequest, request: Request, caller: Reader) -> lis
         )
         for c in ranked
     ]
+
+
+@router.get("/hosts", response_model=list[HostOut], tags=["fleet"])
+def list_hosts(request: Request, caller: Reader) -> list[HostOut]:
+    """Every ``[hosts.NAME]`` declaration the applied manifests made (a submitter: those
+    of its pools' workers), by host: what it narrows, the manifest and file it came from,
+    when and by which token it was applied."""
+    return [views.host_out(d) for d in state(request).services.fleet.hosts(caller.pools)]
 
 
 @router.get("/workers/{ref}", response_model=WorkerOut, tags=["fleet"])

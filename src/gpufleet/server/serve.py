@@ -15,10 +15,10 @@ from types import FrameType
 
 import uvicorn
 
-from gpufleet.config import save_token
+from gpufleet.config import load_token, load_worker_token, save_token, save_worker_token
 from gpufleet.errors import ConfigError
 from gpufleet.server.app import create_app
-from gpufleet.server.auth import Auth
+from gpufleet.server.auth import LOCAL_WORKER, Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.connections import guarded_protocol
 from gpufleet.server.limits import Limits
@@ -173,6 +173,25 @@ def _warn_if_open(host: str, tls: ssl.SSLContext | None) -> None:
         )
 
 
+def _local_worker_token(auth: Auth, urls: list[str]) -> None:
+    """Make and save (0600, beside the admin's) the worker token this machine's workers
+    run with, when none that works is saved and this machine holds this server's admin
+    token: a job on the server's own machine then runs under a worker's rights, not the
+    admin's. The secret is never printed."""
+    secret = auth.local_worker(load_worker_token(urls[0]), load_token(urls[0]))
+    if secret is None:
+        return
+    where = save_worker_token(urls[0], secret)
+    for also in urls[1:]:
+        save_worker_token(also, secret)
+    print(
+        f"Worker token {LOCAL_WORKER!r} (pool default) created for this machine's workers "
+        f"(gpufleet worker takes it), saved to {where} (mode 0600)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def serve(opts: ServerOptions) -> None:
     """Serve until SIGINT/SIGTERM. Prints the URL (and a fresh admin token, once)."""
     tls = tls_context(opts.tls_cert, opts.tls_key)  # a bad file stops us before anything
@@ -185,16 +204,20 @@ def serve(opts: ServerOptions) -> None:
     shown = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
     scheme = "https" if tls else "http"
     url = f"{scheme}://{shown}:{port}"
-    secret = Auth(store).ensure_admin()
+    # the same server, as the CLI may be told to call it
+    urls = [url, f"{scheme}://localhost:{port}"] if shown == "127.0.0.1" else [url]
+    auth = Auth(store)
+    secret = auth.ensure_admin()
     if secret is not None:
-        where = save_token(url, secret)
-        if shown == "127.0.0.1":  # the same server, as the CLI may be told to call it
-            save_token(f"{scheme}://localhost:{port}", secret)
+        where = save_token(urls[0], secret)
+        for also in urls[1:]:
+            save_token(also, secret)
         # Shown on a terminal only: a redirected stderr is a log, and secrets stay out of logs.
         note = f":\n  {secret}" if sys.stderr.isatty() else " (not shown: stderr is not a terminal)"
         print(
             f"Admin token created, saved to {where} (mode 0600){note}", file=sys.stderr, flush=True
         )
+    _local_worker_token(auth, urls)
     print(
         f"gpufleet server listening on {url} (database: {store.dialect}, blobs: {storage.where})",
         flush=True,

@@ -16,7 +16,7 @@ from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
-from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow
+from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow, stored
 from gpufleet.wire import ApplyResult, ManifestApply
 
 
@@ -133,7 +133,9 @@ class Submission:
         specs = self._resolve_batch(specs, ids, pools)
         # A pool's operator replaces only what the manifest said about its own workers.
         mine = None if pools is None else [w.name for w in workers if w.pool in pools]
-        hosts = Hosts(req.name, {h.name: h.model_dump_json() for h in req.hosts}, within=mine)
+        origin = stored.HostOrigin(file=req.file, applied_by=by)
+        entries = {h.name: stored.host_entry(h.model_dump(mode="json"), origin) for h in req.hosts}
+        hosts = Hosts(req.name, entries, within=mine)
         policies = self.fleet.policies_after(hosts)
         views = [self.fleet.view(w, policies) for w in workers]
         unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from gpufleet.domain.models import JobStatus, WorkerStatus
-from gpufleet.server.fleet import WorkerState
+from gpufleet.domain.models import GpuInfo, JobStatus, WorkerStatus
+from gpufleet.scheduling.matching import effective_gpus
+from gpufleet.server.fleet import HostDeclaration, WorkerState
 from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, TokenRow
 from gpufleet.store.rows import ArtifactRow, BlobRow
 from gpufleet.wire import (
@@ -18,6 +19,8 @@ from gpufleet.wire import (
     CapabilityModel,
     DependencyOut,
     GpuModel,
+    HostModel,
+    HostOut,
     JobDetail,
     JobOut,
     JobSpecModel,
@@ -87,6 +90,8 @@ def job_detail(
     history: list[AttemptRow],
     artifact: ArtifactRow | None = None,
     deps: list[JobRow] | None = None,
+    host: HostDeclaration | None = None,
+    submitter: str | None = None,
 ) -> JobDetail:
     base = job_out(job, names).model_dump()
     return JobDetail(
@@ -98,6 +103,20 @@ def job_detail(
         depends_on=[
             DependencyOut(job_id=d.id, name=d.name, status=d.status.value) for d in deps or []
         ],
+        host=host_out(host) if host else None,
+        submitted_by_name=submitter,
+    )
+
+
+def host_out(d: HostDeclaration) -> HostOut:
+    return HostOut(
+        name=d.name,
+        manifest=d.manifest,
+        file=d.file,
+        applied_at=ts(d.applied_at),
+        applied_by=d.applied_by,
+        narrows=list(d.policy.narrowing()),
+        policy=HostModel.from_domain(d.policy),
     )
 
 
@@ -122,6 +141,9 @@ def worker_out(state: WorkerState) -> WorkerOut:
     w = state.row
     live = {g.index: g for g in w.gpu_stats}
     gpus = [GpuModel.model_construct(**live.get(g.index, g).__dict__) for g in w.capability.gpus]
+    offered = None
+    if state.host is not None and state.host.policy.narrows_gpus():
+        offered = [_offered(g, live) for g in effective_gpus(state.view)]
     return WorkerOut(
         id=w.id,
         name=w.name,
@@ -132,13 +154,23 @@ def worker_out(state: WorkerState) -> WorkerOut:
         offline_since=ts(w.offline_since) if state.status == WorkerStatus.OFFLINE else None,
         gpus=gpus,
         gpus_simulated=w.capability.gpus_simulated,
-        slots={"cpu": w.cpu_slots, "gpu": len(w.capability.gpus)},
+        slots={"cpu": w.cpu_slots, "gpu": len(w.capability.gpus if offered is None else offered)},
         running=[j.id for j in state.running],
         ephemeral=w.ephemeral,
         registered_at=ts(w.registered_at),
         last_heartbeat=ts(w.last_heartbeat),
         capability=CapabilityModel.shown(w.capability),
+        host=host_out(state.host) if state.host else None,
+        gpus_offered=offered,
     )
+
+
+def _offered(g: GpuInfo, live: dict[int, GpuInfo]) -> GpuModel:
+    """A GPU as its host declaration offers it: its live free memory, within the
+    declared cap (``g`` is already capped: :func:`effective_gpus`)."""
+    now = live.get(g.index, g)
+    free = min(now.free_mib, g.total_mib)
+    return GpuModel.model_construct(**{**now.__dict__, "total_mib": g.total_mib, "free_mib": free})
 
 
 def log_entry(r: LogRow, seq: int) -> LogEntry:

@@ -17,6 +17,7 @@ from gpufleet.store.api import (
 from gpufleet.store.rows import (
     AttemptRow,
     AuditRow,
+    HostRow,
     JobRow,
     LogRow,
     TokenRow,
@@ -32,6 +33,7 @@ __all__ = [
     "Batch",
     "ClaimView",
     "Hold",
+    "HostRow",
     "Hosts",
     "JobRow",
     "LogRow",

@@ -9,6 +9,10 @@ stored row unreadable; the API checks what comes in, the store keeps what it was
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
 from pydantic import TypeAdapter
 
 from gpufleet.domain.models import Capability, GpuInfo, HostPolicy, JobSpec
@@ -18,6 +22,19 @@ _SPEC = TypeAdapter(JobSpec)
 _CAPABILITY = TypeAdapter(Capability)
 _GPUS = TypeAdapter(tuple[GpuInfo, ...])
 _HOST = TypeAdapter(HostPolicy)
+
+
+@dataclass(frozen=True)
+class HostOrigin:
+    """Where a stored host policy came from, kept beside it in the same JSON: the manifest
+    file as the applying client named it, and the name of the token that applied it
+    (None: not known, as for an entry written before they were kept)."""
+
+    file: str | None = None
+    applied_by: str | None = None
+
+
+_ORIGIN = TypeAdapter(HostOrigin)
 
 
 def spec(text: str | bytes) -> JobSpec:
@@ -38,3 +55,12 @@ def gpus(text: str | bytes) -> tuple[GpuInfo, ...]:
 
 def host_policy(text: str | bytes) -> HostPolicy:
     return _HOST.validate_json(text)
+
+
+def host_origin(text: str | bytes) -> HostOrigin:
+    return _ORIGIN.validate_json(text)
+
+
+def host_entry(policy: dict[str, Any], origin: HostOrigin) -> str:
+    """A host policy (as the API took it) and its origin, as the hosts table keeps them."""
+    return json.dumps({**policy, **asdict(origin)})

@@ -24,7 +24,7 @@ from gpufleet.wire._base import (
     Wire,
     _no_nul,
 )
-from gpufleet.wire._jobs import TOOL_PATTERN, JobOut, JobSpecModel, StderrTail
+from gpufleet.wire._jobs import TOOL_PATTERN, HostOut, JobOut, JobSpecModel, StderrTail
 
 # ---- workers ----------------------------------------------------------------------------
 
@@ -137,6 +137,14 @@ class WorkerOut(Wire):
     capability: CapabilityModel
     lease_timeout: float | None = Field(
         None, description="The server's lease timeout; a worker heartbeats well within it."
+    )
+    host: HostOut | None = Field(
+        None, description="the manifest's [hosts.NAME] declaration that applies to it, if any"
+    )
+    gpus_offered: list[GpuModel] | None = Field(
+        None,
+        description="the GPUs jobs may get, as its host declaration narrows them (cuda, "
+        "gpus, vram_gib); None: every GPU in `gpus`",
     )
 
 
@@ -435,6 +443,9 @@ class WhyWorker(Wire):
     reason: str | None = Field(description="every reason, joined with '; ' (None: it may)")
     reasons: list[str] = Field(
         default_factory=list, description="each constraint that keeps it from the job"
+    )
+    host: HostOut | None = Field(
+        None, description="the manifest's [hosts.NAME] declaration that applies to it, if any"
     )
 
 

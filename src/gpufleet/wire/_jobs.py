@@ -344,6 +344,14 @@ class JobDetail(JobOut):
     unrunnable: str | None = None
     artifact: ArtifactOut | None = None
     depends_on: list[DependencyOut] = Field(default_factory=list)
+    submitted_by_name: str | None = Field(
+        None, description="the name of the token that submitted it (who submitted it)"
+    )
+    host: HostOut | None = Field(
+        None,
+        description="the [hosts.NAME] declaration of the worker it runs on (or, pending, "
+        "is aimed at), when a manifest declared one",
+    )
 
 
 class SubmitResult(Wire):
@@ -399,6 +407,29 @@ class ManifestApply(Strict):
     name: Name
     hosts: list[HostModel] = Field(default_factory=list)
     jobs: list[JobSpecModel] = Field(default_factory=list)
+    file: Annotated[str, Field(max_length=4096), AfterValidator(_no_nul)] | None = Field(
+        None,
+        description="the manifest's file as the applying client named it; shown beside "
+        "its hosts entries (gpufleet hosts)",
+    )
+
+
+class HostOut(Wire):
+    """A ``[hosts.NAME]`` declaration as the server applies it, and where it came from."""
+
+    name: str = Field(description="the host: the worker of that --name it applies to")
+    manifest: str = Field(description="the manifest (its name) that declared it")
+    file: str | None = Field(
+        None, description="that manifest's file, as the client that applied it named it"
+    )
+    applied_at: datetime
+    applied_by: str | None = Field(None, description="the name of the token that applied it")
+    narrows: list[str] = Field(
+        default_factory=list,
+        description="what it takes from what the worker would offer, as manifest keys "
+        "(cuda=false, gpus=1, vram_gib=12, ram_gib=8, allow_jobs=..., deny_jobs=...)",
+    )
+    policy: HostModel
 
 
 class ApplyResult(Wire):
@@ -419,3 +450,6 @@ class ApplyResult(Wire):
         default_factory=list, description="[hosts.NAME] entries no registered worker is named"
     )
     unrunnable: dict[str, str] = Field(default_factory=dict)
+
+
+JobDetail.model_rebuild()  # its ``host`` is declared below it
