@@ -8,8 +8,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.wire import JobSpecModel, Lease
+from gpufleet.worker.adapters import Adapter
 from gpufleet.worker.backlog import LINE_OVERHEAD, Backlog
-from gpufleet.worker.jobs import MAX_BATCH, MAX_BATCH_CHARS
+from gpufleet.worker.jobs import MAX_BATCH, MAX_BATCH_CHARS, Running
 
 
 def drain(backlog: Backlog, lines: int = 1000, chars: int = 1 << 20) -> list[tuple[str, str]]:
@@ -135,3 +137,33 @@ def test_a_bars_unsent_states_are_replaced_by_its_latest(tmp_path: Path) -> None
     backlog.add("stderr", "100%")
     assert drain(backlog) == [("stderr", " 30%\r"), ("stdout", "s 1\r"), ("stderr", "100%")]
     assert backlog.memory_bytes == 0
+
+
+class _TakesPercent(Adapter):
+    """A job type's adapter that reads "NN%" lines as its progress."""
+
+    def __init__(self) -> None:
+        self.records: list[str] = []
+
+    def line(self, stream: str, line: str) -> bool:
+        if line.endswith("%"):
+            self.records.append(line)
+            return True
+        return False
+
+
+def test_a_bars_state_its_adapter_takes_is_progress_not_output(tmp_path: Path) -> None:
+    adapter = _TakesPercent()
+    lease = Lease(
+        job_id="j-1",
+        attempt=1,
+        spec=JobSpecModel(name="j", command=["x"]),
+        gpus=[],
+        lease_timeout=30,
+    )
+    run = Running(lease, Backlog(tmp_path / "spill"), adapter=adapter)
+    run.on_bar("stdout", "frames 40%")  # the adapter's: a record, never a stored state
+    run.on_bar("stdout", '::gpufleet::{"ep')  # a mark not finished: waits for its end
+    run.on_bar("stdout", "loading 3/9")  # an ordinary bar: output
+    assert adapter.records == ["frames 40%"]
+    assert drain(run.backlog) == [("stdout", "loading 3/9\r")]

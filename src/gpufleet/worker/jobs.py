@@ -135,7 +135,11 @@ class Running:
     def on_bar(self, stream: str, state: str) -> None:
         """The latest state of a line the job redraws in place (a progress bar), not yet
         finished: stored with a carriage return at its end (a finished line never has
-        one), in place of the state before it when that one is not sent yet."""
+        one), in place of the state before it when that one is not sent yet. A state the
+        job's adapter takes as progress is a record, as a finished line would be; an
+        unfinished progress mark waits for its end."""
+        if self._adapted(stream, state) or state.startswith(progress.MARK):
+            return
         self.backlog.update(stream, state + BAR_END)
 
     def downloading(self, record: dict[str, Any], line: str | None, finished: bool) -> None:
