@@ -114,3 +114,13 @@ def test_staging_reports_only_what_it_downloads(tmp_path: Path) -> None:
             assert told[-1][1] is not None and told[-1][1].startswith("inputs downloaded")
         else:
             assert told == []  # a cache hit downloads nothing: nothing to say
+
+
+def test_inputs_another_job_fetched_meanwhile_are_said_to_come_from_the_cache() -> None:
+    told: Told = []
+    now = [0.0]
+    download = Download(lambda *said: told.append(said), clock=lambda: now[0])
+    download.begin(64 * MiB)
+    now[0] = 3.2  # it waited on the other job's download of the same blob
+    download.end(ok=True)
+    assert told[-1][1] == "inputs ready: 64.0 MiB from the worker's cache, in 3.2s"

@@ -125,9 +125,13 @@ class Download:
         if self.began is None:
             return
         took, per_s = self.clock() - self.began, self._rate()
-        if ok:
-            when = f"{took:.1f}s" if took < 10 else span(took)
+        when = f"{took:.1f}s" if took < 10 else span(took)
+        if ok and self.done == 0:  # another job fetched them meanwhile, into the cache
+            said = f"inputs ready: {size(self.total)} from the worker's cache, in {when}"
+        elif ok:
             said = f"inputs downloaded: {size(self.done)} in {when}, {rate(per_s)}"
+            if self.done < self.total:
+                said += f"; {size(self.total - self.done)} from the worker's cache"
         else:
             said = f"input download stopped at {amount(min(self.done, self.total), self.total)}"
         record = {"message": said, "bytes": self.done, "bytes_per_s": round(per_s)}
