@@ -54,6 +54,14 @@ def test_the_local_worker_runs_with_a_worker_token_not_the_admins(
     assert load_worker_token(fleet.url) == worker_token
     assert len(json.loads(fleet.cli("tokens", "ls", "--json").stdout)) == 2
 
+    # An admin who revokes it keeps it revoked: a restart makes no new one.
+    local = next(t["id"] for t in tokens if t["name"] == "local-worker")
+    fleet.cli("tokens", "revoke", local)
+    fleet.restart_server()
+    assert "Worker token" not in (fleet.server.text() if fleet.server else "")
+    after = json.loads(fleet.cli("tokens", "ls", "--json").stdout)
+    assert [t["id"] for t in after if t["name"] == "local-worker"] == [local]
+
 
 def test_a_worker_with_only_the_admins_token_saved_refuses_to_use_it(
     fleet: Fleet, _isolated_config: Path

@@ -265,6 +265,9 @@ def test_a_submitter_sees_only_the_host_declarations_of_its_pools_workers(world:
     every = world.call("admin", "GET", "/v1/hosts").json()
     assert [h["name"] for h in every] == ["wa1", "wb"] and every[1]["narrows"] == []
     assert world.call("worker_a1", "GET", "/v1/hosts").status_code == 403
+    # nor does its registration's answer tell a worker where its declaration came from
+    again = world.call("worker_a1", "POST", "/v1/workers", worker_body("wa1")).json()
+    assert again["host"] is None and again["gpus_offered"] is not None
 
 
 def test_a_submit_without_a_pool_goes_to_the_tokens_pool(world: World) -> None:

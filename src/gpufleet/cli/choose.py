@@ -148,10 +148,6 @@ def session_token(target: Session) -> str:
     return token
 
 
-def _why_not(rows: list[Candidate]) -> str:
-    return "; ".join(f"{c.worker.name}: {c.reason}" for c in rows if c.reason) or "none"
-
-
 def _short_gpu(name: str) -> str:
     return name.removeprefix("NVIDIA ").removeprefix("GeForce ")
 

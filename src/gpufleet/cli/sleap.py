@@ -486,7 +486,9 @@ def _predictions(
     name = name or predictions_name(data.name)
     with tempfile.TemporaryDirectory(prefix=".gpufleet-sleap-", dir=_made(where)) as tmp:
         unpacked = _download(c, job, Path(tmp) / "artifact")
-        found = next(unpacked.rglob(name), None) if unpacked else None
+        # by name, not as a pattern: a track script's output name may hold [ or *
+        files = unpacked.rglob("*") if unpacked else iter(())
+        found = next((f for f in files if f.name == Path(name).name and f.is_file()), None)
         if found is None:
             err.print(f"{shown(job.name)}: no {shown(name)} in its artifact")
             return None

@@ -112,8 +112,12 @@ class Auth:
         or None: when the one saved there (``saved``) still works, or when the admin
         token saved there (``admin``) is not this server's (that machine's credentials
         are for another server, which makes its own). A worker that runs with it may act
-        only as a worker of the default pool, whatever its jobs do."""
+        only as a worker of the default pool, whatever its jobs do. Made once: a server
+        that has one (revoked or rotated by an admin too) never makes another, so a
+        revoke lasts."""
         if saved and self._role_of(saved) == Role.WORKER.value:
+            return None
+        if any(row.name == LOCAL_WORKER for row in self.store.list_tokens()):
             return None
         if not admin or self._role_of(admin) != Role.ADMIN.value:
             return None

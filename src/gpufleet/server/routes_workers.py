@@ -170,6 +170,7 @@ def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> W
     note(request, w.id)
     out = _worker_out(request, w)
     out.lease_timeout = services.settings.lease_timeout
+    out.host = None  # a declaration's file and who applied it are for the fleet's readers
     return out
 
 
