@@ -113,3 +113,26 @@ def test_apply_says_in_one_line_when_it_cannot_read_a_scripts_options(
     print(res.stderr)
     notes = [line for line in res.stderr.splitlines() if "not checked" in line]
     assert len(notes) == 1 and "not_installed_here" in notes[0], res.stderr
+
+
+DUMPS_ENV = "import json, os\njson.dump(dict(os.environ), open('env.json', 'w'))\n"
+
+
+def test_apply_reads_the_script_in_the_jobs_package_without_the_callers_secrets(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "train.py").write_text(DUMPS_ENV + TRAIN)
+    plan = proj / "plan.toml"
+    text = PLAN.replace('packages = ["."]', 'packages = ["src"]')
+    plan.write_text(text.format(key="batchsize"))
+    secrets = {"GPUFLEET_TOKEN": "gft-e2e-secret", "AWS_SECRET_ACCESS_KEY": "aws-e2e-secret"}
+    res = fleet.cli("apply", str(plan), check=False, env=secrets)
+    assert res.returncode != 0 and "did you mean --batch-size?" in res.stderr, res.stderr
+    seen = json.loads((proj / "src" / "env.json").read_text())
+    assert not set(secrets.values()) & set(seen.values())
+    plan.write_text(text.format(key="batch"))  # argparse takes --batch for --batch-size
+    done = json.loads(fleet.cli("apply", str(plan), "--json").stdout)
+    assert len(done["created"]) == 2

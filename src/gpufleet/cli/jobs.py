@@ -105,8 +105,9 @@ def apply(
         typer.Option(
             "--hyper-check/--no-hyper-check",
             help="Refuse a job's hyper.* key that its Python script does not take, read "
-            "from the script's --help run here (in the manifest's folder, no network, 20 s "
-            "at most); --no-hyper-check skips it.",
+            "from the script's --help, which runs here as you, as `python train.py --help` "
+            "would (20 s at most, none of your environment but PATH and the locale, no "
+            "network only where unshare allows); --no-hyper-check skips it.",
         ),
     ] = True,
     as_json: JsonOpt = False,

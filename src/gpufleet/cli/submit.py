@@ -3,6 +3,7 @@ worker, optionally following it to its end and fetching its results."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -335,14 +336,18 @@ class SubmitRequest(Placement):
         )
 
 
+_EXIT_CODE = re.compile(r"-?[0-9]+")
+
+
 def exit_codes(given: list[str] | None, flag: str) -> list[int]:
     """``4,5`` (or the flag repeated) as exit codes; the server checks their range."""
     words = [w.strip() for w in ",".join(given or []).split(",") if w.strip()]
-    try:
-        return [int(w) for w in words]
-    except ValueError:
-        bad = next(w for w in words if not w.lstrip("-").isdigit())
-        raise ConfigError(f"{flag}: {visible(bad)!r} is not an exit code") from None
+    for word in words:  # ASCII digits only: int() would also take "\uff11", "1_0", "+4"
+        if not _EXIT_CODE.fullmatch(word):
+            raise ConfigError(
+                f"{flag}: {visible(word)!r} is not an exit code (a whole number, as in 4,5)"
+            )
+    return [int(w) for w in words]
 
 
 def finish_wait(c: Client, job_id: str, status: str, results: Path | None, quiet: bool) -> None:

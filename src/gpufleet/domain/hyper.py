@@ -52,14 +52,18 @@ def flag_of(key: str, value: Any, style: HyperStyle) -> str | None:
 
 
 def unknown_keys(
-    hyper: Mapping[str, Any], style: HyperStyle, options: Collection[str]
+    hyper: Mapping[str, Any], style: HyperStyle, options: Collection[str], *, prefixes: bool = False
 ) -> list[UnknownKey]:
     """The keys of ``hyper`` whose flags are not in ``options``, each with the closest
-    option (difflib), in the order written."""
+    option (difflib), in the order written. With ``prefixes`` (argparse's allow_abbrev,
+    its default) a flag that begins exactly one option is taken for it: ``--batch`` is
+    ``--batch-size``."""
     found = []
     for key, value in hyper.items():
         flag = flag_of(key, value, style)
         if flag is None or flag in options:
+            continue
+        if prefixes and sum(o.startswith(flag) for o in options) == 1:
             continue
         close = difflib.get_close_matches(flag, sorted(options), n=1, cutoff=0.6)
         found.append(UnknownKey(key, flag, close[0] if close else None))
