@@ -5,6 +5,7 @@ more jobs than fit on one."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from gpufleet.config import load_token
@@ -130,4 +131,45 @@ def test_the_jobs_page_pages_through_120_jobs_and_its_pager_says_no_null(
     page.goto(f"{fleet.url}/#/jobs?name=job-007")
     page.wait_for_selector("main caption:has-text('1 matching jobs')")
     assert page.inner_text(".pager") == ""
+    assert watched.errors == []
+
+
+def test_a_clone_of_a_job_aimed_at_a_busy_worker_is_a_new_job(
+    fleet: Fleet, watched: Watched
+) -> None:
+    fleet.start_server()
+    fleet.start_worker("w1")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with fleet.client() as c:
+        spec = JobSpecModel(name="aimed", command=sleeper, requirements={"worker": "w1"})
+        aimed = c.submit(spec).job.id
+    sign_in(watched, fleet, load_token(fleet.url) or "")
+    page = watched.page
+    page.goto(f"{fleet.url}/#/jobs/{aimed}")
+    page.wait_for_selector(".job-head[data-status=running]", timeout=30_000)
+
+    def clone(worker: str) -> dict[str, Any]:
+        page.goto(f"{fleet.url}/#/jobs/{aimed}")
+        page.get_by_role("button", name="Clone…").click()
+        page.wait_for_selector("#clone-form")
+        assert page.input_value("#clone-worker") == ""  # any worker that fits, unless kept
+        page.select_option("#clone-worker", worker)
+        page.get_by_role("button", name="Submit the clone").click()
+        page.wait_for_function(  # the new job's page, or the form's error
+            "id => !location.hash.endsWith(id) || document.querySelector('#clone-form .error')"
+            "?.textContent",
+            arg=aimed,
+        )
+        assert page.locator("#clone-form").count() == 0, page.inner_text("#clone-form .error")
+        return fleet.job(page.url.rsplit("/", 1)[1])
+
+    # kept on w1, which is busy: it waits there (not 409)
+    kept = clone("w1")
+    assert kept["status"] == "pending" and kept["spec"]["requirements"]["worker"] == "w1"
+    # the default: any worker that fits
+    free = clone("")
+    assert free["spec"]["requirements"]["worker"] is None
+    watched.shot("clone-aimed")
+    with fleet.client() as c:
+        c.cancel(aimed)  # the worker stops at once, not after its grace
     assert watched.errors == []

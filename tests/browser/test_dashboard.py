@@ -113,6 +113,21 @@ def test_a_job_goes_from_pending_to_succeeded_live_with_its_curve_and_logs(
     assert "No gpufleet job." in card
     assert "GPU 0 is used by other processes: 18.0 GiB, 87 %" in card
     watched.shot("workers")
+
+    # a manifest's [hosts.gpu-box] takes its GPUs from jobs: the card says so, and where
+    lab = fleet.root / "lab<b>.toml"
+    lab.write_text('schema_version = 1\nname = "lab"\n[hosts.gpu-box]\ncuda = false\n')
+    fleet.cli("apply", str(lab))
+    page.reload()
+    said = "0 of 2 GPUs offered (cuda=false by hosts.gpu-box in lab<b>.toml)"
+    page.wait_for_selector("article[data-worker='gpu-box'] dd.offered")
+    assert page.inner_text("article[data-worker='gpu-box'] dd.offered") == said
+    assert page.locator("article[data-worker='gpu-box'] .gpu.not-offered").count() == 2
+    assert page.locator("main b").count() == 0  # the file's name is text
+    assert page.locator("article[data-worker='w1'] .offered").count() == 0
+    page.goto(f"{fleet.url}/#/")
+    page.wait_for_selector("td .offered")
+    assert said in page.inner_text("td .offered")
     assert watched.errors == [] and watched.dialogs == []
 
 
@@ -201,7 +216,6 @@ def test_a_submitter_sees_only_its_pools(fleet: Fleet, watched: Watched) -> None
     text = page.inner_text("main")
     assert "w-vision" in text and "w-nlp" not in text
     assert page.get_by_role("button", name="Drain").count() == 0  # operators drain
-    assert page.get_by_role("button", name="Remove").count() == 0
     assert not page.is_visible("#nav-tokens")  # and admins make tokens
     # what the page does not offer, the server refuses (the session's CSRF token and all)
     with fleet.client() as c:
@@ -211,13 +225,14 @@ def test_a_submitter_sees_only_its_pools(fleet: Fleet, watched: Watched) -> None
             const me = await (await fetch("/v1/session")).json();
             const headers = { "X-CSRF-Token": me.csrf, "Content-Type": "application/json" };
             const drain = await fetch(`/v1/workers/${id}/drain`, { method: "POST", headers });
+            const remove = await fetch(`/v1/workers/${id}`, { method: "DELETE", headers });
             const body = JSON.stringify({ name: "mine", role: "worker", pools: ["vision"] });
             const token = await fetch("/v1/tokens", { method: "POST", headers, body });
-            return [drain.status, token.status];
+            return [drain.status, remove.status, token.status];
         }""",
         worker_id,
     )
-    assert refused == [403, 403]
+    assert refused == [403, 403, 403]
     assert fleet.job(mine)["status"] == "succeeded"
 
     # a clone of its job, with a new command and priority: the same pool, a new job
@@ -262,6 +277,23 @@ LOUD = textwrap.dedent(
 )
 
 
+# A bar redrawn every 0.1 s for 3 s (the worker passes a state on every 0.5 s), with
+# stderr lines between its states; the page opens before it starts.
+BARS = textwrap.dedent(
+    """
+    import sys, time
+    time.sleep(1)
+    for i in range(31):
+        print(f"bar {i}/30", end="\\r", flush=True)
+        if i % 3 == 0 and i < 30:
+            print(f"note {i}", file=sys.stderr, flush=True)
+        time.sleep(0.1)
+    print(flush=True)
+    print("bars done", file=sys.stderr, flush=True)
+    """
+)
+
+
 def test_the_log_view_keeps_5000_lines_cuts_long_ones_and_scrolls_back(
     fleet: Fleet, watched: Watched
 ) -> None:
@@ -291,4 +323,15 @@ def test_the_log_view_keeps_5000_lines_cuts_long_ones_and_scrolls_back(
     page.wait_for_function(
         "() => document.querySelector('#log').innerText.includes('the end')", timeout=10_000
     )
+
+    # a carriage-return bar on stdout with stderr lines between its states: one line stays
+    bars = _submit(fleet, name="bars", command=[sys.executable, "-c", BARS])
+    page.goto(f"{fleet.url}/#/jobs/{bars}")
+    page.wait_for_selector(".job-head[data-status=succeeded]", timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('#log').innerText.includes('bars done')", timeout=10_000
+    )
+    shown = page.eval_on_selector_all("#log .line", "els => els.map(e => e.textContent)")
+    assert [t for t in shown if t.startswith("bar ")] == ["bar 30/30"], shown
+    assert [t for t in shown if t.startswith("note ")] == [f"note {i}" for i in range(0, 30, 3)]
     assert watched.errors == []

@@ -215,6 +215,17 @@ function argvEditor(argv) {
   return { el: h("div", {}, list, more), values: () => [...list.querySelectorAll("textarea")].map((a) => a.value) };
 }
 
+// The worker the original was aimed at (--worker, --select): the clone runs on any worker
+// that fits unless that one is chosen, so a busy or removed worker does not refuse it.
+function aimField(worker) {
+  if (!worker) return null;
+  const input = h("select", { id: "clone-worker", name: "worker" },
+    h("option", { value: "" }, "any worker that fits"),
+    h("option", { value: worker }, worker + " (as the original; waits while it is busy)"));
+  input.value = "";
+  return { input, el: h("div", { class: "filters" }, h("label", { for: "clone-worker" }, "Run on worker", input)) };
+}
+
 function cloneForm(box, job) {
   const spec = job.spec;
   const req = spec.requirements || {};
@@ -233,6 +244,7 @@ function cloneForm(box, job) {
   const cpu = h("input", { id: "clone-cpu", type: "checkbox" });
   cpu.checked = Boolean(req.cpu_only);
   const argv = argvEditor(spec.command || []);
+  const aim = aimField(req.worker);
   const error = h("p", { class: "error", role: "alert" });
   const submit = async (ev) => {
     ev.preventDefault();
@@ -252,6 +264,7 @@ function cloneForm(box, job) {
           min_vram_gib: numberField(vram, "GPU memory", { empty: 0 }),
           min_ram_gib: numberField(ram, "RAM", { empty: 0 }),
           cpu_only: cpu.checked,
+          worker: aim ? aim.input.value || null : null,
         },
       };
       if (!body.command.length) throw new Error("Command: it needs at least one argument");
@@ -260,7 +273,9 @@ function cloneForm(box, job) {
       return;
     }
     try {
-      const done = await api("/v1/jobs", { method: "POST", body });
+      // kept on its worker, it waits there when that worker is busy (not a 409)
+      const path = body.requirements.worker ? "/v1/jobs?queue=true" : "/v1/jobs";
+      const done = await api(path, { method: "POST", body });
       flash("Submitted " + done.job.name + " as a clone of " + job.name + (done.warning ? ". " + done.warning : ""), Boolean(done.warning));
       location.hash = jobHref(done.job.id);
     } catch (e) {
@@ -276,7 +291,8 @@ function cloneForm(box, job) {
       h("fieldset", {}, h("legend", {}, "Command" + (spec.shell ? " (run by the shell)" : "") + ": one argument a row"), argv.el),
       h("fieldset", {}, h("legend", {}, "Resources"),
         h("div", { class: "filters" }, gpusL, vramL, ramL,
-          h("label", { for: "clone-cpu", class: "check" }, cpu, "CPU only"))),
+          h("label", { for: "clone-cpu", class: "check" }, cpu, "CPU only")),
+        aim ? aim.el : null),
       error,
       h("div", { class: "actions" },
         h("button", { type: "submit", class: "primary" }, "Submit the clone"),

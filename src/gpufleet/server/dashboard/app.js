@@ -306,14 +306,36 @@ function otherText(other) {
   return "used by other processes: " + mib(other.mib) + (other.util === null ? "" : ", " + other.util + " %");
 }
 
+// What a worker's [hosts.NAME] declaration takes from what it would offer, and where it
+// was declared, as `gpufleet workers` says it.
+function hostNote(host) {
+  const said = host.narrows.length ? host.narrows.join(", ") : "priority=" + host.policy.priority;
+  const where = host.file ? host.file.split(/[\\/]/).pop() : "manifest " + host.manifest;
+  return said + " by hosts." + host.name + " in " + where;
+}
+
+// "0 of 2 GPUs offered (cuda=false by hosts.box in lab.toml)", or null when no declaration
+// narrows the worker.
+function offeredText(w) {
+  if (!w.host || !w.host.narrows.length) return null;
+  if (!Array.isArray(w.gpus_offered) || !w.gpus.length) return hostNote(w.host);
+  return w.gpus_offered.length + " of " + w.gpus.length + " GPUs offered (" + hostNote(w.host) + ")";
+}
+
+function gpuOffered(worker, gpu) {
+  return !Array.isArray(worker.gpus_offered) || worker.gpus_offered.some((g) => g.index === gpu.index);
+}
+
 function gpuCard(worker, gpu, running) {
   const used = Math.max(0, gpu.total_mib - gpu.free_mib);
   const util = gpu.util_percent;
   const held = jobsOnGpu(worker, gpu, running || []);
   const other = otherUse(gpu, held);
-  return h("div", { class: "gpu", "data-gpu": worker.name + "/" + gpu.index },
+  const offered = gpuOffered(worker, gpu);
+  return h("div", { class: "gpu" + (offered ? "" : " not-offered"), "data-gpu": worker.name + "/" + gpu.index },
     h("strong", {}, "GPU " + gpu.index + " · " + gpu.name + (gpu.simulated ? " (simulated)" : "")),
     h("span", { class: "muted" }, worker.name),
+    offered ? null : h("span", { class: "offered" }, "not offered to jobs (" + hostNote(worker.host) + ")"),
     bar("memory of GPU " + gpu.index + " on " + worker.name, used, gpu.total_mib,
       "memory " + mib(used) + " / " + mib(gpu.total_mib)),
     util === null || util === undefined
@@ -376,7 +398,8 @@ async function fleetPage(main) {
         h("td", { class: "name" }, h("a", { href: "#/workers" }, w.name)),
         h("td", {}, badge(w.status)),
         h("td", {}, w.pool),
-        h("td", {}, w.gpus.length ? w.gpus.map((g) => g.name).join(", ") : "none"),
+        h("td", {}, w.gpus.length ? w.gpus.map((g) => g.name).join(", ") : "none",
+          offeredText(w) ? h("div", { class: "muted offered" }, offeredText(w)) : null),
         h("td", {}, String(w.running.length)),
         h("td", {}, ago(w.last_heartbeat)))))) : h("p", { class: "muted" }, "No workers have joined yet."));
     const cards = workers.filter((w) => w.status !== "offline").flatMap((w) => w.gpus.map((g) => gpuCard(w, g, running)));
@@ -495,7 +518,8 @@ function workerCard(w, running, refresh) {
       h("dt", {}, "heartbeat"), h("dd", {}, ago(w.last_heartbeat)),
       h("dt", {}, "slots"), h("dd", {}, Object.entries(w.slots).map(([k, v]) => k + " " + v).join(", ") || "–"),
       h("dt", {}, "labels"), h("dd", {}, Object.entries(w.labels).map(([k, v]) => k + "=" + v).join(", ") || "–"),
-      h("dt", {}, "tools"), h("dd", {}, Object.entries(w.capability.tools || {}).map(([k, v]) => k + " " + v).join(", ") || "–")),
+      h("dt", {}, "tools"), h("dd", {}, Object.entries(w.capability.tools || {}).map(([k, v]) => k + " " + v).join(", ") || "–"),
+      offeredText(w) ? [h("dt", {}, "offers"), h("dd", { class: "offered" }, offeredText(w))] : null),
     w.gpus.length ? h("div", { class: "gpus" }, w.gpus.map((g) => gpuCard(w, g, running))) : h("p", { class: "muted" }, "No GPU (CPU jobs only)."),
     h("h3", {}, "Running"),
     w.running.length

@@ -89,9 +89,13 @@ class LogView {
     const stick = this.atBottom();
     const batch = this.pending.splice(0);
     const frag = document.createDocumentFragment();
-    const last = this.box.lastElementChild;
     const lines = collapseBars(batch);
-    if (last && last.dataset.bar && lines.some((ev) => (ev.stream || "stdout") === last.dataset.stream)) last.remove();
+    // a bar's shown state gives way to the next line of its own stream, wherever the
+    // other stream's lines put it (stdout and stderr interleave)
+    for (const stream of new Set(lines.map((ev) => ev.stream || "stdout"))) {
+      const last = this.lastOf(stream);
+      if (last && last.dataset.bar) last.remove();
+    }
     for (const ev of lines) frag.append(logLine(ev));
     this.box.append(frag);
     let extra = this.count() - MAX_LOG_LINES;
@@ -99,6 +103,13 @@ class LogView {
     while (extra-- > 0) this.box.firstElementChild.remove();
     if (stick) this.box.scrollTop = this.box.scrollHeight;
     this.update();
+  }
+
+  lastOf(stream) {
+    for (let el = this.box.lastElementChild; el; el = el.previousElementSibling) {
+      if (el.dataset.stream === stream) return el;
+    }
+    return null;
   }
 
   async loadOlder() {
