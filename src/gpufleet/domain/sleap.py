@@ -113,12 +113,7 @@ def parse_train_script(text: str, where: str = SCRIPT) -> list[TrainLine]:
     split, names no config, or places it outside the package; and when there is no train
     line at all."""
     found = []
-    for number, line in _logical_lines(text):
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as exc:
-            raise PackageError(f"{where}, line {number}: cannot be read ({exc})") from None
-        env, words = _env_prefix(words)
+    for number, env, words in _commands(text, where):
         rest = _after_train(words)
         said = f"{where}, line {number}"
         if rest is None:
@@ -136,6 +131,19 @@ def parse_train_script(text: str, where: str = SCRIPT) -> list[TrainLine]:
         commands = ", ".join(" ".join(c) for c in TRAIN_COMMANDS)
         raise PackageError(f"{where}: no train line (a line starting with {commands})")
     return found
+
+
+def _commands(text: str, where: str) -> list[tuple[int, tuple[tuple[str, str], ...], list[str]]]:
+    """Each logical line of a script as (its number, its ``VAR=value`` prefix, its words).
+    Raises :class:`PackageError` for a line that cannot be split."""
+    out = []
+    for number, line in _logical_lines(text):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise PackageError(f"{where}, line {number}: cannot be read ({exc})") from None
+        out.append((number, *_env_prefix(words)))
+    return out
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -245,12 +253,7 @@ def parse_track_script(text: str, where: str) -> list[TrackLine]:
     over; none at all is an empty list). Raises :class:`PackageError` for a line that
     cannot be split or chains commands."""
     found = []
-    for number, line in _logical_lines(text):
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as exc:
-            raise PackageError(f"{where}, line {number}: cannot be read ({exc})") from None
-        _, words = _env_prefix(words)
+    for number, _, words in _commands(text, where):
         rest = next((words[len(c) :] for c in TRACK_COMMANDS if tuple(words[: len(c)]) == c), None)
         if rest is None:
             continue
