@@ -213,6 +213,10 @@ def test_auto_select_takes_the_best_single_gpu_and_never_a_cpu_slot(fleet: Fleet
     fleet.cli("cancel", holders[2])
     done = fleet.wait_status(job_id, "succeeded", "failed")
     assert (done["status"], done["worker"], done["gpus"]) == ("succeeded", "one-40", [0])
+    for holder in holders[:2]:  # ended now: the workers then stop at once
+        fleet.cli("cancel", holder)
+    for holder in holders[:2]:
+        fleet.wait_status(holder, "cancelled")
 
 
 def test_select_off_a_terminal_says_how_else(fleet: Fleet) -> None:

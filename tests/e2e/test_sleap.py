@@ -320,7 +320,7 @@ def test_a_labels_file_trains_with_a_config_and_with_a_model_type(
     mine.write_text(yaml.safe_dump(config("centroid", 2, labels="/old/machine/labels.slp")))
     done = fleet.cli(
         "sleap", "train", str(labels), "--config", str(mine), "--model-type", "bottomup",
-        "--cpu", "--wait", timeout=120,
+        "--epochs", "2", "--cpu", "--wait", timeout=120,
     )  # fmt: skip
     runs = {p.name.split(".", 1)[1]: p for p in (labels.parent / "models").iterdir()}
     assert set(runs) == {"centroid", "bottomup"}, done.stderr
