@@ -365,13 +365,12 @@ def finish(
     if exit_code == 0 and error is None:
         event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
     else:
-        refused = None if stopped else not_retried(exit_code, retry_on, no_retry_on)
+        if not stopped and used < job.max_attempts:  # with none left, it fails anyway
+            refused = not_retried(exit_code, retry_on, no_retry_on)
         event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)
         outcome, error = "failed", error or f"exit code {exit_code}"
-        if refused and event == Event.FAIL and used < job.max_attempts:
+        if refused:
             error = f"{error}, {refused}"
-        else:
-            refused = None  # no attempts were left anyway
     not_before = now + backoff_seconds(used, backoff_base) if event == Event.RETRY else None
     change = _ended(
         job,
