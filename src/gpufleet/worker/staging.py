@@ -18,6 +18,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.wire import StagedInput
 from gpufleet.worker.cache import BlobCache
 from gpufleet.worker.downloads import Download
+from gpufleet.worker.downloads import size as size_text
 
 Note = Callable[[str], None]
 
@@ -29,14 +30,8 @@ class InputError(GpufleetError):
 
 
 def human(n: int | None) -> str:
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+    """``n`` bytes as the download reports write them (``200.0 MiB``), or ``?``."""
+    return "?" if n is None else size_text(n)
 
 
 class Stager:
