@@ -14,6 +14,8 @@ from enum import StrEnum
 from pathlib import PurePath
 from typing import Any
 
+from gpufleet.domain.environments import EnvSpec
+
 MIB_PER_GIB = 1024
 
 
@@ -224,6 +226,8 @@ class JobSpec:
     # it is, where the default would not (gpufleet.domain.lifecycle.not_retried).
     no_retry_on: tuple[int, ...] = ()
     retry_on: tuple[int, ...] = ()
+    # The Python environment its worker builds for it with uv; None: the worker's own.
+    environment: EnvSpec | None = None
 
     @property
     def dependencies(self) -> tuple[str, ...]:

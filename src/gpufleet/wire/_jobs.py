@@ -6,8 +6,15 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
+from gpufleet.domain.environments import (
+    MOST_WITH,
+    PYTHON_PATTERN,
+    EnvFile,
+    EnvSpec,
+    requirement_problem,
+)
 from gpufleet.domain.lifecycle import MOST_EXIT_CODES, exit_codes_problem
 from gpufleet.domain.models import (
     DeclaredCapability,
@@ -107,6 +114,92 @@ class InputModel(Strict):
         return JobInput(kind, self.ref, self.dest, self.sha256, self.size, self.label)
 
 
+#: The files of an environment's spec, by the role each plays.
+ENV_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+#: The largest file of an environment's spec (a uv.lock of a big project is a few MB).
+MOST_ENV_FILE = 16 << 20
+
+
+class EnvFileModel(Strict):
+    """A file of an environment's spec, uploaded as a blob."""
+
+    name: Annotated[str, Field(pattern=ENV_FILE_NAME)]
+    sha256: Sha256
+    size: int = Field(ge=0, le=MOST_ENV_FILE)
+
+
+def _requirement(value: str) -> str:
+    problem = requirement_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value.strip()
+
+
+class EnvironmentModel(Strict):
+    """The Python environment a job runs in, built by its worker with uv
+    (docs/environments.md). Without one, a job runs in the worker's own environment."""
+
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    requirements: EnvFileModel | None = Field(
+        None, description="a requirements.txt (--with-requirements), its -r includes inlined"
+    )
+    project: EnvFileModel | None = Field(
+        None, description="a pyproject.toml (--with-requirements pyproject.toml)"
+    )
+    lock: EnvFileModel | None = Field(
+        None, description="the uv.lock beside the pyproject.toml, installed as it is"
+    )
+    with_: list[Annotated[str, AfterValidator(_requirement)]] = Field(
+        default_factory=list,
+        max_length=MOST_WITH,
+        alias="with",
+        description="requirement strings (--with), each one requirement",
+    )
+    python: Annotated[str, Field(pattern=PYTHON_PATTERN)] | None = Field(
+        None, description="the Python version (3.12, 3.12.4); None: the worker's own"
+    )
+    upgrade: bool = Field(
+        False, description="resolve afresh, not from the fleet's recorded lock (uv's --upgrade)"
+    )
+
+    @model_validator(mode="after")
+    def _whole(self) -> EnvironmentModel:
+        if self.lock is not None and self.project is None:
+            raise ValueError("a uv.lock comes with its pyproject.toml (project)")
+        if self.project is not None and self.requirements is not None:
+            raise ValueError("name a pyproject.toml or a requirements.txt, not both")
+        if self.project is not None and self.with_:
+            raise ValueError(
+                "--with adds to a requirements.txt, not to a project: add it to the "
+                "pyproject.toml's dependencies (and uv lock)"
+            )
+        if self.requirements is None and self.project is None and not self.with_:
+            raise ValueError(
+                "an environment names a requirements.txt, a pyproject.toml or --with requirements"
+            )
+        return self
+
+    def to_domain(self) -> EnvSpec:
+        def f(m: EnvFileModel | None) -> EnvFile | None:
+            return None if m is None else EnvFile(m.name, m.sha256, m.size)
+
+        return EnvSpec(
+            requirements=f(self.requirements),
+            project=f(self.project),
+            lock=f(self.lock),
+            with_=tuple(self.with_),
+            python=self.python,
+            upgrade=self.upgrade,
+        )
+
+    @classmethod
+    def from_domain(cls, e: EnvSpec) -> EnvironmentModel:
+        return cls.model_validate(asdict(e))
+
+
 def _is_sha256(value: str) -> bool:
     return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
@@ -161,6 +254,9 @@ class JobSpecModel(Strict):
         description="exit codes after which a failed attempt is tried again (while attempts "
         "are left) where the default would not: 2, 126 and 127",
     )
+    environment: EnvironmentModel | None = Field(
+        None, description="the Python environment the worker builds for it with uv"
+    )
 
     @model_validator(mode="after")
     def _exit_codes(self) -> JobSpecModel:
@@ -171,7 +267,7 @@ class JobSpecModel(Strict):
         return self
 
     def to_domain(self) -> JobSpec:
-        lists = {"requirements", "inputs", "outputs", "hyper_style", "tags"}
+        lists = {"requirements", "inputs", "outputs", "hyper_style", "tags", "environment"}
         data = self.model_dump(exclude=lists | {"retry_on", "no_retry_on"})
         return JobSpec(
             **{**data, "command": tuple(self.command), "pool": self.pool or "default"},
@@ -182,6 +278,7 @@ class JobSpecModel(Strict):
             tags=tuple(self.tags),
             retry_on=tuple(self.retry_on),
             no_retry_on=tuple(self.no_retry_on),
+            environment=self.environment.to_domain() if self.environment else None,
         )
 
     @classmethod
@@ -194,6 +291,7 @@ class JobSpecModel(Strict):
         even past a limit the API has tightened since (the limits are for what comes in)."""
         data = asdict(s)
         r = data.pop("requirements")
+        e = data.pop("environment")
         return cls.model_construct(
             **{
                 **data,
@@ -214,8 +312,19 @@ class JobSpecModel(Strict):
                     InputModel.model_construct(**{**asdict(i), "kind": i.kind.value})
                     for i in s.inputs
                 ],
+                "environment": _env_shown(e),
             }
         )
+
+
+def _env_shown(e: dict[str, Any] | None) -> EnvironmentModel | None:
+    if e is None:
+        return None
+    files = {
+        k: EnvFileModel.model_construct(**e[k]) if e[k] else None
+        for k in ("requirements", "project", "lock")
+    }
+    return EnvironmentModel.model_construct(**{**e, **files, "with_": list(e["with_"])})
 
 
 class ArtifactFile(Wire):
