@@ -79,6 +79,10 @@ def _cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP)) / "blobs"
 
 
+def _env_dir() -> Path:
+    return Path(platformdirs.user_cache_dir(APP)) / "environments"
+
+
 def _setting(
     name: str,
     default: Any,
@@ -267,6 +271,54 @@ SETTINGS: dict[str, Setting] = {
             "size",
             "most bytes the worker's package cache keeps, e.g. 50G",
             minimum=0,
+        ),
+        _setting(
+            "env_dir",
+            _env_dir,
+            "path",
+            "where a worker keeps the Python environments it builds for jobs (uv)",
+        ),
+        _setting(
+            "env_cache_size",
+            20 << 30,
+            "size",
+            "most bytes of built environments a worker keeps; the least recently used one "
+            "no job is using goes first",
+            minimum=0,
+        ),
+        _setting(
+            "env_find_links",
+            "",
+            "str",
+            "folders (or URLs) of wheels uv installs jobs' environments from, comma-"
+            "separated; with one set, no index is contacted",
+        ),
+        _setting(
+            "env_index_url",
+            None,
+            "str",
+            "the package index uv builds jobs' environments from (a lab's own mirror) "
+            "instead of PyPI",
+        ),
+        _setting(
+            "env_build_timeout",
+            1800.0,
+            "float",
+            "seconds an environment's build may take (apart from the job's own timeout)",
+            minimum=1,
+        ),
+        _setting(
+            "env_python_downloads",
+            False,
+            "bool",
+            "let uv download a Python a job asks for that this machine lacks",
+        ),
+        _setting(
+            "env_torch_backend",
+            "auto",
+            "str",
+            "the torch build for environments that name torch: auto (the one this "
+            "machine's CUDA driver runs, or cpu), none (uv's default), or cpu, cu126, ...",
         ),
         _setting(
             "log_backlog",

@@ -181,6 +181,14 @@ Ephemeral = Annotated[
     bool | None,
     typer.Option("--ephemeral", help=setting_help("ephemeral"), show_default=False),
 ]
+PythonDownloads = Annotated[
+    bool | None,
+    typer.Option(
+        "--env-python-downloads",
+        help=setting_help("env_python_downloads"),
+        show_default=False,
+    ),
+]
 ShareToken = Annotated[
     bool,
     typer.Option(
@@ -208,6 +216,13 @@ def worker(
     cache_size: Annotated[str | None, setting_option("cache_size")] = None,
     log_backlog: Annotated[str | None, setting_option("log_backlog")] = None,
     work_dir_retention: Annotated[float | None, setting_option("work_dir_retention")] = None,
+    env_dir: Annotated[Path | None, setting_option("env_dir")] = None,
+    env_cache_size: Annotated[str | None, setting_option("env_cache_size")] = None,
+    env_find_links: Annotated[str | None, setting_option("env_find_links")] = None,
+    env_index_url: Annotated[str | None, setting_option("env_index_url")] = None,
+    env_build_timeout: Annotated[float | None, setting_option("env_build_timeout")] = None,
+    env_python_downloads: PythonDownloads = None,
+    env_torch_backend: Annotated[str | None, setting_option("env_torch_backend")] = None,
     mount: Mounts = None,
     ca: CaOpt = None,
     share_token: ShareToken = False,
@@ -236,6 +251,13 @@ def worker(
         cache_size=cache_size,
         log_backlog=log_backlog,
         work_dir_retention=work_dir_retention,
+        env_dir=env_dir,
+        env_cache_size=env_cache_size,
+        env_find_links=env_find_links,
+        env_index_url=env_index_url,
+        env_build_timeout=env_build_timeout,
+        env_python_downloads=env_python_downloads,
+        env_torch_backend=env_torch_backend,
         mount=",".join(mount) if mount else None,
         ca=ca,
         run_as=run_as,
@@ -274,6 +296,13 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         ca=s["ca"],
         share_token=_share_token() if share_token else None,
         run_as=tuple(u.strip() for u in s["run_as"].split(",") if u.strip()),
+        env_dir=s["env_dir"],
+        env_cache_size=s["env_cache_size"],
+        env_find_links=tuple(f.strip() for f in s["env_find_links"].split(",") if f.strip()),
+        env_index_url=s["env_index_url"] or None,
+        env_build_timeout=s["env_build_timeout"],
+        env_python_downloads=s["env_python_downloads"],
+        env_torch_backend=s["env_torch_backend"],
     )
 
 

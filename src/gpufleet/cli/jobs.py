@@ -30,11 +30,13 @@ from gpufleet.cli.attempts import attempt_lines
 from gpufleet.cli.choose import host_note, session_client
 from gpufleet.cli.show import error_line, show_detail
 from gpufleet.client import Client
+from gpufleet.domain.environments import EnvRequest
 from gpufleet.domain.models import InputKind
 from gpufleet.errors import ConfigError, ManifestError
 from gpufleet.terminal import for_terminal
 from gpufleet.wire import (
     BAR_END,
+    EnvironmentModel,
     HostModel,
     InputModel,
     JobOut,
@@ -64,6 +66,7 @@ def load_plan(file: Path, c: Client, quiet: bool, hyper_check: bool = True) -> M
     """Parse a manifest, check its jobs' hyper.* keys against their scripts' options
     (unless not ``hyper_check``), and upload the packages its jobs name (each once)."""
     from gpufleet.cli.data import package_inputs  # only `apply` reads manifests
+    from gpufleet.cli.environments import environment_model
     from gpufleet.cli.hypercheck import check_hyper
     from gpufleet.domain.manifest import parse_manifest
 
@@ -76,8 +79,15 @@ def load_plan(file: Path, c: Client, quiet: bool, hyper_check: bool = True) -> M
     if hyper_check:  # before anything is uploaded: a refused manifest writes nothing
         check_hyper(plan, base, lambda line: err.print(f"[yellow]note:[/yellow] {shown(line)}"))
     uploaded: dict[tuple[str, str], InputModel] = {}
+    environments: dict[EnvRequest, EnvironmentModel] = {}
     jobs = []
     for spec in plan.jobs:
+        env = None
+        if isinstance(spec.environment, EnvRequest):
+            if spec.environment not in environments:
+                environments[spec.environment] = environment_model(c, spec.environment, base)
+            env = environments[spec.environment]
+            spec = replace(spec, environment=None)
         local = [i for i in spec.inputs if i.kind == InputKind.LOCAL]
         for inp in local:
             key = (inp.ref, spec.pool)
@@ -87,7 +97,7 @@ def load_plan(file: Path, c: Client, quiet: bool, hyper_check: bool = True) -> M
         rest = tuple(i for i in spec.inputs if i.kind != InputKind.LOCAL)
         model = JobSpecModel.from_domain(replace(spec, inputs=rest))
         staged = [uploaded[(i.ref, spec.pool)].model_copy(update={"dest": i.dest}) for i in local]
-        jobs.append(model.model_copy(update={"inputs": staged + model.inputs}))
+        jobs.append(model.model_copy(update={"inputs": staged + model.inputs, "environment": env}))
     return ManifestApply(
         name=plan.name,
         hosts=[HostModel.from_domain(h) for h in plan.hosts],

@@ -62,6 +62,7 @@ def show_detail(d: JobDetail) -> None:
     if d.unrunnable:
         out.print(f"  [yellow]{shown(d.unrunnable)}[/yellow]")
     _inputs(d)
+    _environment(d)
     if d.error:
         out.print(f"  error: {shown(d.error)}")
     if d.stderr_tail:
@@ -95,6 +96,17 @@ def _inputs(d: JobDetail) -> None:
     for inp in packages:
         label = inp.label or inp.ref
         out.print(f"  input: {shown(label)} -> {shown(inp.dest)} ({shown(inp.kind)})")
+
+
+def _environment(d: JobDetail) -> None:
+    """What the job's environment is built from, each file with its blob."""
+    env = d.spec.environment
+    if env is None:
+        return
+    out.print(f"  environment: {shown(env.to_domain().describe())}")
+    for f in (env.requirements, env.project, env.lock):
+        if f is not None:
+            out.print(f"    {shown(f.name)}: blob {shown(f.sha256[:12])}, {f.size} bytes")
 
 
 def _artifact(d: JobDetail) -> None:

@@ -24,11 +24,13 @@ from gpufleet.cli._common import (
 from gpufleet.cli.choose import auto_select as auto_select_worker
 from gpufleet.cli.choose import gets_text, interactive_select, read_session, session_token
 from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
+from gpufleet.cli.environments import environment_model, spec_hint
 from gpufleet.cli.jobs import default_name, follow
 from gpufleet.client import Client
+from gpufleet.domain.environments import EnvRequest
 from gpufleet.errors import ConfigError, NotFound
 from gpufleet.terminal import visible
-from gpufleet.wire import InputModel, JobSpecModel, RequirementsModel
+from gpufleet.wire import EnvironmentModel, InputModel, JobSpecModel, RequirementsModel
 
 if TYPE_CHECKING:
     from gpufleet.client.session import Session
@@ -162,6 +164,34 @@ Pool = Annotated[
     str | None, _Opt(help="Pool the job runs in (default: 'default', or the token's only pool).")
 ]
 Json = Annotated[bool, _Opt("--json", help="Print JSON instead of a table.")]
+WithRequirements = Annotated[
+    Path | None,
+    _Opt(
+        "--with-requirements",
+        help="Run in a Python environment the worker builds with uv from this "
+        "requirements.txt, or pyproject.toml (with the uv.lock beside it, used as is).",
+    ),
+]
+With = Annotated[
+    list[str] | None,
+    _Opt(
+        "--with",
+        metavar="REQ",
+        help="A requirement of the job's environment, e.g. 'numpy>=2' (repeatable).",
+    ),
+]
+Python = Annotated[
+    str | None,
+    _Opt(help="The Python version of the job's environment (3.12 or 3.12.4)."),
+]
+Upgrade = Annotated[
+    bool,
+    _Opt(
+        "--upgrade",
+        help="Resolve the environment's versions afresh instead of the fleet's recorded "
+        "lock (which this resolution then replaces).",
+    ),
+]
 
 
 @dataclass(kw_only=True)
@@ -192,6 +222,10 @@ class Placement:
     min_gpu_memory: MinGpuMemory = 0
     queue: Queue = False
     pool: Pool = None
+    with_requirements: WithRequirements = None
+    with_: With = None
+    python: Python = None
+    upgrade: Upgrade = False
     as_json: Json = False
     # the session taken (its server, pool and worker are then these options'): not an option
     _taken: Any = field(default=None, init=False, repr=False)
@@ -274,6 +308,31 @@ class Placement:
         me = c.whoami()
         return "default" if not me.pools or "default" in me.pools else me.pools[0]
 
+    def env_request(self) -> EnvRequest | None:
+        """The environment these options name, or None (the worker's own Python)."""
+        req = EnvRequest(
+            with_requirements=str(self.with_requirements) if self.with_requirements else None,
+            with_=tuple(self.with_ or ()),
+            python=self.python,
+            upgrade=self.upgrade,
+        )
+        if req.empty:
+            if self.upgrade:
+                raise ConfigError("--upgrade: the job names no environment to resolve")
+            return None
+        return req
+
+    def environment(self, c: Client, packages: list[str] | None) -> EnvironmentModel | None:
+        """The job's environment, its files uploaded; without one, a note when a package
+        brings a spec it does not use."""
+        req = self.env_request()
+        if req is None:
+            hint = spec_hint(packages or [])
+            if hint and not self.as_json:
+                err.print(f"[yellow]note:[/yellow] {shown(hint)}")
+            return None
+        return environment_model(c, req)
+
     def queued(self) -> dict[str, Any]:
         """The spec fields these options set besides the requirements."""
         return {
@@ -312,7 +371,9 @@ class SubmitRequest(Placement):
             pool = self.mounts_pool(c, self.package)
             packages = package_inputs(c, self.package or [], pool, self.as_json)
             inputs = packages + inputs
-            result = c.submit(self.spec(requirements, inputs), queue=self.queue)
+            spec = self.spec(requirements, inputs)
+            spec.environment = self.environment(c, self.package)
+            result = c.submit(spec, queue=self.queue)
             if result.warning:
                 err.print(f"[yellow]warning:[/yellow] {shown(result.warning)}")
             if not self.wait:

@@ -197,3 +197,19 @@ def names_torch(texts: list[str]) -> bool:
             if re.sub(r"[-_.]+", "-", m.group(1)).lower() in TORCH_PACKAGES:
                 return True
     return False
+
+
+@dataclass(frozen=True)
+class EnvRequest:
+    """An environment as a user wrote it, before its files are uploaded (the client's
+    side only, as a local package is): ``with_requirements`` is a local path, relative
+    to the manifest's folder (or the working directory on the command line)."""
+
+    with_requirements: str | None = None
+    with_: tuple[str, ...] = ()
+    python: str | None = None
+    upgrade: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return self.with_requirements is None and not self.with_ and self.python is None

@@ -48,11 +48,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from gpufleet.domain.environments import EnvRequest
 from gpufleet.domain.lifecycle import exit_codes_problem
 from gpufleet.domain.limits import MAX_ARG, MAX_NAME, SCHEMA_VERSION
 from gpufleet.domain.manifest_values import (
     _ALIASES,
     _DECLARED_FIELDS,
+    _ENV_FIELDS,
     _HOST_FIELDS,
     _JOB_FIELDS,
     _REQUIREMENT_FIELDS,
@@ -296,6 +298,9 @@ def _parse_job(index: int, raw: Any, ctx: _Context) -> JobSpec:
         where.fail("no_retry_on", problem)
     spec = {k: merged[k] for k in _SPEC_FIELDS if k in merged and k != "command"}
     spec["inputs"] = spec.pop("packages", ()) + spec.pop("inputs", ())
+    env = {("with_" if k == "with" else k): merged[k] for k in _ENV_FIELDS if k in merged}
+    if env:  # its files are uploaded by the client, as packages are
+        spec["environment"] = EnvRequest(**env)
     return JobSpec(
         name=fields["name"],
         command=command,

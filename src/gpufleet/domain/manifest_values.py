@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from gpufleet.domain.environments import MOST_WITH, PYTHON_PATTERN, requirement_problem
 from gpufleet.domain.lifecycle import exit_codes_problem
 from gpufleet.domain.limits import (
     MAX_ATTEMPTS,
@@ -287,6 +289,41 @@ def _hyper_style(value: Any, where: _Where, field: str) -> HyperStyle:
     return HyperStyle(text)
 
 
+def _with_requirements(value: Any, where: _Where, field: str) -> str:
+    """A requirements.txt or pyproject.toml, relative to the manifest's folder."""
+    text = _str(value, where, field)
+    if not text.strip() or "\0" in text:
+        where.fail(field, "expected the path of a requirements.txt or pyproject.toml")
+    return text
+
+
+def _with(value: Any, where: _Where, field: str) -> tuple[str, ...]:
+    """Requirement strings, each one requirement (uv's --with)."""
+    items = _str_list(value, where, field)
+    for i, item in enumerate(items):
+        problem = requirement_problem(item)
+        if problem:
+            where.fail(f"{field}[{i}]", problem)
+    if len(items) > MOST_WITH:
+        where.fail(field, f"{len(items)} requirements; at most {MOST_WITH}")
+    return tuple(item.strip() for item in items)
+
+
+def _python(value: Any, where: _Where, field: str) -> str:
+    text = _str(value, where, field)
+    if not re.match(PYTHON_PATTERN, text):
+        where.fail(field, f'"{text[:40]}" is not a Python version (3.12 or 3.12.4)')
+    return text
+
+
+#: The environment a job runs in (docs/environments.md), in uv's words.
+_ENV_FIELDS: dict[str, _Check] = {
+    "with_requirements": _with_requirements,
+    "with": _with,
+    "python": _python,
+    "upgrade": _bool,
+}
+
 _REQUIREMENT_FIELDS: dict[str, _Check] = {
     "require_cuda": _bool,
     "prefer_cuda": _bool,
@@ -317,7 +354,12 @@ _SPEC_FIELDS: dict[str, _Check] = {
     "retry_on": _exit_codes,
     "no_retry_on": _exit_codes,
 }
-_JOB_FIELDS: dict[str, _Check] = {"name": _name, **_SPEC_FIELDS, **_REQUIREMENT_FIELDS}
+_JOB_FIELDS: dict[str, _Check] = {
+    "name": _name,
+    **_SPEC_FIELDS,
+    **_REQUIREMENT_FIELDS,
+    **_ENV_FIELDS,
+}
 _ALIASES = {"gpus": "gpu_count"}
 _HOST_FIELDS: dict[str, _Check] = {
     "description": _str,

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import PurePath
 from typing import Any
 
-from gpufleet.domain.environments import EnvSpec
+from gpufleet.domain.environments import EnvRequest, EnvSpec
 
 MIB_PER_GIB = 1024
 
@@ -227,7 +227,8 @@ class JobSpec:
     no_retry_on: tuple[int, ...] = ()
     retry_on: tuple[int, ...] = ()
     # The Python environment its worker builds for it with uv; None: the worker's own.
-    environment: EnvSpec | None = None
+    # An EnvRequest (local paths, as a manifest wrote it) only on the client's side.
+    environment: EnvSpec | EnvRequest | None = None
 
     @property
     def dependencies(self) -> tuple[str, ...]:

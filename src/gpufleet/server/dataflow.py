@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from gpufleet.domain.environments import EnvFile, EnvSpec
 from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
 from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
 from gpufleet.server.blobs import BlobService
@@ -20,6 +21,11 @@ from gpufleet.store.rows import ArtifactRow
 from gpufleet.wire import StagedInput
 
 FAILED_DEP = (JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def env_files(spec: JobSpec) -> tuple[EnvFile, ...]:
+    """The files of ``spec``'s environment (none without one)."""
+    return spec.environment.files if isinstance(spec.environment, EnvSpec) else ()
 
 
 def _field(index: int) -> str:
@@ -64,13 +70,37 @@ class DataFlow:
                 inputs.append(replace(inp, ref=job_id))
             else:
                 inputs.append(inp)
+        self._check_environment(spec, readable)
         return replace(spec, inputs=tuple(inputs))
 
     @staticmethod
     def package_grants(specs: Sequence[JobSpec]) -> set[tuple[str, str]]:
         """(blob, pool): each job's pool may read its package blobs (its workers download
         them), from the moment the job is written."""
-        return {(i.ref, s.pool) for s in specs for i in s.inputs if i.kind == InputKind.BLOB}
+        packages = {(i.ref, s.pool) for s in specs for i in s.inputs if i.kind == InputKind.BLOB}
+        return packages | {(f.sha256, s.pool) for s in specs for f in env_files(s)}
+
+    def _check_environment(self, spec: JobSpec, readable: Sequence[str] | None) -> None:
+        """Each file of the job's environment is a blob on the server, of the size the
+        spec says (a plain file: it is read as text, never unpacked)."""
+        for f in env_files(spec):
+            where = {"job": spec.name, "field": "environment", "blob": f.sha256}
+            row = self.store.get_blob(f.sha256)
+            size = row.size if row is not None else None
+            if size is None or (
+                readable is not None and not self.store.blob_readable(f.sha256, readable)
+            ):
+                raise ValidationFailed(
+                    f"job {spec.name!r}: environment: {f.name} (blob {f.sha256[:12]}) is not "
+                    "on the server; upload it first (gpufleet blobs put)",
+                    detail=where,
+                )
+            if size != f.size:
+                raise ValidationFailed(
+                    f"job {spec.name!r}: environment: {f.name} is {size} bytes on the "
+                    f"server, not {f.size}",
+                    detail=where,
+                )
 
     def _check_blob(
         self, job: str, index: int, inp: JobInput, readable: Sequence[str] | None

@@ -30,3 +30,13 @@ class WorkerOptions:
     share_token: str | None = None
     # Unix users jobs run as, one per running job (--run-as); none: the worker's own user.
     run_as: tuple[str, ...] = ()
+    # Jobs' Python environments (uv): where they are kept, how many bytes at most, where
+    # uv installs from (wheels folders, an index), a build's time limit, whether uv may
+    # download a Python, and the torch build ("auto": this machine's CUDA driver's).
+    env_dir: Path | None = None  # default: the user cache's environments folder
+    env_cache_size: int = 20 << 30
+    env_find_links: tuple[str, ...] = ()
+    env_index_url: str | None = None
+    env_build_timeout: float = 1800.0
+    env_python_downloads: bool = False
+    env_torch_backend: str = "auto"
