@@ -57,7 +57,7 @@ def test_an_include_loop_and_a_missing_include_are_refused(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="includes itself"):
         requirements_text(tmp_path / "a.txt")
     (tmp_path / "c.txt").write_text("-r missing.txt\n")
-    with pytest.raises(ConfigError, match="missing.txt: cannot read it"):
+    with pytest.raises(ConfigError, match=r"missing\.txt: cannot read it"):
         requirements_text(tmp_path / "c.txt")
 
 
