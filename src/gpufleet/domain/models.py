@@ -280,6 +280,10 @@ class Capability:
     gpus_simulated: bool = False
     mounts: tuple[str, ...] = ()  # shared paths this worker can read (--mount)
     tools: dict[str, str] = field(default_factory=dict)  # command on PATH -> its version
+    # Python versions its jobs' environments may ask for (uv finds them on the machine),
+    # and whether uv may download one it lacks (then any version will do).
+    pythons: tuple[str, ...] = ()
+    python_downloads: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
+from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.models import (
     MIB_PER_GIB,
     Capability,
@@ -32,6 +33,8 @@ class WorkerView:
     pool: str = "default"
     policy: HostPolicy | None = None
     cpu_slots: int = 1
+    # The spec keys of the environments the worker has built (domain.environments).
+    environments: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,9 @@ def _placement_reasons(job: JobSpec, worker: WorkerView) -> Iterator[str]:
         if tool not in worker.capability.tools:
             have = ", ".join(worker.capability.tools) or "none"
             yield f"needs {tool} on the worker's PATH (tools); worker has {have}"
+    python = _python_reason(job, worker)
+    if python:
+        yield python
     yield from _policy_reasons(job, worker)
 
 
@@ -290,11 +296,39 @@ def _fit_now(
     return assign(job.spec, worker, free)
 
 
-def rank_key(job: JobSpec, worker: WorkerView, assignment: Assignment) -> tuple[int, int, int]:
+def rank_key(job: JobSpec, worker: WorkerView, assignment: Assignment) -> tuple[int, int, int, int]:
     """Lower ranks first: higher host priority, then the smallest GPU that is big enough,
-    then (for CPU jobs) the worker with fewer GPUs, so GPU boxes stay free for GPU work."""
+    then the worker that has the job's environment built, then (for CPU jobs) the worker
+    with fewer GPUs, so GPU boxes stay free for GPU work."""
     priority = worker.policy.priority if worker.policy else 0
-    return (-priority, assignment.vram_mib, len(effective_gpus(worker)))
+    return (
+        -priority,
+        assignment.vram_mib,
+        0 if warm(job, worker) else 1,
+        len(effective_gpus(worker)),
+    )
+
+
+def warm(job: JobSpec, worker: WorkerView) -> bool:
+    """Whether ``worker`` has ``job``'s environment built (a job without one: always)."""
+    env = job.environment
+    return not isinstance(env, EnvSpec) or env.key() in worker.environments
+
+
+def python_matches(wanted: str, have: str) -> bool:
+    """Whether a Python of version ``have`` (3.12.4) is one ``wanted`` (3, 3.12, 3.12.4)."""
+    return have == wanted or have.startswith(wanted + ".")
+
+
+def _python_reason(job: JobSpec, worker: WorkerView) -> str | None:
+    env = job.environment
+    wanted = env.python if isinstance(env, EnvSpec) else None
+    cap = worker.capability
+    if wanted is None or cap.python_downloads or not cap.pythons:
+        return None  # a worker that reports none is from before environments: not judged
+    if any(python_matches(wanted, have) for have in cap.pythons):
+        return None
+    return f"needs Python {wanted}; worker has {', '.join(cap.pythons)}"
 
 
 def explain(

@@ -181,7 +181,7 @@ class Leases:
             # The best rank this worker could have; most of the time it cannot beat ours and
             # the full check is skipped.
             priority = view.policy.priority if view.policy else 0
-            if not (-priority, 0, 0) < my_rank:
+            if not (-priority, 0, 0, 0) < my_rank:
                 continue
             verdict = now_reason(job, view, free, now, self.settings.prefer_cuda_grace)
             if isinstance(verdict, Assignment) and rank_key(job.spec, view, verdict) < my_rank:

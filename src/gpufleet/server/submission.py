@@ -8,16 +8,51 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.ids import manifest_job_id, new_job_id
 from gpufleet.domain.models import JobSpec, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
-from gpufleet.scheduling.matching import Assignment, JobView, WorkerView, ever_reason, now_reason
+from gpufleet.scheduling.matching import (
+    Assignment,
+    JobView,
+    WorkerView,
+    ever_reason,
+    now_reason,
+    python_matches,
+)
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
 from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow, stored
 from gpufleet.wire import ApplyResult, ManifestApply
+
+
+def check_python(spec: JobSpec, workers: Sequence[WorkerRow]) -> None:
+    """Refuse (422) a job whose environment asks for a Python that no worker of its pool
+    can provide, naming the version and what the workers have. Workers that report no
+    Pythons (from before environments) are not judged; with none judged, it is taken."""
+    env = spec.environment
+    wanted = env.python if isinstance(env, EnvSpec) else None
+    if wanted is None:
+        return
+    judged = [
+        w
+        for w in workers
+        if w.pool == spec.pool and (w.capability.pythons or w.capability.python_downloads)
+    ]
+    if not judged:
+        return
+    for w in judged:
+        cap = w.capability
+        if cap.python_downloads or any(python_matches(wanted, p) for p in cap.pythons):
+            return
+    have = "; ".join(f"{w.name}: {', '.join(w.capability.pythons)}" for w in judged[:10])
+    raise ValidationFailed(
+        f"job {spec.name!r}: environment: no worker of pool {spec.pool!r} can provide "
+        f"Python {wanted} ({have})",
+        detail={"job": spec.name, "field": "environment.python", "python": wanted},
+    )
 
 
 class Submission:
@@ -71,6 +106,7 @@ class Submission:
         worker's slot until the worker claims it. Its packages must be blobs the pools in
         ``readable`` may read (None: any); the job's pool may read them from then on."""
         spec = replace(spec, pool=pool or spec.pool)
+        check_python(spec, self.store.list_workers([spec.pool]))
         hold = self._target(spec, wait_for_target) if spec.requirements.worker else None
         job_id = new_job_id()
         spec = self.flow.resolve(spec, readable=readable)
@@ -188,6 +224,7 @@ class Submission:
                     detail={"job": spec.name, "field": "pool"},
                 )
             _check_aim(spec, workers)
+            check_python(spec, workers)
         if pools is None:
             return
         pooled = {w.name for w in workers if w.pool in pools}

@@ -71,11 +71,22 @@ class CapabilityModel(Strict):
         max_length=20,
         description="commands on the worker's PATH that jobs may ask for, with their versions",
     )
+    pythons: list[Annotated[str, Field(max_length=32, pattern=r"^[0-9][0-9a-z.+-]*$")]] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Python versions jobs' environments may ask for (uv finds them here)",
+    )
+    python_downloads: bool = Field(
+        False, description="uv may download a Python the worker lacks (any version will do)"
+    )
 
     def to_domain(self) -> Capability:
-        data = self.model_dump(exclude={"gpus", "mounts"})
+        data = self.model_dump(exclude={"gpus", "mounts", "pythons"})
         return Capability(
-            **data, gpus=tuple(g.to_domain() for g in self.gpus), mounts=tuple(self.mounts)
+            **data,
+            gpus=tuple(g.to_domain() for g in self.gpus),
+            mounts=tuple(self.mounts),
+            pythons=tuple(self.pythons),
         )
 
     @classmethod
@@ -86,10 +97,13 @@ class CapabilityModel(Strict):
     @classmethod
     def shown(cls, c: Capability, gpus: list[GpuModel] | None = None) -> CapabilityModel:
         """``c`` as the server sends it, not checked again (see :meth:`JobSpecModel.shown`)."""
-        data = {k: v for k, v in c.__dict__.items() if k not in ("gpus", "mounts")}
+        data = {k: v for k, v in c.__dict__.items() if k not in ("gpus", "mounts", "pythons")}
         listed = [GpuModel.model_construct(**g.__dict__) for g in c.gpus]
         return cls.model_construct(
-            **data, gpus=listed if gpus is None else gpus, mounts=list(c.mounts)
+            **data,
+            gpus=listed if gpus is None else gpus,
+            mounts=list(c.mounts),
+            pythons=list(c.pythons),
         )
 
 
