@@ -526,7 +526,17 @@ def test_capability_json_round_trips_through_json() -> None:
     assert data["cuda_version"] == "12.4"
     assert data["gpus_simulated"] is False
     gpus = tuple(GpuInfo(**g) for g in data["gpus"])
-    assert Capability(**{**data, "gpus": gpus, "mounts": tuple(data["mounts"])}) == cap
+    assert (
+        Capability(
+            **{
+                **data,
+                "gpus": gpus,
+                "mounts": tuple(data["mounts"]),
+                "pythons": tuple(data["pythons"]),
+            }
+        )
+        == cap
+    )
 
 
 def test_tools_on_a_jobs_path_are_offered_with_their_versions(tmp_path: Path) -> None:
