@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -227,7 +228,7 @@ async def test_a_build_in_another_process_is_waited_for(cache: EnvCache) -> None
     spec = EnvSpec(with_=("gfdemo==1.0",))
     plan = await cache.plan(spec, {}, 0, None)
     # Another worker's build holds the key's build lock (a flock: any open file conflicts).
-    other = os.open(cache.locks / f"{plan.build_key}.build", os.O_RDWR | os.O_CREAT)
+    other = cache.store.lock_file(plan.build_key, "build")
     fcntl.flock(other, fcntl.LOCK_EX)
     lines = Lines()
     task = asyncio.create_task(cache.ensure(plan, {}, None, lines))
@@ -236,6 +237,64 @@ async def test_a_build_in_another_process_is_waited_for(cache: EnvCache) -> None
     os.close(other)
     built = await asyncio.wait_for(task, 60)
     assert built.built_here and built.versions == {"gfdemo": "1.0"}
+    built.hold.release()
+
+
+# A worker process of its own that ensures one environment and says whether it built it.
+WORKER = """
+import asyncio, json, sys
+from pathlib import Path
+from gpufleet.domain.environments import EnvSpec
+from gpufleet.worker.environments import EnvCache, EnvSettings
+
+root, uv, wheels, uv_cache = sys.argv[1:]
+settings = EnvSettings(
+    Path(root), 10**10, uv, find_links=(wheels,), uv_env={"UV_CACHE_DIR": uv_cache}
+)
+
+async def main():
+    cache = EnvCache(settings)
+    plan = await cache.plan(EnvSpec(with_=("gfdemo==1.1",)), {}, 0, None)
+    built = await cache.ensure(plan, {}, None, lambda line: None)
+    print(json.dumps([built.built_here, built.versions]))
+
+asyncio.run(main())
+"""
+
+
+def test_two_worker_processes_sharing_a_cache_build_an_environment_once(
+    tmp_path: Path, wheels: Path, uv_cache: Path
+) -> None:
+    argv = [sys.executable, "-c", WORKER, str(tmp_path / "shared"), UV, str(wheels), str(uv_cache)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        answers = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()  # reaped, its pipe closed
+    assert sorted(here for here, _ in answers) == [False, True]
+    assert all(versions == {"gfdemo": "1.1"} for _, versions in answers)
+    assert len(EnvCache(settings_for(tmp_path / "shared", wheels, uv_cache)).listing()) == 1
+
+
+@in_loop
+async def test_a_half_built_environment_is_never_used_and_its_leftovers_go(
+    cache: EnvCache, tmp_path: Path, wheels: Path, uv_cache: Path
+) -> None:
+    spec = EnvSpec(with_=("gfdemo==1.0",))
+    plan = await cache.plan(spec, {}, 0, None)
+    # A worker killed mid-build: its folder in tmp/, and a venv in envs/ with no meta.
+    leftover = cache.store.temp(plan.build_key)
+    (leftover / "lib").mkdir(parents=True)
+    shutil.copytree(leftover, cache.store.env(plan.build_key))
+    (cache.store.env(plan.build_key) / "pyvenv.cfg").write_text("home = /nowhere\n")
+    restarted = EnvCache(cache.settings)
+    assert restarted.leftovers == 1 and not leftover.exists()
+    assert not (await restarted.plan(spec, {}, 0, None)).built and restarted.listing() == []
+    built = await restarted.ensure(plan, {}, None, Lines())
+    assert built.built_here and built.versions == {"gfdemo": "1.0"}
+    assert run_python(built, "import gfdemo; print(gfdemo.__version__)") == "1.0"
     built.hold.release()
 
 

@@ -27,17 +27,11 @@ How a job gets its environment::
 - ``listing() -> list[EnvInfo]``, ``intact(key) -> bool``, ``remove(key) -> bool``,
   ``pythons() -> list[str]`` (the versions this worker can provide, no downloads).
 
-On disk, under ``root``::
-
-    envs/<build key>/     a venv, sealed (no write permission for anyone)
-    meta/<build key>.json what it is: spec, Python, versions, size, survey digest
-    locks/<key>.build     held (exclusive) while one process builds the key
-    locks/<key>.use       held (shared) by each job using the env; its mtime: last use
-    tmp/                  builds in progress, renamed into envs/ when done
-
-A build is made in ``tmp/<key>.<pid>.<random>`` and renamed into ``envs/`` only once
-complete, its meta written first: an env in ``envs/`` with its meta is whole. What a
-killed worker left in ``tmp/`` is removed at start (when no process builds that key).
+On disk, under ``root``: ``envs/<build key>/`` (one venv each), ``meta/``, ``locks/`` and
+``tmp/`` (see :mod:`gpufleet.worker.envstore`). A build is made in
+``tmp/<key>.<pid>.<random>`` and renamed into ``envs/`` only once complete, its meta
+written first: an env in ``envs/`` with its meta is whole. What a killed worker left in
+``tmp/`` is removed at start (when no process builds that key).
 
 **Packages a job installs at run time.** The env is read-only; a job that needs more
 installs into its own folder and names it in ``GPUFLEET_JOB_SITE``, which every env's
@@ -71,15 +65,12 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
-import secrets
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from gpufleet.domain.environments import (
@@ -92,6 +83,7 @@ from gpufleet.domain.environments import (
 )
 from gpufleet.worker import envbuild, envtree
 from gpufleet.worker.envbuild import EnvError, Python, Uv
+from gpufleet.worker.envstore import EnvInfo, EnvStore, Hold, try_lock
 from gpufleet.worker.staging import human
 
 __all__ = ["Built", "EnvCache", "EnvError", "EnvInfo", "EnvSettings", "Hold", "Plan"]
@@ -185,34 +177,6 @@ class Plan:
         return Python(self.interpreter, self.python, self.platform)
 
 
-class Hold:
-    """An env in use by a running job: a shared ``flock`` on its ``.use`` file, which
-    eviction (taking it exclusively) cannot get meanwhile, in any process. Release it
-    once, when the job ends; closing the file releases the lock (also if the worker dies).
-    """
-
-    def __init__(self, key: str, fd: int) -> None:
-        self.key = key
-        self._fd: int | None = fd
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> Hold:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release()
-
-
 @dataclass(frozen=True)
 class Built:
     """An environment ready for a job, and held for it (``hold``: release it when the
@@ -231,52 +195,18 @@ class Built:
         return self.path / "bin" / "python"
 
 
-@dataclass(frozen=True)
-class EnvInfo:
-    """One cached environment, for ``gpufleet workers``."""
-
-    key: str
-    spec_key: str
-    spec: str  # EnvSpec.describe()
-    python: str
-    torch_backend: str | None
-    size: int
-    built_at: float
-    last_used: float
-    in_use: bool
-
-    def describe(self, now: float | None = None) -> str:
-        """One line: short key, Python, torch build, size, what it is built from, use."""
-        ago = max(0, int((time.time() if now is None else now) - self.last_used))
-        use = "in use" if self.in_use else f"last used {_duration(ago)} ago"
-        torch = f" torch {self.torch_backend}" if self.torch_backend else ""
-        size = human(self.size)
-        return f"{self.key[:12]}  Python {self.python}{torch}  {size}  {self.spec}  {use}"
-
-
 class EnvCache:
     """The environments of one worker (several workers on a machine may share ``root``)."""
 
     def __init__(self, settings: EnvSettings, environ: Mapping[str, str] = os.environ) -> None:
         self.settings = settings
-        root = settings.root
-        self.envs, self.meta, self.locks, self.tmp = (
-            root / "envs",
-            root / "meta",
-            root / "locks",
-            root / "tmp",
-        )
-        root.mkdir(parents=True, exist_ok=True)
-        for folder, mode in ((self.envs, 0o711), (self.meta, 0o700), (self.locks, 0o700)):
-            folder.mkdir(exist_ok=True)
-            folder.chmod(mode)
-        self.tmp.mkdir(mode=0o700, exist_ok=True)
+        self.store = EnvStore(settings.root)
         env = envbuild.uv_environment(environ, settings.uv_env, settings.python_downloads)
         index = envbuild.index_args(settings.find_links, settings.index_url)
         self.uv = Uv(settings.uv, env, index)
         self._building: dict[str, asyncio.Lock] = {}
         self._pythons: dict[str | None, Python] = {}
-        self.leftovers = self._remove_leftovers()
+        self.leftovers = self.store.remove_leftovers()
 
     # ----------------------------------------------------------------- planning
 
@@ -289,7 +219,7 @@ class EnvCache:
         torch = self.torch_backend(spec, files, gpus, cuda_version)
         options = {"torch": torch, "index": self.settings.index_options()}
         key = build_key(spec.key(), python.version, python.platform, options)
-        built = await asyncio.to_thread(self._ready, key)
+        built = await asyncio.to_thread(self.store.ready, key)
         return Plan(
             spec=spec,
             python=python.version,
@@ -338,15 +268,15 @@ class EnvCache:
         return python
 
     async def _python_path(self, request: str) -> str | None:
-        path = await self.uv.find_python(request, self.tmp)
+        path = await self.uv.find_python(request, self.store.tmp)
         if path is None and self.settings.python_downloads:
-            await self.uv.install_python(request, self.tmp)
-            path = await self.uv.find_python(request, self.tmp)
+            await self.uv.install_python(request, self.store.tmp)
+            path = await self.uv.find_python(request, self.store.tmp)
         return path
 
     async def pythons(self) -> list[str]:
         """The Python versions this worker can provide without a download, newest first."""
-        return await self.uv.installed_pythons(self.tmp)
+        return await self.uv.installed_pythons(self.store.tmp)
 
     # ----------------------------------------------------------------- building
 
@@ -389,7 +319,7 @@ class EnvCache:
         lock, so never between a build's meta and its rename): an env that is not so is
         removed, or EnvError when a job holds it."""
         key = plan.build_key
-        meta = await asyncio.to_thread(self._ready, key)
+        meta = await asyncio.to_thread(self.store.ready, key)
         if meta is None or not _fits(meta, plan.spec, fleet_lock):
             if clean and not await asyncio.to_thread(self.remove, key):
                 why = "was changed by a job" if meta is None else "holds other versions"
@@ -405,7 +335,7 @@ class EnvCache:
             return None
         return Built(
             plan,
-            self.envs / key,
+            self.store.env(key),
             built_here=False,
             seconds=time.monotonic() - started,
             new_lock=None,
@@ -417,11 +347,11 @@ class EnvCache:
     async def _build_lock(self, key: str, on_line: OnLine, already_told: bool) -> Any:
         """Hold ``locks/<key>.build`` exclusively. Polled, not waited for in a thread: a
         cancelled job must not leave a thread that takes the lock later and keeps it."""
-        fd = os.open(self.locks / f"{key}.build", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self.store.lock_file(key, "build")
         try:
             told = already_told
             give_up = time.monotonic() + self.settings.build_timeout + WAIT_MARGIN
-            while not _try_lock(fd, fcntl.LOCK_EX):
+            while not try_lock(fd, fcntl.LOCK_EX):
                 if not told:
                     on_line(f"environment {key[:12]}: waiting for another worker's build of it")
                     told = True
@@ -442,7 +372,7 @@ class EnvCache:
     ) -> Built:
         key = plan.build_key
         _check_files(plan.spec, files)
-        temp = self.tmp / f"{key}.{os.getpid()}.{secrets.token_hex(4)}"
+        temp = self.store.temp(key)
         work = temp.with_name(temp.name + ".work")
         on_line(
             f"environment {key[:12]}: building {plan.spec.describe()} with Python "
@@ -462,7 +392,7 @@ class EnvCache:
             await asyncio.to_thread(_remove_all, temp, work)
         seconds = time.monotonic() - started
         on_line(f"environment {key[:12]}: built in {seconds:.1f} s, {human(meta['size'])}")
-        return Built(plan, self.envs / key, True, seconds, result.new_lock, versions, hold)
+        return Built(plan, self.store.env(key), True, seconds, result.new_lock, versions, hold)
 
     def _finish(
         self, plan: Plan, temp: Path, versions: dict[str, str], result: envbuild.Result
@@ -487,167 +417,50 @@ class EnvCache:
             "survey": found.digest,
             "built_at": time.time(),
         }
-        hold = self._use(plan.build_key)
-        try:
-            _write_json(self.meta / f"{plan.build_key}.json", meta)
-            os.chmod(temp, 0o755)  # a folder is renamed only with write permission on it
-            os.replace(temp, self.envs / plan.build_key)
-            os.chmod(self.envs / plan.build_key, 0o555)
-        except BaseException:
-            hold.release()
-            raise
-        return meta, hold
+        return meta, self.store.install(plan.build_key, temp, meta)
 
     # ----------------------------------------------------------------- using
 
     def hold(self, build_key: str) -> Hold:
         """Mark a built env in use (by a running job) and record its use: eviction never
         removes it while held. EnvError when it is not (or no longer) in the cache."""
-        hold = self._use(build_key)
-        if not (self.meta / f"{build_key}.json").is_file() or not self._has_env(build_key):
+        hold = self.store.use(build_key)
+        if not self.store.whole(build_key):
             hold.release()
             raise EnvError(f"environment {build_key[:12]} is not in the cache", where="wait")
         return hold
 
-    def _use(self, key: str) -> Hold:
-        """Take ``locks/<key>.use`` shared and touch it (its mtime: the last use)."""
-        fd = os.open(self.locks / f"{key}.use", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # an eviction holds it only while it renames
-            os.utime(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        return Hold(key, fd)
-
     def intact(self, build_key: str) -> bool:
         """Whether the env is as it was built: every file, folder and link there, with the
         same size, mtime and mode (and nothing added)."""
-        meta = self._meta(build_key)
-        if meta is None or not self._has_env(build_key):
-            return False
-        return envtree.survey(self.envs / build_key).digest == meta.get("survey")
+        return self.store.intact(build_key)
 
     def remove(self, build_key: str) -> bool:
         """Remove an env (one a job changed) unless a job holds it; whether it went."""
-        return self._remove_unheld(build_key)
+        return self.store.remove_unheld(build_key)
 
     def evict(self, keep: Iterable[str] = ()) -> list[str]:
         """Remove the least recently used envs nobody holds until the cache is under its
         cap (never those in ``keep``); the keys removed."""
         keep = set(keep)
-        entries = [(info.last_used, info.size, info.key) for info in self._infos(in_use=False)]
+        entries = [(i.last_used, i.size, i.key) for i in self.store.infos(in_use=False)]
         total = sum(size for _, size, _ in entries)
         removed: list[str] = []
         for _, size, key in sorted(entries):
             if total <= self.settings.cap_bytes:
                 break
-            if key not in keep and self._remove_unheld(key):
+            if key not in keep and self.store.remove_unheld(key):
                 total -= size
                 removed.append(key)
         return removed
 
     def listing(self) -> list[EnvInfo]:
         """The cached envs, most recently used first."""
-        return sorted(self._infos(in_use=True), key=lambda i: i.last_used, reverse=True)
+        return sorted(self.store.infos(in_use=True), key=lambda i: i.last_used, reverse=True)
 
     def total_bytes(self) -> int:
-        return sum(info.size for info in self._infos(in_use=False))
-
-    # ----------------------------------------------------------------- the disk
-
-    def _infos(self, in_use: bool) -> list[EnvInfo]:
-        infos = []
-        for path in self.meta.glob("*.json"):
-            key = path.stem
-            meta = self._meta(key)
-            if meta is None or not self._has_env(key):
-                continue
-            infos.append(
-                EnvInfo(
-                    key=key,
-                    spec_key=str(meta.get("spec_key", "")),
-                    spec=str(meta.get("spec", "")),
-                    python=str(meta.get("python", "")),
-                    torch_backend=meta.get("torch_backend"),
-                    size=int(meta.get("size", 0)),
-                    built_at=float(meta.get("built_at", 0.0)),
-                    last_used=self._last_used(key, float(meta.get("built_at", 0.0))),
-                    in_use=in_use and self._in_use(key),
-                )
-            )
-        return infos
-
-    def _ready(self, key: str) -> dict[str, Any] | None:
-        """The meta of a cached env that is whole and unchanged, else None."""
-        meta = self._meta(key)
-        return meta if meta is not None and self.intact(key) else None
-
-    def _meta(self, key: str) -> dict[str, Any] | None:
-        try:
-            meta = json.loads((self.meta / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return meta if isinstance(meta, dict) else None
-
-    def _has_env(self, key: str) -> bool:
-        return (self.envs / key / "pyvenv.cfg").is_file()
-
-    def _last_used(self, key: str, default: float) -> float:
-        try:
-            return (self.locks / f"{key}.use").stat().st_mtime
-        except OSError:
-            return default
-
-    def _in_use(self, key: str) -> bool:
-        try:
-            fd = os.open(self.locks / f"{key}.use", os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
-            return False
-        try:
-            return not _try_lock(fd, fcntl.LOCK_EX)
-        finally:
-            os.close(fd)
-
-    def _remove_unheld(self, key: str) -> bool:
-        """Remove an env unless it is held: under the exclusive use lock, its meta goes
-        and its folder is renamed away (so nothing takes it for whole), then deleted."""
-        fd = os.open(self.locks / f"{key}.use", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if not _try_lock(fd, fcntl.LOCK_EX):
-                return False
-            (self.meta / f"{key}.json").unlink(missing_ok=True)
-            gone = self.tmp / f"{key}.{os.getpid()}.{secrets.token_hex(4)}.gone"
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(self.envs / key, 0o755)
-                os.replace(self.envs / key, gone)
-        finally:
-            os.close(fd)
-        envtree.remove_tree(gone)
-        return True
-
-    def _remove_leftovers(self) -> int:
-        """Remove what killed builds left in ``tmp/``: each entry whose key no process
-        is building now (its build lock is free)."""
-        removed = 0
-        for path in self.tmp.iterdir():
-            key = path.name.split(".", 1)[0]
-            fd = os.open(self.locks / f"{key}.build", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                if _try_lock(fd, fcntl.LOCK_EX):
-                    envtree.remove_tree(path)
-                    removed += 1
-            finally:
-                os.close(fd)
-        return removed
-
-
-def _try_lock(fd: int, how: int) -> bool:
-    try:
-        fcntl.flock(fd, how | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+        """The size of the cached envs, as measured at their builds."""
+        return sum(info.size for info in self.store.infos(in_use=False))
 
 
 def _fits(meta: Mapping[str, Any], spec: EnvSpec, fleet_lock: str | None) -> bool:
@@ -672,19 +485,6 @@ def _check_files(spec: EnvSpec, files: Mapping[str, bytes]) -> None:
             raise EnvError(f"the environment's {f.name} is {what}", where="files")
 
 
-def _write_json(path: Path, body: dict[str, Any]) -> None:
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    temp.write_text(json.dumps(body, indent=1, sort_keys=True))
-    os.replace(temp, path)
-
-
 def _remove_all(*paths: Path) -> None:
     for path in paths:
         envtree.remove_tree(path)
-
-
-def _duration(seconds: int) -> str:
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"
