@@ -381,7 +381,7 @@ class EnvCache:
         inputs = envbuild.BuildInputs(
             plan.spec, files, plan.python_info, plan.torch_backend, fleet_lock
         )
-        deadline = started + self.settings.build_timeout
+        deadline = time.monotonic() + self.settings.build_timeout  # waiting not counted
         try:
             result = await envbuild.build(self.uv, inputs, temp, work, on_line, deadline)
             versions = await self.uv.freeze(temp)
