@@ -88,6 +88,7 @@ class EnvStore:
     """The cache's folders under ``root``."""
 
     def __init__(self, root: Path) -> None:
+        root = root.absolute()  # uv runs in other folders: every path it is given is whole
         self.envs, self.meta, self.locks, self.tmp = (
             root / "envs",
             root / "meta",
