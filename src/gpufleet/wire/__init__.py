@@ -36,6 +36,14 @@ from gpufleet.wire._base import (
     Size,
     Strict,
 )
+from gpufleet.wire._environments import (
+    MOST_BUILT,
+    MOST_PACKAGES,
+    EnvBuiltModel,
+    EnvLockOut,
+    EnvLockPut,
+    EnvUsed,
+)
 from gpufleet.wire._fleet import (
     BAR_END,
     MOST_REPORTS,
@@ -101,6 +109,8 @@ __all__ = [
     "BAR_END",
     "ERRORS",
     "INT32",
+    "MOST_BUILT",
+    "MOST_PACKAGES",
     "MOST_REPORTS",
     "STDERR_TAIL_CHARS",
     "STDERR_TAIL_LINES",
@@ -118,6 +128,10 @@ __all__ = [
     "ClaimRequest",
     "DeclaredModel",
     "DependencyOut",
+    "EnvBuiltModel",
+    "EnvLockOut",
+    "EnvLockPut",
+    "EnvUsed",
     "ErrorBody",
     "ErrorInfo",
     "EventOut",
