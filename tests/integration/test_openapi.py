@@ -10,6 +10,7 @@ from fastapi.routing import APIRoute
 from gpufleet.server import (
     routes_blobs,
     routes_dashboard,
+    routes_environments,
     routes_events,
     routes_jobs,
     routes_metrics,
@@ -72,6 +73,8 @@ EXPECTED = {
     ("POST", "/v1/session"),
     ("GET", "/v1/session"),
     ("DELETE", "/v1/session"),
+    ("GET", "/v1/environments/locks/{key}"),
+    ("PUT", "/v1/environments/locks/{key}"),
 }
 
 
@@ -114,6 +117,7 @@ def test_app_serves_every_router(app: FastAPI) -> None:
             list(routes_jobs.router.routes)
             + list(routes_workers.router.routes)
             + list(routes_blobs.router.routes)
+            + list(routes_environments.router.routes)
             + list(routes_events.router.routes)
             + list(routes_metrics.router.routes)
             + list(routes_dashboard.router.routes)

@@ -30,6 +30,28 @@ def test_a_retried_attempt_says_its_exit_code_stderr_and_when_it_runs_again() ->
     ]
 
 
+def test_an_attempt_whose_environment_could_not_be_built_says_so_first() -> None:
+    why = (
+        "No solution found: nosuchpkg was not found, "
+        "not retried: the environment cannot be built on any worker"
+    )
+    final = {
+        "status": "failed",
+        "event": "fail",
+        "attempts": 1,
+        "max_attempts": 3,
+        "why": why,
+        "failure": "environment",
+        "not_retried": "not retried: the environment cannot be built on any worker",
+    }
+    assert attempt_lines(final) == [f"attempt 1/3 failed: environment: {why}; the job has failed"]
+    passing = {**RETRY, "why": "environment: connection reset", "failure": "environment"}
+    del passing["exit_code"]
+    assert attempt_lines(passing)[0].startswith(
+        "attempt 1/3 failed: environment: connection reset; retry at"
+    )
+
+
 def test_the_last_attempt_a_timeout_and_a_lost_lease_say_what_follows() -> None:
     last = {**RETRY, "status": "failed", "event": "fail", "attempts": 3, "retry_at": None}
     assert attempt_lines(last)[0] == "attempt 3/3 failed: exit code 4; no attempts left"

@@ -34,10 +34,16 @@ def attempt_lines(data: Mapping[str, Any]) -> list[str]:
 
 
 def _cause(data: Mapping[str, Any]) -> str:
+    """Why the attempt failed, led by its class when the worker named one
+    ("environment: ...": its environment could not be built)."""
     code = data.get("exit_code")
     said = f"exit code {code}" if code is not None else ""
     why = str(data.get("why") or "") or said or "no exit code"
-    return why if not said or said in why else f"{why} ({said})"
+    why = why if not said or said in why else f"{why} ({said})"
+    failure = data.get("failure")
+    if failure and not why.startswith(f"{failure}:"):
+        why = f"{failure}: {why}"
+    return why
 
 
 def _next(data: Mapping[str, Any]) -> str:

@@ -98,6 +98,9 @@ NOT_RETRIED: dict[int, str] = {
     126: "the command could not be executed",
     127: "the command was not found",
 }
+#: Why an attempt whose environment cannot be built on any worker (its worker said so: a
+#: requirement that does not exist, a spec no resolver can satisfy) is not tried again.
+NOT_BUILDABLE = "not retried: the environment cannot be built on any worker"
 #: What a failed attempt's ``state`` record keeps of its stderr: the last lines, each cut.
 SAID_LINES = 5
 SAID_CHARS = 300
@@ -306,10 +309,16 @@ def claim(
     return Change(job.id, Event.CLAIM, job.lease, fields, opens=opens, guard=guard)
 
 
-def start(job_id: str, lease: int, started: float, expires: float) -> Change:
-    """The worker started the claimed job's process at ``started``."""
+def start(
+    job_id: str, lease: int, started: float, expires: float, environment: str | None = None
+) -> Change:
+    """The worker started the claimed job's process at ``started``; ``environment``: the
+    Python environment it runs in, as the worker reported it (JSON), kept on the attempt."""
     fields = {"started_at": started, "lease_expires_at": expires}
-    return Change(job_id, Event.START, lease, fields, record={"started_at": started})
+    record: dict[str, object] = {"started_at": started}
+    if environment is not None:
+        record["environment"] = environment
+    return Change(job_id, Event.START, lease, fields, record=record)
 
 
 def _ended(
@@ -322,11 +331,13 @@ def _ended(
     error: str | None,
     exit_code: int | None = None,
     stderr_tail: Sequence[str] = (),
+    failure: str | None = None,
     **extra: object,
 ) -> Change:
-    """An attempt ends with ``event``: the job's fields and the attempt's record."""
+    """An attempt ends with ``event``: the job's fields and the attempt's record (the
+    job's ``failure`` is its latest attempt's class, as its ``error`` is)."""
     tail = tuple(stderr_tail) or None
-    said = {"exit_code": exit_code, "error": error, "stderr_tail": tail}
+    said = {"exit_code": exit_code, "error": error, "stderr_tail": tail, "failure": failure}
     fields: dict[str, object] = {
         **said,
         "attempts": attempts,
@@ -353,22 +364,30 @@ def finish(
     *,
     retry_on: Collection[int] = (),
     no_retry_on: Collection[int] = (),
+    failure: str | None = None,
+    final: bool = False,
 ) -> Change:
     """The worker reports how the attempt ended: success, a retry after a backoff while
     attempts are left, or failure. A job asked to stop that did not exit 0 failed and is
     not tried again; one that exited 0 succeeded early. An exit code that is not retried
     (:func:`not_retried`, from the job's ``retry_on`` and ``no_retry_on``) fails it at
-    once, saying why."""
+    once, saying why. ``failure`` names the failure's class ("environment": the job's
+    environment could not be built), kept on the attempt and the job; ``final`` says it
+    would fail the same way on every worker (a requirement that does not exist), so the
+    job fails at once (:data:`NOT_BUILDABLE`); a failure that is not final (the network,
+    a full disk) is retried as any other."""
     used = job.attempts + 1
     stopped = job.stop_requested_at is not None
     refused = None
-    if exit_code == 0 and error is None:
+    if exit_code == 0 and error is None and failure is None:
         event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
     else:
         if not stopped and used < job.max_attempts:  # with none left, it fails anyway
             refused = not_retried(exit_code, retry_on, no_retry_on)
+            if final and failure == "environment":
+                refused = NOT_BUILDABLE
         event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)
-        outcome, error = "failed", error or f"exit code {exit_code}"
+        outcome, error = "failed", error or _no_word(exit_code, failure)
         if refused:
             error = f"{error}, {refused}"
     not_before = now + backoff_seconds(used, backoff_base) if event == Event.RETRY else None
@@ -383,13 +402,27 @@ def finish(
         stderr_tail=stderr_tail,
         not_before=not_before,
         stopped_early=stopped and event == Event.SUCCEED,
+        failure=None if event == Event.SUCCEED else failure,
     )
     if event == Event.SUCCEED:
         return change
     said = failed_attempt(
-        job, event, exit_code, stderr_tail, retry_at=not_before, not_retried=refused
+        job,
+        event,
+        exit_code,
+        stderr_tail,
+        retry_at=not_before,
+        not_retried=refused,
+        failure=failure,
     )
     return replace(change, said=said)
+
+
+def _no_word(exit_code: int | None, failure: str | None) -> str:
+    """A failed attempt's error when its worker sent none."""
+    if failure == "environment":
+        return "the environment could not be built"
+    return f"exit code {exit_code}"
 
 
 def lose(job: JobState, now: float, who: str | None, restarted: bool = False) -> Change:
@@ -420,7 +453,7 @@ def release(job: JobState, now: float, why: str) -> Change:
         return _ended(
             job, Event.FAIL, now, attempts=job.attempts + 1, outcome="stopped", error=error
         )
-    return _ended(
+    change = _ended(
         job,
         Event.RELEASE,
         now,
@@ -428,6 +461,9 @@ def release(job: JobState, now: float, why: str) -> Change:
         outcome="released",
         error=job.error,
     )
+    # the job keeps its latest counted attempt's class, as it keeps its error
+    fields = {k: v for k, v in change.fields.items() if k != "failure"}
+    return replace(change, fields=fields)
 
 
 def cancel(job: JobState, now: float) -> Change:
@@ -437,6 +473,7 @@ def cancel(job: JobState, now: float) -> Change:
         "lease_expires_at": None,
         "error": "cancelled",
         "stderr_tail": None,
+        "failure": None,
     }
     record = {"finished_at": now, "outcome": "cancelled", "error": "cancelled"}
     return Change(job.id, Event.CANCEL, job.lease, fields, record=record)
@@ -453,6 +490,7 @@ def requeue(job: JobState) -> Change:
         "exit_code": None,
         "error": None,
         "stderr_tail": None,
+        "failure": None,
         "stop_requested_at": None,
         "stop_grace": None,
         "stopped_early": False,

@@ -22,6 +22,7 @@ from gpufleet.errors import GpufleetError, InsufficientStorage
 from gpufleet.server import (
     routes_blobs,
     routes_dashboard,
+    routes_environments,
     routes_events,
     routes_jobs,
     routes_metrics,
@@ -217,6 +218,7 @@ def create_app(
     app.include_router(routes_jobs.router)
     app.include_router(routes_workers.router)
     app.include_router(routes_blobs.router)
+    app.include_router(routes_environments.router)
     app.include_router(routes_events.router)
     app.include_router(routes_metrics.router)
     app.include_router(routes_dashboard.router)

@@ -138,6 +138,11 @@ async def worker(request: Request) -> Caller:
     return await _caller(request, Role.WORKER)
 
 
+async def env_reader(request: Request) -> Caller:
+    """Environment locks are read by workers (to build) and operators (to look)."""
+    return await _caller(request, Role.OPERATOR, Role.WORKER)
+
+
 async def blob_user(request: Request) -> Caller:
     """Blobs are read and written by clients (packages) and workers (artifacts)."""
     return await _caller(request, Role.OPERATOR, Role.SUBMITTER, Role.WORKER)

@@ -454,6 +454,12 @@ class Fleet:
         self.store.update_worker(w.id, **values)
         self.forget(w.id)
 
+    def built(self, w: WorkerRow, environments: str) -> None:
+        """Record the environments in the worker's cache (a JSON list, all of them), as a
+        heartbeat sent them: a worker sends them only when they changed."""
+        self.store.update_worker(w.id, environments=environments)
+        self.forget(w.id)
+
     def flush_beats(self) -> int:
         """Write the heartbeats kept in memory, in one transaction; how many. The server
         calls it every second and before it judges who went silent; beats a failed write

@@ -36,7 +36,14 @@ from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow
-from gpufleet.wire import HeartbeatRequest, HeartbeatResponse, JobSpecModel, Lease, LeaseOrder
+from gpufleet.wire import (
+    EnvUsed,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JobSpecModel,
+    Lease,
+    LeaseOrder,
+)
 
 log = logging.getLogger("gpufleet.server")
 
@@ -349,21 +356,26 @@ class Leases:
         attempt: int,
         said: float | None = None,
         claimed_at: float | None = None,
+        environment: EnvUsed | None = None,
     ) -> None:
         """The worker started the job's process. The change takes only on the current
         lease of a claimed job; else the job says why (404, 409, or a retried start).
         The start is dated when the worker ``said`` (its clock) if that lies between the
         claim and now, else the nearer of the two (with nothing said, now): a report that
         waited out a server outage, or the round trip of any report, does not make the job
-        look started later than it was."""
+        look started later than it was. ``environment``: the Python environment the job
+        runs in, kept on the attempt (and counted in the metrics, once)."""
         now = self.clock()
         started = now
         if said is not None:
             started = min(now, said if claimed_at is None else max(said, claimed_at))
-        change = lifecycle.start(job_id, attempt, started, now + self.settings.lease_timeout)
+        env = None if environment is None else environment.model_dump_json()
+        change = lifecycle.start(job_id, attempt, started, now + self.settings.lease_timeout, env)
         done = self.store.start(change)
         if done is not None:
             self.metrics.started(done.job.claimed_at, started)
+            if environment is not None:
+                self.metrics.environment(environment.built, environment.seconds)
             self.on_written(job_id)
         else:
             job = self._held(job_id, attempt)
@@ -399,6 +411,9 @@ class Leases:
         )
         stats = json.dumps([g.model_dump() for g in req.gpus]) if req.gpus else None
         self.fleet.beat(w, req.draining, stats)
+        if req.environments is not None:  # its cache changed: the whole list, now
+            built = json.dumps([e.model_dump() for e in req.environments])
+            self.fleet.built(w, built)
         stops = self.store.stops(held)
         orders = []
         for r in req.leases:
@@ -474,18 +489,31 @@ class Leases:
         error: str | None,
         stderr_tail: Sequence[str] = (),
         held: JobRow | None = None,
+        failure: str | None = None,
+        final: bool = False,
     ) -> JobRow:
         """Record the end of an attempt: success, a retry after backoff, or failure. A
         failed attempt keeps the last lines of its stderr, to say why. ``held``: the job
-        as :meth:`check_holder` just read it (the change itself is guarded by the lease)."""
+        as :meth:`check_holder` just read it (the change itself is guarded by the lease).
+        ``failure``: its class ("environment"), and ``final``: it fails the same way on
+        every worker, so the job is not retried (``lifecycle.finish``)."""
         job = held if held is not None else self._held(job_id, attempt)
         tail = [printable(line) for line in stderr_tail]
         said = printable(error) if error else None
         now = self.clock()
         # Only a failure reads the spec's exit codes: a success need not parse it.
-        codes = {} if exit_code == 0 and said is None else _retry_codes(job)
+        ok = exit_code == 0 and said is None and failure is None
+        codes = {} if ok else _retry_codes(job)
         change = lifecycle.finish(
-            job, exit_code, said, tail, now, self.settings.retry_backoff, **codes
+            job,
+            exit_code,
+            said,
+            tail,
+            now,
+            self.settings.retry_backoff,
+            failure=failure,
+            final=final,
+            **codes,
         )
         done = self.store.finish(change)
         if done is None:

@@ -34,6 +34,9 @@ MIB = 1 << 20
 # Seconds: from a moment to a day and more (queue waits and run times are long).
 WAITS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400)
 RUNS = (1, 10, 60, 300, 900, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 86400, 3 * 86400)
+# Seconds an environment build takes: a cached wheel set in a tenth of a second, a
+# resolution and a CUDA torch download in many minutes.
+BUILDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800)
 
 
 class Metrics:
@@ -80,6 +83,25 @@ class Metrics:
             buckets=RUNS,
             registry=r,
         )
+        self.env_build = Histogram(
+            "gpufleet_environment_build_seconds",
+            "Seconds a worker took to build a job's environment (builds made for a start)",
+            buckets=BUILDS,
+            registry=r,
+        )
+        self.env_builds = Counter(
+            "gpufleet_environment_builds",
+            "Job starts in an environment, by whether it was built for them or reused "
+            "from a worker's cache",
+            ["result"],
+            registry=r,
+        )
+
+    def environment(self, built: bool, seconds: float) -> None:
+        """A job started in an environment its worker built for it, or reused."""
+        self.env_builds.labels("built" if built else "reused").inc()
+        if built:
+            self.env_build.observe(seconds)
 
     def claimed(self, created_at: float, now: float) -> None:
         self.claims.inc()

@@ -301,7 +301,8 @@ def _holder(
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
 def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
-    """The job's process runs (since ``started_at`` by the worker's clock, when given)."""
+    """The job's process runs (since ``started_at`` by the worker's clock, when given),
+    in the Python ``environment`` its worker reports, when its spec names one."""
     _start(request, caller, job_id, body)
 
 
@@ -309,7 +310,7 @@ def _start(request: Request, caller: Caller, job_id: str, body: StartRequest) ->
     leases = state(request).services.leases
     job = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
     said = body.started_at.timestamp() if body.started_at is not None else None
-    leases.start(job_id, body.attempt, said, job.claimed_at)
+    leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
@@ -328,8 +329,11 @@ def append_output(
 @router.post("/jobs/{job_id}/finish", response_model=JobOut, tags=["worker protocol"])
 def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worker) -> JobOut:
     """End an attempt: exit code 0 succeeds; anything else retries or fails, keeping the
-    last lines of the attempt's stderr (``stderr_tail``). A result for an attempt that
-    has ended is refused (409) and kept in that attempt's history (``late_result``)."""
+    last lines of the attempt's stderr (``stderr_tail``). ``failure: "environment"``
+    says the job's environment could not be built (``error``: uv's words); with
+    ``final`` it cannot be built on any worker, and the job fails now instead of being
+    retried. A result for an attempt that has ended is refused (409) and kept in that
+    attempt's history (``late_result``)."""
     return _finish(request, caller, job_id, body)
 
 
@@ -343,7 +347,14 @@ def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) 
         )
         raise
     job = leases.finish(
-        job_id, body.attempt, body.exit_code, body.error, body.stderr_tail, held=held
+        job_id,
+        body.attempt,
+        body.exit_code,
+        body.error,
+        body.stderr_tail,
+        held=held,
+        failure=body.failure,
+        final=body.final,
     )
     return views.job_out(job, {})
 

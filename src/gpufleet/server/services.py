@@ -7,7 +7,9 @@
 - :class:`~gpufleet.server.steering.Steering`: cancel, stop, requeue;
 - :class:`~gpufleet.server.dataflow.DataFlow`: inputs, dependencies, artifacts;
 - :class:`~gpufleet.server.explain.Explain`: why a job waits;
-- :class:`~gpufleet.server.reads.Reads`: what clients read.
+- :class:`~gpufleet.server.reads.Reads`: what clients read;
+- :class:`~gpufleet.server.environments.EnvLocks`: the fleet-wide locks of job
+  environments.
 
 Routes call these and never the store. The store only persists; the lifecycle table in
 :mod:`gpufleet.domain.lifecycle` decides every status change and
@@ -22,6 +24,7 @@ from collections.abc import Callable
 
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.dataflow import DataFlow
+from gpufleet.server.environments import EnvLocks
 from gpufleet.server.explain import Explain
 from gpufleet.server.fleet import Fleet, OnEvent, no_event
 from gpufleet.server.leases import Leases
@@ -75,4 +78,5 @@ class Services:
             self.metrics,
             on_written,
         )
+        self.env_locks = EnvLocks(store, blobs, self.leases, clock, on_event)
         self.retention = Retention(store, settings, clock)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 from gpufleet.domain.models import GpuInfo, JobStatus, WorkerStatus
 from gpufleet.scheduling.matching import effective_gpus
 from gpufleet.server.fleet import HostDeclaration, WorkerState
 from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, TokenRow
-from gpufleet.store.rows import ArtifactRow, BlobRow
+from gpufleet.store.rows import ArtifactRow, BlobRow, EnvLockRow
 from gpufleet.wire import (
     ArtifactFile,
     ArtifactOut,
@@ -18,6 +19,9 @@ from gpufleet.wire import (
     BlobOut,
     CapabilityModel,
     DependencyOut,
+    EnvBuiltModel,
+    EnvLockOut,
+    EnvUsed,
     GpuModel,
     HostModel,
     HostOut,
@@ -63,6 +67,7 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         progress=json.loads(job.progress) if job.progress else None,
         metrics=json.loads(job.metrics) if job.metrics else {},
         gpu_mib=job.gpu_mib if job.status.active else None,
+        failure=job.failure,
     )
 
 
@@ -81,7 +86,19 @@ def attempt_out(a: AttemptRow) -> AttemptOut:
         stderr_tail=list(a.stderr_tail),
         late_result=a.late_result,
         output_dropped=a.output_dropped,
+        failure=a.failure,
+        environment=_environment(a.environment),
     )
+
+
+def _environment(text: str | None) -> EnvUsed | None:
+    """An attempt's environment as its worker reported it (checked when it came in)."""
+    if not text:
+        return None
+    try:
+        return EnvUsed.model_validate_json(text)
+    except ValueError:  # written by another version: shown as not known
+        return None
 
 
 def job_detail(
@@ -162,6 +179,7 @@ def worker_out(state: WorkerState) -> WorkerOut:
         capability=CapabilityModel.shown(w.capability),
         host=host_out(state.host) if state.host else None,
         gpus_offered=offered,
+        environments=[EnvBuiltModel.model_construct(**asdict(e)) for e in w.environments],
     )
 
 
@@ -194,3 +212,17 @@ def token_out(t: TokenRow) -> TokenOut:
 
 def audit_out(a: AuditRow) -> AuditOut:
     return AuditOut(**{**a.__dict__, "at": ts(a.at)})
+
+
+def env_lock_out(row: EnvLockRow) -> EnvLockOut:
+    return EnvLockOut(
+        key=row.key,
+        sha256=row.sha256,
+        spec_key=row.spec_key,
+        python=row.python,
+        torch_backend=row.torch_backend,
+        job_id=row.job_id,
+        worker_name=row.worker_name,
+        created_at=ts(row.created_at),
+        replaced_at=ts(row.replaced_at),
+    )

@@ -17,6 +17,8 @@ from gpufleet.store.api import (
 from gpufleet.store.rows import (
     AttemptRow,
     AuditRow,
+    BuiltEnv,
+    EnvLockRow,
     HostRow,
     JobRow,
     LogRow,
@@ -31,7 +33,9 @@ __all__ = [
     "AttemptRow",
     "AuditRow",
     "Batch",
+    "BuiltEnv",
     "ClaimView",
+    "EnvLockRow",
     "Hold",
     "HostRow",
     "Hosts",

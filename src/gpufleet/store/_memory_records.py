@@ -7,6 +7,7 @@ as the tables hold them, read back through the same row models the SQL store use
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -14,7 +15,15 @@ from typing import Any
 from gpufleet.domain.models import ACTIVE, WorkerStatus
 from gpufleet.store import schema as t
 from gpufleet.store.api import Hosts
-from gpufleet.store.rows import ArtifactRow, AuditRow, BlobRow, HostRow, TokenRow, WorkerRow
+from gpufleet.store.rows import (
+    ArtifactRow,
+    AuditRow,
+    BlobRow,
+    EnvLockRow,
+    HostRow,
+    TokenRow,
+    WorkerRow,
+)
 
 _OFFLINE = WorkerStatus.OFFLINE.value
 
@@ -46,6 +55,7 @@ class MemoryRecords:
         self.blob_pools: set[tuple[str, str]] = set()
         self.uploads: dict[str, dict[str, Any]] = {}
         self.artifacts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.env_locks: dict[str, EnvLockRow] = {}
 
     # ---- workers ----------------------------------------------------------------------
 
@@ -346,3 +356,29 @@ class MemoryRecords:
             if not found:
                 return None
             return ArtifactRow.from_mapping(dict(max(found, key=lambda a: a["attempt"])))
+
+    # ---- environments -----------------------------------------------------------------
+
+    def get_env_lock(self, key: str) -> EnvLockRow | None:
+        with self._lock:
+            return self.env_locks.get(key)
+
+    def put_env_lock(self, row: EnvLockRow, replace: bool) -> tuple[EnvLockRow, bool]:
+        with self._lock:
+            found = self.env_locks.get(row.key)
+            if found is None:
+                self.env_locks[row.key] = row
+                return row, True
+            if replace:
+                found = dataclasses.replace(
+                    row, created_at=found.created_at, replaced_at=row.created_at
+                )
+                self.env_locks[row.key] = found
+            return found, False
+
+    def workers_with_env(self, spec_key: str, pools: Sequence[str] | None = None) -> list[str]:
+        return [
+            w.id
+            for w in self.list_workers(pools)
+            if any(e.spec_key == spec_key for e in w.environments)
+        ]

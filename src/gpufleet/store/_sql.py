@@ -38,6 +38,7 @@ from gpufleet.store import schema as t
 from gpufleet.store._changes import ChangeOps
 from gpufleet.store._claims import ClaimOps, page_statements
 from gpufleet.store._data import DataOps
+from gpufleet.store._environments import EnvironmentOps
 from gpufleet.store._fleet import FleetOps, write_hosts
 from gpufleet.store._pages import read_page
 from gpufleet.store._values import (
@@ -138,7 +139,7 @@ def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
         raise DisconnectionError("a pooled connection was closed") from exc
 
 
-class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps):
+class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
     def __init__(self, url: str) -> None:

@@ -23,6 +23,7 @@ from gpufleet.store.rows import (
     AttemptRow,
     AuditRow,
     BlobRow,
+    EnvLockRow,
     HostRow,
     JobRow,
     LogRow,
@@ -287,7 +288,16 @@ class DataStore(Protocol):
     def artifact(self, job_id: str, attempt: int | None = None) -> ArtifactRow | None: ...
 
 
-class Store(JobStore, FleetStore, DataStore, Protocol):
+class EnvironmentStore(Protocol):
+    """Job environments: the fleet-wide locks of unlocked specs, and which workers have
+    a spec built."""
+
+    def get_env_lock(self, key: str) -> EnvLockRow | None: ...
+    def put_env_lock(self, row: EnvLockRow, replace: bool) -> tuple[EnvLockRow, bool]: ...
+    def workers_with_env(self, spec_key: str, pools: Sequence[str] | None = None) -> list[str]: ...
+
+
+class Store(JobStore, FleetStore, DataStore, EnvironmentStore, Protocol):
     """Everything the server keeps, and the plumbing around it."""
 
     dialect: str

@@ -63,6 +63,7 @@ class JobRow:
     progress: str | None = None  # the latest progress record, JSON
     metrics: str | None = None  # the last value of each metric, a JSON object
     gpu_mib: int | None = None  # GPU memory its processes used, at the last heartbeat
+    failure: str | None = None  # the latest attempt's failure class ("environment")
 
     @cached_property
     def spec(self) -> JobSpec:
@@ -116,6 +117,8 @@ class AttemptRow:
     output_bytes: int = 0
     output_dropped: int = 0  # bytes of its output cut by the quota (gpufleet.domain.quota)
     output_cut: bool = False
+    failure: str | None = None  # the class of its failure ("environment"), if named
+    environment: str | None = None  # the environment it ran in, JSON (its start report)
 
     @classmethod
     def from_row(cls, r: Any) -> AttemptRow:
@@ -146,6 +149,7 @@ class WorkerRow:
     token_id: str | None = None
     offline_since: float | None = None
     fixed_labels: dict[str, str] = field(default_factory=dict)
+    environments: tuple[BuiltEnv, ...] = ()  # in its cache, as its heartbeats last said
 
     @classmethod
     def from_row(cls, r: Any) -> WorkerRow:
@@ -169,7 +173,65 @@ class WorkerRow:
             token_id=m["token_id"],
             offline_since=m["offline_since"],
             fixed_labels=json.loads(m["fixed_labels"] or "{}"),
+            environments=built_envs(m.get("environments")),
         )
+
+
+@dataclass(frozen=True)
+class BuiltEnv:
+    """An environment in a worker's cache: its build key, the spec it was built from,
+    the Python, its size on disk, when a job last used it (epoch seconds), and what it
+    is built from, in a line."""
+
+    key: str
+    spec_key: str
+    python: str
+    size_bytes: int = 0
+    last_used: float = 0.0
+    describe: str = ""
+
+
+def built_envs(text: str | None) -> tuple[BuiltEnv, ...]:
+    """A worker's ``environments`` column read back; an entry it cannot read (written by
+    another version) is left out rather than failing the worker's row."""
+    try:
+        found = json.loads(text or "[]")
+    except ValueError:
+        return ()
+    out = []
+    for entry in found if isinstance(found, list) else ():
+        try:
+            out.append(
+                BuiltEnv(
+                    key=str(entry["key"]),
+                    spec_key=str(entry["spec_key"]),
+                    python=str(entry["python"]),
+                    size_bytes=int(entry.get("size_bytes") or 0),
+                    last_used=float(entry.get("last_used") or 0.0),
+                    describe=str(entry.get("describe") or ""),
+                )
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class EnvLockRow(_Columns):
+    """The fleet-wide lock of an unlocked environment spec (``environment_locks``):
+    the blob holding the resolved versions, what it locks (spec, Python major.minor,
+    torch build), the job and worker whose build recorded it, when, and when it last
+    replaced an earlier one."""
+
+    key: str
+    sha256: str
+    spec_key: str
+    python: str
+    torch_backend: str | None
+    job_id: str
+    worker_name: str
+    created_at: float
+    replaced_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,9 @@ jobs = Table(
     Column("metrics", Text),
     # GPU memory the job's processes used at its worker's last heartbeat (MiB), if known.
     Column("gpu_mib", Integer),
+    # The class of the latest attempt's failure, when the worker named one ("environment":
+    # its environment could not be built); None otherwise. Cleared as ``error`` is.
+    Column("failure", String(32)),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -118,6 +121,11 @@ attempts = Table(
     Column("output_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     Column("output_dropped", BigInteger, nullable=False, default=0, server_default="0"),
     Column("output_cut", Boolean, nullable=False, default=False),
+    # The class of its failure ("environment"), when its worker named one.
+    Column("failure", String(32)),
+    # The Python environment it ran in, as its worker reported it at the start (JSON: build
+    # key, spec key, Python, built or found, seconds, package versions, torch build).
+    Column("environment", Text),
 )
 
 workers = Table(
@@ -144,6 +152,9 @@ workers = Table(
     # Claims made for the worker: a claim ranked on a snapshot commits only if it is
     # still the count it read (nobody claimed a slot of this worker meanwhile).
     Column("claims", BigInteger, nullable=False, default=0, server_default="0"),
+    # The environments in its cache, as its last heartbeat that sent them listed them
+    # (JSON list: key, spec_key, python, size_bytes, last_used, describe).
+    Column("environments", Text, nullable=False, default="[]", server_default="[]"),
 )
 
 hosts = Table(
@@ -268,6 +279,24 @@ blob_pools = Table(
     metadata,
     Column("sha256", String(64), primary_key=True),
     Column("pool", String(200), primary_key=True),
+)
+
+# The fleet-wide lock of an unlocked environment spec, by ``lock_key`` (spec, Python
+# major.minor, torch build): the versions the first build resolved (a blob: uv's pinned
+# requirements or a uv.lock), which every later build of the spec installs. A job asking
+# for a fresh resolution (``upgrade``) replaces it (``replaced_at``).
+environment_locks = Table(
+    "environment_locks",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("sha256", String(64), nullable=False),
+    Column("spec_key", String(64), nullable=False),
+    Column("python", String(32), nullable=False),
+    Column("torch_backend", String(64)),
+    Column("job_id", String(64), nullable=False),
+    Column("worker_name", String(200), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("replaced_at", Float),
 )
 
 # ---- the data plane ---------------------------------------------------------------------

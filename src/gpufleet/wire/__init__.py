@@ -36,6 +36,14 @@ from gpufleet.wire._base import (
     Size,
     Strict,
 )
+from gpufleet.wire._environments import (
+    MOST_BUILT,
+    MOST_PACKAGES,
+    EnvBuiltModel,
+    EnvLockOut,
+    EnvLockPut,
+    EnvUsed,
+)
 from gpufleet.wire._fleet import (
     BAR_END,
     MOST_REPORTS,
@@ -103,6 +111,8 @@ __all__ = [
     "BAR_END",
     "ERRORS",
     "INT32",
+    "MOST_BUILT",
+    "MOST_PACKAGES",
     "MOST_REPORTS",
     "STDERR_TAIL_CHARS",
     "STDERR_TAIL_LINES",
@@ -120,7 +130,11 @@ __all__ = [
     "ClaimRequest",
     "DeclaredModel",
     "DependencyOut",
+    "EnvBuiltModel",
     "EnvFileModel",
+    "EnvLockOut",
+    "EnvLockPut",
+    "EnvUsed",
     "EnvironmentModel",
     "ErrorBody",
     "ErrorInfo",

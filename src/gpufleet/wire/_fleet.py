@@ -24,6 +24,7 @@ from gpufleet.wire._base import (
     Wire,
     _no_nul,
 )
+from gpufleet.wire._environments import MOST_BUILT, EnvBuiltModel, EnvUsed
 from gpufleet.wire._jobs import TOOL_PATTERN, HostOut, JobOut, JobSpecModel, StderrTail
 
 # ---- workers ----------------------------------------------------------------------------
@@ -160,6 +161,10 @@ class WorkerOut(Wire):
         description="the GPUs jobs may get, as its host declaration narrows them (cuda, "
         "gpus, vram_gib); None: every GPU in `gpus`",
     )
+    environments: list[EnvBuiltModel] = Field(
+        default_factory=list,
+        description="the job environments in its cache, as its heartbeats last listed them",
+    )
 
 
 class SelectRequest(Strict):
@@ -266,6 +271,14 @@ class HeartbeatRequest(Strict):
     leases: list[LeaseRef] = Field(default_factory=list)
     gpus: list[GpuModel] = Field(default_factory=list)
     draining: bool = False
+    environments: list[EnvBuiltModel] | None = Field(
+        None,
+        max_length=MOST_BUILT,
+        description="the job environments in the worker's cache now, all of them; None: "
+        "unchanged since its last heartbeat",
+        # left out when None, so a server from before environments takes the heartbeat
+        exclude_if=lambda envs: envs is None,
+    )
 
 
 class LeaseOrder(Wire):
@@ -306,6 +319,12 @@ class StartRequest(Strict):
         "of the two",
         # left out when None, so a server from before `started_at` takes the report
         exclude_if=lambda when: when is None,
+    )
+    environment: EnvUsed | None = Field(
+        None,
+        description="the Python environment the job runs in, when its spec names one",
+        # left out when None, so a server from before environments takes the report
+        exclude_if=lambda env: env is None,
     )
 
 
@@ -355,6 +374,25 @@ class FinishRequest(Strict):
     stderr_tail: StderrTail = Field(
         default_factory=list, description="the last lines the job wrote to stderr"
     )
+    failure: Literal["environment"] | None = Field(
+        None,
+        description="the class of the failure, when it is not the job's exit: "
+        "'environment', its environment could not be built (error: uv's words)",
+        # left out when None, so a server from before failure classes takes the report
+        exclude_if=lambda failure: failure is None,
+    )
+    final: bool = Field(
+        False,
+        description="the failure would happen the same way on every worker (a requirement "
+        "that does not exist): the job fails now, not retried",
+        exclude_if=lambda final: not final,
+    )
+
+    @model_validator(mode="after")
+    def _final_names_its_class(self) -> FinishRequest:
+        if self.final and self.failure is None:
+            raise ValueError("final: a final failure names its class (failure)")
+        return self
 
 
 #: The most reports one ``POST /v1/reports`` carries.

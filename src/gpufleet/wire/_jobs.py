@@ -39,6 +39,7 @@ from gpufleet.wire._base import (
     Wire,
     _no_nul,
 )
+from gpufleet.wire._environments import EnvUsed
 
 # ---- jobs -------------------------------------------------------------------------------
 
@@ -390,6 +391,14 @@ class AttemptOut(Wire):
         description="bytes of the attempt's output the server dropped: it passed its "
         "output quota (its log has a marker where each cut began)",
     )
+    failure: str | None = Field(
+        None,
+        description="the class of its failure, when its worker named one ('environment': "
+        "its environment could not be built)",
+    )
+    environment: EnvUsed | None = Field(
+        None, description="the Python environment it ran in, as its worker reported it"
+    )
 
 
 class JobOut(Wire):
@@ -444,6 +453,11 @@ class JobOut(Wire):
     )
     gpu_mib: int | None = Field(
         None, description="GPU memory its processes used at its worker's last heartbeat (MiB)"
+    )
+    failure: str | None = Field(
+        None,
+        description="the class of its latest attempt's failure, when its worker named one "
+        "('environment': its environment could not be built)",
     )
 
 

@@ -1,0 +1,83 @@
+"""Environment records: the fleet-wide locks of unlocked environment specs, and which
+workers have a spec built.
+
+A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock. The
+first lock recorded for a key wins (an insert that does nothing when the key exists), so
+two workers whose first builds of one spec end at once record one lock between them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+
+from gpufleet.store import schema as t
+from gpufleet.store.rows import EnvLockRow, WorkerRow
+
+_L, _W = t.environment_locks.c, t.workers.c
+
+
+class EnvironmentOps(ABC):
+    """Record operations of job environments."""
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Connection]:
+        """A connection in a write transaction (the store's one writer on SQLite)."""
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Connection]:
+        """A connection for reading."""
+
+    @abstractmethod
+    def _insert(self, table: Any) -> Any:
+        """The dialect's INSERT (with ON CONFLICT) for ``table``."""
+
+    def get_env_lock(self, key: str) -> EnvLockRow | None:
+        """The lock recorded under ``key`` (a ``lock_key``), if any."""
+        with self._read() as conn:
+            row = conn.execute(select(t.environment_locks).where(_L.key == key)).first()
+        return EnvLockRow.from_row(row) if row else None
+
+    def put_env_lock(self, row: EnvLockRow, replace: bool) -> tuple[EnvLockRow, bool]:
+        """Record ``row`` unless a lock exists under its key: then the existing one stands
+        and is returned, or with ``replace`` it is overwritten (``replaced_at`` set to
+        ``row.created_at``, its first ``created_at`` kept). Returns the lock now recorded
+        and whether this call created it."""
+        values = asdict(row)
+        fresh = (
+            self._insert(t.environment_locks)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=[_L.key])
+            .returning(_L.key)
+        )
+        this = _L.key == row.key
+        with self._write() as conn:
+            if conn.execute(fresh).first() is not None:
+                return row, True
+            if replace:
+                kept = {k: v for k, v in values.items() if k not in ("key", "created_at")}
+                kept["replaced_at"] = row.created_at
+                conn.execute(update(t.environment_locks).where(this).values(**kept))
+            found = conn.execute(select(t.environment_locks).where(this)).one()
+        return EnvLockRow.from_row(found), False
+
+    def workers_with_env(self, spec_key: str, pools: Sequence[str] | None = None) -> list[str]:
+        """The ids of the workers (of ``pools``; None: every pool) whose cache holds an
+        environment built from ``spec_key``, as their heartbeats last said, by name."""
+        # A spec key is 64 hex digits: a plain substring match finds the candidates, and
+        # reading their lists back keeps only an exact one.
+        q = (
+            select(t.workers)
+            .where(_W.environments.contains(spec_key, autoescape=True))
+            .order_by(_W.name)
+        )
+        if pools is not None:
+            q = q.where(_W.pool.in_(list(pools)))
+        with self._read() as conn:
+            rows = [WorkerRow.from_row(r) for r in conn.execute(q).all()]
+        return [w.id for w in rows if any(e.spec_key == spec_key for e in w.environments)]
