@@ -10,7 +10,7 @@ from __future__ import annotations
 from gpufleet.cli._common import out, shown, styled, when
 from gpufleet.cli.choose import host_note
 from gpufleet.domain.quota import size_text
-from gpufleet.wire import JobDetail, JobOut
+from gpufleet.wire import EnvUsed, JobDetail, JobOut
 
 
 def error_line(j: JobOut) -> str:
@@ -77,6 +77,8 @@ def show_detail(d: JobDetail) -> None:
             f"exit={a.exit_code if a.exit_code is not None else '-'}"
             f"{' error=' + shown(a.error) if a.error else ''}"
         )
+        if a.environment is not None:
+            out.print(f"    {shown(environment_line(a.environment))}", soft_wrap=True)
         if a.late_result:
             out.print(f"    [yellow]late result:[/yellow] {shown(a.late_result)}")
         if a.output_dropped:
@@ -107,6 +109,18 @@ def _environment(d: JobDetail) -> None:
     for f in (env.requirements, env.project, env.lock):
         if f is not None:
             out.print(f"    {shown(f.name)}: blob {shown(f.sha256[:12])}, {f.size} bytes")
+
+
+def environment_line(env: EnvUsed) -> str:
+    """The environment an attempt ran with, in a line: how it was had, its Python and
+    torch build, and every version installed."""
+    how = "built" if env.built else "found in the worker's cache"
+    torch = f", torch {env.torch_backend}" if env.torch_backend else ""
+    versions = ", ".join(f"{name}=={v}" for name, v in sorted(env.versions.items()))
+    return (
+        f"environment {env.key[:12]} {how} in {env.seconds:.1f}s, Python {env.python}{torch}: "
+        f"{versions or 'no packages'}"
+    )
 
 
 def _artifact(d: JobDetail) -> None:

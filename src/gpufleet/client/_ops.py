@@ -15,6 +15,8 @@ from gpufleet.wire import (
     BlobOut,
     Candidate,
     ClaimRequest,
+    EnvLockOut,
+    EnvLockPut,
     EventsOut,
     FinishRequest,
     HeartbeatRequest,
@@ -177,6 +179,14 @@ def heartbeat(worker_id: str, body: HeartbeatRequest) -> Call[HeartbeatResponse]
     return Call(
         "POST", f"/v1/workers/{_q(worker_id)}/heartbeat", model(HeartbeatResponse), body=body
     )
+
+
+def env_lock(key: str) -> Call[EnvLockOut]:
+    return Call("GET", f"/v1/environments/locks/{_q(key)}", model(EnvLockOut))
+
+
+def put_env_lock(key: str, body: EnvLockPut) -> Call[EnvLockOut]:
+    return Call("PUT", f"/v1/environments/locks/{_q(key)}", model(EnvLockOut), body=body)
 
 
 def start(job_id: str, body: StartRequest) -> Call[None]:

@@ -101,8 +101,8 @@ class EnvLocks:
     @staticmethod
     def _check(key: str, body: EnvLockPut, job: JobRow) -> None:
         """422, naming the field, unless the lock is for the job's own unlocked spec."""
-        env: EnvSpec | None = job.spec.environment
-        if env is None:
+        env = job.spec.environment
+        if not isinstance(env, EnvSpec):
             raise ValidationFailed(
                 f"job {job.id} names no environment: it has no lock to record",
                 detail={"field": "job_id", "job": job.id},

@@ -192,6 +192,7 @@ class Fleet:
             pool=w.pool,
             policy=policies.get(w.name),
             cpu_slots=w.cpu_slots,
+            environments=frozenset(e.spec_key for e in w.environments),
         )
 
     @staticmethod

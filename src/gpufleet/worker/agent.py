@@ -32,8 +32,10 @@ from gpufleet.errors import (
 )
 from gpufleet.terminal import visible
 from gpufleet.wire import (
+    MOST_BUILT,
     CapabilityModel,
     ClaimRequest,
+    EnvBuiltModel,
     GpuModel,
     HeartbeatRequest,
     Lease,
@@ -46,6 +48,7 @@ from gpufleet.wire import (
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus, live_state
+from gpufleet.worker.envphase import EnvPhase, env_cache
 from gpufleet.worker.isolation import (
     SlotUsers,
     check_run_as,
@@ -99,6 +102,11 @@ class Agent(JobSteps):
         )
         digests = archive.Remembered(opts.work_dir / "mount-digests.json")
         self.stager = Stager(cache, opts.mounts, archive.Limits(), digests)
+        self.envs = EnvPhase(
+            env_cache(opts), self.client, self.data, cache, self.capability, self.retrying
+        )
+        if self.users is not None and (why := self.envs.closed_to(self.users.users)):
+            say(f"warning: {why}")
         opts.work_dir.mkdir(parents=True, exist_ok=True)
         remove_leftovers(opts.work_dir, ".artifact.")
         # Output an earlier worker process could not send: its attempts have ended.
@@ -255,6 +263,11 @@ class Agent(JobSteps):
             delay = min(delay * 2, RETRY_CAP)
 
     async def register(self) -> None:
+        if not self.capability.pythons:  # what jobs' environments may ask for
+            pythons = tuple(await self.envs.cache.pythons())
+            downloads = self.opts.env_python_downloads
+            self.capability = replace(self.capability, pythons=pythons, python_downloads=downloads)
+        self.envs.changed = True  # a server that forgot us learns what we have built
         body = WorkerRegister(
             name=self.opts.name,
             labels=self.opts.labels,
@@ -335,6 +348,7 @@ class Agent(JobSteps):
             ],
             gpus=[GpuModel.from_domain(g) for g in gpus],
             draining=self.draining,
+            environments=self.built_environments(),
         )
         sent = time.monotonic()
         try:
@@ -356,6 +370,18 @@ class Agent(JobSteps):
                 self.stop_early(run, o.grace if o.grace is not None else 60.0)
         if resp.drain:
             self.begin_drain(None, "operator")
+
+    def built_environments(self) -> list[EnvBuiltModel] | None:
+        """The environments this worker has built, when that changed since the last
+        heartbeat said it (None: unchanged)."""
+        if not self.envs.changed:
+            return None
+        self.envs.changed = False
+        try:
+            return [EnvBuiltModel(**info) for info in self.envs.listing()[:MOST_BUILT]]
+        except OSError as exc:
+            say(f"could not list the built environments: {exc}")
+            return None
 
     async def heartbeat_loop(self) -> None:
         warned = False

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from gpufleet.client import AsyncClient, Client
 from gpufleet.domain import progress
+from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.models import DEFAULT_OUTPUTS, HyperStyle
 from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
 from gpufleet.terminal import visible
@@ -41,7 +42,9 @@ from gpufleet.wire import (
 )
 from gpufleet.worker.adapters import Adapter, AdapterError, adapter_for
 from gpufleet.worker.backlog import Backlog
+from gpufleet.worker.capability import job_path
 from gpufleet.worker.downloads import Download
+from gpufleet.worker.envphase import ENV_MARK, EnvFailed, EnvPhase, Prepared
 from gpufleet.worker.isolation import (
     SlotUser,
     SlotUsers,
@@ -95,6 +98,11 @@ class Running:
     progress_file: ProgressFile | None = None  # GPUFLEET_PROGRESS_FILE, once it is named
     user: SlotUser | None = None  # the slot user it runs as (--run-as)
     adapter: Adapter = field(default_factory=Adapter)  # the job type's own channel and stop
+    env: Prepared | None = None  # the Python environment it runs in, held while it runs
+    # why it failed, when the worker knows a class ("environment"), and whether that
+    # failure would happen the same way on every worker (then it is not retried)
+    failure: str | None = None
+    final: bool = False
 
     def __post_init__(self) -> None:
         self.progress = Progress(
@@ -142,6 +150,11 @@ class Running:
             return
         self.backlog.update(stream, state + BAR_END)
 
+    def env_line(self, line: str) -> None:
+        """A line of the environment's build (uv's, or the worker's about it), marked."""
+        self.backlog.add("stderr", ENV_MARK + line)
+        self.tail.append((ENV_MARK + line)[:STDERR_TAIL_CHARS])
+
     def downloading(self, record: dict[str, Any], line: str | None, finished: bool) -> None:
         """How far the download of the job's inputs is: a progress record, and a line of
         the worker's own in its output (a bar's state until ``finished``)."""
@@ -165,6 +178,7 @@ class JobSteps(ABC):
     running: dict[tuple[str, int], Running]
     reports: Reports  # start and finish reports, batched while one is on its way
     users: SlotUsers | None  # --run-as: the users jobs run as
+    envs: EnvPhase  # jobs' Python environments
 
     @abstractmethod
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -223,6 +237,8 @@ class JobSteps(ABC):
             except Exception as exc:
                 say(f"job {lease.job_id}: adapter did not close cleanly: {exc!r}")
             run.backlog.clear()
+            if run.env is not None:
+                await asyncio.to_thread(self.envs.done, run.env, partial(self.note, run))
             self.progress_path(lease).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # its age, for --work-dir-retention
                 os.utime(self.workdir(lease))
@@ -259,6 +275,10 @@ class JobSteps(ABC):
             return exc.message
         if run.stop_reason is not None:  # cancelled while its inputs were fetched
             return f"stopped ({run.stop_reason}) before starting"
+        if spec.environment is not None:
+            failed = await self._environment(run, spec.environment.to_domain(), env)
+            if failed is not None:
+                return failed
         try:
             run.adapter = adapter_for(spec.adapter, argv, workdir, run.record)
             await run.adapter.open()
@@ -290,10 +310,35 @@ class JobSteps(ABC):
                     secret=lease.secret,
                     pid=run.proc.pid if run.proc else None,
                     started_at=started,
+                    environment=run.env.used if run.env else None,
                 ),
             )
         except Conflict:
             await self.stop_job(run, "lost")
+        return None
+
+    async def _environment(self, run: Running, spec: EnvSpec, env: dict[str, str]) -> str | None:
+        """Get the job's Python environment (built or cached) and point ``env`` at it;
+        why it could not, or None. The build's time is its own: the job's timeout starts
+        with its process."""
+        lease = run.lease
+        try:
+            run.env = await self.envs.prepare(
+                lease.job_id, lease.attempt, lease.secret, spec, run.env_line, run.record
+            )
+        except EnvFailed as exc:
+            run.failure, run.final = "environment", exc.final
+            for line in exc.lines[-STDERR_TAIL_LINES:]:
+                run.tail.append(line[:STDERR_TAIL_CHARS])
+            say(f"job {lease.job_id}: {exc.message}")
+            return exc.message
+        env.pop("PYTHONHOME", None)
+        # not the worker's own Python first on PATH: its pip would install into gpufleet's
+        ours = job_path("")
+        path = env.get("PATH", os.defpath)
+        env.update(run.env.variables(path[len(ours) :] if path.startswith(ours) else path))
+        if run.stop_reason is not None:  # cancelled while it was built
+            return f"stopped ({run.stop_reason}) before starting"
         return None
 
     async def execute(self, run: Running) -> tuple[int | None, str | None]:
@@ -492,6 +537,8 @@ class JobSteps(ABC):
                 exit_code=exit_code,
                 error=error,
                 stderr_tail=tail,
+                failure=run.failure,
+                final=run.final,
             )
             out = await self.reports.finish(lease.job_id, body)
             say(

@@ -1,0 +1,278 @@
+"""The environment phase of a job: before its command starts, the worker gets the
+environment the job named, built with uv or found in its cache (docs/environments.md).
+
+The phase is part of the job a user watches: uv's lines go into the job's log, each
+marked ``[env]``; a progress message says "building environment" with its time so far;
+the start report says which environment the attempt ran with (its key, Python, the
+versions installed, and how long it took). Its time is the build's own, under the
+worker's ``env_build_timeout``, not the job's ``timeout``.
+
+An unlocked spec is resolved once for the whole fleet: before a build the worker asks
+the server for the lock the fleet recorded for it (:func:`domain.environments.lock_key`)
+and installs exactly that; the first build of a spec records its resolution there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpufleet.client import AsyncClient, Client
+from gpufleet.domain.environments import EnvSpec
+from gpufleet.domain.models import Capability
+from gpufleet.errors import ConfigError, GpufleetError, NotFound
+from gpufleet.wire import EnvLockPut, EnvUsed
+from gpufleet.worker.cache import BlobCache
+from gpufleet.worker.environments import (
+    Built,
+    EnvCache,
+    EnvError,
+    EnvSettings,
+    uv_variables,
+)
+from gpufleet.worker.isolation import SlotUser, check_reachable
+from gpufleet.worker.options import WorkerOptions
+
+T = TypeVar("T")
+#: How a line of the environment's build reads in the job's log.
+ENV_MARK = "[env] "
+#: Seconds between the progress messages of a build that is still going.
+TICK = 5.0
+Retrying = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+class EnvFailed(GpufleetError):
+    """The job's environment could not be had: ``final`` when it would fail the same
+    way on every worker (nothing to gain from a retry elsewhere), ``lines`` uv's last
+    words."""
+
+    def __init__(self, message: str, lines: list[str], final: bool) -> None:
+        super().__init__(message)
+        self.lines = lines
+        self.final = final
+
+
+@dataclass
+class Prepared:
+    """An environment ready for a job, held until :meth:`EnvPhase.done`."""
+
+    built: Built
+    used: EnvUsed  # for the start report
+
+    def variables(self, path: str) -> dict[str, str]:
+        """The job's variables: the environment's ``bin`` first on ``path`` (so
+        ``python`` is its interpreter) and ``VIRTUAL_ENV``; PYTHONHOME, which would
+        point its interpreter elsewhere, is left out by the caller."""
+        venv = self.built.path
+        return {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}:{path}"}
+
+
+@dataclass
+class EnvPhase:
+    """Getting environments for the jobs of one worker."""
+
+    cache: EnvCache
+    client: AsyncClient
+    data: Client
+    blobs: BlobCache
+    capability: Capability
+    retrying: Retrying
+    # what the worker has built changed since the last heartbeat said it
+    changed: bool = True
+    _told: dict[str, float] = field(default_factory=dict)
+
+    async def prepare(
+        self,
+        job_id: str,
+        attempt: int,
+        secret: str | None,
+        spec: EnvSpec,
+        say: Callable[[str], None],
+        progress: Callable[[dict[str, Any]], None],
+    ) -> Prepared:
+        """Build (or find) ``spec``'s environment for an attempt. ``say``: a line of the
+        job's log; ``progress``: a progress record of the job. Raises EnvFailed."""
+        started = time.monotonic()
+        progress({"message": "building environment"})
+        ticker = asyncio.create_task(self._tick(started, progress))
+        try:
+            files = await self._files(spec)
+            plan = await self.cache.plan(
+                spec, files, len(self.capability.gpus), self.capability.cuda_version
+            )
+            fleet_lock = None
+            if not plan.built and not spec.locked and not spec.upgrade:
+                fleet_lock = await self._fleet_lock(plan.lock_key, say)
+            built = await self.cache.ensure(plan, files, fleet_lock, lambda line: say(line))
+        except EnvError as exc:
+            raise EnvFailed(f"environment: {exc.message}", list(exc.lines), exc.final) from None
+        except GpufleetError as exc:  # the server, for its files or its lock
+            raise EnvFailed(f"environment: {exc.message}", [], False) from None
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+        if built.built_here:
+            self.changed = True
+        try:
+            if built.new_lock is not None:
+                await self._record_lock(job_id, attempt, secret, built, say)
+        except GpufleetError as exc:  # the job runs; the next build resolves again
+            say(f"the fleet's lock of this environment was not recorded: {exc.message}")
+        what = "built" if built.built_here else "ready (cached)"
+        progress({"message": f"environment {what} in {built.seconds:.1f}s"})
+        return Prepared(built, self.used(built))
+
+    async def _tick(self, started: float, progress: Callable[[dict[str, Any]], None]) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            progress({"message": f"building environment ({time.monotonic() - started:.0f}s)"})
+
+    async def _files(self, spec: EnvSpec) -> dict[str, bytes]:
+        """The spec's files, from the worker's blob cache (downloaded once)."""
+        found = {}
+        for f in spec.files:
+            path, _ = await self.blobs.get(f.sha256)
+            try:
+                found[f.name] = await asyncio.to_thread(path.read_bytes)
+            finally:
+                self.blobs.release(f.sha256)
+        return found
+
+    async def _fleet_lock(self, key: str, say: Callable[[str], None]) -> str | None:
+        """The lock the fleet recorded for ``key``, or None (the first build resolves)."""
+        try:
+            lock = await self.retrying("environment lock", lambda: self.client.env_lock(key))
+        except NotFound:
+            return None
+        path, _ = await self.blobs.get(lock.sha256)
+        try:
+            text = await asyncio.to_thread(path.read_text, encoding="utf-8")
+        finally:
+            self.blobs.release(lock.sha256)
+        say(
+            f"installing the versions the fleet recorded for this environment "
+            f"(resolved by job {lock.job_id} on {lock.worker_name})"
+        )
+        return text
+
+    async def _record_lock(
+        self,
+        job_id: str,
+        attempt: int,
+        secret: str | None,
+        built: Built,
+        say: Callable[[str], None],
+    ) -> None:
+        """Record the versions this build resolved as the fleet's lock of its spec (first
+        writer wins; an upgrade replaces it)."""
+        assert built.new_lock is not None
+        plan = built.plan
+        with tempfile.TemporaryDirectory(prefix="gpufleet-lock-") as tmp:
+            file = Path(tmp) / "lock.txt"
+            file.write_text(built.new_lock, encoding="utf-8")
+            sent = await self.retrying(
+                "environment lock upload", lambda: asyncio.to_thread(self.data.put_blob, file)
+            )
+        body = EnvLockPut(
+            sha256=sent.sha256,
+            spec_key=plan.spec.key(),
+            python=".".join(plan.python.split(".")[:2]),
+            torch_backend=plan.torch_backend,
+            job_id=job_id,
+            attempt=attempt,
+            secret=secret,
+            replace=plan.spec.upgrade,
+        )
+        out = await self.retrying(
+            "environment lock", lambda: self.client.put_env_lock(plan.lock_key, body)
+        )
+        if out.sha256 == sent.sha256:
+            say("recorded these versions as the fleet's lock of this environment")
+        else:
+            say(f"job {out.job_id} recorded this environment's lock first; later builds use it")
+
+    @staticmethod
+    def used(built: Built) -> EnvUsed:
+        return EnvUsed(
+            key=built.plan.build_key,
+            spec_key=built.plan.spec.key(),
+            python=built.plan.python,
+            built=built.built_here,
+            seconds=round(built.seconds, 3),
+            versions=built.versions,
+            torch_backend=built.plan.torch_backend,
+        )
+
+    def done(self, prepared: Prepared, say: Callable[[str], None]) -> None:
+        """The job ended: let its environment go, and remove it when the job changed it
+        (a job running as the worker's own user could): the next job rebuilds it."""
+        built = prepared.built
+        built.hold.release()
+        key = built.plan.build_key
+        if not self.cache.intact(key):
+            gone = self.cache.remove(key)
+            self.changed = True
+            say(
+                f"environment {key[:12]} was changed by the job; "
+                + ("removed, the next job rebuilds it" if gone else "removed once unused")
+            )
+
+    def closed_to(self, users: Sequence[SlotUser]) -> str | None:
+        """``--run-as``: why jobs running as ``users`` could not use the environments
+        (their folder out of reach), or None. The cache's root is opened to pass through."""
+        root = self.cache.settings.root
+        root.chmod(0o711)
+        try:
+            check_reachable(root / "envs", users)
+        except ConfigError as exc:
+            return f"jobs with an environment would fail: {exc.message}"
+        return None
+
+    def listing(self) -> list[Mapping[str, Any]]:
+        """What the worker has built, for its heartbeat."""
+        return [
+            {
+                "key": i.key,
+                "spec_key": i.spec_key,
+                "python": i.python,
+                "size_bytes": i.size,
+                "last_used": i.last_used,
+                "describe": i.describe()[:500],
+            }
+            for i in self.cache.listing()
+        ]
+
+
+def env_cache(opts: WorkerOptions) -> EnvCache:
+    """The worker's environment cache, as its operator set it up."""
+    return EnvCache(
+        EnvSettings(
+            root=opts.env_dir or opts.work_dir / "environments",
+            cap_bytes=opts.env_cache_size,
+            uv=uv_binary(),
+            build_timeout=opts.env_build_timeout,
+            python_downloads=opts.env_python_downloads,
+            torch_backend=opts.env_torch_backend,
+            find_links=opts.env_find_links,
+            index_url=opts.env_index_url,
+            uv_env=uv_variables(),
+        )
+    )
+
+
+def uv_binary() -> str:
+    """The uv that came with gpufleet (the ``uv`` package): never one downloaded now."""
+    try:
+        import uv
+
+        return str(uv.find_uv_bin())
+    except (ImportError, FileNotFoundError):  # a build then fails saying uv is missing
+        return shutil.which("uv") or "uv"

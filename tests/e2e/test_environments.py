@@ -1,0 +1,238 @@
+"""A job brings its own Python environment: real workers build it with the real uv, from a
+folder of wheels the test writes (the workers' configuration points uv at that folder
+alone: nothing else is contacted), and keep it in their caches.
+
+The package is ``gfdemo``, in versions the test chooses; gpufleet's own environment never
+has it, so a job that imports it runs in the environment its worker built, or fails.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import PYTHON, Fleet, Proc, wait_for
+from tests.wheels import make_wheel
+
+#: What the jobs run: the version of gfdemo they see, and their interpreter.
+PRINT = "import gfdemo, sys; print('VERSION', gfdemo.__version__, sys.executable)"
+UV = str(Path(PYTHON).with_name("uv"))
+
+
+@pytest.fixture
+def wheels(tmp_path: Path) -> Path:
+    folder = tmp_path / "wheels"
+    make_wheel(folder, "gfdemo", "1.0")
+    make_wheel(folder, "gfdemo", "1.1")
+    return folder
+
+
+@pytest.fixture
+def envs(fleet: Fleet, tmp_path: Path) -> Fleet:
+    """A server whose workers share one uv cache (as workers on one machine would)."""
+    fleet.env["UV_CACHE_DIR"] = str(tmp_path / "uv-cache")
+    fleet.start_server()
+    return fleet
+
+
+def _worker(fleet: Fleet, name: str, wheels: Path, *args: str) -> Proc:
+    env_dir = fleet.root / f"envs-{name}"
+    return fleet.start_worker(
+        name, "--env-find-links", str(wheels), "--env-dir", str(env_dir), *args
+    )
+
+
+def _submit(fleet: Fleet, *args: str, code: str = PRINT) -> str:
+    out = fleet.cli("submit", *args, "--", "python", "-c", code)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _ran(fleet: Fleet, job_id: str) -> tuple[str, str]:
+    """The version of gfdemo the job printed, and its interpreter."""
+    logs = fleet.cli("logs", job_id).stdout
+    line = next(x for x in logs.splitlines() if x.startswith("VERSION "))
+    _, version, executable = line.split(" ", 2)
+    return version, executable
+
+
+def _used(detail: dict[str, Any]) -> dict[str, Any]:
+    """The environment the job's latest attempt ran with, as `show --json` has it."""
+    env = detail["history"][-1]["environment"]
+    assert env is not None, detail
+    return env
+
+
+def _requirements(tmp_path: Path, text: str, name: str = "requirements.txt") -> Path:
+    path = tmp_path / "spec" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_pinned_requirements_file_runs_in_the_workers_environment(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    _worker(fleet, "w1", wheels)
+    ours = subprocess.run([PYTHON, "-c", "import gfdemo"], capture_output=True, timeout=30)
+    assert ours.returncode != 0  # gpufleet's own environment lacks the package
+    req = _requirements(tmp_path, "gfdemo==1.0\n")
+
+    first = _submit(fleet, "--with-requirements", str(req))
+    detail = fleet.wait_status(first, "succeeded", "failed", timeout=90)
+    assert detail["status"] == "succeeded", fleet.cli("logs", first).stdout
+    version, executable = _ran(fleet, first)
+    assert version == "1.0"
+    assert executable.startswith(str(fleet.root / "envs-w1")), executable
+    used = _used(detail)
+    assert used["built"] is True and used["versions"]["gfdemo"] == "1.0"
+    logs = fleet.cli("logs", first)
+    assert "[env] " in logs.stdout + logs.stderr  # the build's lines, marked as such
+    shown = fleet.cli("show", first).stdout
+    assert "environment: requirements.txt" in shown
+    assert "gfdemo==1.0" in shown  # the versions it ran with
+
+    second = _submit(fleet, "--with-requirements", str(req))
+    detail = fleet.wait_status(second, "succeeded", "failed", timeout=60)
+    assert detail["status"] == "succeeded"
+    assert _used(detail)["built"] is False  # the same environment: nothing built
+    assert _used(detail)["key"] == used["key"]
+    assert _ran(fleet, second) == (version, executable)
+
+
+def test_a_pyproject_with_its_uv_lock_is_installed_as_locked(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "lab"\nversion = "0.1"\nrequires-python = ">=3.8"\n'
+        'dependencies = ["gfdemo"]\n'
+    )
+    only_one = tmp_path / "only-1.0"
+    make_wheel(only_one, "gfdemo", "1.0")
+    subprocess.run(
+        [UV, "lock", "--no-index", "--find-links", str(only_one)],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**fleet.env, "UV_PYTHON": PYTHON},
+    )
+    _worker(fleet, "w1", wheels)  # its folder has 1.1 too: the lock says 1.0
+
+    job = _submit(fleet, "--with-requirements", str(project / "pyproject.toml"))
+    detail = fleet.wait_status(job, "succeeded", "failed", timeout=90)
+    assert detail["status"] == "succeeded", fleet.cli("logs", job).stdout
+    assert _ran(fleet, job)[0] == "1.0"
+    assert detail["spec"]["environment"]["lock"]["name"] == "uv.lock"
+
+
+def test_an_unpinned_spec_resolves_once_for_the_whole_fleet(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    _worker(fleet, "w1", wheels)
+    first = _submit(fleet, "--with", "gfdemo", "--worker", "w1")
+    assert fleet.wait_status(first, "succeeded", "failed", timeout=90)["status"] == "succeeded"
+    assert _ran(fleet, first)[0] == "1.1"
+
+    make_wheel(wheels, "gfdemo", "1.2")  # a newer release appears
+    _worker(fleet, "w2", wheels)  # a cold worker: no environment built yet
+    second = _submit(fleet, "--with", "gfdemo", "--worker", "w2")
+    detail = fleet.wait_status(second, "succeeded", "failed", timeout=90)
+    assert detail["status"] == "succeeded"
+    assert _used(detail)["built"] is True
+    assert _ran(fleet, second)[0] == "1.1"  # the versions the fleet recorded
+
+    fresh = _submit(fleet, "--with", "gfdemo", "--upgrade", "--worker", "w2")
+    assert fleet.wait_status(fresh, "succeeded", "failed", timeout=90)["status"] == "succeeded"
+    assert _ran(fleet, fresh)[0] == "1.2"
+
+
+def test_two_jobs_that_need_one_new_environment_build_it_once(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    _worker(fleet, "w1", wheels, "--slots", "2")
+    req = _requirements(tmp_path, "gfdemo==1.1\n")
+    jobs = [_submit(fleet, "--with-requirements", str(req)) for _ in range(2)]
+    details = [fleet.wait_status(j, "succeeded", "failed", timeout=90) for j in jobs]
+    assert [d["status"] for d in details] == ["succeeded", "succeeded"]
+    assert sorted(_used(d)["built"] for d in details) == [False, True]
+    assert all(_ran(fleet, j)[0] == "1.1" for j in jobs)
+
+
+def _spec_keys(fleet: Fleet, name: str) -> set[str]:
+    workers = json.loads(fleet.cli("workers", "--json").stdout)
+    (w,) = [w for w in workers if w["name"] == name]
+    return {e["spec_key"] for e in w.get("environments") or []}
+
+
+def test_the_worker_with_the_environment_built_gets_the_job(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    _worker(fleet, "warm", wheels)
+    _worker(fleet, "cold", wheels)
+    first = _submit(fleet, "--with", "gfdemo==1.0", "--worker", "warm")
+    detail = fleet.wait_status(first, "succeeded", "failed", timeout=90)
+    key = _used(detail)["spec_key"]
+    wait_for(lambda: key in _spec_keys(fleet, "warm"), 30, "warm's heartbeat to list it")
+    where = []
+    for _ in range(10):
+        job = _submit(fleet, "--with", "gfdemo==1.0")
+        where.append(fleet.wait_status(job, "succeeded", "failed", timeout=60)["worker"])
+        time.sleep(0.3)  # the worker polls again once its job is reported
+    assert where == ["warm"] * 10
+    assert key not in _spec_keys(fleet, "cold")
+
+
+def test_a_requirement_that_does_not_exist_fails_as_an_environment_failure(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    _worker(fleet, "w1", wheels, "--slots", "2")
+    bad = _submit(fleet, "--with", "nosuchpkg==1.0", "--max-attempts", "3")
+    good = _submit(fleet, "--with", "gfdemo==1.0")
+    detail = fleet.wait_status(bad, "succeeded", "failed", timeout=90)
+    assert detail["status"] == "failed"
+    assert detail["failure"] == "environment"
+    assert "nosuchpkg" in detail["error"]
+    assert detail["attempts"] == 1  # it would fail the same way anywhere: not retried
+    shown = fleet.cli("show", bad).stdout
+    assert "nosuchpkg" in shown
+    assert fleet.wait_status(good, "succeeded", "failed", timeout=90)["status"] == "succeeded"
+
+
+def test_the_cache_cap_evicts_the_unused_environment_and_keeps_the_one_in_use(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    _worker(fleet, "w1", wheels, "--slots", "2", "--env-cache-size", "1")
+    old = _submit(fleet, "--with", "gfdemo==1.0")
+    old_key = _used(fleet.wait_status(old, "succeeded", timeout=90))["spec_key"]
+    gate = tmp_path / "go"
+    hold = (
+        "import gfdemo, os, time\n"
+        f"for _ in range(600):\n    if os.path.exists({str(gate)!r}): break\n"
+        "    time.sleep(0.1)\n"
+    )
+    busy = _submit(fleet, "--with", "gfdemo==1.1", code=hold)
+    busy_detail = fleet.wait_status(busy, "running", timeout=90)
+    busy_key = _used(busy_detail)["spec_key"]
+    new = _submit(fleet, "--with", "gfdemo==1.0", "--with", "gfdemo<1.1", code=PRINT)
+    assert fleet.wait_status(new, "succeeded", "failed", timeout=90)["status"] == "succeeded"
+    wait_for(
+        lambda: old_key not in (keys := _spec_keys(fleet, "w1")) and busy_key in keys,
+        30,
+        "the unused environment to go and the one in use to stay",
+    )
+    gate.write_text("")
+    assert fleet.wait_status(busy, "succeeded", timeout=60)["status"] == "succeeded"
