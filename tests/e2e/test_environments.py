@@ -236,3 +236,37 @@ def test_the_cache_cap_evicts_the_unused_environment_and_keeps_the_one_in_use(
     )
     gate.write_text("")
     assert fleet.wait_status(busy, "succeeded", timeout=60)["status"] == "succeeded"
+
+
+def test_an_operator_builds_an_environment_ahead_and_why_says_where_it_is(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    fleet = envs
+    _worker(fleet, "w1", wheels)
+    _worker(fleet, "w2", wheels)
+    built = fleet.cli("envs", "build", "--worker", "w1", "--with", "gfdemo==1.0", "--wait")
+    assert "environment ready:" in built.stdout + built.stderr
+    wait_for(lambda: _spec_keys(fleet, "w1"), 30, "w1's heartbeat to list its environment")
+    listed = fleet.cli("envs", "list").stdout
+    assert "w1" in listed and "--with gfdemo==1.0" in listed
+    assert "w2" not in listed
+    assert "ENVS" in fleet.cli("workers").stdout
+
+    waiting = _submit(fleet, "--with", "gfdemo==1.0", "--gpus", "1")  # no worker has a GPU
+    why = json.loads(fleet.cli("why", waiting, "--json").stdout)
+    built_on = {w["name"]: w["environment_built"] for w in why["workers"]}
+    assert built_on == {"w1": True, "w2": False}
+    assert "its environment: built here" in fleet.cli("why", waiting).stdout
+    fleet.cli("cancel", waiting)
+
+
+def test_a_python_no_worker_has_is_refused_at_submit(envs: Fleet, wheels: Path) -> None:
+    fleet = envs
+    _worker(fleet, "w1", wheels)
+    refused = fleet.cli(
+        "submit", "--with", "gfdemo", "--python", "3.4", "--", "python", "-V", check=False
+    )
+    assert refused.returncode != 0
+    assert "Python 3.4" in refused.stderr and "w1:" in refused.stderr
+    jobs = json.loads(fleet.cli("jobs", "--json").stdout)
+    assert jobs == []  # nothing was queued

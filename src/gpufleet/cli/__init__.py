@@ -118,6 +118,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "from, and when and by which token it was applied. A later manifest's entry for "
         "a host replaces it.",
     ),
+    "envs": (
+        "envs",
+        "The Python environments workers have built for jobs: list them, or build one "
+        "ahead of time on a worker.",
+    ),
     "config": ("fleet", "Show the effective configuration."),
     "tokens": ("fleet", "Create, list and revoke tokens (admin)."),
     "sleap": (

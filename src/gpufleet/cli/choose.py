@@ -13,6 +13,7 @@ from gpufleet import config
 from gpufleet.cli._common import age, client, err, resolve, shown, styled
 from gpufleet.client import Client
 from gpufleet.client.session import Session
+from gpufleet.domain.quota import size_text
 from gpufleet.errors import ConfigError
 from gpufleet.wire import Candidate, GpuModel, HostOut, JobSpecModel, WorkerOut
 
@@ -91,8 +92,9 @@ def seen(w: WorkerOut) -> str:
 def worker_table(rows: list[WorkerOut]) -> Table:
     table = Table(box=None, header_style="bold")
     tools = any(w.capability.tools for w in rows)  # a column only when some worker has one
+    envs = any(w.environments for w in rows)
     cols = ["ID", "NAME", "HOST", "POOL", "STATUS", "GPUS (free/total)", "RUNNING"]
-    cols += ["LABELS", *(["TOOLS"] if tools else []), "SEEN"]
+    cols += ["LABELS", *(["TOOLS"] if tools else []), *(["ENVS"] if envs else []), "SEEN"]
     for col in cols:
         table.add_column(col)
     for w in rows:
@@ -106,10 +108,18 @@ def worker_table(rows: list[WorkerOut]) -> Table:
             shown(", ".join(w.running) or "-"),
             shown(labels_text(w)),
             *([shown(tools_text(w))] if tools else []),
+            *([envs_text(w)] if envs else []),
             seen(w),
         ]
         table.add_row(*cells)
     return table
+
+
+def envs_text(w: WorkerOut) -> str:
+    """How many environments the worker has built, and their size (`envs list` lists them)."""
+    if not w.environments:
+        return "-"
+    return f"{len(w.environments)} ({size_text(sum(e.size_bytes for e in w.environments))})"
 
 
 def session_client(server: str | None, ca: Path | None, session: str | None) -> Client:

@@ -458,6 +458,12 @@ def why(
         verdict = verdict or "[green]may run it[/green]"
         if r.host and r.host.narrows:
             verdict += f"\n[dim]its host declaration: {shown(host_note(r.host))}[/dim]"
+        if r.environment_built is not None:
+            verdict += "\n[dim]its environment: " + (
+                "built here[/dim]"
+                if r.environment_built
+                else "not built here (built on taking it)[/dim]"
+            )
         table.add_row(shown(r.name), styled(r.status), verdict)
     if w.workers:
         out.print(table)

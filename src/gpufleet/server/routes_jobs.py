@@ -219,6 +219,7 @@ def why_job(ref: str, request: Request, caller: Reader) -> WhyOut:
                 reason="; ".join(r) or None,
                 reasons=r,
                 host=views.host_out(s.host) if s.host else None,
+                environment_built=views.environment_built(job.spec, s.view),
             )
             for s, r in verdicts
         ],

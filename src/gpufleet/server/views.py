@@ -6,8 +6,9 @@ import json
 from dataclasses import asdict
 from datetime import UTC, datetime
 
-from gpufleet.domain.models import GpuInfo, JobStatus, WorkerStatus
-from gpufleet.scheduling.matching import effective_gpus
+from gpufleet.domain.environments import EnvSpec
+from gpufleet.domain.models import GpuInfo, JobSpec, JobStatus, WorkerStatus
+from gpufleet.scheduling.matching import WorkerView, effective_gpus, warm
 from gpufleet.server.fleet import HostDeclaration, WorkerState
 from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, TokenRow
 from gpufleet.store.rows import ArtifactRow, BlobRow, EnvLockRow
@@ -226,3 +227,8 @@ def env_lock_out(row: EnvLockRow) -> EnvLockOut:
         created_at=ts(row.created_at),
         replaced_at=ts(row.replaced_at),
     )
+
+
+def environment_built(spec: JobSpec, worker: WorkerView) -> bool | None:
+    """Whether ``worker`` has ``spec``'s environment built (None: it names none)."""
+    return warm(spec, worker) if isinstance(spec.environment, EnvSpec) else None

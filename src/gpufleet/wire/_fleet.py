@@ -499,6 +499,11 @@ class WhyWorker(Wire):
     host: HostOut | None = Field(
         None, description="the manifest's [hosts.NAME] declaration that applies to it, if any"
     )
+    environment_built: bool | None = Field(
+        None,
+        description="whether the worker has the job's environment built (None: the job "
+        "names none); between workers that fit equally well, one that has it runs the job",
+    )
 
 
 class WhyOut(Wire):
