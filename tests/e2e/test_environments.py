@@ -270,3 +270,23 @@ def test_a_python_no_worker_has_is_refused_at_submit(envs: Fleet, wheels: Path) 
     assert "Python 3.4" in refused.stderr and "w1:" in refused.stderr
     jobs = json.loads(fleet.cli("jobs", "--json").stdout)
     assert jobs == []  # nothing was queued
+
+
+def test_an_environment_a_root_job_changed_is_rebuilt_for_the_next_job(
+    envs: Fleet, wheels: Path
+) -> None:
+    """A worker whose jobs run as its own user (root here, which permissions do not stop):
+    the change is found when the job ends, the environment removed, and the next job of
+    it gets one built afresh, as its spec says."""
+    from tests.e2e.test_hostile_jobs import LOOK, TAMPER
+
+    fleet = envs
+    _worker(fleet, "w1", wheels)
+    job = _submit(fleet, "--with", "gfdemo==1.0", code=TAMPER)
+    assert fleet.wait_status(job, "succeeded", "failed", timeout=90)["status"] == "succeeded"
+    logs = fleet.cli("logs", job)
+    assert "was changed by the job" in logs.stdout + logs.stderr
+    after = _submit(fleet, "--with", "gfdemo==1.0", code=LOOK)
+    detail = fleet.wait_status(after, "succeeded", "failed", timeout=90)
+    assert "UNCHANGED 1.0" in fleet.cli("logs", after).stdout
+    assert _used(detail)["built"] is True

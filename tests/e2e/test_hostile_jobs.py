@@ -431,3 +431,73 @@ def test_run_as_is_refused_where_it_cannot_keep_jobs_apart(
     closed = fleet.root / "closed" / "work"  # under pytest's own folder, mode 0700
     said = _refused(fleet, [], "--run-as", users.slots[0], "--work-dir", str(closed))
     assert f"user {users.slots[0]} cannot reach the work dir {closed}" in said, said
+
+
+#: A job that tries to change the environment it runs in: its packages, its bin/, modes.
+TAMPER = (
+    "import os, sys, sysconfig\n"
+    "site = sysconfig.get_paths()['purelib']\n"
+    "target = os.path.join(site, 'gfdemo', '__init__.py')\n"
+    "tries = {\n"
+    "    'site-packages': lambda: open(target, 'a').write('\\nTAMPERED = True\\n'),\n"
+    "    'new module': lambda: open(os.path.join(site, 'evil.py'), 'w').write('x = 1'),\n"
+    "    'bin': lambda: open(os.path.join(os.path.dirname(sys.executable), 'evil'), 'w'),\n"
+    "    'chmod': lambda: os.chmod(target, 0o666),\n"
+    "}\n"
+    "for what, act in tries.items():\n"
+    "    try:\n"
+    "        act()\n"
+    "        print('WROTE', what, flush=True)\n"
+    "    except OSError as exc:\n"
+    "        print('DENIED', what, exc.errno, flush=True)\n"
+)
+#: What the next job of that environment sees of it.
+LOOK = (
+    "import os, sys, sysconfig, gfdemo\n"
+    "site = sysconfig.get_paths()['purelib']\n"
+    "bad = [hasattr(gfdemo, 'TAMPERED'), os.path.exists(os.path.join(site, 'evil.py')),\n"
+    "       os.path.exists(os.path.join(os.path.dirname(sys.executable), 'evil'))]\n"
+    "print('CHANGED' if any(bad) else 'UNCHANGED', gfdemo.__version__, flush=True)\n"
+)
+
+
+def test_a_slot_users_job_cannot_change_its_environment(
+    fleet: Fleet, users: Users, base: Path
+) -> None:
+    """A ``--run-as`` worker builds a job's environment as root and seals it: the job's
+    slot user can read and run it, but every write into it fails, and the next job of the
+    environment sees it as built."""
+    from tests.wheels import make_wheel
+
+    fleet.start_server()
+    token = _worker_token(fleet)
+    wheels = base / "wheels"
+    make_wheel(wheels, "gfdemo", "1.0")
+    env = {"GPUFLEET_TOKEN": token, "UV_CACHE_DIR": str(base / "uv-cache")}
+    _start(
+        fleet,
+        [],
+        env,
+        "--run-as",
+        ",".join(users.slots),
+        "--work-dir",
+        str(base / "work"),
+        "--cache-dir",
+        str(base / "cache"),
+        "--env-dir",
+        str(base / "envs"),
+        "--env-find-links",
+        str(wheels),
+    )
+    tamper = fleet.cli("submit", "--with", "gfdemo==1.0", "--", "python", "-c", TAMPER)
+    job = tamper.stdout.strip().splitlines()[-1]
+    assert fleet.wait_status(job, "succeeded", "failed", timeout=90)["status"] == "succeeded"
+    said = fleet.cli("logs", job).stdout
+    assert said.count("DENIED") == 4, said
+    assert "WROTE" not in said
+    look = fleet.cli("submit", "--with", "gfdemo==1.0", "--", "python", "-c", LOOK)
+    after = look.stdout.strip().splitlines()[-1]
+    detail = fleet.wait_status(after, "succeeded", "failed", timeout=90)
+    assert detail["status"] == "succeeded"
+    assert "UNCHANGED 1.0" in fleet.cli("logs", after).stdout
+    assert detail["history"][-1]["environment"]["built"] is False  # the same, sealed one

@@ -237,8 +237,7 @@ class JobSteps(ABC):
             except Exception as exc:
                 say(f"job {lease.job_id}: adapter did not close cleanly: {exc!r}")
             run.backlog.clear()
-            if run.env is not None:
-                await asyncio.to_thread(self.envs.done, run.env, partial(self.note, run))
+            await self._let_env_go(run)
             self.progress_path(lease).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # its age, for --work-dir-retention
                 os.utime(self.workdir(lease))
@@ -341,6 +340,13 @@ class JobSteps(ABC):
             return f"stopped ({run.stop_reason}) before starting"
         return None
 
+    async def _let_env_go(self, run: Running) -> None:
+        """The job's process ended: its environment is let go (once), and removed if the
+        job changed it."""
+        prepared, run.env = run.env, None
+        if prepared is not None:
+            await asyncio.to_thread(self.envs.done, prepared, partial(self.note, run))
+
     async def execute(self, run: Running) -> tuple[int | None, str | None]:
         """Run the job to its end: its exit code (None if it never ran) and why it failed."""
         spec = run.lease.spec
@@ -352,6 +358,7 @@ class JobSteps(ABC):
             if refused is not None:
                 return None, refused
             code, oom = await self._wait(run)
+            await self._let_env_go(run)  # said in its log, before its result
         finally:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
