@@ -34,11 +34,13 @@ def make_wheel(
     version: str,
     requires: Sequence[str] = (),
     scripts: Sequence[str] = (),
+    module: str | None = None,
 ) -> Path:
     """Write a pure-Python wheel of ``name`` at ``version`` into ``folder`` (made if
     missing) and return its path. ``requires``: its dependencies, as requirement strings
     (``Requires-Dist``), for tests of a resolution across packages. ``scripts``: names
-    of console scripts that run its ``main()`` (print the version)."""
+    of console scripts that run its ``main()`` (print the version). ``module``: the
+    module's own source instead (it must define ``main()`` for scripts)."""
     dist = re.sub(r"[-_.]+", "_", name).lower()  # the wheel's own spelling of the name
     info = f"{dist}-{version}.dist-info"
     metadata = [
@@ -48,7 +50,7 @@ def make_wheel(
         *(f"Requires-Dist: {r}" for r in requires),
     ]
     files = {
-        f"{dist}/__init__.py": f'__version__ = "{version}"\n\n\n{_MAIN}',
+        f"{dist}/__init__.py": module or f'__version__ = "{version}"\n\n\n{_MAIN}',
         f"{info}/METADATA": "\n".join(metadata) + "\n",
         f"{info}/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: gpufleet-tests\nRoot-Is-Purelib: true\n"

@@ -361,3 +361,40 @@ def test_a_failed_training_says_why_in_sleap_nns_words_and_may_keep_its_checkpoi
     assert kept.returncode == 1
     assert (run / "best.ckpt").read_text() == "epoch 2\n", kept.stderr
     assert f"model: {run}" in kept.stderr.replace("\n", "")
+
+
+def test_a_worker_without_sleap_nn_builds_the_version_a_training_names(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """`sleap train --sleap-nn VERSION` on a worker with no sleap-nn on its PATH: the
+    worker builds that version's environment once (here from a folder holding a wheel
+    of the fake sleap-nn), and both models train through it."""
+    import sys
+
+    from tests.wheels import make_wheel
+
+    wheels = tmp_path / "wheels"
+    launcher = (
+        '__version__ = "0.3.5"\n'
+        "def main():\n"
+        "    import os, sys\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, "
+        f"{str(Path(FAKE_SLEAP) / 'sleap-nn')!r}, *sys.argv[1:]])\n"
+    )
+    make_wheel(wheels, "sleap-nn", "0.3.5", scripts=["sleap-nn"], module=launcher)
+    fleet.env["UV_CACHE_DIR"] = str(tmp_path / "uv-cache")
+    fleet.start_server()
+    fleet.start_worker("box", "--env-find-links", str(wheels), "--env-dir", str(tmp_path / "envs"))
+    pkg = make_package(tmp_path / "project" / "labels.slp.training_job.zip", epochs=2)
+    done = fleet.cli("sleap", "train", str(pkg), "--cpu", "--sleap-nn", "0.3.5", "--wait")
+    assert "epoch 2/2" in done.stderr, done.stderr
+    for head in ("centroid", "centered_instance"):
+        assert (tmp_path / "project" / "models" / run_name(head) / "best.ckpt").is_file()
+    used = []
+    for job in jobs_named(fleet).values():
+        detail = fleet.job(job["id"])
+        assert "sleap-nn" not in detail["spec"]["requirements"]["tools"]
+        env = detail["history"][-1]["environment"]
+        assert env["versions"]["sleap-nn"] == "0.3.5"
+        used.append(env["built"])
+    assert sorted(used) == [False, True]  # built once, for the first model

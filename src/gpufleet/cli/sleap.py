@@ -4,10 +4,11 @@ best GPU of the fleet, and the trained models and predictions back where SLEAP w
 
 from __future__ import annotations
 
+import re
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,12 +18,22 @@ from rich.markup import escape
 from gpufleet.cli._common import err, fields_signature, print_json, shown, styled
 from gpufleet.cli.attempts import attempt_lines
 from gpufleet.cli.data import package_input
+from gpufleet.cli.environments import environment_model
 from gpufleet.cli.submit import Placement
 from gpufleet.client import Client
 from gpufleet.domain import sleap
+from gpufleet.domain.environments import EnvRequest
 from gpufleet.domain.models import Adapter
-from gpufleet.errors import GpufleetError, NotFound
-from gpufleet.wire import InputModel, JobDetail, JobOut, JobSpecModel, RequirementsModel
+from gpufleet.errors import ConfigError, GpufleetError, NotFound
+from gpufleet.terminal import visible
+from gpufleet.wire import (
+    EnvironmentModel,
+    InputModel,
+    JobDetail,
+    JobOut,
+    JobSpecModel,
+    RequirementsModel,
+)
 
 if TYPE_CHECKING:
     from gpufleet.client.sleap import SleapPackage
@@ -119,6 +130,18 @@ TrackOut = Annotated[
 ]
 
 
+SleapNn = Annotated[
+    str | None,
+    _Opt(
+        "--sleap-nn",
+        metavar="VERSION",
+        help="Run in an environment the worker builds with this sleap-nn version "
+        "(sleap-nn[torch]==VERSION, with the torch build its GPU driver runs), not the "
+        "sleap-nn on its PATH; built once per worker and kept.",
+    ),
+]
+
+
 def register(app: typer.Typer) -> None:
     """Add ``gpufleet sleap train`` and ``gpufleet sleap track``."""
     sleap_app.command("train")(train)
@@ -131,16 +154,42 @@ class SleapChoice(Placement):
     """The options of both commands: where the jobs may run, and whether to wait."""
 
     wait: Wait = False
+    sleap_nn: SleapNn = None
+    # the environment its jobs run in, uploaded once (a tuple: not yet made)
+    _env: Any = field(default=None, init=False, repr=False)
 
     def sleap_requirements(self) -> RequirementsModel:
         """A SLEAP job prefers a GPU (a CPU worker may take it after the grace window),
-        unless ``--cpu``; and it runs only where sleap-nn is."""
+        unless ``--cpu``; and it runs only where sleap-nn is, unless its environment
+        brings sleap-nn."""
         from gpufleet.client.sleap import with_tool
 
         req = self.requirements()
-        return with_tool(
-            req.model_copy(update={"prefer_cuda": req.prefer_cuda or not req.cpu_only})
-        )
+        req = req.model_copy(update={"prefer_cuda": req.prefer_cuda or not req.cpu_only})
+        return req if self.brings_sleap() else with_tool(req)
+
+    def brings_sleap(self) -> bool:
+        """Whether the jobs' environment is named here (with --sleap-nn, or as for submit):
+        it has sleap-nn, so no worker needs it on its PATH."""
+        return self.sleap_nn is not None or self.env_request() is not None
+
+    def env_request(self) -> EnvRequest | None:
+        req = super().env_request()
+        if self.sleap_nn is None:
+            return req
+        if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]{0,40}", self.sleap_nn):
+            raise ConfigError(f"--sleap-nn {visible(self.sleap_nn)!r}: not a version (0.3.5)")
+        wanted = f"sleap-nn[torch]=={self.sleap_nn}"
+        base = req or EnvRequest()
+        return replace(base, with_=(wanted, *base.with_))
+
+    def jobs_environment(self, c: Client) -> EnvironmentModel | None:
+        """The environment every job of this command runs in (None: the worker's own)."""
+        if self._env is None:
+            req = self.env_request()
+            self._env = (environment_model(c, req) if req else None,)
+        env: EnvironmentModel | None = self._env[0]
+        return env
 
     def place(self, c: Client, name: str, command: list[str]) -> RequirementsModel:
         probe = JobSpecModel(
@@ -149,6 +198,11 @@ class SleapChoice(Placement):
         return self.placed(c, probe)
 
     def submit(self, c: Client, spec: JobSpecModel, queue: bool = False) -> JobOut:
+        env = self.jobs_environment(c)
+        if env is not None:  # it brings sleap-nn: no worker needs one on its PATH
+            tools = [t for t in spec.requirements.tools if t != "sleap-nn"]
+            requirements = spec.requirements.model_copy(update={"tools": tools})
+            spec = spec.model_copy(update={"environment": env, "requirements": requirements})
         result = c.submit(spec, queue=self.queue or queue)
         if result.warning:
             err.print(f"[yellow]warning:[/yellow] {shown(result.warning)}")
