@@ -14,8 +14,8 @@ import pytest
 
 from gpufleet.domain.environments import EnvSpec
 from gpufleet.worker.capability import detect
-from gpufleet.worker.envphase import uv_binary
 from gpufleet.worker.environments import EnvCache, EnvSettings
+from gpufleet.worker.envphase import uv_binary
 
 FAKE = Path(__file__).parents[1] / "fake_nvml" / "pynvml.py"
 TORCH = EnvSpec(with_=("torch==2.5.1", "numpy"))
