@@ -290,3 +290,32 @@ def test_an_environment_a_root_job_changed_is_rebuilt_for_the_next_job(
     detail = fleet.wait_status(after, "succeeded", "failed", timeout=90)
     assert "UNCHANGED 1.0" in fleet.cli("logs", after).stdout
     assert _used(detail)["built"] is True
+
+
+def test_a_job_installs_packages_into_its_own_folder_never_into_the_environment(
+    envs: Fleet, wheels: Path
+) -> None:
+    import ensurepip
+
+    bundled = Path(ensurepip.__file__).with_name("_bundled")
+    pip_wheel = next(bundled.glob("pip-*.whl"))
+    (wheels / pip_wheel.name).write_bytes(pip_wheel.read_bytes())
+    fleet = envs
+    _worker(fleet, "w1", wheels)
+    install = (
+        "import os, subprocess, sys\n"
+        "site = os.environ['GPUFLEET_JOB_SITE']\n"
+        "subprocess.run([sys.executable, '-m', 'pip', 'install', '--quiet', '--no-index',\n"
+        f"    '--find-links', {str(wheels)!r}, '--target', site, 'gfdemo==1.1'], check=True)\n"
+        "import importlib; importlib.invalidate_caches()\n"
+        + PRINT
+    )
+    job = _submit(fleet, "--with", "gfdemo==1.0", "--with", "pip", code=install)
+    detail = fleet.wait_status(job, "succeeded", "failed", timeout=120)
+    assert detail["status"] == "succeeded", fleet.cli("logs", job).stderr
+    version, executable = _ran(fleet, job)
+    assert version == "1.1"  # its own install, first on its sys.path
+    after = _submit(fleet, "--with", "gfdemo==1.0", "--with", "pip")
+    detail = fleet.wait_status(after, "succeeded", "failed", timeout=60)
+    assert _ran(fleet, after)[0] == "1.0"  # the environment never saw it
+    assert _used(detail)["built"] is False

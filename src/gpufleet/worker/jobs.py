@@ -67,6 +67,9 @@ MAX_BATCH = 5000
 # Characters of output in one log request: JSON-escaped, well under the server's body limit.
 MAX_BATCH_CHARS = 2_000_000
 PROGRESS_DIR = ".progress"
+#: Where a job with an environment installs packages at run time: in its own folder.
+JOB_SITE = "GPUFLEET_JOB_SITE"
+JOB_SITE_DIR = ".site-packages"
 
 
 class Stopped(GpufleetError):
@@ -275,7 +278,7 @@ class JobSteps(ABC):
         if run.stop_reason is not None:  # cancelled while its inputs were fetched
             return f"stopped ({run.stop_reason}) before starting"
         if spec.environment is not None:
-            failed = await self._environment(run, spec.environment.to_domain(), env)
+            failed = await self._environment(run, spec.environment.to_domain(), env, workdir)
             if failed is not None:
                 return failed
         try:
@@ -316,10 +319,14 @@ class JobSteps(ABC):
             await self.stop_job(run, "lost")
         return None
 
-    async def _environment(self, run: Running, spec: EnvSpec, env: dict[str, str]) -> str | None:
+    async def _environment(
+        self, run: Running, spec: EnvSpec, env: dict[str, str], workdir: Path
+    ) -> str | None:
         """Get the job's Python environment (built or cached) and point ``env`` at it;
         why it could not, or None. The build's time is its own: the job's timeout starts
-        with its process."""
+        with its process. What the job installs at run time goes to its own folder,
+        ``GPUFLEET_JOB_SITE`` (first on its ``sys.path`` once it exists), never into the
+        environment, which later jobs share."""
         lease = run.lease
         try:
             run.env = await self.envs.prepare(
@@ -336,6 +343,11 @@ class JobSteps(ABC):
         ours = job_path("")
         path = env.get("PATH", os.defpath)
         env.update(run.env.variables(path[len(ours) :] if path.startswith(ours) else path))
+        site = workdir / JOB_SITE_DIR  # made now: the environment's .pth adds it at start
+        site.mkdir(exist_ok=True)
+        if run.user is not None:
+            os.chown(site, run.user.uid, run.user.gid)
+        env.setdefault(JOB_SITE, str(site))
         if run.stop_reason is not None:  # cancelled while it was built
             return f"stopped ({run.stop_reason}) before starting"
         return None
