@@ -313,8 +313,7 @@ def test_a_job_installs_packages_into_its_own_folder_never_into_the_environment(
     job = _submit(fleet, "--with", "gfdemo==1.0", "--with", "pip", code=install)
     detail = fleet.wait_status(job, "succeeded", "failed", timeout=120)
     assert detail["status"] == "succeeded", fleet.cli("logs", job).stderr
-    version, executable = _ran(fleet, job)
-    assert version == "1.1"  # its own install, first on its sys.path
+    assert _ran(fleet, job)[0] == "1.1"  # its own install, first on its sys.path
     after = _submit(fleet, "--with", "gfdemo==1.0", "--with", "pip")
     detail = fleet.wait_status(after, "succeeded", "failed", timeout=60)
     assert _ran(fleet, after)[0] == "1.0"  # the environment never saw it
