@@ -79,7 +79,7 @@ def _cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP)) / "blobs"
 
 
-def _env_dir() -> Path:
+def _env_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP)) / "environments"
 
 
@@ -273,8 +273,8 @@ SETTINGS: dict[str, Setting] = {
             minimum=0,
         ),
         _setting(
-            "env_dir",
-            _env_dir,
+            "env_cache_dir",
+            _env_cache_dir,
             "path",
             "where a worker keeps the Python environments it builds for jobs (uv)",
         ),

@@ -43,7 +43,7 @@ def envs(fleet: Fleet, tmp_path: Path) -> Fleet:
 def _worker(fleet: Fleet, name: str, wheels: Path, *args: str) -> Proc:
     env_dir = fleet.root / f"envs-{name}"
     return fleet.start_worker(
-        name, "--env-find-links", str(wheels), "--env-dir", str(env_dir), *args
+        name, "--env-find-links", str(wheels), "--env-cache-dir", str(env_dir), *args
     )
 
 
@@ -263,6 +263,13 @@ def test_an_operator_builds_an_environment_ahead_and_why_says_where_it_is(
 def test_a_python_no_worker_has_is_refused_at_submit(envs: Fleet, wheels: Path) -> None:
     fleet = envs
     _worker(fleet, "w1", wheels)
+
+    def pythons() -> list[str]:
+        (w,) = json.loads(fleet.cli("workers", "--json").stdout)
+        found: list[str] = w["capability"]["pythons"]
+        return found
+
+    wait_for(pythons, 60, "the worker to report its Pythons")  # found after it registered
     refused = fleet.cli(
         "submit", "--with", "gfdemo", "--python", "3.4", "--", "python", "-V", check=False
     )
@@ -307,8 +314,7 @@ def test_a_job_installs_packages_into_its_own_folder_never_into_the_environment(
         "site = os.environ['GPUFLEET_JOB_SITE']\n"
         "subprocess.run([sys.executable, '-m', 'pip', 'install', '--quiet', '--no-index',\n"
         f"    '--find-links', {str(wheels)!r}, '--target', site, 'gfdemo==1.1'], check=True)\n"
-        "import importlib; importlib.invalidate_caches()\n"
-        + PRINT
+        "import importlib; importlib.invalidate_caches()\n" + PRINT
     )
     job = _submit(fleet, "--with", "gfdemo==1.0", "--with", "pip", code=install)
     detail = fleet.wait_status(job, "succeeded", "failed", timeout=120)

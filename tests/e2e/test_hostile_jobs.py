@@ -484,7 +484,7 @@ def test_a_slot_users_job_cannot_change_its_environment(
         str(base / "work"),
         "--cache-dir",
         str(base / "cache"),
-        "--env-dir",
+        "--env-cache-dir",
         str(base / "envs"),
         "--env-find-links",
         str(wheels),

@@ -384,7 +384,9 @@ def test_a_worker_without_sleap_nn_builds_the_version_a_training_names(
     make_wheel(wheels, "sleap-nn", "0.3.5", scripts=["sleap-nn"], module=launcher)
     fleet.env["UV_CACHE_DIR"] = str(tmp_path / "uv-cache")
     fleet.start_server()
-    fleet.start_worker("box", "--env-find-links", str(wheels), "--env-dir", str(tmp_path / "envs"))
+    fleet.start_worker(
+        "box", "--env-find-links", str(wheels), "--env-cache-dir", str(tmp_path / "envs")
+    )
     pkg = make_package(tmp_path / "project" / "labels.slp.training_job.zip", epochs=2)
     done = fleet.cli("sleap", "train", str(pkg), "--cpu", "--sleap-nn", "0.3.5", "--wait")
     assert "epoch 2/2" in done.stderr, done.stderr

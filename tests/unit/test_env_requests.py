@@ -161,3 +161,18 @@ def test_the_spec_says_what_it_is_built_from() -> None:
     )
     assert spec.describe() == "pyproject.toml + uv.lock, --python 3.12"
     assert spec.locked
+
+
+def test_a_hash_pinned_requirement_stays_whole(tmp_path: Path) -> None:
+    req = tmp_path / "requirements.txt"
+    req.write_text(
+        "# via pip-compile --generate-hashes\n"
+        "numpy==2.1.0 \\\n"
+        "    --hash=sha256:aaa \\\n"
+        "    --hash=sha256:bbb\n"
+        "scipy==1.14.0 \\\n"
+        "    --hash=sha256:ccc\n"
+    )
+    assert requirements_text(req) == (
+        "numpy==2.1.0 --hash=sha256:aaa --hash=sha256:bbb\nscipy==1.14.0 --hash=sha256:ccc\n"
+    )

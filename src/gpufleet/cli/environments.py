@@ -86,7 +86,7 @@ def _requirement_lines(path: Path, chain: list[Path]) -> list[str]:
     if len(chain) >= MOST_INCLUDES:
         raise ConfigError(f"{path}: more than {MOST_INCLUDES} nested -r includes")
     found: list[str] = []
-    for number, raw in enumerate(_read(path).splitlines(), 1):
+    for number, raw in _logical_lines(_read(path)):
         line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
         if not line:
             continue
@@ -108,6 +108,27 @@ def _requirement_lines(path: Path, chain: list[Path]) -> list[str]:
         else:
             found.append(line)
     return found
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """The file's lines with each ``\\`` continuation joined to its line (a hash-pinned
+    requirement and its ``--hash`` options are one line), numbered by where each starts."""
+    out: list[tuple[int, str]] = []
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not pending:
+            start = number
+        stripped = raw.rstrip()
+        if stripped.endswith("\\"):
+            pending.append(stripped[:-1].strip())
+            continue
+        pending.append(raw.strip())
+        out.append((start, " ".join(p for p in pending if p)))
+        pending = []
+    if pending:
+        out.append((start, " ".join(p for p in pending if p)))
+    return out
 
 
 def _read(path: Path) -> str:

@@ -64,7 +64,8 @@ def show_detail(d: JobDetail) -> None:
     _inputs(d)
     _environment(d)
     if d.error:
-        out.print(f"  error: {shown(d.error)}")
+        cls = f" ({shown(d.failure)} failure)" if d.failure else ""
+        out.print(f"  error{cls}: {shown(d.error)}")
     if d.stderr_tail:
         out.print(f"  stderr, last {len(d.stderr_tail)} line(s):")
         for line in d.stderr_tail:
@@ -75,6 +76,7 @@ def show_detail(d: JobDetail) -> None:
             f"  attempt {a.attempt}: {shown(a.worker or '-')} gpus={shown(a.gpus or '-')} "
             f"{shown(a.outcome or 'in progress')} "
             f"exit={a.exit_code if a.exit_code is not None else '-'}"
+            f"{' failure=' + shown(a.failure) if a.failure else ''}"
             f"{' error=' + shown(a.error) if a.error else ''}"
         )
         if a.environment is not None:

@@ -389,7 +389,7 @@ def finish(
         event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)
         outcome, error = "failed", error or _no_word(exit_code, failure)
         if refused:
-            error = f"{error}, {refused}"
+            error = f"{error.rstrip('.')}, {refused}"
     not_before = now + backoff_seconds(used, backoff_base) if event == Event.RETRY else None
     change = _ended(
         job,

@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpufleet.domain.ids import new_worker_id
 from gpufleet.domain.models import ACTIVE, HostPolicy, JobSpec, JobStatus, WorkerStatus
@@ -35,7 +35,7 @@ from gpufleet.scheduling.matching import (
     reserve,
 )
 from gpufleet.store import HostRow, Hosts, JobRow, Store, TokenRow, WorkerRow, stored
-from gpufleet.wire import WorkerRegister
+from gpufleet.wire import CapabilityModel, WorkerRegister
 
 Clock = Callable[[], float]
 CLAIMER_TTL = 1.0  # seconds a polling worker's row is taken from the cache
@@ -459,6 +459,15 @@ class Fleet:
         """Record the environments in the worker's cache (a JSON list, all of them), as a
         heartbeat sent them: a worker sends them only when they changed."""
         self.store.update_worker(w.id, environments=environments)
+        self.forget(w.id)
+
+    def pythons(self, w: WorkerRow, pythons: list[str]) -> None:
+        """Record the Python versions a worker can provide, as a heartbeat sent them once
+        it had found them (after it registered: the search can take seconds)."""
+        cap = replace(w.capability, pythons=tuple(pythons))
+        self.store.update_worker(
+            w.id, capability=CapabilityModel.from_domain(cap).model_dump_json()
+        )
         self.forget(w.id)
 
     def flush_beats(self) -> int:

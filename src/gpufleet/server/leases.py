@@ -414,6 +414,8 @@ class Leases:
         if req.environments is not None:  # its cache changed: the whole list, now
             built = json.dumps([e.model_dump() for e in req.environments])
             self.fleet.built(w, built)
+        if req.pythons is not None:
+            self.fleet.pythons(w, req.pythons)
         stops = self.store.stops(held)
         orders = []
         for r in req.leases:

@@ -48,6 +48,10 @@ class GpuModel(Strict):
         return cls(**g.__dict__)
 
 
+#: A Python version as a worker reports it: 3.12.4, 3.13.0rc1.
+PYTHON_VERSION = r"^[0-9][0-9a-z.+-]*$"
+
+
 class CapabilityModel(Strict):
     hostname: str = Field(max_length=255)
     cores: int = Field(ge=0, le=1_000_000)
@@ -72,7 +76,7 @@ class CapabilityModel(Strict):
         max_length=20,
         description="commands on the worker's PATH that jobs may ask for, with their versions",
     )
-    pythons: list[Annotated[str, Field(max_length=32, pattern=r"^[0-9][0-9a-z.+-]*$")]] = Field(
+    pythons: list[Annotated[str, Field(max_length=32, pattern=PYTHON_VERSION)]] = Field(
         default_factory=list,
         max_length=50,
         description="Python versions jobs' environments may ask for (uv finds them here)",
@@ -278,6 +282,13 @@ class HeartbeatRequest(Strict):
         "unchanged since its last heartbeat",
         # left out when None, so a server from before environments takes the heartbeat
         exclude_if=lambda envs: envs is None,
+    )
+    pythons: list[Annotated[str, Field(max_length=32, pattern=PYTHON_VERSION)]] | None = Field(
+        None,
+        max_length=50,
+        description="the Python versions jobs' environments may ask for, found after the "
+        "worker registered (a search that can take seconds); None: unchanged",
+        exclude_if=lambda pythons: pythons is None,
     )
 
 

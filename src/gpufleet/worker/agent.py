@@ -91,7 +91,10 @@ class Agent(JobSteps):
 
     def __init__(self, opts: WorkerOptions, capability: Capability) -> None:
         self.opts = opts
-        self.capability = replace(capability, mounts=opts.mounts)
+        self.capability = replace(
+            capability, mounts=opts.mounts, python_downloads=opts.env_python_downloads
+        )
+        self.found_pythons: list[str] | None = None  # found since the last heartbeat
         self.users = self._slot_users(opts, capability)
         self.client = AsyncClient(opts.server, opts.token, ca=opts.ca)
         # Bulk transfers run the blocking client in threads: one code path for the SDK,
@@ -157,6 +160,7 @@ class Agent(JobSteps):
         if left:
             say(f"killed {left} process(es) a previous worker left running in {self.opts.work_dir}")
         try:
+            self.spawn(self.find_pythons())  # seconds where pyenv shims abound: not in the way
             try:
                 await self.register()
             except Stopped:
@@ -263,10 +267,6 @@ class Agent(JobSteps):
             delay = min(delay * 2, RETRY_CAP)
 
     async def register(self) -> None:
-        if not self.capability.pythons:  # what jobs' environments may ask for
-            pythons = tuple(await self.envs.cache.pythons())
-            downloads = self.opts.env_python_downloads
-            self.capability = replace(self.capability, pythons=pythons, python_downloads=downloads)
         self.envs.changed = True  # a server that forgot us learns what we have built
         body = WorkerRegister(
             name=self.opts.name,
@@ -349,10 +349,13 @@ class Agent(JobSteps):
             gpus=[GpuModel.from_domain(g) for g in gpus],
             draining=self.draining,
             environments=self.built_environments(),
+            pythons=self.found_pythons,
         )
         sent = time.monotonic()
         try:
             resp = await self.client.heartbeat(self.worker_id, body)
+            if body.pythons is not None and self.found_pythons is body.pythons:
+                self.found_pythons = None  # the server has them
         except NotFound:
             say("the server does not know this worker any more; registering again")
             await self.register()
@@ -370,6 +373,17 @@ class Agent(JobSteps):
                 self.stop_early(run, o.grace if o.grace is not None else 60.0)
         if resp.drain:
             self.begin_drain(None, "operator")
+
+    async def find_pythons(self) -> None:
+        """The Python versions jobs' environments may ask for (uv finds them), for the
+        next heartbeat and every registration after it."""
+        try:
+            pythons = await self.envs.cache.pythons()
+        except Exception as exc:  # jobs that name a Python are then not judged at submit
+            say(f"could not list this machine's Pythons: {exc!r}")
+            return
+        self.capability = replace(self.capability, pythons=tuple(pythons))
+        self.found_pythons = pythons
 
     def built_environments(self) -> list[EnvBuiltModel] | None:
         """The environments this worker has built, when that changed since the last

@@ -108,8 +108,8 @@ class EnvPhase:
                 spec, files, len(self.capability.gpus), self.capability.cuda_version
             )
             fleet_lock = None
-            if not plan.built and not spec.locked and not spec.upgrade:
-                fleet_lock = await self._fleet_lock(plan.lock_key, say)
+            if not spec.locked and not spec.upgrade:  # even when built: it may have moved on
+                fleet_lock = await self._fleet_lock(plan.lock_key, say, plan.built)
             built = await self.cache.ensure(plan, files, fleet_lock, lambda line: say(line))
         except EnvError as exc:
             raise EnvFailed(f"environment: {exc.message}", list(exc.lines), exc.final) from None
@@ -146,8 +146,11 @@ class EnvPhase:
                 self.blobs.release(f.sha256)
         return found
 
-    async def _fleet_lock(self, key: str, say: Callable[[str], None]) -> str | None:
-        """The lock the fleet recorded for ``key``, or None (the first build resolves)."""
+    async def _fleet_lock(self, key: str, say: Callable[[str], None], built: bool) -> str | None:
+        """The lock the fleet recorded for ``key``, or None (the first build resolves).
+        Asked even when the environment is built here: after an upgrade elsewhere (or a
+        first build here that lost the race to record its lock), what is built here holds
+        other versions, and is built again from the fleet's."""
         try:
             lock = await self.retrying("environment lock", lambda: self.client.env_lock(key))
         except NotFound:
@@ -157,10 +160,11 @@ class EnvPhase:
             text = await asyncio.to_thread(path.read_text, encoding="utf-8")
         finally:
             self.blobs.release(lock.sha256)
-        say(
-            f"installing the versions the fleet recorded for this environment "
-            f"(resolved by job {lock.job_id} on {lock.worker_name})"
-        )
+        if not built:
+            say(
+                f"installing the versions the fleet recorded for this environment "
+                f"(resolved by job {lock.job_id} on {lock.worker_name})"
+            )
         return text
 
     async def _record_lock(
@@ -255,7 +259,7 @@ def env_cache(opts: WorkerOptions) -> EnvCache:
     """The worker's environment cache, as its operator set it up."""
     return EnvCache(
         EnvSettings(
-            root=opts.env_dir or opts.work_dir / "environments",
+            root=opts.env_cache_dir or opts.work_dir / "environments",
             cap_bytes=opts.env_cache_size,
             uv=uv_binary(),
             build_timeout=opts.env_build_timeout,

@@ -333,9 +333,7 @@ class JobSteps(ABC):
                 lease.job_id, lease.attempt, lease.secret, spec, run.env_line, run.record
             )
         except EnvFailed as exc:
-            run.failure, run.final = "environment", exc.final
-            for line in exc.lines[-STDERR_TAIL_LINES:]:
-                run.tail.append(line[:STDERR_TAIL_CHARS])
+            run.failure, run.final = "environment", exc.final  # uv's lines: in the tail
             say(f"job {lease.job_id}: {exc.message}")
             return exc.message
         env.pop("PYTHONHOME", None)

@@ -33,7 +33,7 @@ class WorkerOptions:
     # Jobs' Python environments (uv): where they are kept, how many bytes at most, where
     # uv installs from (wheels folders, an index), a build's time limit, whether uv may
     # download a Python, and the torch build ("auto": this machine's CUDA driver's).
-    env_dir: Path | None = None  # default: the user cache's environments folder
+    env_cache_dir: Path | None = None  # default: the user cache's environments folder
     env_cache_size: int = 20 << 30
     env_find_links: tuple[str, ...] = ()
     env_index_url: str | None = None
