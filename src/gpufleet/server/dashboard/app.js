@@ -41,6 +41,13 @@ function badge(status) {
   return h("span", { class: "status " + status }, status);
 }
 
+// The class of a failure its worker named ("environment": the job's environment could not
+// be built), as a badge beside the status; null when none was named.
+function failureBadge(failure) {
+  if (!failure) return null;
+  return h("span", { class: "status failure", title: failure === "environment" ? "its Python environment could not be built" : null }, failure + " failure");
+}
+
 function when(iso) {
   if (!iso) return "";
   const d = new Date(iso);
@@ -79,6 +86,50 @@ function fmt(v) {
   if (v === null || v === undefined) return "–";
   if (typeof v !== "number") return String(v);
   return Math.abs(v) >= 1000 || Number.isInteger(v) ? String(v) : v.toPrecision(4);
+}
+
+// ---- a job's environment while its worker builds it ---------------------------------------
+
+const ENV_BUILDING = "building environment";
+// When each attempt's build began (ms, by the browser's clock), by "JOB/ATTEMPT": a page
+// drawn again keeps the time it first worked out, so the time shown never goes back.
+const BUILD_SINCE = new Map();
+
+// Whether the job's worker is building its environment now: its progress message says so.
+function buildingEnv(job) {
+  const message = job.progress && typeof job.progress.message === "string" ? job.progress.message : "";
+  return ["claimed", "running"].includes(job.status) && message.startsWith(ENV_BUILDING);
+}
+
+// The build's time so far in a progress message, "building environment (12s)": 12.
+function reportedSeconds(message) {
+  const m = /\((\d+)s\)$/.exec(message || "");
+  return m ? Number(m[1]) : 0;
+}
+
+// Note that job's attempt began building at sinceMs (the earliest guess stands).
+function noteBuild(jobId, attempt, sinceMs) {
+  const key = jobId + "/" + attempt;
+  const had = BUILD_SINCE.get(key);
+  if (had === undefined || sinceMs < had) BUILD_SINCE.set(key, sinceMs);
+  return BUILD_SINCE.get(key);
+}
+
+// Whole seconds passed (every note on the page reads one clock: they agree).
+function buildingText(sinceMs, now = Date.now()) {
+  return ENV_BUILDING + " · " + duration(Math.max(0, Math.floor((now - sinceMs) / 1000)));
+}
+
+// "building environment · 12 s", ticking each second (tickBuilds) from when it began: as
+// the page worked it out, or its message's time so far (sent every few seconds) before now.
+function buildingNote(job) {
+  const since = noteBuild(job.id, job.attempt, Date.now() - 1000 * reportedSeconds(job.progress.message));
+  return h("span", { class: "env-building", "data-since": String(since) }, buildingText(since));
+}
+
+function tickBuilds() {
+  const now = Date.now();
+  for (const el of document.querySelectorAll(".env-building[data-since]")) el.textContent = buildingText(Number(el.dataset.since), now);
 }
 
 function bar(label, value, max, text) {
@@ -354,10 +405,11 @@ function jobsTable(jobs, caption) {
     h("thead", {}, h("tr", {}, ["Name", "Status", "Pool", "Worker", "Progress", "Created"].map((c) => h("th", { scope: "col" }, c)))),
     h("tbody", {}, jobs.map((j) => h("tr", {},
       h("td", { class: "name" }, h("a", { href: jobHref(j.id) }, j.name), h("div", { class: "muted mono" }, j.id)),
-      h("td", {}, badge(j.status), j.stopped_early ? h("div", { class: "muted" }, "stopped early") : null),
+      h("td", {}, badge(j.status), j.stopped_early ? h("div", { class: "muted" }, "stopped early") : null,
+        j.status === "failed" && j.failure ? h("div", {}, failureBadge(j.failure)) : null),
       h("td", {}, j.pool || ""),
       h("td", {}, j.worker || ""),
-      h("td", {}, progressText(j.progress)),
+      h("td", {}, buildingEnv(j) ? buildingNote(j) : progressText(j.progress)),
       h("td", { title: when(j.created_at) }, ago(j.created_at))))));
 }
 
@@ -523,12 +575,48 @@ function workerCard(w, running, refresh) {
     w.gpus.length ? h("div", { class: "gpus" }, w.gpus.map((g) => gpuCard(w, g, running))) : h("p", { class: "muted" }, "No GPU (CPU jobs only)."),
     h("h3", {}, "Running"),
     w.running.length
-      ? h("ul", {}, w.running.map((jid) => h("li", {}, h("a", { href: jobHref(jid) }, names.has(jid) ? names.get(jid).name : jid), " ", names.has(jid) ? progressText(names.get(jid).progress) : "")))
+      ? h("ul", {}, w.running.map((jid) => h("li", {}, h("a", { href: jobHref(jid) }, names.has(jid) ? names.get(jid).name : jid), " ", runningText(names.get(jid)))))
       : h("p", { class: "muted running-none" }, "No gpufleet job."),
+    builtEnvs(w),
     others.length
       ? h("p", { class: "other" }, others.map(([g, o], i) => [i ? "; " : "", "GPU " + g.index + " is " + otherText(o)]))
       : null,
     actions);
+}
+
+function runningText(job) {
+  if (!job) return "";
+  return buildingEnv(job) ? buildingNote(job) : progressText(job.progress);
+}
+
+// The job environments a worker has built (its heartbeats list them): a count and their
+// size, opening to one line each. Nothing for a worker that has built none.
+function builtEnvs(w) {
+  const envs = w.environments || [];
+  if (!envs.length) return null;
+  const total = envs.reduce((sum, e) => sum + (e.size_bytes || 0), 0);
+  const newest = [...envs].sort((a, b) => b.last_used - a.last_used);
+  return h("details", { class: "envs" },
+    h("summary", {}, envs.length + (envs.length === 1 ? " environment, " : " environments, ") + bytes(total)),
+    h("ul", {}, newest.map((e) => {
+      const line = describedEnv(e.describe || "");
+      const use = "last used " + ago(new Date(e.last_used * 1000).toISOString());
+      return h("li", { "data-env": e.key },
+        h("code", { class: "env-describe" }, line.from || "(not described)"),
+        h("div", { class: "muted" }, h("span", { class: "mono", title: "environment " + e.key }, e.key.slice(0, 12)),
+          " · Python " + e.python + (line.torch ? " · torch " + line.torch : "") + " · " + bytes(e.size_bytes) + " · " + use));
+    })));
+}
+
+// A worker's line about an environment ("f25291103364  Python 3.11.7 torch cu124  116.0 KiB
+// --with gfdemo==1.0  last used 11 s ago", parts two spaces apart): what it is built from
+// and its torch build. Its use ("in use", "last used ... ago") is as of the heartbeat that
+// last changed the list, so the card leaves it out and works the time out from last_used.
+// A line that reads otherwise is shown whole.
+function describedEnv(describe) {
+  const m = /^[0-9a-f]{12} {2}Python \S+(?: torch (\S+))? {2}.+? {2}(.*) {2}(?:in use|last used .+ ago)$/.exec(describe);
+  if (!m) return { from: describe, torch: null };
+  return { from: m[2], torch: m[1] || null };
 }
 
 // ---- start ----------------------------------------------------------------------------------------
@@ -552,6 +640,7 @@ async function start() {
     signedOut("Signed out.");
   });
   window.addEventListener("hashchange", () => { if (S.me) route(); });
+  setInterval(tickBuilds, 1000); // rewrites the shown build times only: nothing is fetched
   try {
     S.me = await api("/v1/session", { signIn: true });
   } catch {

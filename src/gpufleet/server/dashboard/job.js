@@ -5,6 +5,9 @@
 
 // ---- one job ----------------------------------------------------------------------------------
 
+const ENV_MARK = "[env] "; // how the worker marks the lines of a job's environment build
+const SHORT_VERSIONS = 8; // an environment with more packages lists them folded
+
 function cleanLine(text) {
   // a carriage-return progress bar: keep its last state
   if (text.includes("\r")) {
@@ -35,6 +38,7 @@ function collapseBars(evs) {
 function logLine(ev) {
   const text = cleanLine(ev.line || "");
   const line = h("div", { class: "line " + (ev.stream || "stdout"), "data-seq": ev.seq, "data-stream": ev.stream || "stdout" });
+  if (text.startsWith(ENV_MARK)) line.classList.add("env"); // a line of the environment's build
   if (isBar(ev)) line.dataset.bar = "1";
   if (text.length > MAX_LINE_CHARS) {
     line.append(text.slice(0, MAX_LINE_CHARS), h("span", { class: "cut" }, " … [" + (text.length - MAX_LINE_CHARS) + " more characters cut]"));
@@ -226,6 +230,51 @@ async function allEvents(jobId, types) {
   return { events: out, next: after };
 }
 
+// ---- a job's environment ----------------------------------------------------------------------
+
+// What a job's environment is built from (its spec's `environment`): its files with their
+// blobs' first digits, its --with requirements, its Python, whether it resolves afresh.
+function envSpec(env) {
+  const file = (role, f) => f ? [h("dt", {}, role), h("dd", {}, h("code", {}, f.name), " ",
+    h("span", { class: "muted", title: "blob " + f.sha256 }, "blob " + f.sha256.slice(0, 12) + " · " + bytes(f.size)))] : [];
+  const withs = env.with || env.with_ || [];
+  return h("dl", { class: "facts", id: "env-spec" },
+    ...file("requirements", env.requirements),
+    ...file("project", env.project),
+    ...file("lock", env.lock),
+    withs.length ? [h("dt", {}, "--with"), h("dd", {}, h("ul", { class: "plain" }, withs.map((r) => h("li", {}, h("code", {}, r)))))] : [],
+    h("dt", {}, "Python"), h("dd", {}, env.python || "the worker's own"),
+    h("dt", {}, "versions"), h("dd", {}, env.upgrade ? "resolved afresh (--upgrade)"
+      : env.lock ? "as its " + env.lock.name + " pins them"
+        : "the fleet's: the first build records the versions it resolved, later builds install them"));
+}
+
+// The packages an environment ran with, "name version" each; folded when there are many.
+function versionList(versions) {
+  const names = Object.keys(versions || {}).sort();
+  const list = h("ul", { class: "versions" }, names.map((n) => h("li", {}, h("code", {}, n + " " + versions[n]))));
+  if (names.length <= SHORT_VERSIONS) return names.length ? list : h("span", { class: "muted" }, "no packages listed");
+  return h("details", {}, h("summary", {}, names.length + " packages"), list);
+}
+
+// The environment an attempt ran with, as its worker reported it at the start.
+function envUsed(used) {
+  const how = used.built ? "built in " + used.seconds.toFixed(1) + " s" : "cached (ready in " + used.seconds.toFixed(1) + " s)";
+  const facts = ["Python " + used.python, used.torch_backend ? "torch " + used.torch_backend : null].filter(Boolean);
+  return h("div", { class: "env-used" },
+    h("div", {}, h("strong", {}, how), " · " + facts.join(" · ")),
+    h("div", { class: "muted mono", title: "environment " + used.key }, used.key.slice(0, 12)),
+    versionList(used.versions));
+}
+
+function attemptEnv(job, a) {
+  if (a.environment) return envUsed(a.environment);
+  if (!job.spec.environment) return h("span", { class: "muted" }, "the worker's own");
+  if (a.failure === "environment") return h("span", {}, "not built");
+  if (a.attempt === job.attempt && buildingEnv(job)) return buildingNote(job);
+  return "";
+}
+
 function actionButton(label, cls, fn, confirmText) {
   const button = h("button", { type: "button", class: cls });
   button.textContent = label;
@@ -254,6 +303,7 @@ async function jobPage(main, ref) {
   const curves = new Curves();
   const timeline = h("ol", { class: "timeline", id: "timeline" });
   const attempts = h("div");
+  const environment = h("section", { id: "environment" });
   const why = h("section", { id: "why" });
   const artifact = h("div", { id: "artifact" });
   const logs = new LogView(id);
@@ -262,12 +312,13 @@ async function jobPage(main, ref) {
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Loss and metrics"), curves.box),
       h("section", {}, h("h2", {}, "Details"), facts, h("h2", {}, "Timeline"), timeline)),
-    why, logs.el,
+    environment, why, logs.el,
     h("h2", {}, "Attempts"), attempts,
     h("h2", {}, "Artifact"), artifact);
 
   const render = () => {
     head.replaceChildren(...[h("h1", {}, job.name), badge(job.status),
+      job.status === "failed" ? failureBadge(job.failure) : null,
       job.stopped_early ? h("span", { class: "muted" }, "stopped early") : null,
       job.stop_requested_at && job.status === "running" ? h("span", { class: "muted" }, "stop requested") : null].filter(Boolean));
     head.setAttribute("data-status", job.status);
@@ -307,14 +358,22 @@ async function jobPage(main, ref) {
       if (p.progress !== undefined) frac = p.progress;
       else if (p.epoch !== undefined && p.epochs) frac = Math.min(1, p.epoch / p.epochs);
       else if (p.step !== undefined && p.steps) frac = Math.min(1, p.step / p.steps);
-      const text = [progressText(p), p.eta_s !== undefined && job.status === "running" ? "ETA " + duration(p.eta_s) : "", p.message || ""].filter(Boolean).join(" · ");
-      progress.append(frac === null ? h("p", {}, text) : bar("progress", frac, 1, text));
+      if (buildingEnv(job)) progress.append(h("p", {}, buildingNote(job)));
+      else {
+        // a build's last word is stale once the job has ended (its environment failed)
+        const message = p.message && !String(p.message).startsWith(ENV_BUILDING) ? p.message : "";
+        const text = [progressText(p), p.eta_s !== undefined && job.status === "running" ? "ETA " + duration(p.eta_s) : "", message].filter(Boolean).join(" · ");
+        if (frac !== null) progress.append(bar("progress", frac, 1, text));
+        else if (text) progress.append(h("p", {}, text));
+      }
     }
+    fill(environment, job.spec.environment ? [h("h2", {}, "Environment"), envSpec(job.spec.environment)] : null);
     attempts.replaceChildren(job.history.length ? h("table", {},
-      h("thead", {}, h("tr", {}, ["#", "Worker", "Claimed", "Ended", "Outcome", "Error"].map((c) => h("th", { scope: "col" }, c)))),
-      h("tbody", {}, job.history.map((a) => h("tr", {},
+      h("thead", {}, h("tr", {}, ["#", "Worker", "Claimed", "Ended", "Outcome", "Environment", "Error"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, job.history.map((a) => h("tr", { "data-attempt": a.attempt },
         h("td", {}, String(a.attempt)), h("td", {}, a.worker || ""), h("td", {}, when(a.claimed_at)),
-        h("td", {}, when(a.finished_at)), h("td", {}, a.outcome || (a.finished_at ? "" : "running")),
+        h("td", {}, when(a.finished_at)), h("td", {}, a.outcome || (a.finished_at ? "" : "running"), a.failure ? h("div", {}, failureBadge(a.failure)) : null),
+        h("td", { class: "env" }, attemptEnv(job, a)),
         h("td", { class: "name" }, a.error || "", a.stderr_tail.length ? h("pre", { class: "mono" }, a.stderr_tail.join("\n")) : null))))) : h("p", { class: "muted" }, "Not claimed yet."));
     artifact.replaceChildren(job.artifact
       ? h("p", {}, h("a", { href: "/v1/blobs/" + enc(job.artifact.sha256), download: job.name + "-attempt" + job.artifact.attempt + ".tar.zst", id: "artifact-link" }, "Download the outputs"),
@@ -339,6 +398,13 @@ async function jobPage(main, ref) {
     await renderWhy();
   };
 
+  // A progress record of an environment build: when the build began, by the record's
+  // time less the build's time so far it says.
+  const noteProgress = (d) => {
+    const message = d.record && typeof d.record.message === "string" ? d.record.message : "";
+    if (message.startsWith(ENV_BUILDING) && typeof d.ts === "number") noteBuild(id, d.attempt, 1000 * (d.ts - reportedSeconds(message)));
+  };
+
   const addState = (d) => {
     const who = d.by ? " by " + d.by : "";
     timeline.append(h("li", {}, h("time", { datetime: new Date(d.ts * 1000).toISOString() }, new Date(d.ts * 1000).toLocaleTimeString()), " ",
@@ -355,8 +421,9 @@ async function jobPage(main, ref) {
   const shownLines = await logs.tail();
   for (const e of past.events) {
     if (e.type === "state") addState(e.data);
-    else curves.add(e.data.record);
+    else { noteProgress(e.data); curves.add(e.data.record); }
   }
+  render(); // a build's start, from its records, replaces the guess from its message
   const source = new EventSource(`/v1/jobs/${enc(id)}/events?after=${past.next}`);
   onCleanup(() => source.close());
   const refreshSoon = throttle(refresh, 500);
@@ -368,6 +435,7 @@ async function jobPage(main, ref) {
   });
   take("log", (d) => logs.add(d));
   take("progress", (d) => {
+    noteProgress(d);
     curves.add(d.record);
     job.progress = { ...(job.progress || {}), ...d.record };
     job.metrics = { ...(job.metrics || {}) };
