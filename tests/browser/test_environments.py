@@ -61,7 +61,7 @@ def envbox(fleet: Fleet, tmp_path: Path) -> tuple[Fleet, Proc]:
         "envbox",
         "--env-find-links",
         str(wheels),
-        "--env-dir",
+        "--env-cache-dir",
         str(tmp_path / "envs"),
         env_extra={"PYTHONPATH": os.pathsep.join(p for p in path if p)},
     )
