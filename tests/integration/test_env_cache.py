@@ -24,6 +24,7 @@ import pytest
 import uv
 
 from gpufleet.domain.environments import EnvFile, EnvSpec
+from gpufleet.worker import envtree
 from gpufleet.worker.envbuild import EnvError, Uv, uv_environment
 from gpufleet.worker.environments import Built, EnvCache, EnvSettings
 from gpufleet.worker.envtree import JOB_SITE_VAR, site_packages
@@ -444,6 +445,7 @@ async def test_a_changed_environment_is_detected_and_rebuilt(
     spec = EnvSpec(with_=("gfdemo==1.0",))
     built = await build(cache, spec)
     key = built.plan.build_key
+    cache.unchecked(key)  # as the worker marks it for a job of its own user
     # A job running as root imports from it: Python finds its .pyc files and writes none.
     assert run_python(built, "import gfdemo; print(gfdemo.__version__)") == "1.0"
     assert cache.intact(key)
@@ -452,11 +454,30 @@ async def test_a_changed_environment_is_detected_and_rebuilt(
     package.write_text('__version__ = "evil"\n')
     assert not cache.intact(key)
     built.hold.release()
-    assert not (await cache.plan(spec, {}, 0, None)).built
+    assert not (await cache.plan(spec, {}, 0, None)).built  # not reused unchecked
+    assert cache.check(key) is False  # the worker's check after the job: removed
     rebuilt = await build(cache, spec)
     assert rebuilt.built_here and cache.intact(key)
     assert run_python(rebuilt, "import gfdemo; print(gfdemo.__version__)") == "1.0"
     rebuilt.hold.release()
+
+
+@in_loop
+async def test_a_checked_environment_is_ready_without_a_survey(
+    cache: EnvCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = EnvSpec(with_=("gfdemo==1.0",))
+    built = await build(cache, spec)
+    key = built.plan.build_key
+    cache.unchecked(key)
+    built.hold.release()
+    assert cache.check(key) is True  # unchanged: ready again
+    surveys = []
+    real = envtree.survey
+    monkeypatch.setattr(envtree, "survey", lambda root: surveys.append(root) or real(root))
+    again = await build(cache, spec)
+    assert not again.built_here and surveys == []  # a warm start walks none of its files
+    again.hold.release()
 
 
 @in_loop

@@ -435,6 +435,23 @@ class EnvCache:
         same size, mtime and mode (and nothing added)."""
         return self.store.intact(build_key)
 
+    def unchecked(self, build_key: str) -> None:
+        """A job that could change the env (it runs as the worker's own user) takes it:
+        it is not reused before :meth:`check` finds it unchanged."""
+        self.store.unchecked(build_key)
+
+    def check(self, build_key: str) -> bool | None:
+        """After such a job: survey the env. True: unchanged (ready again once no job
+        holds it); False: changed, and removed (or, held by another job, left to be
+        removed once unused; never reused meanwhile); None: it is gone already."""
+        if not self.store.whole(build_key):
+            return None
+        if self.store.intact(build_key):
+            self.store.checked(build_key)
+            return True
+        self.store.remove_unheld(build_key)
+        return False
+
     def remove(self, build_key: str) -> bool:
         """Remove an env (one a job changed) unless a job holds it; whether it went."""
         return self.store.remove_unheld(build_key)

@@ -96,9 +96,12 @@ class EnvPhase:
         spec: EnvSpec,
         say: Callable[[str], None],
         progress: Callable[[dict[str, Any]], None],
+        writer: bool = True,
     ) -> Prepared:
         """Build (or find) ``spec``'s environment for an attempt. ``say``: a line of the
-        job's log; ``progress``: a progress record of the job. Raises EnvFailed."""
+        job's log; ``progress``: a progress record of the job; ``writer``: the job runs
+        as a user that could change the environment (the worker's own, not a slot
+        user's, whose writes its seal refuses). Raises EnvFailed."""
         started = time.monotonic()
         progress({"message": "building environment"})
         ticker = asyncio.create_task(self._tick(started, progress))
@@ -121,6 +124,8 @@ class EnvPhase:
                 await ticker
         if built.built_here:
             self.changed = True
+        if writer:  # it could change what later jobs use: checked after it
+            self.cache.unchecked(built.plan.build_key)
         try:
             if built.new_lock is not None:
                 await self._record_lock(job_id, attempt, secret, built, say)
@@ -215,19 +220,18 @@ class EnvPhase:
             torch_backend=built.plan.torch_backend,
         )
 
-    def done(self, prepared: Prepared, say: Callable[[str], None]) -> None:
-        """The job ended: let its environment go, and remove it when the job changed it
-        (a job running as the worker's own user could): the next job rebuilds it."""
-        built = prepared.built
-        built.hold.release()
-        key = built.plan.build_key
-        if not self.cache.intact(key):
-            gone = self.cache.remove(key)
+    def done(self, prepared: Prepared) -> None:
+        """The job's process ended: let its environment go."""
+        prepared.built.hold.release()
+
+    def check(self, prepared: Prepared, job_id: str, say: Callable[[str], None]) -> None:
+        """After a job that could change its environment (it ran as the worker's own
+        user): survey it, off the job's way (a large environment takes a second or two),
+        and remove it if the job changed it; it is not reused until then."""
+        key = prepared.built.plan.build_key
+        if self.cache.check(key) is False:
             self.changed = True
-            say(
-                f"environment {key[:12]} was changed by the job; "
-                + ("removed, the next job rebuilds it" if gone else "removed once unused")
-            )
+            say(f"job {job_id} changed environment {key[:12]}: removed, the next job rebuilds it")
 
     def closed_to(self, users: Sequence[SlotUser]) -> str | None:
         """``--run-as``: why jobs running as ``users`` could not use the environments

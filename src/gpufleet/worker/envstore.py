@@ -134,9 +134,32 @@ class EnvStore:
         return envtree.survey(self.env(key)).digest == meta.get("survey")
 
     def ready(self, key: str) -> dict[str, Any] | None:
-        """The meta of an env that is whole and unchanged, else None."""
+        """The meta of an env that is whole and unchanged, else None. Its files are
+        surveyed only when a job that could have changed it used it since its last
+        check (:meth:`unchecked`): a warm start of an environment of 30,000 files does
+        not walk them."""
         meta = self.read_meta(key)
-        return meta if meta is not None and self.intact(key) else None
+        if meta is None or not self.whole(key):
+            return None
+        if self.unchecked_file(key).exists():
+            if not self.intact(key):
+                return None
+            self.checked(key)
+        return meta
+
+    def unchecked_file(self, key: str) -> Path:
+        return self.meta / f"{key}.unchecked"
+
+    def unchecked(self, key: str) -> None:
+        """A job that could change the env (one running as the worker's own user, or
+        root) uses it: until a survey finds it unchanged, it is not taken as ready."""
+        self.unchecked_file(key).touch()
+
+    def checked(self, key: str) -> None:
+        """A survey found the env unchanged: it is ready again, unless a job (which may
+        be changing it) still holds it."""
+        if not self.held(key):
+            self.unchecked_file(key).unlink(missing_ok=True)
 
     def infos(self, in_use: bool) -> list[EnvInfo]:
         """Every whole env (``in_use``: find out which are held, else all say False)."""
@@ -213,6 +236,7 @@ class EnvStore:
             if not try_lock(fd, fcntl.LOCK_EX):
                 return False
             (self.meta / f"{key}.json").unlink(missing_ok=True)
+            self.unchecked_file(key).unlink(missing_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(self.env(key), 0o755)
                 os.replace(self.env(key), gone)

@@ -96,7 +96,7 @@ def remove_tree(root: Path) -> None:
 
 def survey(root: Path) -> Survey:
     """Walk ``root`` in a fixed order: its size in bytes on disk (like ``du``) and a
-    digest of each entry's relative path, type, size, mtime and mode."""
+    digest of each entry's relative path, type, size, mtime, ctime and mode."""
     digest = hashlib.sha256()
     seen: set[tuple[int, int]] = set()
     size = entries = 0
@@ -106,7 +106,9 @@ def survey(root: Path) -> Survey:
             path = os.path.join(folder, name)
             st = os.lstat(path)
             rel = os.path.relpath(path, root)
-            line = f"{rel}\0{stat.S_IFMT(st.st_mode)}\0{st.st_size}\0{st.st_mtime_ns}"
+            # ctime too: a job may put an mtime back, but a change's ctime it cannot
+            when = f"{st.st_mtime_ns}\0{st.st_ctime_ns}"
+            line = f"{rel}\0{stat.S_IFMT(st.st_mode)}\0{st.st_size}\0{when}"
             digest.update(f"{line}\0{stat.S_IMODE(st.st_mode)}\n".encode(errors="surrogateescape"))
             entries += 1
             if (st.st_dev, st.st_ino) not in seen:

@@ -330,7 +330,13 @@ class JobSteps(ABC):
         lease = run.lease
         try:
             run.env = await self.envs.prepare(
-                lease.job_id, lease.attempt, lease.secret, spec, run.env_line, run.record
+                lease.job_id,
+                lease.attempt,
+                lease.secret,
+                spec,
+                run.env_line,
+                run.record,
+                writer=run.user is None,
             )
         except EnvFailed as exc:
             run.failure, run.final = "environment", exc.final  # uv's lines: in the tail
@@ -351,11 +357,15 @@ class JobSteps(ABC):
         return None
 
     async def _let_env_go(self, run: Running) -> None:
-        """The job's process ended: its environment is let go (once), and removed if the
-        job changed it."""
+        """The job's process ended: its environment is let go (once); one it could have
+        changed is checked after (in the background), and removed if it changed."""
         prepared, run.env = run.env, None
-        if prepared is not None:
-            await asyncio.to_thread(self.envs.done, prepared, partial(self.note, run))
+        if prepared is None:
+            return
+        self.envs.done(prepared)
+        if run.user is None:
+            job_id = run.lease.job_id
+            self.spawn(asyncio.to_thread(self.envs.check, prepared, job_id, say))
 
     async def execute(self, run: Running) -> tuple[int | None, str | None]:
         """Run the job to its end: its exit code (None if it never ran) and why it failed."""
@@ -368,7 +378,6 @@ class JobSteps(ABC):
             if refused is not None:
                 return None, refused
             code, oom = await self._wait(run)
-            await self._let_env_go(run)  # said in its log, before its result
         finally:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
