@@ -17,12 +17,17 @@ Prints, in one run, side by side:
    same requirements; uv's by gpufleet's cold build), each into a fresh environment;
 2. a second environment sharing most of the first's packages (the same plus seaborn),
    built by the same ``EnvCache`` after the first (uv's cache warm);
+
+   each gpufleet build also prints uv's own timing of its steps (resolve, download,
+   install, bytecode), and a full run times ``pip --no-compile`` beside gpufleet's cold
+   build less uv's bytecode step: bytecode compilation is most of a build on two cores;
 3. dispatch, created to process started (the server's ``started_at - created_at``), of
    jobs whose environment is built and cached against jobs with none, taking turns, on a
    real local server and worker whose uv reads a folder of wheels (no network).
 
-``--quick``: fewer dispatch jobs, and no warm pip pair (its priming install is a second
-cold pip install). ``--tmp``: where the environments, caches and venvs go (default: the
+``--quick``: fewer dispatch jobs, no warm pip pair (its priming install is a second cold
+pip install) and no ``--no-compile`` pip install. ``--skip-builds``: the dispatch part
+alone (no network). ``--tmp``: where the environments, caches and venvs go (default: the
 system's temporary folder); everything made there is removed at the end.
 """
 
@@ -32,6 +37,7 @@ import argparse
 import asyncio
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -88,9 +94,51 @@ def requirements_file(folder: Path, lines: Sequence[str]) -> Path:
     return path
 
 
-async def _gpufleet_build(root: Path, uv_cache: Path, req: Path) -> tuple[float, int]:
+@dataclass
+class Build:
+    """One build by gpufleet: its seconds, its packages, and uv's own timing of each step
+    (from the lines it prints: resolve, download, install, bytecode)."""
+
+    seconds: float
+    packages: int
+    steps: dict[str, float]
+
+    def step(self, name: str) -> str:
+        return f"{self.steps[name]:.1f} s" if name in self.steps else "not reported"
+
+    def breakdown(self) -> str:
+        known = sum(self.steps.values())
+        parts = [f"{step} {secs:.1f}" for step, secs in self.steps.items()]
+        return ", ".join([*parts, f"the rest {self.seconds - known:.1f} s"])
+
+
+#: uv's summary lines, by the step each times.
+STEPS = {
+    "Resolved": "resolve",
+    "Prepared": "download",
+    "Installed": "install",
+    "Bytecode compiled": "bytecode",
+}
+DURATION = re.compile(r" in (?:(\d+)m )?([\d.]+)(ms|s)$")
+
+
+def uv_steps(lines: Sequence[str]) -> dict[str, float]:
+    """uv's timing of each step, from its summary lines ("Prepared 18 packages in 4.9s")."""
+    steps: dict[str, float] = {}
+    for line in lines:
+        found = DURATION.search(line.strip())
+        step = next((name for head, name in STEPS.items() if line.startswith(head)), None)
+        if found is None or step is None:
+            continue
+        minutes, value, unit = found.groups()
+        secs = float(value) / (1000 if unit == "ms" else 1) + 60 * int(minutes or 0)
+        steps[step] = steps.get(step, 0.0) + secs
+    return steps
+
+
+async def _gpufleet_build(root: Path, uv_cache: Path, req: Path) -> Build:
     """Build ``req`` as a worker does (plan, then ensure, no fleet lock: the first build
-    of its spec): its seconds and the number of packages it holds."""
+    of its spec)."""
     started = time.perf_counter()
     settings = EnvSettings(
         root=root,
@@ -110,10 +158,10 @@ async def _gpufleet_build(root: Path, uv_cache: Path, req: Path) -> tuple[float,
     built.hold.release()
     if not built.built_here:
         raise SystemExit("the environment was not built (it was already in a fresh cache?)")
-    return seconds, len(built.versions)
+    return Build(seconds, len(built.versions), uv_steps(lines))
 
 
-def gpufleet_build(root: Path, uv_cache: Path, req: Path) -> tuple[float, int]:
+def gpufleet_build(root: Path, uv_cache: Path, req: Path) -> Build:
     return asyncio.run(_gpufleet_build(root, uv_cache, req))
 
 
@@ -136,14 +184,15 @@ def pip_env() -> dict[str, str]:
     return env
 
 
-def pip_build(venv: Path, req: Path, cache: Path | None) -> tuple[float, int]:
+def pip_build(venv: Path, req: Path, cache: Path | None, compile: bool = True) -> tuple[float, int]:
     """``python -m venv`` then ``pip install -r``: seconds, and the packages installed
     (pip, setuptools and the like not counted). ``cache``: pip's cache folder; None:
-    ``--no-cache-dir``."""
+    ``--no-cache-dir``. ``compile``: pip's default; False: ``--no-compile``."""
     env = pip_env()
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env, timeout=300)
     caching = ["--no-cache-dir"] if cache is None else ["--cache-dir", str(cache)]
+    caching += [] if compile else ["--no-compile"]
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     subprocess.run(
         [*pip, "install", "-q", "--index-url", REGISTRY, *caching, "-r", str(req)],
@@ -164,56 +213,85 @@ def pip_build(venv: Path, req: Path, cache: Path | None) -> tuple[float, int]:
 
 
 def builds(tmp: Path, quick: bool) -> list[Row]:
-    """Parts 1 and 2: cold builds side by side, then warm ones."""
+    """Parts 1 and 2: cold builds side by side, the second environment, warm builds."""
     first = requirements_file(tmp / "spec1", FIRST)
     second = requirements_file(tmp / "spec2", SECOND)
     uv_cache = tmp / "uv-cache"
-    say(f"cold: gpufleet (uv {uv_version()}), empty uv cache and environment root ...")
-    g_cold, g_n = gpufleet_build(tmp / "envs-a", uv_cache, first)
-    say(f"  {g_cold:.1f} s, {g_n} packages")
+    cold = timed(
+        f"cold: gpufleet (uv {uv_version()}), empty uv cache and env root",
+        tmp / "envs-a",
+        uv_cache,
+        first,
+    )
     say(f"cold: python -m venv + pip {pip_version()} install --no-cache-dir ...")
     p_cold, p_n = pip_build(tmp / "pip-cold", first, None)
     say(f"  {p_cold:.1f} s, {p_n} packages")
-    say("second environment (+ seaborn), same EnvCache root, uv cache warm ...")
-    g_second, s_n = gpufleet_build(tmp / "envs-a", uv_cache, second)
-    say(f"  {g_second:.1f} s, {s_n} packages")
-    say("warm: gpufleet, fresh environment root, uv cache warm ...")
-    g_warm, _ = gpufleet_build(tmp / "envs-b", uv_cache, first)
-    say(f"  {g_warm:.1f} s")
+    again = timed(
+        "second environment (+ seaborn), same EnvCache, uv cache warm",
+        tmp / "envs-a",
+        uv_cache,
+        second,
+    )
     rows = [
         Row(
-            f"cold build, {len(FIRST)} pinned ({g_n} packages), registry",
-            f"gpufleet {g_cold:.1f} s; pip {p_cold:.1f} s: {p_cold / g_cold:.1f}x",
+            f"cold build, {len(FIRST)} pinned ({cold.packages} packages), registry",
+            f"gpufleet {cold.seconds:.1f} s (uv's bytecode step {cold.step('bytecode')}); "
+            f"pip {p_cold:.1f} s: {p_cold / cold.seconds:.1f}x",
             "gpufleet >= 5x faster than venv + pip --no-cache-dir",
-            p_cold / g_cold >= 5,
+            p_cold / cold.seconds >= 5,
         ),
         Row(
-            "second env (+ seaborn), same EnvCache, uv cache warm",
-            f"{g_second:.1f} s: {g_cold / g_second:.1f}x faster than the cold build",
+            f"second env (+ seaborn, {again.packages} packages), same EnvCache, uv cache warm",
+            f"{again.seconds:.1f} s (bytecode {again.step('bytecode')}): "
+            f"{cold.seconds / again.seconds:.1f}x faster than gpufleet's cold build",
             ">= 10x faster than the first cold build",
-            g_cold / g_second >= 10,
+            cold.seconds / again.seconds >= 10,
         ),
     ]
+    warm = timed("warm: gpufleet, fresh env root, uv cache warm", tmp / "envs-b", uv_cache, first)
     if quick:
-        rows.append(
-            Row("warm build, fresh env root, uv cache warm", f"gpufleet {g_warm:.1f} s", "-", None)
-        )
-        return rows
+        return [
+            *rows,
+            Row(
+                "warm build, fresh env, uv cache warm", f"gpufleet {warm.seconds:.1f} s", "-", None
+            ),
+        ]
+    return rows + pip_pairs(tmp, first, cold, warm)
+
+
+def timed(what: str, root: Path, uv_cache: Path, req: Path) -> Build:
+    say(f"{what} ...")
+    build = gpufleet_build(root, uv_cache, req)
+    say(f"  {build.seconds:.1f} s, {build.packages} packages ({build.breakdown()})")
+    return build
+
+
+def pip_pairs(tmp: Path, req: Path, cold: Build, warm: Build) -> list[Row]:
+    """Warm caches on both sides; and the cold pair without bytecode compilation."""
     pip_cache = tmp / "pip-cache"
     say("priming pip's cache (a pip install of the same requirements, not timed) ...")
-    pip_build(tmp / "pip-prime", first, pip_cache)
+    pip_build(tmp / "pip-prime", req, pip_cache)
     say("warm: python -m venv + pip install, pip's cache warm ...")
-    p_warm, _ = pip_build(tmp / "pip-warm", first, pip_cache)
+    p_warm, _ = pip_build(tmp / "pip-warm", req, pip_cache)
     say(f"  {p_warm:.1f} s")
-    rows.append(
+    say("cold: python -m venv + pip install --no-cache-dir --no-compile ...")
+    p_bare, _ = pip_build(tmp / "pip-bare", req, None, compile=False)
+    say(f"  {p_bare:.1f} s")
+    g_bare = cold.seconds - cold.steps.get("bytecode", 0.0)
+    return [
         Row(
             "warm build (each tool's cache warm), fresh env",
-            f"gpufleet {g_warm:.1f} s; pip {p_warm:.1f} s: {p_warm / g_warm:.1f}x",
+            f"gpufleet {warm.seconds:.1f} s; pip {p_warm:.1f} s: {p_warm / warm.seconds:.1f}x",
             "-",
             None,
-        )
-    )
-    return rows
+        ),
+        Row(
+            "cold build, no bytecode compiled (gpufleet: less uv's bytecode step)",
+            f"gpufleet {g_bare:.1f} s; pip --no-compile {p_bare:.1f} s: {p_bare / g_bare:.1f}x",
+            "-",
+            None,
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -312,6 +390,12 @@ def pip_version() -> str:
     return pip.__version__
 
 
+def load() -> str:
+    """The machine's load average over 1, 5 and 15 minutes: other work steals the CPU
+    that uv's and pip's bytecode compilation both need."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def table(rows: Sequence[Row]) -> str:
     lines = ["| figure | measured | goal | |", "|---|---|---|---|"]
     for r in rows:
@@ -335,8 +419,10 @@ def main() -> None:
     if args.tmp is not None:
         args.tmp.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-envs-", dir=args.tmp))
-    cores = os.cpu_count()
-    say(f"{date.today()}, {cores} cores, Python {sys.version.split()[0]}, in {tmp}")
+    say(
+        f"{date.today()}, {os.cpu_count()} cores (load {load()}), "
+        f"Python {sys.version.split()[0]}, in {tmp}"
+    )
     started = time.perf_counter()
     try:
         rows = [] if args.skip_builds else builds(tmp, args.quick)
@@ -346,7 +432,7 @@ def main() -> None:
         remove_tree(tmp)  # the environments are sealed read-only
     say("")
     say(table(rows))
-    say(f"\n(bench ran {time.perf_counter() - started:.0f} s)")
+    say(f"\n(bench ran {time.perf_counter() - started:.0f} s; load now {load()})")
 
 
 if __name__ == "__main__":
