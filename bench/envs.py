@@ -1,7 +1,7 @@
 """Job environments (issue 32): what a worker's uv build costs against pip, and what a
 warm environment adds to a job's dispatch.
 
-    .venv/bin/python bench/envs.py [--quick] [--jobs 30] [--tmp DIR]
+    .venv/bin/python bench/envs.py [--quick] [--jobs 30] [--tmp DIR] [--skip-builds]
 
 Prints, in one run, side by side:
 
@@ -17,13 +17,13 @@ Prints, in one run, side by side:
    same requirements; uv's by gpufleet's cold build), each into a fresh environment;
 2. a second environment sharing most of the first's packages (the same plus seaborn),
    built by the same ``EnvCache`` after the first (uv's cache warm);
-
-   each gpufleet build also prints uv's own timing of its steps (resolve, download,
-   install, bytecode), and a full run times ``pip --no-compile`` beside gpufleet's cold
-   build less uv's bytecode step: bytecode compilation is most of a build on two cores;
 3. dispatch, created to process started (the server's ``started_at - created_at``), of
    jobs whose environment is built and cached against jobs with none, taking turns, on a
    real local server and worker whose uv reads a folder of wheels (no network).
+
+Each gpufleet build also prints uv's own timing of its steps (resolve, download, install,
+bytecode), and a full run times ``pip --no-compile`` beside gpufleet's cold build less
+uv's bytecode step: bytecode compilation is most of a build on two cores.
 
 ``--quick``: fewer dispatch jobs, no warm pip pair (its priming install is a second cold
 pip install) and no ``--no-compile`` pip install. ``--skip-builds``: the dispatch part
