@@ -8,7 +8,7 @@ DEMO := $(VENV)/.demo-installed
 # real servers and workers. XDIST= runs them in one.
 XDIST ?= -n 2
 
-.PHONY: demo test test-postgresql chaos browser test-sleap lint bench docs clean
+.PHONY: demo test test-postgresql chaos browser test-sleap test-registry lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ browser: $(DEV)
 ## once and kept in ~/.cache/gpufleet, or GPUFLEET_SLEAP_VENV)
 test-sleap: $(DEV)
 	$(PY) -m pytest tests/sleap -m sleap -p no:cacheprovider $(PYTEST_ARGS)
+
+## make test-registry: a job's environment built by a real worker from PyPI itself (the network;
+## uv's cache is kept between runs in ~/.cache/gpufleet-test-uv, or GPUFLEET_TEST_UV_CACHE)
+test-registry: $(DEV)
+	$(PY) -m pytest tests/registry -m registry -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check src tests bench examples
