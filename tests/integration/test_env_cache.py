@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,9 @@ async def build(
 ) -> Built:
     files = files or {}
     plan = await cache.plan(spec, files, gpus=0, cuda_version=None)
-    return await cache.ensure(plan, files, fleet_lock, lines if lines is not None else Lines())
+    built = await cache.ensure(plan, files, fleet_lock, lines if lines is not None else Lines())
+    await cache.settled()  # its bytecode, compiled once the job has it
+    return built
 
 
 def run_python(built: Built, code: str, env: dict[str, str] | None = None) -> str:
@@ -138,6 +141,7 @@ async def test_a_pinned_requirement_is_built_once_and_runs_from_the_cache(
     assert info.in_use and info.python == plan.python and info.size > 0
     assert "--with gfdemo==1.0" in info.describe() and "in use" in info.describe()
     built.hold.release()
+    await cache.settled()  # its bytecode compiled (which holds it meanwhile)
     assert not cache.listing()[0].in_use
     assert not any((tmp_path / "envs" / "tmp").iterdir())  # the build's folders are gone
 
@@ -224,6 +228,7 @@ async def test_concurrent_jobs_wanting_one_environment_build_it_once(cache: EnvC
     one.hold.release()
     assert cache.listing()[0].in_use  # the second job still holds it
     two.hold.release()
+    await cache.settled()
     assert not cache.listing()[0].in_use
 
 
@@ -544,3 +549,21 @@ async def test_an_index_of_the_workers_own_means_no_torch_build_and_another_key(
     plans = [await c.plan(spec, {}, 2, "12.8") for c in (folder, index_var, public)]
     assert [p.torch_backend for p in plans] == [None, None, "cu128"]
     assert len({p.build_key for p in plans}) == 3
+
+
+@in_loop
+async def test_the_bytecode_is_compiled_after_the_job_has_its_environment(
+    cache: EnvCache,
+) -> None:
+    spec = EnvSpec(with_=("gfdemo==1.0",))
+    plan = await cache.plan(spec, {}, 0, None)
+    built = await cache.ensure(plan, {}, None, Lines())
+    package = site_packages(built.path) / "gfdemo"
+    # the job may start now: its imports compile in memory (it writes no .pyc)
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    assert run_python(built, "import gfdemo; print(gfdemo.__version__)", env) == "1.0"
+    await cache.settled()
+    assert list((package / "__pycache__").glob("__init__.cpython-*.pyc"))  # compiled after
+    assert cache.intact(plan.build_key)  # and sealed again, its survey recorded
+    assert stat.S_IMODE((package / "__pycache__").stat().st_mode) == 0o555
+    built.hold.release()

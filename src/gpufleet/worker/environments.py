@@ -205,6 +205,7 @@ class EnvCache:
         index = envbuild.index_args(settings.find_links, settings.index_url)
         self.uv = Uv(settings.uv, env, index)
         self._building: dict[str, asyncio.Lock] = {}
+        self._compiling: dict[str, asyncio.Task[None]] = {}
         self._pythons: dict[str | None, Python] = {}
         self.leftovers = self.store.remove_leftovers()
 
@@ -306,6 +307,7 @@ class EnvCache:
             if reused is not None:
                 return reused
             built = await self._build(plan, files, fleet_lock, on_line, started)
+        self._compile_later(key)
         gone = await asyncio.to_thread(self.evict, (key,))
         for other in gone:
             on_line(f"environment {other[:12]}: removed to keep the cache under its cap")
@@ -333,6 +335,8 @@ class EnvCache:
             hold = self.hold(key)
         except EnvError:  # evicted meanwhile
             return None
+        if not meta.get("compiled", True):  # a worker stopped before it compiled it
+            self._compile_later(key)
         return Built(
             plan,
             self.store.env(key),
@@ -416,8 +420,62 @@ class EnvCache:
             "entries": found.entries,
             "survey": found.digest,
             "built_at": time.time(),
+            "compiled": False,  # its bytecode comes after the job started (compile)
         }
         return meta, self.store.install(plan.build_key, temp, meta)
+
+    # ----------------------------------------------------------------- bytecode
+
+    def _compile_later(self, key: str) -> None:
+        """Compile the env's bytecode in the background, once (its first job has started
+        meanwhile: its imports compile in memory, later jobs read the .pyc files)."""
+        if key in self._compiling:
+            return
+        task = asyncio.create_task(self._compile(key))
+        self._compiling[key] = task
+        task.add_done_callback(lambda _: self._compiling.pop(key, None))
+
+    async def settled(self) -> None:
+        """Wait until no bytecode is being compiled (tests; a worker that stops)."""
+        while self._compiling:
+            await asyncio.gather(*self._compiling.values(), return_exceptions=True)
+
+    async def _compile(self, key: str) -> None:
+        """Under the key's build lock (no build, check or other compile meanwhile) and
+        held (never evicted meanwhile): open its folders to the worker, compile, seal
+        again, and record the new survey. A failure leaves it running from source."""
+        lock = self._building.setdefault(key, asyncio.Lock())
+        async with lock, self._build_lock(key, lambda _: None, already_told=True):
+            try:
+                hold = self.hold(key)
+            except EnvError:  # evicted or changed meanwhile
+                return
+            try:
+                await self._compile_held(key)
+            finally:
+                hold.release()
+
+    async def _compile_held(self, key: str) -> None:
+        meta = self.store.read_meta(key)
+        if meta is None or meta.get("compiled", True):
+            return
+        env = self.store.env(key)
+        if meta.get("survey") != (await asyncio.to_thread(envtree.survey, env)).digest:
+            return  # changed since its build: the check after its job removes it
+        code = await asyncio.to_thread(envtree.survey, env, True)
+        await asyncio.to_thread(envtree.unseal_folders, env)
+        try:
+            site = envtree.site_packages(env)
+            failed = await envbuild.compile_bytecode(env, site, self.settings.build_timeout)
+        finally:
+            await asyncio.to_thread(envtree.seal, env)
+        if (await asyncio.to_thread(envtree.survey, env, True)).digest != code.digest:
+            return  # a job changed it meanwhile: the build's survey stands, and finds it
+        found = await asyncio.to_thread(envtree.survey, env)
+        meta.update(survey=found.digest, size=found.size, entries=found.entries, compiled=True)
+        if failed:
+            meta["compile_error"] = failed
+        await asyncio.to_thread(self.store.write_meta, key, meta)
 
     # ----------------------------------------------------------------- using
 
@@ -444,13 +502,18 @@ class EnvCache:
         """After such a job: survey the env. True: unchanged (ready again once no job
         holds it); False: changed, and removed (or, held by another job, left to be
         removed once unused; never reused meanwhile); None: it is gone already."""
-        if not self.store.whole(build_key):
-            return None
-        if self.store.intact(build_key):
-            self.store.checked(build_key)
-            return True
-        self.store.remove_unheld(build_key)
-        return False
+        fd = self.store.lock_file(build_key, "build")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # not while its bytecode is being compiled
+            if not self.store.whole(build_key):
+                return None
+            if self.store.intact(build_key):
+                self.store.checked(build_key)
+                return True
+            self.store.remove_unheld(build_key)
+            return False
+        finally:
+            os.close(fd)
 
     def remove(self, build_key: str) -> bool:
         """Remove an env (one a job changed) unless a job holds it; whether it went."""

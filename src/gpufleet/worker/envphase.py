@@ -71,7 +71,13 @@ class Prepared:
         ``python`` is its interpreter) and ``VIRTUAL_ENV``; PYTHONHOME, which would
         point its interpreter elsewhere, is left out by the caller."""
         venv = self.built.path
-        return {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}:{path}"}
+        return {
+            "VIRTUAL_ENV": str(venv),
+            "PATH": f"{venv / 'bin'}:{path}",
+            # no .pyc into the shared environment (root ignores its seal): the worker
+            # compiles its bytecode itself, once, after the first job started
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
 
 
 @dataclass

@@ -227,6 +227,9 @@ class EnvStore:
             raise
         return hold
 
+    def write_meta(self, key: str, meta: dict[str, Any]) -> None:
+        _write_json(self.meta / f"{key}.json", meta)
+
     def remove_unheld(self, key: str) -> bool:
         """Remove an env unless it is held (whether it is gone): under the exclusive use
         lock its meta goes and its folder is renamed away, then it is deleted."""

@@ -65,7 +65,8 @@ def seal(root: Path) -> None:
             if stat.S_ISREG(st.st_mode):
                 mode = stat.S_IMODE(st.st_mode)
                 run = 0o111 if mode & stat.S_IXUSR else 0
-                os.chmod(path, 0o444 | run)
+                if mode != 0o444 | run:  # a chmod moves the ctime a survey records
+                    os.chmod(path, 0o444 | run)
         for name in dirs:
             path = os.path.join(folder, name)
             if not os.path.islink(path):
@@ -94,20 +95,26 @@ def remove_tree(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def survey(root: Path) -> Survey:
+def survey(root: Path, code_only: bool = False) -> Survey:
     """Walk ``root`` in a fixed order: its size in bytes on disk (like ``du``) and a
-    digest of each entry's relative path, type, size, mtime, ctime and mode."""
+    digest of each entry's relative path, type, size, mtime, ctime and mode. With
+    ``code_only``: no ``__pycache__`` folder nor what it holds, and no folder's times
+    (compiling bytecode adds to folders): what compiling must leave as it was."""
     digest = hashlib.sha256()
     seen: set[tuple[int, int]] = set()
     size = entries = 0
     for folder, dirs, files in os.walk(root):
         dirs.sort()
+        if code_only:
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in [*sorted(files), *dirs]:
             path = os.path.join(folder, name)
             st = os.lstat(path)
             rel = os.path.relpath(path, root)
             # ctime too: a job may put an mtime back, but a change's ctime it cannot
             when = f"{st.st_mtime_ns}\0{st.st_ctime_ns}"
+            if code_only and stat.S_ISDIR(st.st_mode):
+                when = ""
             line = f"{rel}\0{stat.S_IFMT(st.st_mode)}\0{st.st_size}\0{when}"
             digest.update(f"{line}\0{stat.S_IMODE(st.st_mode)}\n".encode(errors="surrogateescape"))
             entries += 1
