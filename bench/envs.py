@@ -314,7 +314,7 @@ def dispatch(tmp: Path, jobs: int) -> list[Row]:
             "bench",
             "--work-dir",
             str(root / "work"),
-            "--env-dir",
+            "--env-cache-dir",
             str(root / "envs"),
             "--env-find-links",
             str(wheels),

@@ -28,7 +28,7 @@ def test_a_job_trains_with_the_scikit_learn_it_pinned_built_from_the_registry(
     assert ours != SKLEARN  # else the test would prove nothing
     fleet.env["UV_CACHE_DIR"] = str(UV_CACHE)  # kept between runs: only the first downloads
     fleet.start_server(lease_timeout=30.0)
-    fleet.start_worker("lab", "--env-dir", str(tmp_path / "envs"))  # no wheel folder: PyPI
+    fleet.start_worker("lab", "--env-cache-dir", str(tmp_path / "envs"))  # no wheel folder: PyPI
 
     out = fleet.cli(
         "submit",
