@@ -314,6 +314,14 @@ SETTINGS: dict[str, Setting] = {
             "let uv download a Python a job asks for that this machine lacks",
         ),
         _setting(
+            "env_builds",
+            "auto",
+            "str",
+            "whether uv may build a source distribution for a job's environment (its own "
+            "code runs, as the worker): auto (only where the worker is not root), always, "
+            "never",
+        ),
+        _setting(
             "env_torch_backend",
             "auto",
             "str",

@@ -175,6 +175,13 @@ def _spec_keys(fleet: Fleet, name: str) -> set[str]:
     return {e["spec_key"] for e in w.get("environments") or []}
 
 
+def _running(fleet: Fleet, name: str) -> list[str]:
+    workers = json.loads(fleet.cli("workers", "--json").stdout)
+    (w,) = [w for w in workers if w["name"] == name]
+    running: list[str] = w["running"]
+    return running
+
+
 def test_the_worker_with_the_environment_built_gets_the_job(
     envs: Fleet, wheels: Path, tmp_path: Path
 ) -> None:
@@ -187,9 +194,11 @@ def test_the_worker_with_the_environment_built_gets_the_job(
     wait_for(lambda: key in _spec_keys(fleet, "warm"), 30, "warm's heartbeat to list it")
     where = []
     for _ in range(10):
+        # both idle and asking for work: a job never waits for a warm worker that is not
+        wait_for(lambda: not _running(fleet, "warm"), 30, "warm to be idle")
+        time.sleep(0.5)
         job = _submit(fleet, "--with", "gfdemo==1.0")
         where.append(fleet.wait_status(job, "succeeded", "failed", timeout=60)["worker"])
-        time.sleep(0.3)  # the worker polls again once its job is reported
     assert where == ["warm"] * 10
     assert key not in _spec_keys(fleet, "cold")
 

@@ -325,7 +325,7 @@ async def test_a_requirement_that_does_not_exist_fails_finally_naming_it(
 
 
 @in_loop
-async def test_a_python_the_worker_lacks_fails_finally_naming_what_it_has(
+async def test_a_python_the_worker_lacks_fails_naming_what_it_has(
     cache: EnvCache,
 ) -> None:
     have = await cache.pythons()
@@ -333,7 +333,7 @@ async def test_a_python_the_worker_lacks_fails_finally_naming_what_it_has(
     with pytest.raises(EnvError) as caught:
         await cache.plan(EnvSpec(with_=("gfdemo",), python="3.4"), {}, 0, None)
     err = caught.value
-    assert err.final and err.where == "python"
+    assert not err.final and err.where == "python"  # another worker may have it
     assert "no Python 3.4" in err.message and have[0] in err.message
 
 

@@ -71,10 +71,18 @@ def test_uv_gets_the_workers_uv_settings_but_never_its_secrets_or_its_venv() -> 
 
 def test_a_folder_of_wheels_is_the_whole_index_unless_an_index_is_named() -> None:
     assert index_args(["/wheels"], None) == ["--find-links", "/wheels", "--no-index"]
-    assert index_args([], "http://idx/simple") == ["--index-url", "http://idx/simple"]
+    # the index goes in uv's environment, never its command line (it may hold a password)
+    assert index_args([], "http://user:pw@idx/simple") == []
+    env = uv_environment({}, {}, False, "http://user:pw@idx/simple")
+    assert env["UV_INDEX_URL"] == "http://user:pw@idx/simple"
     both = index_args(["/w"], "http://idx/simple")
     assert "--no-index" not in both and "/w" in both
     assert index_args([], None) == []
+
+
+def test_source_builds_are_off_unless_allowed() -> None:
+    assert uv_environment({}, {}, False, allow_builds=False)["UV_NO_BUILD"] == "1"
+    assert "UV_NO_BUILD" not in uv_environment({}, {}, False, allow_builds=True)
 
 
 def test_only_settings_that_change_what_uv_installs_enter_the_key() -> None:

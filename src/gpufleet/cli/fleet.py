@@ -223,6 +223,7 @@ def worker(
     env_build_timeout: Annotated[float | None, setting_option("env_build_timeout")] = None,
     env_python_downloads: PythonDownloads = None,
     env_torch_backend: Annotated[str | None, setting_option("env_torch_backend")] = None,
+    env_builds: Annotated[str | None, setting_option("env_builds")] = None,
     mount: Mounts = None,
     ca: CaOpt = None,
     share_token: ShareToken = False,
@@ -258,6 +259,7 @@ def worker(
         env_build_timeout=env_build_timeout,
         env_python_downloads=env_python_downloads,
         env_torch_backend=env_torch_backend,
+        env_builds=env_builds,
         mount=",".join(mount) if mount else None,
         ca=ca,
         run_as=run_as,
@@ -303,7 +305,16 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         env_build_timeout=s["env_build_timeout"],
         env_python_downloads=s["env_python_downloads"],
         env_torch_backend=s["env_torch_backend"],
+        env_allow_builds=_builds(s["env_builds"]),
     )
+
+
+def _builds(value: str) -> bool | None:
+    """``--env-builds``: auto (None: only where the worker is not root), always, never."""
+    choices = {"auto": None, "always": True, "never": False}
+    if value not in choices:
+        raise ConfigError(f"--env-builds {value!r}: expected auto, always or never")
+    return choices[value]
 
 
 def _worker_token(s: config.Resolved) -> str | None:

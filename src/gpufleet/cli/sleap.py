@@ -169,9 +169,14 @@ class SleapChoice(Placement):
         return req if self.brings_sleap() else with_tool(req)
 
     def brings_sleap(self) -> bool:
-        """Whether the jobs' environment is named here (with --sleap-nn, or as for submit):
-        it has sleap-nn, so no worker needs it on its PATH."""
-        return self.sleap_nn is not None or self.env_request() is not None
+        """Whether the jobs' environment brings sleap-nn (--sleap-nn, or a --with or
+        requirements file that names it), so no worker needs it on its PATH."""
+        if self.sleap_nn is not None:
+            return True
+        named = list(self.with_ or ())
+        if self.with_requirements is not None and self.with_requirements.is_file():
+            named.append(self.with_requirements.read_text(encoding="utf-8", errors="replace"))
+        return any(re.search(r"sleap[-_.]nn", text, re.IGNORECASE) for text in named)
 
     def env_request(self) -> EnvRequest | None:
         req = super().env_request()
@@ -199,9 +204,11 @@ class SleapChoice(Placement):
 
     def submit(self, c: Client, spec: JobSpecModel, queue: bool = False) -> JobOut:
         env = self.jobs_environment(c)
-        if env is not None:  # it brings sleap-nn: no worker needs one on its PATH
-            tools = [t for t in spec.requirements.tools if t != "sleap-nn"]
-            requirements = spec.requirements.model_copy(update={"tools": tools})
+        if env is not None:
+            requirements = spec.requirements
+            if self.brings_sleap():  # no worker needs sleap-nn on its PATH
+                tools = [t for t in requirements.tools if t != "sleap-nn"]
+                requirements = requirements.model_copy(update={"tools": tools})
             spec = spec.model_copy(update={"environment": env, "requirements": requirements})
         result = c.submit(spec, queue=self.queue or queue)
         if result.warning:

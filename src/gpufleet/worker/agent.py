@@ -356,6 +356,8 @@ class Agent(JobSteps):
             resp = await self.client.heartbeat(self.worker_id, body)
             if body.pythons is not None and self.found_pythons is body.pythons:
                 self.found_pythons = None  # the server has them
+            if body.environments is not None:
+                self.envs.changed = False  # (a change since is sent with the next)
         except NotFound:
             say("the server does not know this worker any more; registering again")
             await self.register()
@@ -382,6 +384,7 @@ class Agent(JobSteps):
         except Exception as exc:  # jobs that name a Python are then not judged at submit
             say(f"could not list this machine's Pythons: {exc!r}")
             return
+        pythons = pythons[:50]  # the newest: what a heartbeat carries at most
         self.capability = replace(self.capability, pythons=tuple(pythons))
         self.found_pythons = pythons
 
@@ -390,12 +393,18 @@ class Agent(JobSteps):
         heartbeat said it (None: unchanged)."""
         if not self.envs.changed:
             return None
-        self.envs.changed = False
         try:
-            return [EnvBuiltModel(**info) for info in self.envs.listing()[:MOST_BUILT]]
+            listed = self.envs.listing()
         except OSError as exc:
             say(f"could not list the built environments: {exc}")
             return None
+        found = []
+        for info in listed[:MOST_BUILT]:
+            try:
+                found.append(EnvBuiltModel(**info))
+            except ValueError:  # an entry the server would refuse: its heartbeat goes on
+                continue
+        return found
 
     async def heartbeat_loop(self) -> None:
         warned = False

@@ -114,11 +114,19 @@ class Python:
 
 
 def uv_environment(
-    base: Mapping[str, str], uv_env: Mapping[str, str], python_downloads: bool
+    base: Mapping[str, str],
+    uv_env: Mapping[str, str],
+    python_downloads: bool,
+    index_url: str | None = None,
+    allow_builds: bool = True,
 ) -> dict[str, str]:
     """The environment uv runs with: the worker's, less its secrets and what names another
     environment, with the worker's own ``UV_*`` variables as given, and:
 
+    - the worker's index as ``UV_INDEX_URL`` (a variable: it may hold a password, which a
+      command line would show every user of the machine);
+    - ``UV_NO_BUILD=1`` unless builds are allowed: a source distribution's build runs
+      its own code, as the worker (root, under ``--run-as``);
     - ``UV_PYTHON_DOWNLOADS=never`` unless downloads are allowed;
     - ``UV_LINK_MODE=copy`` unless the operator chose: an environment shares no file with
       uv's cache, so sealing it (or a job that gets past the seal) leaves the cache alone;
@@ -130,6 +138,10 @@ def uv_environment(
         if not k.startswith("UV_") and k not in NOT_FOR_UV and not is_secret_env(k)
     }
     env.update(uv_env)
+    if index_url:
+        env["UV_INDEX_URL"] = index_url
+    if not allow_builds:
+        env["UV_NO_BUILD"] = "1"
     env.setdefault("UV_LINK_MODE", "copy")
     env["UV_PYTHON_DOWNLOADS"] = "automatic" if python_downloads else "never"
     env.update(NO_COLOR="1", UV_NO_PROGRESS="1")
@@ -137,11 +149,10 @@ def uv_environment(
 
 
 def index_args(find_links: Sequence[str], index_url: str | None) -> list[str]:
-    """uv's flags for the worker's index settings. Flags, not variables: uv 0.13.8 has no
-    variable for ``--no-index`` (a ``UV_NO_INDEX`` is ignored, and PyPI is asked)."""
+    """uv's flags for the worker's folders of wheels. Flags, not variables: uv 0.13.8 has
+    no variable for ``--no-index`` (a ``UV_NO_INDEX`` is ignored, and PyPI is asked). The
+    index itself goes in uv's environment (:func:`uv_environment`)."""
     args: list[str] = []
-    if index_url:
-        args += ["--index-url", index_url]
     for place in find_links:
         args += ["--find-links", place]
     if find_links and not index_url:
@@ -295,6 +306,8 @@ def failure(where: str, lines: list[str]) -> EnvError:
     the requirements cannot be met (and nothing says the network or the disk failed)."""
     text = "\n".join(lines)
     final = any(s in text for s in FINAL_SIGNS) and not any(s in text for s in TRANSIENT_SIGNS)
+    if "Python" in text and "not found" not in text:  # this worker's Python: others may do
+        final = False
     step = {"resolve": "resolving", "install": "installing", "venv": "creating the venv"}
     doing = step.get(where, where)
     return EnvError(
@@ -476,9 +489,12 @@ async def compile_bytecode(venv: Path, site: Path, timeout: float) -> str | None
     for another Python) is left out, as pip and uv leave it."""
     proc = await asyncio.create_subprocess_exec(
         str(venv / "bin" / "python"),
+        "-I",  # isolated: no PYTHON* variables, no user site
+        "-S",  # no site: a .pth an installed wheel ships is never run, as the worker
         "-m",
         "compileall",
         "-q",
+        "-f",  # every module: a .pyc a job planted meanwhile is replaced
         "-j",
         "0",
         str(site),

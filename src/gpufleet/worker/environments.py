@@ -146,6 +146,9 @@ class EnvSettings:
     find_links: tuple[str, ...] = ()  # folders (or pages) of wheels: the whole index
     index_url: str | None = None  # a local index, in place of PyPI
     uv_env: Mapping[str, str] = field(default_factory=dict)  # the worker's UV_* variables
+    # uv may build source distributions (their own code runs, as the worker): by default
+    # only where the worker is not root
+    allow_builds: bool = True
 
     def reads_public_index(self) -> bool:
         """Whether uv reads PyPI (no index or folder of wheels configured)."""
@@ -154,7 +157,12 @@ class EnvSettings:
     def index_options(self) -> dict[str, Any]:
         """The index settings, as they enter the build key."""
         env = {k: v for k, v in sorted(self.uv_env.items()) if k in RESULT_VARS}
-        return {"find_links": list(self.find_links), "index_url": self.index_url, "env": env}
+        return {
+            "find_links": list(self.find_links),
+            "index_url": self.index_url,
+            "env": env,
+            "builds": self.allow_builds,
+        }
 
 
 @dataclass(frozen=True)
@@ -201,7 +209,13 @@ class EnvCache:
     def __init__(self, settings: EnvSettings, environ: Mapping[str, str] = os.environ) -> None:
         self.settings = settings
         self.store = EnvStore(settings.root)
-        env = envbuild.uv_environment(environ, settings.uv_env, settings.python_downloads)
+        env = envbuild.uv_environment(
+            environ,
+            settings.uv_env,
+            settings.python_downloads,
+            settings.index_url,
+            settings.allow_builds,
+        )
         index = envbuild.index_args(settings.find_links, settings.index_url)
         self.uv = Uv(settings.uv, env, index)
         self._building: dict[str, asyncio.Lock] = {}
@@ -262,7 +276,7 @@ class EnvCache:
                 f"this worker has no Python {request} (it has "
                 f"{', '.join(have) or 'none that uv finds'}); ask for one of those",
                 where="python",
-                final=True,
+                final=False,  # another worker may have it
             )
         python = await envbuild.probe_python(path)
         self._pythons[request] = python
@@ -303,7 +317,7 @@ class EnvCache:
         if waits:
             on_line(f"environment {key[:12]}: waiting for another job's build of it")
         async with lock, self._build_lock(key, on_line, already_told=waits):
-            reused = await self._reuse(plan, fleet_lock, started, clean=True)
+            reused = await self._reuse(plan, fleet_lock, started, clean=True, on_line=on_line)
             if reused is not None:
                 return reused
             built = await self._build(plan, files, fleet_lock, on_line, started)
@@ -314,7 +328,12 @@ class EnvCache:
         return built
 
     async def _reuse(
-        self, plan: Plan, fleet_lock: str | None, started: float, clean: bool
+        self,
+        plan: Plan,
+        fleet_lock: str | None,
+        started: float,
+        clean: bool,
+        on_line: OnLine | None = None,
     ) -> Built | None:
         """The cached env, held, if it is there, intact and what the job asks for (built
         from the fleet's lock, and not an ``upgrade``). ``clean`` (only under the build
@@ -325,11 +344,7 @@ class EnvCache:
         if meta is None or not _fits(meta, plan.spec, fleet_lock):
             if clean and not await asyncio.to_thread(self.remove, key):
                 why = "was changed by a job" if meta is None else "holds other versions"
-                raise EnvError(
-                    f"environment {key[:12]} {why}, and a running job uses it; it is "
-                    "rebuilt once no job does",
-                    where="wait",
-                )
+                await self._wait_unheld(key, f"environment {key[:12]} {why}", on_line)
             return None
         try:
             hold = self.hold(key)
@@ -346,6 +361,17 @@ class EnvCache:
             versions=dict(meta["versions"]),
             hold=hold,
         )
+
+    async def _wait_unheld(self, key: str, what: str, on_line: OnLine | None) -> None:
+        """Wait until no job holds the env, then remove it (to be built again): another
+        job runs in it now. EnvError (not final) past the build's limit."""
+        if on_line is not None:
+            on_line(f"{what}, and a running job uses it: waiting for that job to end")
+        give_up = time.monotonic() + self.settings.build_timeout
+        while not await asyncio.to_thread(self.remove, key):
+            if time.monotonic() > give_up:
+                raise EnvError(f"{what}, and a running job used it too long", where="wait")
+            await asyncio.sleep(WAIT_POLL * 5)
 
     @contextlib.asynccontextmanager
     async def _build_lock(self, key: str, on_line: OnLine, already_told: bool) -> Any:

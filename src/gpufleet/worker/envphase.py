@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -29,6 +31,7 @@ from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.models import Capability
 from gpufleet.errors import ConfigError, GpufleetError, NotFound
 from gpufleet.wire import EnvLockPut, EnvUsed
+from gpufleet.wire._environments import MOST_PACKAGES, PACKAGE_CHARS
 from gpufleet.worker.cache import BlobCache
 from gpufleet.worker.environments import (
     Built,
@@ -111,23 +114,41 @@ class EnvPhase:
         started = time.monotonic()
         progress({"message": "building environment"})
         ticker = asyncio.create_task(self._tick(started, progress))
+        fleet_lock = None
         try:
             files = await self._files(spec)
             plan = await self.cache.plan(
                 spec, files, len(self.capability.gpus), self.capability.cuda_version
             )
-            fleet_lock = None
             if not spec.locked and not spec.upgrade:  # even when built: it may have moved on
                 fleet_lock = await self._fleet_lock(plan.lock_key, say, plan.built)
             built = await self.cache.ensure(plan, files, fleet_lock, lambda line: say(line))
         except EnvError as exc:
-            raise EnvFailed(f"environment: {exc.message}", list(exc.lines), exc.final) from None
+            # what the fleet's lock pins may be missing from this worker's index alone
+            final = exc.final and fleet_lock is None
+            raise EnvFailed(f"environment: {exc.message}", list(exc.lines), final) from None
         except GpufleetError as exc:  # the server, for its files or its lock
             raise EnvFailed(f"environment: {exc.message}", [], False) from None
         finally:
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
+        try:  # held now: whatever goes wrong from here lets it go
+            return await self._ready(job_id, attempt, secret, built, say, progress, writer)
+        except BaseException:
+            built.hold.release()
+            raise
+
+    async def _ready(
+        self,
+        job_id: str,
+        attempt: int,
+        secret: str | None,
+        built: Built,
+        say: Callable[[str], None],
+        progress: Callable[[dict[str, Any]], None],
+        writer: bool,
+    ) -> Prepared:
         if built.built_here:
             self.changed = True
         if writer:  # it could change what later jobs use: checked after it
@@ -216,13 +237,20 @@ class EnvPhase:
 
     @staticmethod
     def used(built: Built) -> EnvUsed:
+        """What the start report says of the environment. Versions past the report's
+        limits (a package installed from a long URL, an environment of thousands of
+        packages) are cut, not refused: the job runs all the same."""
+        versions = {
+            name[:PACKAGE_CHARS]: version[:PACKAGE_CHARS]
+            for name, version in sorted(built.versions.items())[:MOST_PACKAGES]
+        }
         return EnvUsed(
             key=built.plan.build_key,
             spec_key=built.plan.spec.key(),
-            python=built.plan.python,
+            python=built.plan.python[:32],
             built=built.built_here,
             seconds=round(built.seconds, 3),
-            versions=built.versions,
+            versions=versions,
             torch_backend=built.plan.torch_backend,
         )
 
@@ -244,10 +272,13 @@ class EnvPhase:
         (their folder out of reach), or None. The cache's root is opened to pass through."""
         root = self.cache.settings.root
         root.chmod(0o711)
-        try:
-            check_reachable(root / "envs", users)
-        except ConfigError as exc:
-            return f"jobs with an environment would fail: {exc.message}"
+        # an environment's python is a link to the interpreter it was made from
+        python = Path(os.path.realpath(sys.executable)).parent
+        for folder in (root / "envs", python):
+            try:
+                check_reachable(folder, users)
+            except ConfigError as exc:
+                return f"jobs with an environment would fail: {exc.message}"
         return None
 
     def listing(self) -> list[Mapping[str, Any]]:
@@ -278,6 +309,9 @@ def env_cache(opts: WorkerOptions) -> EnvCache:
             find_links=opts.env_find_links,
             index_url=opts.env_index_url,
             uv_env=uv_variables(),
+            allow_builds=opts.env_allow_builds
+            if opts.env_allow_builds is not None
+            else os.geteuid() != 0,
         )
     )
 

@@ -102,6 +102,7 @@ class Running:
     user: SlotUser | None = None  # the slot user it runs as (--run-as)
     adapter: Adapter = field(default_factory=Adapter)  # the job type's own channel and stop
     env: Prepared | None = None  # the Python environment it runs in, held while it runs
+    building: asyncio.Task[Prepared] | None = None  # getting it: cancelled by a kill
     # why it failed, when the worker knows a class ("environment"), and whether that
     # failure would happen the same way on every worker (then it is not retried)
     failure: str | None = None
@@ -262,7 +263,10 @@ class JobSteps(ABC):
             progress.ENV: str(progress_path),
         }
         # The worker's own secrets never reach job code (or its logs).
-        base = {k: v for k, v in os.environ.items() if not is_secret_env(k)}
+        # Nor uv's settings (an index's password, its cache): they are the worker's.
+        base = {
+            k: v for k, v in os.environ.items() if not is_secret_env(k) and not k.startswith("UV_")
+        }
         if run.user is not None:  # its user's HOME and names (the job's env may set them)
             base = job_user_env(base, run.user, workdir)
         env = job_env(base, spec.env, lease.gpus, extra)
@@ -328,8 +332,8 @@ class JobSteps(ABC):
         ``GPUFLEET_JOB_SITE`` (first on its ``sys.path`` once it exists), never into the
         environment, which later jobs share."""
         lease = run.lease
-        try:
-            run.env = await self.envs.prepare(
+        run.building = asyncio.create_task(
+            self.envs.prepare(
                 lease.job_id,
                 lease.attempt,
                 lease.secret,
@@ -338,6 +342,13 @@ class JobSteps(ABC):
                 run.record,
                 writer=run.user is None,
             )
+        )
+        try:
+            run.env = await run.building
+        except asyncio.CancelledError:
+            if run.stop_reason is None:  # not ours: the worker itself is being cancelled
+                raise
+            return f"stopped ({run.stop_reason}) while its environment was built"
         except EnvFailed as exc:
             run.failure, run.final = "environment", exc.final  # uv's lines: in the tail
             say(f"job {lease.job_id}: {exc.message}")
@@ -458,6 +469,8 @@ class JobSteps(ABC):
             return
         if run.stop_reason in (None, "stop"):  # a kill overrides a stop: nothing is kept
             run.stop_reason = reason
+        if run.proc is None and run.building is not None and not run.building.done():
+            run.building.cancel()  # uv's process group is killed, its folders cleared
         if run.killing or run.proc is None:
             return
         run.killing = True

@@ -40,3 +40,5 @@ class WorkerOptions:
     env_build_timeout: float = 1800.0
     env_python_downloads: bool = False
     env_torch_backend: str = "auto"
+    # uv may build source distributions (None: only where the worker is not root)
+    env_allow_builds: bool | None = None
