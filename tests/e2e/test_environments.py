@@ -333,3 +333,66 @@ def test_a_job_installs_packages_into_its_own_folder_never_into_the_environment(
     detail = fleet.wait_status(after, "succeeded", "failed", timeout=60)
     assert _ran(fleet, after)[0] == "1.0"  # the environment never saw it
     assert _used(detail)["built"] is False
+
+
+def _slow_uv(folder: Path, seconds: int) -> Path:
+    """A stand-in ``uv`` package naming a wrapper of the real uv that sleeps ``seconds``
+    before ``uv pip sync``: a build that takes a while. The folder for PYTHONPATH."""
+    import uv
+
+    wrapper = folder / "bin" / "uv"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1 $2" = "pip sync" ]; then sleep {seconds}; fi\n'
+        f'exec "{uv.find_uv_bin()}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    package = folder / "path" / "uv"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"def find_uv_bin():\n    return {str(wrapper)!r}\n")
+    return package.parent
+
+
+def test_a_job_cancelled_while_its_environment_builds_stops_the_build(
+    envs: Fleet, wheels: Path, tmp_path: Path
+) -> None:
+    import os
+
+    import psutil
+
+    fleet = envs
+    slow = 577  # seconds: a number no other process sleeps
+    path = os.pathsep.join(
+        p for p in (str(_slow_uv(tmp_path, slow)), fleet.env.get("PYTHONPATH")) if p
+    )
+    fleet.start_worker(
+        "w1",
+        "--env-find-links",
+        str(wheels),
+        "--env-cache-dir",
+        str(fleet.root / "envs-w1"),
+        env_extra={"PYTHONPATH": path},
+    )
+
+    def sleepers() -> list[psutil.Process]:
+        return [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[-2:] == ["sleep", str(slow)]
+        ]
+
+    job = _submit(fleet, "--with", "gfdemo==1.0")
+    with fleet.client() as c:
+        wait_for(
+            lambda: "building environment" in str((c.job(job).progress or {}).get("message")),
+            60,
+            "the build to begin",
+        )
+    wait_for(sleepers, 30, "uv to be in its slow step")
+    fleet.cli("cancel", job)
+    wait_for(lambda: not sleepers(), 30, "the build's processes to be killed")
+    # the worker's one slot is free again: a job without an environment runs at once
+    other = _submit(fleet, code="print('VERSION none', 0)")
+    assert fleet.wait_status(other, "succeeded", "failed", timeout=30)["status"] == "succeeded"
+    assert fleet.job(job)["status"] == "cancelled"
