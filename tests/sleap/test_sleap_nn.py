@@ -88,3 +88,55 @@ def test_stop_ends_real_training_early_and_keeps_its_model(
     sleap_fleet.cli("download", job, "-o", str(got))
     assert (got / "models" / made["run_name"] / "best.ckpt").is_file()
     assert ended["progress"]["epoch"] < 1000
+
+
+#: Where the worker of the next test keeps what it builds, between runs on one machine
+#: (torch and its CUDA libraries: about 6 GB, and as much again in uv's cache).
+KEPT = Path.home() / ".cache" / "gpufleet" / "test-sleap-worker-env"
+#: This machine's own copy of torch's wheels (a local index), when it has one: uv reads
+#: it before PyPI, as a lab's mirror would be read.
+LOCAL_INDEX = Path("/opt/pypi-more/simple")
+SLEAP_ENV = ("--sleap-nn", "0.3.5", "--with", "torch==2.14.1", "--with", "torchvision==0.29.1")
+
+
+def test_a_worker_without_sleap_nn_builds_its_environment_and_trains_and_tracks_in_it(
+    fleet: Fleet, sleap_venv: Path, tmp_path: Path
+) -> None:
+    """`--sleap-nn 0.3.5` on a worker with no sleap-nn on its PATH: the worker builds the
+    environment itself with uv (from the registry), trains in it, and the track job finds
+    it built."""
+    fleet.start_server(lease_timeout=30.0)
+    env = {"UV_CACHE_DIR": str(KEPT / "uv-cache")}
+    if LOCAL_INDEX.is_dir():
+        env["UV_EXTRA_INDEX_URL"] = LOCAL_INDEX.as_uri()
+    fleet.start_worker(
+        "box",
+        "--env-cache-dir",
+        str(KEPT / "envs"),
+        "--env-build-timeout",
+        "3000",
+        env_extra=env,
+    )
+    made = make(sleap_venv, tmp_path / "project", "--frames", "12", "--epochs", "2")
+    done = fleet.cli("sleap", "train", made["package"], "--cpu", *SLEAP_ENV, "--wait", timeout=3600)
+    assert "epoch 2/2, loss" in done.stderr, done.stderr
+    model = tmp_path / "project" / "models" / made["run_name"]
+    assert (model / "best.ckpt").stat().st_size > 0, done.stderr
+    trained = fleet.job(job_named(fleet, made["run_name"])["id"])
+    assert "sleap-nn" not in trained["spec"]["requirements"]["tools"]
+    assert trained["history"][-1]["environment"]["versions"]["sleap-nn"] == "0.3.5"
+
+    data = Path(made["labels"])
+    out = tmp_path / "predicted"
+    fleet.cli(
+        "sleap", "track", "--data", str(data), "--model", str(model), "--cpu", *SLEAP_ENV,
+        "--wait", "-o", str(out), timeout=1200,
+    )  # fmt: skip
+    tracked = [
+        j for j in json.loads(fleet.cli("jobs", "--json").stdout) if j["id"] != trained["id"]
+    ]
+    (track,) = tracked
+    assert fleet.job(track["id"])["history"][-1]["environment"]["built"] is False  # as trained
+    predictions = out / f"{data.name}.predictions.slp"
+    read = json.loads(run_in_venv(sleap_venv, "-c", READ_PREDICTIONS, str(predictions)))
+    assert read["frames"] == list(range(12)), read
