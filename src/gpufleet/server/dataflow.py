@@ -12,13 +12,19 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from gpufleet.domain.environments import EnvFile, EnvSpec
+from gpufleet.domain.environments import (
+    EnvFile,
+    EnvSpec,
+    pyproject_problem,
+    requirements_text_problem,
+    uv_lock_problem,
+)
 from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
 from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
 from gpufleet.server.blobs import BlobService
 from gpufleet.store import JobRow, Store
 from gpufleet.store.rows import ArtifactRow
-from gpufleet.wire import StagedInput
+from gpufleet.wire import MOST_ENV_FILE, StagedInput
 
 FAILED_DEP = (JobStatus.FAILED, JobStatus.CANCELLED)
 
@@ -101,6 +107,36 @@ class DataFlow:
                     f"server, not {f.size}",
                     detail=where,
                 )
+        if isinstance(spec.environment, EnvSpec):
+            self._check_env_contents(spec.name, spec.environment)
+
+    def _check_env_contents(self, job: str, env: EnvSpec) -> None:
+        """422 unless each file of the environment asks only for what the worker's index
+        serves (domain.environments' checks, naming the line or key): the worker's uv
+        must read no file of its own and reach no other host. The server checks, not
+        only the client: a job may be submitted straight through the API."""
+        for role, f, check in (
+            ("requirements", env.requirements, requirements_text_problem),
+            ("project", env.project, pyproject_problem),
+            ("lock", env.lock, uv_lock_problem),
+        ):
+            if f is None:
+                continue
+            field = f"environment.{role}"
+            where = {"job": job, "field": field, "blob": f.sha256}
+            data = self.blobs.content(f.sha256, MOST_ENV_FILE)
+            if data is None:
+                raise ValidationFailed(
+                    f"job {job!r}: {field}: {f.name} is not on the server or larger than "
+                    f"{MOST_ENV_FILE} bytes",
+                    detail=where,
+                )
+            try:
+                problem = check(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                problem = "not UTF-8 text"
+            if problem:
+                raise ValidationFailed(f"job {job!r}: {field}: {f.name}: {problem}", detail=where)
 
     def _check_blob(
         self, job: str, index: int, inp: JobInput, readable: Sequence[str] | None
