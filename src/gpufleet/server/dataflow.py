@@ -34,6 +34,18 @@ def env_files(spec: JobSpec) -> tuple[EnvFile, ...]:
     return spec.environment.files if isinstance(spec.environment, EnvSpec) else ()
 
 
+#: The most environment-file verdicts a server keeps (then it forgets them all).
+MOST_VERDICTS = 4096
+
+
+def _env_verdict(data: bytes, check: Callable[[str], str | None]) -> str | None:
+    """What is wrong with an environment file's bytes, or None."""
+    try:
+        return check(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+
+
 def _field(index: int) -> str:
     return f"inputs[{index}]"
 
@@ -52,6 +64,9 @@ class DataFlow:
         self.blobs = blobs
         self.clock = clock
         self.on_change = on_change
+        # verdicts of environment files by (role, sha256): a blob's content never
+        # changes, and a manifest's jobs often share one environment
+        self._env_verdicts: dict[tuple[str, str], str | None] = {}
 
     # ---- submit time ------------------------------------------------------------------
 
@@ -124,17 +139,20 @@ class DataFlow:
                 continue
             field = f"environment.{role}"
             where = {"job": job, "field": field, "blob": f.sha256}
-            data = self.blobs.content(f.sha256, MOST_ENV_FILE)
-            if data is None:
-                raise ValidationFailed(
-                    f"job {job!r}: {field}: {f.name} is not on the server or larger than "
-                    f"{MOST_ENV_FILE} bytes",
-                    detail=where,
-                )
-            try:
-                problem = check(data.decode("utf-8"))
-            except UnicodeDecodeError:
-                problem = "not UTF-8 text"
+            if (role, f.sha256) in self._env_verdicts:
+                problem = self._env_verdicts[role, f.sha256]
+            else:
+                data = self.blobs.content(f.sha256, MOST_ENV_FILE)
+                if data is None:
+                    raise ValidationFailed(
+                        f"job {job!r}: {field}: {f.name} is not on the server or larger than "
+                        f"{MOST_ENV_FILE} bytes",
+                        detail=where,
+                    )
+                problem = _env_verdict(data, check)
+                if len(self._env_verdicts) >= MOST_VERDICTS:
+                    self._env_verdicts.clear()
+                self._env_verdicts[role, f.sha256] = problem
             if problem:
                 raise ValidationFailed(f"job {job!r}: {field}: {f.name}: {problem}", detail=where)
 
