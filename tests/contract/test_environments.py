@@ -1,4 +1,4 @@
-"""Job environments, in every store: the fleet-wide lock of an unlocked spec (the first
+"""Job environments, in every store: a pool's lock of an unlocked spec (the first
 recorded stands, an upgrade replaces it), which workers have a spec built, the class of an
 attempt's failure (an environment that cannot be built fails the job at once, one that
 failed for a passing reason is retried), and the environment an attempt ran in."""
@@ -53,7 +53,7 @@ def q(store: Store, tmp_path: Path, clock: Clock) -> Services:
 
 
 def lock(sha: str = "1" * 64, job: str = "j-1", at: float = T0, **kw: object) -> EnvLockRow:
-    row = EnvLockRow(KEY, sha, SPEC, "3.12", "cu124", job, "box", at)
+    row = EnvLockRow("default", KEY, sha, SPEC, "3.12", "cu124", job, "box", at)
     return replace(row, **kw)  # type: ignore[arg-type]
 
 
@@ -86,18 +86,18 @@ def running(q: Services, max_attempts: int = 3) -> Lease:
     return lease
 
 
-# ---- fleet-wide locks ---------------------------------------------------------------------
+# ---- each pool's locks -------------------------------------------------------------------
 
 
 def test_the_first_lock_recorded_for_a_key_stands_and_an_upgrade_replaces_it(
     store: Store,
 ) -> None:
-    assert store.get_env_lock(KEY) is None
+    assert store.get_env_lock("default", KEY) is None
     first = lock()
     assert store.put_env_lock(first, replace=False) == (first, True)
     # a second build of the spec, finished later, gets the recorded lock back
     assert store.put_env_lock(lock("2" * 64, "j-2", T0 + 5), replace=False) == (first, False)
-    assert store.get_env_lock(KEY) == first
+    assert store.get_env_lock("default", KEY) == first
     # a job asking for a fresh resolution replaces it; the key's first date is kept
     got, created = store.put_env_lock(lock("3" * 64, "j-3", T0 + 9), replace=True)
     assert not created
@@ -107,8 +107,8 @@ def test_the_first_lock_recorded_for_a_key_stands_and_an_upgrade_replaces_it(
         T0,
         T0 + 9,
     )
-    assert store.get_env_lock(KEY) == got
-    assert store.get_env_lock("f" * 64) is None
+    assert store.get_env_lock("default", KEY) == got
+    assert store.get_env_lock("default", "f" * 64) is None
 
 
 def test_two_first_builds_ending_at_once_record_one_lock(store: Store) -> None:
@@ -133,7 +133,20 @@ def test_two_first_builds_ending_at_once_record_one_lock(store: Store) -> None:
     assert sum(created for _, created in answers) == 1
     [winner] = [row for row, created in answers if created]
     assert {row for row, _ in answers} == {winner}  # every build got the same lock
-    assert store.get_env_lock(KEY) == winner
+    assert store.get_env_lock("default", KEY) == winner
+
+
+def test_a_pools_lock_is_its_own_and_answers_no_other_pool(store: Store) -> None:
+    mine = lock(pool="a")
+    assert store.put_env_lock(mine, replace=False) == (mine, True)
+    assert store.get_env_lock("b", KEY) is None  # pool b's workers resolve for themselves
+    theirs = lock("2" * 64, "j-2", T0 + 5, pool="b")
+    assert store.put_env_lock(theirs, replace=False) == (theirs, True)
+    # an upgrade in pool b replaces b's lock only
+    got, _ = store.put_env_lock(lock("3" * 64, "j-3", T0 + 9, pool="b"), replace=True)
+    assert (got.pool, got.sha256) == ("b", "3" * 64)
+    assert store.get_env_lock("a", KEY) == mine
+    assert store.get_env_lock("b", KEY) == got
 
 
 # ---- what each worker has built ----------------------------------------------------------

@@ -20,6 +20,7 @@ from tests.integration.helpers import (
     assert_error,
     bearer,
     claim,
+    job_body,
     register,
     submit,
 )
@@ -69,7 +70,7 @@ def test_the_first_build_records_the_lock_and_every_later_one_reads_it(
     client: TestClient, store: SqlStore, admin: dict[str, str], worker: dict[str, str]
 ) -> None:
     url = f"/v1/environments/locks/{KEY}"
-    assert_error(client.get(url, headers=worker), 404, "not_found", "no lock is recorded")
+    assert_error(client.get(url, headers=worker), 404, "not_found", "has no lock recorded")
     lease = _held(client, admin, worker)
     _upload(client, worker)
     r = client.put(url, json=_put(lease), headers=worker)
@@ -89,15 +90,92 @@ def test_the_first_build_records_the_lock_and_every_later_one_reads_it(
     assert again.json() == first
     assert client.get(url, headers=worker).json() == first
     assert client.get(url, headers=admin).json() == first
-    # a worker of another pool reads the lock, and may then download its blob
-    pool_b = bearer(Auth(store).create("wb", Role.WORKER, ["b"])[1])
-    assert client.get(f"/v1/blobs/{LOCK_SHA}", headers=pool_b).status_code == 404
-    assert client.get(url, headers=pool_b).json() == first
-    blob = client.get(f"/v1/blobs/{LOCK_SHA}", headers=pool_b)
-    assert (blob.status_code, blob.content) == (200, LOCK)
+    assert first["pool"] == "default"
     # submitters do not read locks
     submitter = bearer(Auth(store).create("sub", Role.SUBMITTER)[1])
     assert_error(client.get(url, headers=submitter), 403)
+
+
+def test_a_lock_is_its_pools_and_no_other_pools_worker_reads_or_writes_it(
+    client: TestClient, store: SqlStore, admin: dict[str, str], worker: dict[str, str]
+) -> None:
+    url = f"/v1/environments/locks/{KEY}"
+    lease = _held(client, admin, worker)
+    _upload(client, worker)
+    mine = client.put(url, json=_put(lease), headers=worker).json()
+    pool_b = bearer(Auth(store).create("wb", Role.WORKER, ["b"])[1])
+    # pool b has no lock of its own, may not read pool default's, nor its blob
+    assert_error(client.get(url, headers=pool_b), 404, "not_found", "pool 'b'")
+    e = assert_error(client.get(f"{url}?pool=default", headers=pool_b), 403, None, "'default'")
+    assert e["detail"]["pool"] == "default"
+    assert client.get(f"/v1/blobs/{LOCK_SHA}", headers=pool_b).status_code == 404
+    # nor write it: pool default's job is not one it sees, let alone holds
+    assert_error(client.put(url, json=_put(lease), headers=pool_b), 404, None, "no job")
+    # its own job of the same spec records pool b's lock, which leaves pool default's be
+    wb = register(client, pool_b, "box-b")
+    submit(client, admin, environment=ENV, pool="b")
+    lease_b = claim(client, pool_b, wb["id"])
+    theirs = _upload(client, pool_b, b"numpy==2.0.0\n")
+    r = client.put(url, json=_put(lease_b, sha256=theirs), headers=pool_b)
+    assert r.status_code == 201, r.text
+    assert (r.json()["pool"], r.json()["sha256"]) == ("b", theirs)
+    assert client.get(url, headers=worker).json() == mine
+    assert client.get(url, headers=pool_b).json() == r.json()
+    # an admin names the pool (default: "default")
+    assert client.get(url, headers=admin).json() == mine
+    assert client.get(f"{url}?pool=b", headers=admin).json() == r.json()
+    assert_error(client.get(f"{url}?pool=c", headers=admin), 404, None, "pool 'c'")
+
+
+def _refused(client: TestClient, admin: dict[str, str], env: dict[str, Any]) -> dict[str, Any]:
+    """Submit a job with ``env`` (each file's bytes uploaded first); its 422 error."""
+    body: dict[str, Any] = {}
+    for role, (name, data) in env.items():
+        sha = _upload(client, admin, data)
+        body[role] = {"name": name, "sha256": sha, "size": len(data)}
+    r = client.post("/v1/jobs", json=job_body(environment=body), headers=admin)
+    return assert_error(r, 422, "validation_error", "job 'train'")
+
+
+PYPROJECT = b'[project]\nname = "p"\nversion = "1"\ndependencies = ["gfdemo"]\n'
+UV_LOCK = b"""version = 1
+
+[[package]]
+name = "gfdemo"
+version = "1.0"
+source = { git = "https://host/gfdemo?rev=v1#0123abcd" }
+"""
+
+
+def test_an_environment_file_that_reaches_past_the_index_is_refused_naming_the_field(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    for data, said in [
+        (b"numpy\n-r /etc/passwd\n", "line 2: '-r'"),
+        (b"--index-url\thttp://x\nnumpy\n", "line 1: '--index-url'"),
+        (b"numpy\npkg @ https://x/y.whl\n", "line 2: 'pkg @ https://x/y.whl'"),
+        (b"numpy\xff\n", "not UTF-8"),
+    ]:
+        e = _refused(client, admin, {"requirements": ("requirements.txt", data)})
+        assert said in e["message"] and e["detail"]["field"] == "environment.requirements", e
+    for extra, said in [
+        (b'[[tool.uv.index]]\nname = "x"\nurl = "http://x"\n', "tool.uv.index"),
+        (b'[tool.uv.sources]\ngfdemo = { path = "/etc" }\n', "tool.uv.sources"),
+    ]:
+        e = _refused(client, admin, {"project": ("pyproject.toml", PYPROJECT + extra)})
+        assert said in e["message"] and e["detail"]["field"] == "environment.project", e
+    e = _refused(
+        client, admin, {"project": ("pyproject.toml", PYPROJECT), "lock": ("uv.lock", UV_LOCK)}
+    )
+    assert "package 'gfdemo': source git" in e["message"], e
+    assert e["detail"]["field"] == "environment.lock", e
+    # what asks for registry packages only is taken
+    good = UV_LOCK.replace(b'git = "https://host/gfdemo?rev=v1#0123abcd"', b'registry = "x"')
+    body = {}
+    for role, name, data in (("project", "pyproject.toml", PYPROJECT), ("lock", "uv.lock", good)):
+        body[role] = {"name": name, "sha256": _upload(client, admin, data), "size": len(data)}
+    r = client.post("/v1/jobs", json=job_body(environment=body), headers=admin)
+    assert r.status_code == 201, r.text
 
 
 def test_an_upgrade_replaces_the_lock_and_the_audit_log_says_so(

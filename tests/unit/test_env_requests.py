@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gpufleet.cli.environments import requirements_text, spec_hint
+from gpufleet.cli.environments import _spec_files, requirements_text, spec_hint
 from gpufleet.domain.environments import EnvFile, EnvRequest, EnvSpec
 from gpufleet.domain.manifest import parse_manifest
 from gpufleet.errors import ConfigError, ManifestError
@@ -38,6 +38,12 @@ def test_two_files_that_ask_the_same_travel_as_one(tmp_path: Path) -> None:
         ("--find-links /wheels", "where wheels come from"),
         ("./local/pkg", "local path"),
         ("-c constraints.txt", "constraints"),
+        ("--index-url\thttp://x", "chooses the index"),  # a tab is a space too
+        ("--trusted-host x", "options are not sent"),
+        ("pkg @ https://host/x.whl", "URL"),
+        ("pkg@file:///etc/passwd", "URL"),
+        ("git+https://host/repo", "URL"),
+        ("gfdemo-1.0-py3-none-any.whl", "archive"),
     ],
 )
 def test_what_cannot_travel_is_refused_naming_file_and_line(
@@ -146,6 +152,15 @@ def test_the_api_takes_an_environment_and_keys_it_by_what_was_asked() -> None:
         ({"with": ["numpy"], "python": "3.11; rm -rf /"}, "python"),
         ({"with": ["numpy\nscipy"]}, "one line"),
         ({"requirements": {"name": "../r.txt", "sha256": SHA, "size": 1}}, "name"),
+        ({"project": {"name": "p.toml", "sha256": SHA, "size": 1}}, "must be pyproject.toml"),
+        (
+            {
+                "project": {"name": "pyproject.toml", "sha256": SHA, "size": 1},
+                "lock": {"name": "pylock.toml", "sha256": SHA, "size": 1},
+            },
+            "must be uv.lock",
+        ),
+        ({"with": ["pkg @ https://host/x.whl"]}, "URL"),
     ],
 )
 def test_the_api_refuses_an_environment_that_cannot_be_built(
@@ -176,3 +191,14 @@ def test_a_hash_pinned_requirement_stays_whole(tmp_path: Path) -> None:
     assert requirements_text(req) == (
         "numpy==2.1.0 --hash=sha256:aaa --hash=sha256:bbb\nscipy==1.14.0 --hash=sha256:ccc\n"
     )
+
+
+def test_a_project_with_uv_sources_is_refused_naming_the_file(tmp_path: Path) -> None:
+    project = tmp_path / "pyproject.toml"
+    project.write_text(
+        '[project]\nname = "p"\nversion = "1"\ndependencies = ["gfdemo"]\n'
+        '[tool.uv.sources]\ngfdemo = { git = "https://host/repo" }\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        _spec_files(None, project)  # type: ignore[arg-type]  # refused before any upload
+    assert f"{project}: tool.uv.sources: not allowed" in caught.value.message

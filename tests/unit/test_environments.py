@@ -3,6 +3,8 @@ a worker's torch build follows its GPUs and driver (gpufleet.domain.environments
 
 from __future__ import annotations
 
+import pytest
+
 from gpufleet.domain.environments import (
     EnvFile,
     EnvKind,
@@ -11,8 +13,11 @@ from gpufleet.domain.environments import (
     lock_key,
     names_torch,
     normalize_requirement,
+    pyproject_problem,
     requirement_problem,
+    requirements_text_problem,
     torch_backend_for,
+    uv_lock_problem,
 )
 
 REQS = EnvFile("requirements.txt", "a" * 64, 10)
@@ -86,3 +91,113 @@ def test_a_with_string_is_one_requirement_never_an_option_or_a_path() -> None:
     assert requirement_problem("./local/pkg") is not None
     assert requirement_problem("a\nb") == "a requirement is one line"
     assert requirement_problem("   ") == "an empty requirement"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "numpy",
+        "Numpy[extra1, extra2] >= 2.0, < 3 ; python_version < '3.13'",
+        "torch==2.5.1+cu124",
+        "a (>=1,<2)",
+        "b~=1.4.2",
+    ],
+)
+def test_a_plain_requirement_passes(text: str) -> None:
+    assert requirement_problem(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("pkg @ https://host/x.whl", "URL"),
+        ("pkg@ file:///etc/shadow", "URL"),
+        ("pkg @ ./local", "direct reference"),
+        ("git+https://host/repo.git", "URL"),
+        ("/etc/shadow", "package name"),
+        ("pkg.whl", "archive"),
+        ("numpy==${HOME}", "variable"),
+        ("numpy==1 --hash=sha256:ab", "not a plain requirement"),
+    ],
+)
+def test_a_direct_reference_url_or_path_is_refused(text: str, said: str) -> None:
+    assert said in (requirement_problem(text) or "")
+
+
+def test_a_requirements_text_holds_requirements_and_hashes_only() -> None:
+    good = (
+        "# pinned\nnumpy==2.1.0 \\\n    --hash=sha256:ab12 \\\n    --hash=sha256:cd34\nscipy  # x\n"
+    )
+    assert requirements_text_problem(good) is None
+    for text, said in [
+        ("numpy\n-r /etc/shadow\n", "line 2: '-r'"),
+        ("--index-url\thttp://x\n", "line 1: '--index-url'"),
+        ("numpy\n\n--extra-index-url=http://x\n", "line 3: '--extra-index-url'"),
+        ("-e .\n", "line 1: '-e'"),
+        ("--no-index\n", "line 1"),
+        ("a\nb\npkg @ https://x/y.whl\n", "line 3: 'pkg @ https://x/y.whl'"),
+        ("--hash=sha256:ab\n", "line 1: --hash options follow no requirement"),
+        ("numpy==1 \\\n  --hash=md5:ab\n", "line 1"),
+    ]:
+        assert (requirements_text_problem(text) or "").startswith(said), text
+
+
+PROJECT_TOML = '[project]\nname = "p"\nversion = "1"\ndependencies = ["gfdemo>=1"]\n'
+
+
+def test_a_project_asks_only_for_registry_packages() -> None:
+    allowed = (
+        PROJECT_TOML
+        + '[project.optional-dependencies]\nfast = ["numba"]\n'
+        + '[dependency-groups]\ndev = ["pytest", {include-group = "lint"}]\nlint = ["ruff"]\n'
+        + '[tool.uv]\npackage = false\nconstraint-dependencies = ["numpy<3"]\n'
+    )
+    assert pyproject_problem(allowed) is None
+    for extra, said in [
+        ('[[tool.uv.index]]\nname = "x"\nurl = "http://x"\n', "tool.uv.index: not allowed"),
+        ('[tool.uv.sources]\ngfdemo = { path = "/etc" }\n', "tool.uv.sources: not allowed"),
+        ('[tool.uv]\nfind-links = ["/x"]\n', "tool.uv.find-links: not allowed"),
+        ('[tool.uv]\ncache-dir = "/root"\n', "tool.uv.cache-dir: not allowed"),
+        ('[tool.uv]\nindex-url = "http://x"\n', "tool.uv.index-url: not allowed"),
+        (
+            '[project.optional-dependencies]\nx = ["a @ https://x/a.whl"]\n',
+            "project.optional-dependencies.x[0]:",
+        ),
+        ('[dependency-groups]\ndev = ["a", "git+https://x"]\n', "dependency-groups.dev[1]:"),
+        ('[tool.uv]\ndev-dependencies = ["/etc/x"]\n', "tool.uv.dev-dependencies[0]:"),
+    ]:
+        assert (pyproject_problem(PROJECT_TOML + extra) or "").startswith(said), extra
+    bad_dep = PROJECT_TOML.replace("gfdemo>=1", "gfdemo @ file:///etc/shadow")
+    assert (pyproject_problem(bad_dep) or "").startswith("project.dependencies[0]:")
+    assert (pyproject_problem("[project\n") or "").startswith("not valid TOML")
+
+
+UV_LOCK = """version = 1
+requires-python = ">=3.10"
+
+[[package]]
+name = "gfdemo"
+version = "1.0"
+source = { registry = "https://pypi.org/simple" }
+
+[[package]]
+name = "p"
+version = "0.1"
+source = { virtual = "." }
+"""
+
+
+def test_a_uv_lock_holds_registry_packages_and_the_project_only() -> None:
+    assert uv_lock_problem(UV_LOCK) is None
+    assert uv_lock_problem(UV_LOCK.replace("virtual", "editable")) is None
+    for source, said in [
+        ('{ git = "https://host/repo?rev=1#abc" }', "package 'gfdemo': source git"),
+        ('{ url = "https://host/x.whl" }', "package 'gfdemo': source url"),
+        ('{ path = "/etc/shadow" }', "package 'gfdemo': source path"),
+        ('{ directory = "../x" }', "package 'gfdemo': source directory"),
+        ('{ editable = "../x" }', "package 'gfdemo': source editable"),
+    ]:
+        text = UV_LOCK.replace('{ registry = "https://pypi.org/simple" }', source)
+        assert (uv_lock_problem(text) or "").startswith(said), source
+    sourceless = UV_LOCK.replace("source = { virtual", "x = { v")
+    assert "not one registry" in (uv_lock_problem(sourceless) or "")

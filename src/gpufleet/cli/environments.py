@@ -11,11 +11,19 @@ configuration chooses the index, so an air-gapped lab contacts nothing else).
 
 from __future__ import annotations
 
+import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.client import Client
-from gpufleet.domain.environments import EnvRequest
+from gpufleet.domain.environments import (
+    EnvRequest,
+    logical_lines,
+    pyproject_problem,
+    requirements_text_problem,
+    uv_lock_problem,
+)
 from gpufleet.errors import ConfigError
 from gpufleet.wire import EnvFileModel, EnvironmentModel
 
@@ -64,11 +72,23 @@ def _spec_files(c: Client, path: Path) -> dict[str, EnvFileModel | None]:
     if not path.is_file():
         raise ConfigError(f"--with-requirements {path}: no such file")
     if path.name == "pyproject.toml" or path.suffix == ".toml":
-        project = _upload(c, path.name, _read(path))
+        project = _upload(c, "pyproject.toml", _checked(path, _read(path), pyproject_problem))
         lock = path.parent / "uv.lock"
-        locked = _upload(c, "uv.lock", _read(lock)) if lock.is_file() else None
+        locked = None
+        if lock.is_file():
+            locked = _upload(c, "uv.lock", _checked(lock, _read(lock), uv_lock_problem))
         return {"project": project, "lock": locked}
-    return {"requirements": _upload(c, path.name, requirements_text(path))}
+    text = _checked(path, requirements_text(path), requirements_text_problem)
+    return {"requirements": _upload(c, path.name, text)}
+
+
+def _checked(path: Path, text: str, check: Callable[[str], str | None]) -> str:
+    """``text`` unless the server would refuse it (domain.environments' checks): then a
+    ConfigError naming the file, before anything is uploaded."""
+    problem = check(text)
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
+    return text
 
 
 def requirements_text(path: Path) -> str:
@@ -86,12 +106,14 @@ def _requirement_lines(path: Path, chain: list[Path]) -> list[str]:
     if len(chain) >= MOST_INCLUDES:
         raise ConfigError(f"{path}: more than {MOST_INCLUDES} nested -r includes")
     found: list[str] = []
-    for number, raw in _logical_lines(_read(path)):
-        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+    for number, raw in logical_lines(_read(path)):
+        comment = raw.lstrip().startswith("#")
+        line = "" if comment else re.split(r"\s#", raw, maxsplit=1)[0].strip()
         if not line:
             continue
         where = f"{path}:{number}"
-        word, _, rest = line.partition(" ")
+        word, *more = re.split(r"\s+", line, maxsplit=1)
+        rest = more[0] if more else ""
         option = word.split("=", 1)[0]
         if option in ("-r", "--requirement"):
             target = (rest or word.partition("=")[2]).strip()
@@ -106,29 +128,11 @@ def _requirement_lines(path: Path, chain: list[Path]) -> list[str]:
                 "--package or build a wheel"
             )
         else:
+            problem = requirements_text_problem(line)
+            if problem:
+                raise ConfigError(f"{where}: {problem.removeprefix('line 1: ')}")
             found.append(line)
     return found
-
-
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """The file's lines with each ``\\`` continuation joined to its line (a hash-pinned
-    requirement and its ``--hash`` options are one line), numbered by where each starts."""
-    out: list[tuple[int, str]] = []
-    pending: list[str] = []
-    start = 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        if not pending:
-            start = number
-        stripped = raw.rstrip()
-        if stripped.endswith("\\"):
-            pending.append(stripped[:-1].strip())
-            continue
-        pending.append(raw.strip())
-        out.append((start, " ".join(p for p in pending if p)))
-        pending = []
-    if pending:
-        out.append((start, " ".join(p for p in pending if p)))
-    return out
 
 
 def _read(path: Path) -> str:

@@ -420,12 +420,14 @@ class AsyncClient:
     async def leave(self, worker_id: str, body: LeaveRequest) -> None:
         await self.call(ops.leave(worker_id, body))
 
-    async def env_lock(self, key: str) -> EnvLockOut:
-        """The fleet's lock of an unlocked environment spec (NotFound: none yet)."""
-        return await self.call(ops.env_lock(key))
+    async def env_lock(self, key: str, pool: str | None = None) -> EnvLockOut:
+        """A pool's lock of an unlocked environment spec (NotFound: none yet); ``pool``
+        None: the token's only pool."""
+        return await self.call(ops.env_lock(key, pool))
 
     async def put_env_lock(self, key: str, body: EnvLockPut) -> EnvLockOut:
-        """Record a build's resolution as the fleet's lock; the lock that stands."""
+        """Record a build's resolution as the lock of the job's pool; the lock that
+        stands."""
         return await self.call(ops.put_env_lock(key, body))
 
     async def start(self, job_id: str, body: StartRequest) -> None:

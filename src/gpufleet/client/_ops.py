@@ -181,8 +181,9 @@ def heartbeat(worker_id: str, body: HeartbeatRequest) -> Call[HeartbeatResponse]
     )
 
 
-def env_lock(key: str) -> Call[EnvLockOut]:
-    return Call("GET", f"/v1/environments/locks/{_q(key)}", model(EnvLockOut))
+def env_lock(key: str, pool: str | None = None) -> Call[EnvLockOut]:
+    params: dict[str, Any] = {"pool": pool} if pool else {}
+    return Call("GET", f"/v1/environments/locks/{_q(key)}", model(EnvLockOut), params=params)
 
 
 def put_env_lock(key: str, body: EnvLockPut) -> Call[EnvLockOut]:

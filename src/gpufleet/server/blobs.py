@@ -136,6 +136,15 @@ class BlobService:
 
     # ---- archives ---------------------------------------------------------------------
 
+    def content(self, sha256: str, most: int) -> bytes | None:
+        """Blob ``sha256``'s bytes when the server holds it and it is at most ``most``
+        bytes long (an environment's file, read to check what it asks for), else None."""
+        row = self.store.get_blob(sha256)
+        if row is None or row.size > most or not self.storage.exists(sha256):
+            return None
+        with self.storage.reader(sha256) as f:
+            return bytes(f.read(most + 1))
+
     def scan(self, sha256: str) -> dict[str, Any]:
         """Check blob ``sha256`` as a gpufleet archive (every unpacking rule, nothing
         written) once; the verdict is kept. Raises UnsafeArchive for a bad one."""

@@ -12,13 +12,19 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from gpufleet.domain.environments import EnvFile, EnvSpec
+from gpufleet.domain.environments import (
+    EnvFile,
+    EnvSpec,
+    pyproject_problem,
+    requirements_text_problem,
+    uv_lock_problem,
+)
 from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
 from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
 from gpufleet.server.blobs import BlobService
 from gpufleet.store import JobRow, Store
 from gpufleet.store.rows import ArtifactRow
-from gpufleet.wire import StagedInput
+from gpufleet.wire import MOST_ENV_FILE, StagedInput
 
 FAILED_DEP = (JobStatus.FAILED, JobStatus.CANCELLED)
 
@@ -26,6 +32,18 @@ FAILED_DEP = (JobStatus.FAILED, JobStatus.CANCELLED)
 def env_files(spec: JobSpec) -> tuple[EnvFile, ...]:
     """The files of ``spec``'s environment (none without one)."""
     return spec.environment.files if isinstance(spec.environment, EnvSpec) else ()
+
+
+#: The most environment-file verdicts a server keeps (then it forgets them all).
+MOST_VERDICTS = 4096
+
+
+def _env_verdict(data: bytes, check: Callable[[str], str | None]) -> str | None:
+    """What is wrong with an environment file's bytes, or None."""
+    try:
+        return check(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
 
 
 def _field(index: int) -> str:
@@ -46,6 +64,9 @@ class DataFlow:
         self.blobs = blobs
         self.clock = clock
         self.on_change = on_change
+        # verdicts of environment files by (role, sha256): a blob's content never
+        # changes, and a manifest's jobs often share one environment
+        self._env_verdicts: dict[tuple[str, str], str | None] = {}
 
     # ---- submit time ------------------------------------------------------------------
 
@@ -101,6 +122,39 @@ class DataFlow:
                     f"server, not {f.size}",
                     detail=where,
                 )
+        if isinstance(spec.environment, EnvSpec):
+            self._check_env_contents(spec.name, spec.environment)
+
+    def _check_env_contents(self, job: str, env: EnvSpec) -> None:
+        """422 unless each file of the environment asks only for what the worker's index
+        serves (domain.environments' checks, naming the line or key): the worker's uv
+        must read no file of its own and reach no other host. The server checks, not
+        only the client: a job may be submitted straight through the API."""
+        for role, f, check in (
+            ("requirements", env.requirements, requirements_text_problem),
+            ("project", env.project, pyproject_problem),
+            ("lock", env.lock, uv_lock_problem),
+        ):
+            if f is None:
+                continue
+            field = f"environment.{role}"
+            where = {"job": job, "field": field, "blob": f.sha256}
+            if (role, f.sha256) in self._env_verdicts:
+                problem = self._env_verdicts[role, f.sha256]
+            else:
+                data = self.blobs.content(f.sha256, MOST_ENV_FILE)
+                if data is None:
+                    raise ValidationFailed(
+                        f"job {job!r}: {field}: {f.name} is not on the server or larger than "
+                        f"{MOST_ENV_FILE} bytes",
+                        detail=where,
+                    )
+                problem = _env_verdict(data, check)
+                if len(self._env_verdicts) >= MOST_VERDICTS:
+                    self._env_verdicts.clear()
+                self._env_verdicts[role, f.sha256] = problem
+            if problem:
+                raise ValidationFailed(f"job {job!r}: {field}: {f.name}: {problem}", detail=where)
 
     def _check_blob(
         self, job: str, index: int, inp: JobInput, readable: Sequence[str] | None

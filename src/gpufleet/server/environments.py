@@ -1,12 +1,14 @@
-"""Job environments on the server: the fleet-wide locks of unlocked environment specs.
+"""Job environments on the server: each pool's locks of unlocked environment specs.
 
 An unlocked spec (a requirements.txt with ranges, unpinned ``--with`` strings, a
-pyproject.toml without its uv.lock) is resolved once for the whole fleet. The first
-worker to build it uploads what uv resolved (pinned requirements, or a uv.lock) as a
+pyproject.toml without its uv.lock) is resolved once for each pool. The first worker of
+the pool to build it uploads what uv resolved (pinned requirements, or a uv.lock) as a
 blob and records it here under the spec's ``lock_key`` (spec, Python major.minor, torch
-build); every later build of the spec, on any worker, reads the lock and installs exactly
-those versions. The first lock recorded wins; only a job whose spec asks for a fresh
-resolution (``upgrade``) replaces it, and the audit log says so.
+build) and the job's pool; every later build of the spec, on any worker of the pool,
+reads the lock and installs exactly those versions. Locks are per pool, as the workers
+and their trust are: one pool's worker never writes what another pool's install. The
+first lock recorded wins; only a job whose spec asks for a fresh resolution
+(``upgrade``) replaces it, and the audit log says so.
 """
 
 from __future__ import annotations
@@ -41,16 +43,18 @@ class EnvLocks:
         self.clock = clock
         self.on_event = on_event
 
-    def get(self, key: str, caller: Caller) -> EnvLockRow:
-        """The lock recorded under ``key``, or 404. A worker reading it may download its
-        blob from now on (its pool is granted it): the lock is the fleet's, whichever
-        pool's worker recorded it."""
-        row = self.store.get_env_lock(key)
+    def get(self, key: str, pool: str | None, caller: Caller) -> EnvLockRow:
+        """The lock ``pool`` recorded under ``key``, or 404. ``pool`` None: the caller's
+        only pool (``default`` for an admin); a caller confined to pools reads only
+        theirs (403). A worker reading it may download its blob from now on."""
+        pool = pool or caller.default_pool()
+        caller.may_use(pool)
+        row = self.store.get_env_lock(pool, key)
         if row is None:
             raise NotFound(
-                f"no lock is recorded for environment {key}: the first build of its spec "
-                "resolves it and records one",
-                detail={"lock": key},
+                f"pool {pool!r} has no lock recorded for environment {key}: the first build "
+                "of its spec in the pool resolves it and records one",
+                detail={"lock": key, "pool": pool},
             )
         self._share(row, caller)
         return row
@@ -75,6 +79,7 @@ class EnvLocks:
             )
         holder = self.leases.fleet.claimer(job.worker_id) if job.worker_id else None
         row = EnvLockRow(
+            pool=job.spec.pool,
             key=key,
             sha256=body.sha256,
             spec_key=body.spec_key,
@@ -87,16 +92,18 @@ class EnvLocks:
         got, created = self.store.put_env_lock(row, body.replace)
         if body.replace and not created:
             detail = f"job {job.id} on {row.worker_name} resolved it afresh: blob {body.sha256}"
+            detail += f" (pool {row.pool})"
             self.on_event("environment.lock_replaced", key, detail, caller.token)
         self._share(got, caller)
         return got, created
 
     def _share(self, row: EnvLockRow, caller: Caller) -> None:
-        """Let a worker's pool read the lock's blob (operators and admins read every blob)."""
-        if caller.role != Role.WORKER or not caller.pools:
+        """Let the lock's pool read its blob (operators and admins read every blob); only
+        that pool, which the caller is of (checked before)."""
+        if caller.role != Role.WORKER:
             return
-        if not self.blobs.readable(row.sha256, caller.pools):  # a write only the first time
-            self.blobs.grant((row.sha256, pool) for pool in caller.pools)
+        if not self.blobs.readable(row.sha256, [row.pool]):  # a write only the first time
+            self.blobs.grant([(row.sha256, row.pool)])
 
     @staticmethod
     def _check(key: str, body: EnvLockPut, job: JobRow) -> None:

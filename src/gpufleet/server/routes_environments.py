@@ -1,4 +1,4 @@
-"""Job environments: the fleet-wide lock of an unlocked environment spec, read by the
+"""Job environments: a pool's lock of an unlocked environment spec, read by the pool's
 workers that build it and recorded by the first one whose build resolved it
 (:mod:`gpufleet.server.environments`)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
@@ -26,10 +26,24 @@ LockKey = Annotated[
 
 
 @router.get("/environments/locks/{key}", response_model=EnvLockOut)
-def get_lock(key: LockKey, request: Request, caller: EnvReader) -> EnvLockOut:
-    """The lock recorded for an unlocked environment spec (404: none yet, the first build
-    resolves it). A worker reading it may download its blob from then on."""
-    return views.env_lock_out(state(request).services.env_locks.get(key, caller))
+def get_lock(
+    key: LockKey,
+    request: Request,
+    caller: EnvReader,
+    pool: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="the pool whose lock to read (locks are per pool); default: the "
+            "token's only pool, or 'default'. A worker or a pool-scoped operator reads only "
+            "its own pools' (403)",
+        ),
+    ] = None,
+) -> EnvLockOut:
+    """The lock a pool recorded for an unlocked environment spec (404: none yet, the
+    first build in the pool resolves it). A worker reading it may download its blob from
+    then on."""
+    return views.env_lock_out(state(request).services.env_locks.get(key, pool, caller))
 
 
 @router.put(
@@ -40,8 +54,9 @@ def get_lock(key: LockKey, request: Request, caller: EnvReader) -> EnvLockOut:
 def put_lock(
     key: LockKey, body: EnvLockPut, request: Request, response: Response, caller: Worker
 ) -> EnvLockOut:
-    """Record the lock a worker's build of a job's unlocked environment resolved (its blob
-    uploaded first; the worker must hold the job's lease). 201: recorded, the first for
+    """Record the lock a worker's build of a job's unlocked environment resolved, as the
+    lock of the job's pool (its blob uploaded first; the worker must hold the job's
+    lease, so it is of that pool). 201: recorded, the first for
     this key. 200: a lock was recorded before and stands, and is returned: the worker
     installs that one, not its own, so every build of the spec has the same versions.
     With ``replace`` (only for a job whose environment asks for ``upgrade``), the

@@ -217,6 +217,7 @@ def audit_out(a: AuditRow) -> AuditOut:
 
 def env_lock_out(row: EnvLockRow) -> EnvLockOut:
     return EnvLockOut(
+        pool=row.pool,
         key=row.key,
         sha256=row.sha256,
         spec_key=row.spec_key,

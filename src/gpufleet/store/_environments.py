@@ -1,8 +1,8 @@
-"""Environment records: the fleet-wide locks of unlocked environment specs, and which
+"""Environment records: each pool's locks of unlocked environment specs, and which
 workers have a spec built.
 
 A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock. The
-first lock recorded for a key wins (an insert that does nothing when the key exists), so
+first lock recorded for a (pool, key) wins (an insert that does nothing when the key exists), so
 two workers whose first builds of one spec end at once record one lock between them.
 """
 
@@ -37,14 +37,15 @@ class EnvironmentOps(ABC):
     def _insert(self, table: Any) -> Any:
         """The dialect's INSERT (with ON CONFLICT) for ``table``."""
 
-    def get_env_lock(self, key: str) -> EnvLockRow | None:
-        """The lock recorded under ``key`` (a ``lock_key``), if any."""
+    def get_env_lock(self, pool: str, key: str) -> EnvLockRow | None:
+        """The lock ``pool`` recorded under ``key`` (a ``lock_key``), if any."""
         with self._read() as conn:
-            row = conn.execute(select(t.environment_locks).where(_L.key == key)).first()
+            q = select(t.environment_locks).where(_L.pool == pool, _L.key == key)
+            row = conn.execute(q).first()
         return EnvLockRow.from_row(row) if row else None
 
     def put_env_lock(self, row: EnvLockRow, replace: bool) -> tuple[EnvLockRow, bool]:
-        """Record ``row`` unless a lock exists under its key: then the existing one stands
+        """Record ``row`` unless a lock exists under its pool and key: then the existing one stands
         and is returned, or with ``replace`` it is overwritten (``replaced_at`` set to
         ``row.created_at``, its first ``created_at`` kept). Returns the lock now recorded
         and whether this call created it."""
@@ -52,15 +53,15 @@ class EnvironmentOps(ABC):
         fresh = (
             self._insert(t.environment_locks)
             .values(**values)
-            .on_conflict_do_nothing(index_elements=[_L.key])
+            .on_conflict_do_nothing(index_elements=[_L.pool, _L.key])
             .returning(_L.key)
         )
-        this = _L.key == row.key
+        this = (_L.pool == row.pool) & (_L.key == row.key)
         with self._write() as conn:
             if conn.execute(fresh).first() is not None:
                 return row, True
             if replace:
-                kept = {k: v for k, v in values.items() if k not in ("key", "created_at")}
+                kept = {k: v for k, v in values.items() if k not in ("pool", "key", "created_at")}
                 kept["replaced_at"] = row.created_at
                 conn.execute(update(t.environment_locks).where(this).values(**kept))
             found = conn.execute(select(t.environment_locks).where(this)).one()

@@ -55,7 +55,7 @@ class MemoryRecords:
         self.blob_pools: set[tuple[str, str]] = set()
         self.uploads: dict[str, dict[str, Any]] = {}
         self.artifacts: dict[tuple[str, int], dict[str, Any]] = {}
-        self.env_locks: dict[str, EnvLockRow] = {}
+        self.env_locks: dict[tuple[str, str], EnvLockRow] = {}
 
     # ---- workers ----------------------------------------------------------------------
 
@@ -359,21 +359,21 @@ class MemoryRecords:
 
     # ---- environments -----------------------------------------------------------------
 
-    def get_env_lock(self, key: str) -> EnvLockRow | None:
+    def get_env_lock(self, pool: str, key: str) -> EnvLockRow | None:
         with self._lock:
-            return self.env_locks.get(key)
+            return self.env_locks.get((pool, key))
 
     def put_env_lock(self, row: EnvLockRow, replace: bool) -> tuple[EnvLockRow, bool]:
         with self._lock:
-            found = self.env_locks.get(row.key)
+            found = self.env_locks.get((row.pool, row.key))
             if found is None:
-                self.env_locks[row.key] = row
+                self.env_locks[row.pool, row.key] = row
                 return row, True
             if replace:
                 found = dataclasses.replace(
                     row, created_at=found.created_at, replaced_at=row.created_at
                 )
-                self.env_locks[row.key] = found
+                self.env_locks[row.pool, row.key] = found
             return found, False
 
     def workers_with_env(self, spec_key: str, pools: Sequence[str] | None = None) -> list[str]:

@@ -218,11 +218,13 @@ def built_envs(text: str | None) -> tuple[BuiltEnv, ...]:
 
 @dataclass(frozen=True)
 class EnvLockRow(_Columns):
-    """The fleet-wide lock of an unlocked environment spec (``environment_locks``):
+    """A pool's lock of an unlocked environment spec (``environment_locks``):
     the blob holding the resolved versions, what it locks (spec, Python major.minor,
     torch build), the job and worker whose build recorded it, when, and when it last
-    replaced an earlier one."""
+    replaced an earlier one. Locks are per pool: one pool's workers never install what
+    another pool's recorded."""
 
+    pool: str
     key: str
     sha256: str
     spec_key: str

@@ -288,6 +288,7 @@ blob_pools = Table(
 environment_locks = Table(
     "environment_locks",
     metadata,
+    Column("pool", String(200), primary_key=True),
     Column("key", String(64), primary_key=True),
     Column("sha256", String(64), nullable=False),
     Column("spec_key", String(64), nullable=False),

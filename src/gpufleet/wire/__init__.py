@@ -84,6 +84,7 @@ from gpufleet.wire._fleet import (
     WorkerState,
 )
 from gpufleet.wire._jobs import (
+    MOST_ENV_FILE,
     STDERR_TAIL_CHARS,
     STDERR_TAIL_LINES,
     ApplyResult,
@@ -112,6 +113,7 @@ __all__ = [
     "ERRORS",
     "INT32",
     "MOST_BUILT",
+    "MOST_ENV_FILE",
     "MOST_PACKAGES",
     "MOST_REPORTS",
     "STDERR_TAIL_CHARS",

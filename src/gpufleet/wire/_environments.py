@@ -60,9 +60,10 @@ class EnvBuiltModel(Strict):
 
 
 class EnvLockOut(Wire):
-    """The fleet-wide lock of an unlocked environment spec: every build of the spec (for
-    this Python and torch build) installs the versions its blob holds."""
+    """A pool's lock of an unlocked environment spec: every build of the spec in the pool
+    (for this Python and torch build) installs the versions its blob holds."""
 
+    pool: str = Field(description="the pool whose workers install it (locks are per pool)")
     key: str = Field(description="the lock key: spec, Python major.minor and torch build")
     sha256: str = Field(description="the blob of the lock: uv's pinned requirements or uv.lock")
     spec_key: str

@@ -168,6 +168,7 @@ class EnvironmentModel(Strict):
 
     @model_validator(mode="after")
     def _whole(self) -> EnvironmentModel:
+        self._check_names()
         if self.lock is not None and self.project is None:
             raise ValueError("a uv.lock comes with its pyproject.toml (project)")
         if self.project is not None and self.requirements is not None:
@@ -182,6 +183,17 @@ class EnvironmentModel(Strict):
                 "an environment names a requirements.txt, a pyproject.toml or --with requirements"
             )
         return self
+
+    def _check_names(self) -> None:
+        """The worker writes the files side by side under their names, and uv finds a
+        project's by theirs: a project is ``pyproject.toml``, its lock ``uv.lock``."""
+        if self.project is not None and self.project.name != "pyproject.toml":
+            raise ValueError(f"project: named {self.project.name!r}; it must be pyproject.toml")
+        if self.lock is not None and self.lock.name != "uv.lock":
+            raise ValueError(f"lock: named {self.lock.name!r}; it must be uv.lock")
+        names = [f.name for f in (self.requirements, self.project, self.lock) if f is not None]
+        if len(set(names)) != len(names):
+            raise ValueError(f"the environment's files must have distinct names: {names}")
 
     def to_domain(self) -> EnvSpec:
         def f(m: EnvFileModel | None) -> EnvFile | None:

@@ -7,9 +7,10 @@ the start report says which environment the attempt ran with (its key, Python, t
 versions installed, and how long it took). Its time is the build's own, under the
 worker's ``env_build_timeout``, not the job's ``timeout``.
 
-An unlocked spec is resolved once for the whole fleet: before a build the worker asks
-the server for the lock the fleet recorded for it (:func:`domain.environments.lock_key`)
-and installs exactly that; the first build of a spec records its resolution there.
+An unlocked spec is resolved once for each pool: before a build the worker asks the
+server for the lock its pool recorded for it (:func:`domain.environments.lock_key`) and
+installs exactly that (when it holds pinned registry packages only); the first build of
+a spec in the pool records its resolution there.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufleet.client import AsyncClient, Client
-from gpufleet.domain.environments import EnvSpec
+from gpufleet.domain.environments import (
+    EnvKind,
+    EnvSpec,
+    requirements_text_problem,
+    uv_lock_problem,
+)
 from gpufleet.domain.models import Capability
 from gpufleet.errors import ConfigError, GpufleetError, NotFound
 from gpufleet.wire import EnvLockPut, EnvUsed
@@ -95,6 +101,9 @@ class EnvPhase:
     retrying: Retrying
     # what the worker has built changed since the last heartbeat said it
     changed: bool = True
+    # the pool the worker registered in, whose environment locks it reads (None: the
+    # token's only pool, which a worker token has)
+    pool: str | None = None
     _told: dict[str, float] = field(default_factory=dict)
 
     async def prepare(
@@ -121,7 +130,7 @@ class EnvPhase:
                 spec, files, len(self.capability.gpus), self.capability.cuda_version
             )
             if not spec.locked and not spec.upgrade:  # even when built: it may have moved on
-                fleet_lock = await self._fleet_lock(plan.lock_key, say, plan.built)
+                fleet_lock = await self._fleet_lock(plan.lock_key, spec.kind, say, plan.built)
             built = await self.cache.ensure(plan, files, fleet_lock, lambda line: say(line))
         except EnvError as exc:
             # what the fleet's lock pins may be missing from this worker's index alone
@@ -178,13 +187,19 @@ class EnvPhase:
                 self.blobs.release(f.sha256)
         return found
 
-    async def _fleet_lock(self, key: str, say: Callable[[str], None], built: bool) -> str | None:
-        """The lock the fleet recorded for ``key``, or None (the first build resolves).
+    async def _fleet_lock(
+        self, key: str, kind: EnvKind, say: Callable[[str], None], built: bool
+    ) -> str | None:
+        """The lock the pool recorded for ``key``, or None (the first build resolves, as
+        it does when the recorded lock asks for more than pinned registry packages: it
+        is ignored, and the job's log says so).
         Asked even when the environment is built here: after an upgrade elsewhere (or a
         first build here that lost the race to record its lock), what is built here holds
         other versions, and is built again from the fleet's."""
         try:
-            lock = await self.retrying("environment lock", lambda: self.client.env_lock(key))
+            lock = await self.retrying(
+                "environment lock", lambda: self.client.env_lock(key, self.pool)
+            )
         except NotFound:
             return None
         path, _ = await self.blobs.get(lock.sha256)
@@ -192,6 +207,11 @@ class EnvPhase:
             text = await asyncio.to_thread(path.read_text, encoding="utf-8")
         finally:
             self.blobs.release(lock.sha256)
+        check = requirements_text_problem if kind == EnvKind.REQUIREMENTS else uv_lock_problem
+        problem = check(text)
+        if problem:
+            say(f"ignoring the recorded lock of this environment ({problem}); resolving here")
+            return None
         if not built:
             say(
                 f"installing the versions the fleet recorded for this environment "

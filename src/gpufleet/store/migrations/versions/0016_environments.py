@@ -1,5 +1,5 @@
-"""Job environments (issue 32): ``environment_locks`` keeps the fleet-wide lock of each
-unlocked environment spec (the versions its first build resolved); an attempt keeps the
+"""Job environments (issue 32): ``environment_locks`` keeps each pool's lock of each
+unlocked environment spec (the versions its first build in the pool resolved); an attempt keeps the
 class of its failure (``failure``: "environment") and the environment it ran in
 (``environment``), the job its latest attempt's failure class; a worker keeps the
 environments in its cache (``environments``), for placement and ``workers``.
@@ -20,6 +20,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "environment_locks",
+        sa.Column("pool", sa.String(200), primary_key=True),
         sa.Column("key", sa.String(64), primary_key=True),
         sa.Column("sha256", sa.String(64), nullable=False),
         sa.Column("spec_key", sa.String(64), nullable=False),
