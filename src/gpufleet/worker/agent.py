@@ -283,6 +283,7 @@ class Agent(JobSteps):
         out = await self.retrying("register", lambda: self.client.register(body))
         self.worker_id = out.id
         self.lease_timeout = out.lease_timeout
+        self.envs.pool = out.pool  # the fleet's locks of environments are its pool's
         sim = " [simulated]" if self.capability.gpus_simulated else ""
         gpus = ", ".join(
             f"{g.index}:{g.name} {g.total_gib:.0f}GiB{sim}" for g in self.capability.gpus
