@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections import deque
@@ -388,6 +389,9 @@ class BuildInputs:
     python: Python
     torch_backend: str | None
     fleet_lock: str | None
+    # what the worker reads: a uv.lock must come from there (portable_lock)
+    find_links: tuple[str, ...] = ()
+    index_url: str | None = None
 
     def text(self, name: str) -> bytes:
         return self.files[name]
@@ -463,10 +467,11 @@ async def _build_project(run: _Runner, inputs: BuildInputs, venv: Path, work: Pa
     lock = work / "uv.lock"
     new_lock: str | None = None
     interpreter = ["--python", inputs.python.path]
-    if spec.lock is not None:
-        lock.write_bytes(inputs.text(spec.lock.name))  # the job's own: as it is
+    if spec.lock is not None:  # the job's own, as it is, from what this worker reads
+        mine = inputs.text(spec.lock.name).decode("utf-8", errors="replace")
+        lock.write_text(portable_lock(mine, inputs.find_links, inputs.index_url))
     elif inputs.fleet_lock is not None and not spec.upgrade:
-        lock.write_text(inputs.fleet_lock)
+        lock.write_text(portable_lock(inputs.fleet_lock, inputs.find_links, inputs.index_url))
     else:
         await run("resolve", ["lock", *interpreter, *index])
         new_lock = lock.read_text()
@@ -514,3 +519,69 @@ async def compile_bytecode(venv: Path, site: Path, timeout: float) -> str | None
     if proc.returncode not in (0, 1):
         return f"compileall exited {proc.returncode}: {_last(err.decode(errors='replace'))}"
     return None
+
+
+#: PyPI's index, and the hosts its files come from.
+PYPI = "https://pypi.org/simple"
+PYPI_FILES = frozenset({"files.pythonhosted.org", "pypi.org"})
+
+
+def portable_lock(text: str, find_links: Sequence[str], index_url: str | None) -> str:
+    """A uv.lock, checked against what this worker may read, as it installs here: every
+    package from a registry this worker reads (its index, else PyPI; a folder of wheels
+    only when the worker has one), each file from that registry's host or, for a folder,
+    a bare file name, which is read from the worker's own folder (the lock's folder path
+    is where it was made, not here). EnvError (not final: another worker may read what
+    this one does not) naming the package otherwise. Nothing else is contacted."""
+    import tomllib
+    from urllib.parse import urlsplit
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise EnvError(f"the uv.lock is not TOML: {exc}", where="lock", final=True) from None
+    allowed = (index_url or PYPI).rstrip("/")
+    hosts = {urlsplit(allowed).hostname} | (PYPI_FILES if allowed == PYPI else set())
+    folders: set[str] = set()
+    for package in data.get("package", []):
+        name = str(package.get("name", "?"))
+        source = package.get("source") or {}
+        registry = source.get("registry")
+        if registry is None:
+            continue  # the project itself (the server refuses every other kind)
+        files = [*package.get("wheels", []), *([package["sdist"]] if "sdist" in package else [])]
+        if "://" in str(registry):
+            if str(registry).rstrip("/") != allowed:
+                raise _refused(name, f"its registry {registry} is not this worker's ({allowed})")
+            for f in files:
+                if urlsplit(str(f.get("url", ""))).hostname not in hosts:
+                    raise _refused(name, f"a file of it is not on {allowed}")
+            continue
+        if not find_links:
+            raise _refused(name, "it comes from a folder of wheels; this worker reads an index")
+        for f in files:
+            if not str(f.get("path", "")).endswith(ARCHIVES):
+                raise _refused(name, f"its file {f.get('path') or f.get('url')!r} is not a wheel")
+        folders.add(str(registry))
+    # Made against a folder elsewhere: each file is read by its name from this worker's own
+    # folder (whatever path the lock gives it: no path reaches past that folder).
+    for folder in folders:
+        text = text.replace(f'registry = "{folder}"', f'registry = "{find_links[0]}"')
+    return re.sub(r'path = "(?:[^"]*[/\\])?([^"/\\]+)"', _file_name, text) if folders else text
+
+
+#: What a folder of wheels holds.
+ARCHIVES = (".whl", ".tar.gz", ".zip")
+
+
+def _file_name(m: re.Match[str]) -> str:
+    name = m.group(1)
+    return f'path = "{name}"' if name.endswith(ARCHIVES) else m.group(0)
+
+
+def _refused(package: str, why: str) -> EnvError:
+    return EnvError(
+        f"the uv.lock's package {package!r} cannot be installed here: {why}",
+        where="lock",
+        final=False,
+    )

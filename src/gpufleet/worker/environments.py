@@ -409,7 +409,13 @@ class EnvCache:
             f"{plan.python}" + (f", torch {plan.torch_backend}" if plan.torch_backend else "")
         )
         inputs = envbuild.BuildInputs(
-            plan.spec, files, plan.python_info, plan.torch_backend, fleet_lock
+            plan.spec,
+            files,
+            plan.python_info,
+            plan.torch_backend,
+            fleet_lock,
+            self.settings.find_links,
+            self.settings.index_url or self.settings.uv_env.get("UV_INDEX_URL"),
         )
         deadline = time.monotonic() + self.settings.build_timeout  # waiting not counted
         try:

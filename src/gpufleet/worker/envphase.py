@@ -326,7 +326,10 @@ def env_cache(opts: WorkerOptions) -> EnvCache:
             build_timeout=opts.env_build_timeout,
             python_downloads=opts.env_python_downloads,
             torch_backend=opts.env_torch_backend,
-            find_links=opts.env_find_links,
+            find_links=tuple(  # a folder as uv reads it from any build's folder
+                f if "://" in f else str(Path(f).expanduser().resolve())
+                for f in opts.env_find_links
+            ),
             index_url=opts.env_index_url,
             uv_env=uv_variables(),
             allow_builds=opts.env_allow_builds
