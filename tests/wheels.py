@@ -79,3 +79,23 @@ def _record_line(path: str, data: bytes) -> str:
     raw = hashlib.sha256(data).digest()
     digest = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
     return f"{path},sha256={digest},{len(data)}"
+
+
+def slow_uv(folder: Path, seconds: float) -> Path:
+    """A stand-in ``uv`` package whose ``find_uv_bin`` names a wrapper of the real uv that
+    sleeps ``seconds`` before ``uv pip sync``: a build that takes a while, to watch or to
+    cancel. Returns the folder to put first on a worker's PYTHONPATH."""
+    import uv
+
+    wrapper = folder / "bin" / "uv"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1 $2" = "pip sync" ]; then sleep {seconds:g}; fi\n'
+        f'exec "{uv.find_uv_bin()}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    package = folder / "path" / "uv"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"def find_uv_bin():\n    return {str(wrapper)!r}\n")
+    return package.parent

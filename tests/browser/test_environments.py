@@ -16,12 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import uv
 
 from gpufleet.config import load_token
 from tests.browser.conftest import Watched, sign_in
 from tests.e2e.conftest import Fleet, Proc, wait_for
-from tests.wheels import make_wheel
+from tests.wheels import make_wheel, slow_uv
 
 #: What the jobs run: the version of gfdemo they see.
 PRINT = "import gfdemo; print('VERSION', gfdemo.__version__)"
@@ -29,23 +28,6 @@ PRINT = "import gfdemo; print('VERSION', gfdemo.__version__)"
 SLOW_SYNC = 8
 #: A requirement that passes (the marker is true on Linux) with markup in its marker.
 MARKED = 'gfdemo==1.0; python_version > "3" and sys_platform != "<b>x</b>"'
-
-
-def _slow_uv(folder: Path) -> Path:
-    """A stand-in ``uv`` package whose ``find_uv_bin`` names a wrapper of the real uv that
-    waits SLOW_SYNC seconds before ``uv pip sync``; the folder to put on PYTHONPATH."""
-    wrapper = folder / "bin" / "uv"
-    wrapper.parent.mkdir(parents=True)
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$1 $2" = "pip sync" ]; then sleep {SLOW_SYNC}; fi\n'
-        f'exec "{uv.find_uv_bin()}" "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    package = folder / "path" / "uv"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(f"def find_uv_bin():\n    return {str(wrapper)!r}\n")
-    return package.parent
 
 
 @pytest.fixture
@@ -56,7 +38,7 @@ def envbox(fleet: Fleet, tmp_path: Path) -> tuple[Fleet, Proc]:
     make_wheel(wheels, "gfdemo", "1.1")
     fleet.env["UV_CACHE_DIR"] = str(tmp_path / "uv-cache")
     fleet.start_server()
-    path = (str(_slow_uv(tmp_path / "slow-uv")), fleet.env.get("PYTHONPATH"))
+    path = (str(slow_uv(tmp_path / "slow-uv", SLOW_SYNC)), fleet.env.get("PYTHONPATH"))
     worker = fleet.start_worker(
         "envbox",
         "--env-find-links",

@@ -335,25 +335,6 @@ def test_a_job_installs_packages_into_its_own_folder_never_into_the_environment(
     assert _used(detail)["built"] is False
 
 
-def _slow_uv(folder: Path, seconds: int) -> Path:
-    """A stand-in ``uv`` package naming a wrapper of the real uv that sleeps ``seconds``
-    before ``uv pip sync``: a build that takes a while. The folder for PYTHONPATH."""
-    import uv
-
-    wrapper = folder / "bin" / "uv"
-    wrapper.parent.mkdir(parents=True)
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$1 $2" = "pip sync" ]; then sleep {seconds}; fi\n'
-        f'exec "{uv.find_uv_bin()}" "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    package = folder / "path" / "uv"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(f"def find_uv_bin():\n    return {str(wrapper)!r}\n")
-    return package.parent
-
-
 def test_a_job_cancelled_while_its_environment_builds_stops_the_build(
     envs: Fleet, wheels: Path, tmp_path: Path
 ) -> None:
@@ -364,7 +345,7 @@ def test_a_job_cancelled_while_its_environment_builds_stops_the_build(
     fleet = envs
     slow = 577  # seconds: a number no other process sleeps
     path = os.pathsep.join(
-        p for p in (str(_slow_uv(tmp_path, slow)), fleet.env.get("PYTHONPATH")) if p
+        p for p in (str(slow_uv(tmp_path, slow)), fleet.env.get("PYTHONPATH")) if p
     )
     fleet.start_worker(
         "w1",
