@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import PYTHON, Fleet, Proc, wait_for
-from tests.wheels import make_wheel
+from tests.wheels import make_wheel, slow_uv
 
 #: What the jobs run: the version of gfdemo they see, and their interpreter.
 PRINT = "import gfdemo, sys; print('VERSION', gfdemo.__version__, sys.executable)"
