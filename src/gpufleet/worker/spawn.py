@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,7 @@ from typing import Any
 from gpufleet.worker.isolation import SlotUser, is_secret_env
 
 _PR_SET_PDEATHSIG = 1
+GUARD_READY = 10.0  # seconds a new guard may take to say it is non-dumpable
 
 #: The guard's program: process groups to kill, one a line (``+PGID`` watch, ``-PGID``
 #: reaped), until its input ends; then it kills the groups it holds. The standard library
@@ -53,6 +55,8 @@ try:  # non-dumpable, as the worker: no process of its user can read or trace it
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
 except Exception:
     pass
+os.write(1, b"ready\\n")  # the worker starts no job before this: none sees it dumpable
+os.close(1)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 groups = set()
@@ -117,13 +121,19 @@ class Guard:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", GUARD],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C meant for the worker does not reach it
             close_fds=True,
             env={k: v for k, v in os.environ.items() if not is_secret_env(k)},
-        )  # its pipe's write end is not inheritable (PEP 446): jobs never hold it open
-        assert proc.stdin is not None
+        )  # its pipes are not inheritable (PEP 446): jobs never hold them open
+        assert proc.stdin is not None and proc.stdout is not None
+        # Until it says it is non-dumpable, a job of the worker's user could read it: the
+        # job that needs it starts after that (a loaded machine took long enough to show).
+        ready, _, _ = select.select([proc.stdout], [], [], GUARD_READY)
+        if ready:
+            proc.stdout.read(6)
+        proc.stdout.close()
         os.write(proc.stdin.fileno(), b"".join(b"+%d\n" % g for g in self.groups))
         os.set_blocking(proc.stdin.fileno(), False)  # a guard that stops reading is replaced
         return proc
