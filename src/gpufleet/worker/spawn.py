@@ -56,7 +56,6 @@ try:  # non-dumpable, as the worker: no process of its user can read or trace it
 except Exception:
     pass
 os.write(1, b"ready\\n")  # the worker starts no job before this: none sees it dumpable
-os.close(1)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 groups = set()
