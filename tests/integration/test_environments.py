@@ -327,6 +327,7 @@ def test_a_heartbeat_lists_the_workers_environments_for_everyone_to_see(
         "size_bytes": 512 << 20,
         "last_used": 1_700_000_000.0,
         "describe": "--with numpy>=2, --python 3.12",
+        "torch_backend": "cu124",
     }
     beat = f"/v1/workers/{w['id']}/heartbeat"
     assert client.post(beat, json={"environments": [env]}, headers=worker).status_code == 200

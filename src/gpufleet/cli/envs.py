@@ -8,14 +8,14 @@ exactly as for a real job, and the build's lines and time are in that job's log.
 
 from __future__ import annotations
 
-import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from gpufleet.cli._common import CaOpt, client, err, out, print_json, shown
+from gpufleet.cli._common import CaOpt, age, client, err, out, print_json, shown
 from gpufleet.cli.environments import environment_model
 from gpufleet.cli.jobs import JsonOpt, ServerOpt, follow
 from gpufleet.domain.environments import EnvRequest
@@ -63,7 +63,6 @@ def env_table(rows: list[WorkerOut]) -> Table:
     table = Table(box=None, header_style="bold")
     for col in ("WORKER", "ENVIRONMENT", "PYTHON", "SIZE", "LAST USED", "BUILT FROM"):
         table.add_column(col)
-    now = time.time()
     for w in rows:
         for e in w.environments:
             table.add_row(
@@ -71,25 +70,10 @@ def env_table(rows: list[WorkerOut]) -> Table:
                 shown(e.key[:12]),
                 shown(e.python),
                 size_text(e.size_bytes),
-                f"{_ago(now - e.last_used)} ago",
-                shown(_built_from(e.describe)),
+                f"{age(datetime.fromtimestamp(e.last_used, UTC))} ago",
+                shown(e.describe),
             )
     return table
-
-
-def _built_from(describe: str) -> str:
-    """What an environment is built from, out of the worker's line about it (its last
-    fields: key, Python, size come first, and the use last)."""
-    parts = describe.split("  ")
-    return parts[3] if len(parts) > 4 else describe
-
-
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 def build(

@@ -17,6 +17,7 @@ Two keys name an environment:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -81,16 +82,9 @@ class EnvSpec:
 
     def key(self) -> str:
         """The hash of the spec, normalized: the same request gives the same key wherever
-        it is computed. ``--with`` strings count as a set (order and spacing aside)."""
-        body = {
-            "kind": self.kind.value,
-            "requirements": self.requirements.sha256 if self.requirements else None,
-            "project": self.project.sha256 if self.project else None,
-            "lock": self.lock.sha256 if self.lock else None,
-            "with": sorted({normalize_requirement(r) for r in self.with_}),
-            "python": self.python,
-        }
-        return _hash(body)
+        it is computed. ``--with`` strings count as a set (order and spacing aside).
+        Computed once per spec: a claim ranks every waiting worker by it."""
+        return _spec_key(self)
 
     def describe(self) -> str:
         """One line for ``show`` and the logs: what the environment is built from."""
@@ -106,6 +100,19 @@ class EnvSpec:
         if self.upgrade:
             parts.append("--upgrade")
         return ", ".join(parts) or "(empty)"
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_key(spec: EnvSpec) -> str:
+    body = {
+        "kind": spec.kind.value,
+        "requirements": spec.requirements.sha256 if spec.requirements else None,
+        "project": spec.project.sha256 if spec.project else None,
+        "lock": spec.lock.sha256 if spec.lock else None,
+        "with": sorted({normalize_requirement(r) for r in spec.with_}),
+        "python": spec.python,
+    }
+    return _hash(body)
 
 
 def normalize_requirement(text: str) -> str:

@@ -180,8 +180,8 @@ class WorkerRow:
 @dataclass(frozen=True)
 class BuiltEnv:
     """An environment in a worker's cache: its build key, the spec it was built from,
-    the Python, its size on disk, when a job last used it (epoch seconds), and what it
-    is built from, in a line."""
+    the Python, its size on disk, when a job last used it (epoch seconds), what it is
+    built from, in a line, and its torch build."""
 
     key: str
     spec_key: str
@@ -189,6 +189,7 @@ class BuiltEnv:
     size_bytes: int = 0
     last_used: float = 0.0
     describe: str = ""
+    torch_backend: str | None = None
 
 
 def built_envs(text: str | None) -> tuple[BuiltEnv, ...]:
@@ -209,6 +210,9 @@ def built_envs(text: str | None) -> tuple[BuiltEnv, ...]:
                     size_bytes=int(entry.get("size_bytes") or 0),
                     last_used=float(entry.get("last_used") or 0.0),
                     describe=str(entry.get("describe") or ""),
+                    torch_backend=str(entry["torch_backend"])
+                    if entry.get("torch_backend")
+                    else None,
                 )
             )
         except (KeyError, TypeError, ValueError, AttributeError):

@@ -57,6 +57,7 @@ class EnvBuiltModel(Strict):
     size_bytes: int = Field(ge=0, le=2**50)
     last_used: float = Field(ge=0, le=1e11, description="when a job last used it (epoch s)")
     describe: str = Field("", max_length=500, description="what it is built from, in a line")
+    torch_backend: TorchBackend | None = None
 
 
 class EnvLockOut(Wire):

@@ -310,7 +310,8 @@ class EnvPhase:
                 "python": i.python,
                 "size_bytes": i.size,
                 "last_used": i.last_used,
-                "describe": i.describe()[:500],
+                "describe": i.spec[:500],  # what it is built from: the rest has fields
+                "torch_backend": i.torch_backend,
             }
             for i in self.cache.listing()
         ]

@@ -599,24 +599,12 @@ function builtEnvs(w) {
   return h("details", { class: "envs" },
     h("summary", {}, envs.length + (envs.length === 1 ? " environment, " : " environments, ") + bytes(total)),
     h("ul", {}, newest.map((e) => {
-      const line = describedEnv(e.describe || "");
       const use = "last used " + ago(new Date(e.last_used * 1000).toISOString());
       return h("li", { "data-env": e.key },
-        h("code", { class: "env-describe" }, line.from || "(not described)"),
+        h("code", { class: "env-describe" }, e.describe || "(not described)"),
         h("div", { class: "muted" }, h("span", { class: "mono", title: "environment " + e.key }, e.key.slice(0, 12)),
-          " · Python " + e.python + (line.torch ? " · torch " + line.torch : "") + " · " + bytes(e.size_bytes) + " · " + use));
+          " · Python " + e.python + (e.torch_backend ? " · torch " + e.torch_backend : "") + " · " + bytes(e.size_bytes) + " · " + use));
     })));
-}
-
-// A worker's line about an environment ("f25291103364  Python 3.11.7 torch cu124  116.0 KiB
-// --with gfdemo==1.0  last used 11 s ago", parts two spaces apart): what it is built from
-// and its torch build. Its use ("in use", "last used ... ago") is as of the heartbeat that
-// last changed the list, so the card leaves it out and works the time out from last_used.
-// A line that reads otherwise is shown whole.
-function describedEnv(describe) {
-  const m = /^[0-9a-f]{12} {2}Python \S+(?: torch (\S+))? {2}.+? {2}(.*) {2}(?:in use|last used .+ ago)$/.exec(describe);
-  if (!m) return { from: describe, torch: null };
-  return { from: m[2], torch: m[1] || null };
 }
 
 // ---- start ----------------------------------------------------------------------------------------
