@@ -177,6 +177,23 @@ def test_a_heartbeat_listing_a_workers_environments_tells_who_has_a_spec_built(
     assert q.fleet.worker(a.id).environments == ()
 
 
+def test_a_waiting_worker_that_has_just_built_a_spec_is_the_one_left_its_jobs(
+    q: Services,
+) -> None:
+    # Both poll and wait before the warm one's heartbeat lists what it built: the job is
+    # still left to it, not to whichever worker asks first.
+    env = EnvSpec(with_=("numpy>=2",), python="3.12")
+    warm, cold = worker(q, "warm"), worker(q, "cold")
+    free = FreeResources(cpu_slots=1)
+    q.leases.wait_begin(warm.id, free)
+    q.leases.wait_begin(cold.id, free)
+    q.leases.heartbeat(warm.id, HeartbeatRequest(environments=[built(env.key())]))
+    job = q.submission.submit(JobSpec(name="t", command=("python", "t.py"), environment=env))
+    assert q.leases.try_claim(cold.id, free) is None
+    lease = q.leases.try_claim(warm.id, free)
+    assert lease is not None and lease.job_id == job.id
+
+
 # ---- failure classes --------------------------------------------------------------------
 
 

@@ -219,6 +219,18 @@ class Leases:
         with self._waiting_lock:
             self._waiting[worker_id] = (self.fleet.view(w), free)
 
+    def _refresh_waiting(self, worker_id: str) -> None:
+        """A waiting worker's heartbeat changed what it offers (the environments it has
+        built, its Pythons): the view other claims rank it by is taken again, else a job
+        it is now best for would go to whichever worker asked first until its poll ends."""
+        with self._waiting_lock:
+            if worker_id not in self._waiting:
+                return
+        view = self.fleet.view(self.fleet.claimer(worker_id))
+        with self._waiting_lock:
+            if worker_id in self._waiting:
+                self._waiting[worker_id] = (view, self._waiting[worker_id][1])
+
     def wait_end(self, worker_id: str) -> None:
         with self._waiting_lock:
             self._waiting.pop(worker_id, None)
@@ -416,6 +428,8 @@ class Leases:
             self.fleet.built(w, built)
         if req.pythons is not None:
             self.fleet.pythons(w, req.pythons)
+        if req.environments is not None or req.pythons is not None:
+            self._refresh_waiting(w.id)
         stops = self.store.stops(held)
         orders = []
         for r in req.leases:
