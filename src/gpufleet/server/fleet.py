@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpufleet.domain import worker_lifecycle
 from gpufleet.domain.ids import new_worker_id
 from gpufleet.domain.models import ACTIVE, HostPolicy, JobSpec, JobStatus, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound
@@ -354,7 +355,7 @@ class Fleet:
             "capability": req.capability.model_dump_json(),
             "cpu_slots": req.cpu_slots,
             "ephemeral": req.ephemeral,
-            "status": WorkerStatus.CONNECTING.value,
+            "status": worker_lifecycle.INITIAL.value,
             "drain": False,
             "gpu_stats": json.dumps([g.model_dump() for g in req.capability.gpus]),
             "registered_at": now,
@@ -413,12 +414,12 @@ class Fleet:
 
     def revive(self, w: WorkerRow) -> WorkerRow:
         """A polling worker is alive (and past connecting), heartbeat or not."""
-        if w.status not in (WorkerStatus.OFFLINE, WorkerStatus.CONNECTING):
+        change = worker_lifecycle.poll(w.id, w.status, self.clock())
+        if change is None:
             return w
         if w.status == WorkerStatus.OFFLINE:
             self.on_event("worker.online", w.id, f"{w.name} polls again", None)
-        values = {"status": WorkerStatus.AVAILABLE.value, "offline_since": None}
-        self.store.update_worker(w.id, last_heartbeat=self.clock(), **values)
+        self.store.change_worker(change)
         self.forget(w.id)
         return self.claimer(w.id)
 
@@ -431,7 +432,7 @@ class Fleet:
         :meth:`flush_beats`, a transaction a second for the whole fleet rather than one
         each; one that changes the worker's status is written at once."""
         now = self.clock()
-        status = WorkerStatus.DRAINING if (w.drain or draining) else WorkerStatus.AVAILABLE
+        status = worker_lifecycle.heartbeat_status(w.drain, draining)
         with self._beats_lock:
             if w.status == status:
                 kept = self._beats.get(w.id)
@@ -444,30 +445,23 @@ class Fleet:
             self.on_event(
                 "worker.online", w.id, f"{w.name} heartbeats again after {gone:.0f}s", None
             )
-        values: dict[str, object] = {
-            "last_heartbeat": now,
-            "status": status.value,
-            "offline_since": None,
-        }
         stats = gpu_stats if gpu_stats is not None or kept is None else kept[1]
-        if stats is not None:
-            values["gpu_stats"] = stats
-        self.store.update_worker(w.id, **values)
+        change = worker_lifecycle.heartbeat(w.id, w.status, w.drain, draining, now, stats)
+        if change is not None:
+            self.store.change_worker(change)
         self.forget(w.id)
 
     def built(self, w: WorkerRow, environments: str) -> None:
         """Record the environments in the worker's cache (a JSON list, all of them), as a
         heartbeat sent them: a worker sends them only when they changed."""
-        self.store.update_worker(w.id, environments=environments)
+        self.store.set_worker_environments(w.id, environments)
         self.forget(w.id)
 
     def pythons(self, w: WorkerRow, pythons: list[str]) -> None:
         """Record the Python versions a worker can provide, as a heartbeat sent them once
         it had found them (after it registered: the search can take seconds)."""
         cap = replace(w.capability, pythons=tuple(pythons))
-        self.store.update_worker(
-            w.id, capability=CapabilityModel.from_domain(cap).model_dump_json()
-        )
+        self.store.set_worker_capability(w.id, CapabilityModel.from_domain(cap).model_dump_json())
         self.forget(w.id)
 
     def flush_beats(self) -> int:
@@ -489,13 +483,13 @@ class Fleet:
 
     def leave(self, w: WorkerRow, reason: str) -> None:
         """The worker stopped on purpose (drained, its one job done, a signal)."""
-        if self.store.leave(w.id, self.clock()):
+        if self.store.change_worker(worker_lifecycle.leave(w.id, self.clock())):
             self.on_event("worker.offline", w.id, f"{w.name} stopped: {reason}", None)
         self.forget(w.id)
 
     def drain(self, ref: str, pools: Sequence[str] | None = None) -> WorkerRow:
         w = self.worker(ref, pools)
-        self.store.update_worker(w.id, drain=True)
+        self.store.drain_worker(w.id)
         self.forget(w.id)
         return self.worker(w.id)
 

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
-from gpufleet.domain import lifecycle
+from gpufleet.domain import lifecycle, worker_lifecycle
 from gpufleet.domain.models import JobStatus, WorkerStatus
 from gpufleet.domain.quota import MARKER
 from gpufleet.errors import Conflict, Forbidden, NotFound
@@ -166,12 +166,9 @@ class Leases:
             for job in self.store.active_jobs(w.id):
                 if self._hand_back(job):
                     requeued.append(job.id)
-            # drain too: a claim already past the token check cannot revive it; only
-            # registering again (with a valid token) clears it.
             if w.status != WorkerStatus.OFFLINE:
                 self.on_event("worker.offline", w.id, f"{w.name}: its token was revoked", None)
-            values = {"status": WorkerStatus.OFFLINE.value, "offline_since": now}
-            self.store.update_worker(w.id, drain=True, **values)
+            self.store.change_worker(worker_lifecycle.revoke(w.id, now))
             self.fleet.forget(w.id)
         if requeued:
             self.on_change()

@@ -16,6 +16,7 @@ from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gpufleet.domain.models import WorkerStatus
+from gpufleet.domain.worker_lifecycle import WorkerChange, WorkerEvent, sources, status_after
 from gpufleet.errors import Conflict
 from gpufleet.store import schema as t
 from gpufleet.store.api import Hosts
@@ -23,6 +24,8 @@ from gpufleet.store.rows import AuditRow, HostRow, TokenRow, WorkerRow
 
 _W = t.workers.c
 _OFFLINE = WorkerStatus.OFFLINE.value
+_SILENT_TO = status_after(WorkerEvent.SILENT).value
+_REMOVABLE = [s.value for s in sources(WorkerEvent.REMOVE)]
 
 
 class FleetOps(ABC):
@@ -86,10 +89,31 @@ class FleetOps(ABC):
             rows = conn.execute(q).all()
         return [WorkerRow.from_row(r) for r in rows]
 
-    def update_worker(self, worker_id: str, **values: Any) -> bool:
+    def change_worker(self, change: WorkerChange) -> bool:
+        """Apply a status change the worker table decided, if the worker is still in one
+        of its sources; whether it was."""
+        froms = [s.value for s in change.sources]
+        where = (_W.id == change.worker_id) & _W.status.in_(froms)
+        with self._write() as conn:
+            res = conn.execute(update(t.workers).where(where).values(**change.values()))
+            return res.rowcount == 1
+
+    def _set_worker(self, worker_id: str, **values: Any) -> bool:
         with self._write() as conn:
             res = conn.execute(update(t.workers).where(_W.id == worker_id).values(**values))
             return res.rowcount == 1
+
+    def drain_worker(self, worker_id: str) -> bool:
+        """Ask a worker to drain: its next heartbeat makes it draining."""
+        return self._set_worker(worker_id, drain=True)
+
+    def set_worker_environments(self, worker_id: str, environments: str) -> bool:
+        """The environments in the worker's cache, as its heartbeat listed them (JSON)."""
+        return self._set_worker(worker_id, environments=environments)
+
+    def set_worker_capability(self, worker_id: str, capability: str) -> bool:
+        """The worker's capability (JSON), as its heartbeat completed it."""
+        return self._set_worker(worker_id, capability=capability)
 
     def record_beats(self, beats: Sequence[tuple[str, float, str | None]]) -> None:
         """Heartbeats that changed nothing but liveness, many workers in one transaction:
@@ -127,37 +151,28 @@ class FleetOps(ABC):
         """Workers silent since before ``before`` go offline, gone since their last beat.
         Returns the ids this call changed (another replica's sweep, or a heartbeat landing
         meanwhile, changes the answer, not the outcome)."""
-        where = (_W.status != _OFFLINE) & (_W.last_heartbeat < before)
+        froms = [s.value for s in sources(WorkerEvent.SILENT)]
+        where = _W.status.in_(froms) & (_W.last_heartbeat < before)
         stmt = (
             update(t.workers)
             .where(where)
-            .values(status=_OFFLINE, offline_since=_W.last_heartbeat)
+            .values(status=_SILENT_TO, offline_since=_W.last_heartbeat)
             .returning(_W.id)
         )
         with self._write() as conn:
             return [str(i) for i in conn.scalars(stmt)]
 
-    def leave(self, worker_id: str, now: float) -> bool:
-        """A worker that stopped on purpose is offline from now; False if it already was."""
-        with self._write() as conn:
-            res = conn.execute(
-                update(t.workers)
-                .where((_W.id == worker_id) & (_W.status != _OFFLINE))
-                .values(status=_OFFLINE, offline_since=now)
-            )
-            return res.rowcount == 1
-
     def delete_worker(self, worker_id: str) -> bool:
         """Forget an offline worker; False if it is not (or no longer) offline."""
         with self._write() as conn:
             res = conn.execute(
-                t.workers.delete().where((_W.id == worker_id) & (_W.status == _OFFLINE))
+                t.workers.delete().where((_W.id == worker_id) & _W.status.in_(_REMOVABLE))
             )
             return res.rowcount == 1
 
     def delete_gone_ephemeral(self, before: float) -> list[str]:
         """Forget ephemeral workers offline since before ``before``; their ids."""
-        where = (_W.status == _OFFLINE) & _W.ephemeral & (_W.offline_since < before)
+        where = _W.status.in_(_REMOVABLE) & _W.ephemeral & (_W.offline_since < before)
         with self._write() as conn:
             return [str(i) for i in conn.scalars(t.workers.delete().where(where).returning(_W.id))]
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpufleet.domain.models import ACTIVE, WorkerStatus
+from gpufleet.domain.worker_lifecycle import WorkerChange, WorkerEvent, sources, status_after
 from gpufleet.store import schema as t
 from gpufleet.store.api import Hosts
 from gpufleet.store.rows import (
@@ -26,6 +27,8 @@ from gpufleet.store.rows import (
 )
 
 _OFFLINE = WorkerStatus.OFFLINE.value
+_SILENT_TO = status_after(WorkerEvent.SILENT).value
+_REMOVABLE = frozenset(s.value for s in sources(WorkerEvent.REMOVE))
 
 
 def defaults(table: Any) -> dict[str, Any]:
@@ -83,13 +86,31 @@ class MemoryRecords:
                 WorkerRow.from_mapping(dict(w)) for w in rows if pools is None or w["pool"] in pools
             ]
 
-    def update_worker(self, worker_id: str, **values: Any) -> bool:
+    def change_worker(self, change: WorkerChange) -> bool:
+        froms = {s.value for s in change.sources}
+        with self._lock:
+            row = self.workers.get(change.worker_id)
+            if row is None or row["status"] not in froms:
+                return False
+            row.update(change.values())
+            return True
+
+    def _set_worker(self, worker_id: str, **values: Any) -> bool:
         with self._lock:
             row = self.workers.get(worker_id)
             if row is None:
                 return False
             row.update(values)
             return True
+
+    def drain_worker(self, worker_id: str) -> bool:
+        return self._set_worker(worker_id, drain=True)
+
+    def set_worker_environments(self, worker_id: str, environments: str) -> bool:
+        return self._set_worker(worker_id, environments=environments)
+
+    def set_worker_capability(self, worker_id: str, capability: str) -> bool:
+        return self._set_worker(worker_id, capability=capability)
 
     def record_beats(self, beats: Sequence[tuple[str, float, str | None]]) -> None:
         with self._lock:
@@ -110,27 +131,20 @@ class MemoryRecords:
             return True
 
     def mark_offline(self, before: float) -> list[str]:
+        froms = {s.value for s in sources(WorkerEvent.SILENT)}
         with self._lock:
             gone = []
             for row in self.workers.values():
                 beat = row["last_heartbeat"]
-                if row["status"] != _OFFLINE and beat is not None and beat < before:
-                    row.update(status=_OFFLINE, offline_since=beat)
+                if row["status"] in froms and beat is not None and beat < before:
+                    row.update(status=_SILENT_TO, offline_since=beat)
                     gone.append(str(row["id"]))
             return gone
-
-    def leave(self, worker_id: str, now: float) -> bool:
-        with self._lock:
-            row = self.workers.get(worker_id)
-            if row is None or row["status"] == _OFFLINE:
-                return False
-            row.update(status=_OFFLINE, offline_since=now)
-            return True
 
     def delete_worker(self, worker_id: str) -> bool:
         with self._lock:
             row = self.workers.get(worker_id)
-            if row is None or row["status"] != _OFFLINE:
+            if row is None or row["status"] not in _REMOVABLE:
                 return False
             del self.workers[worker_id]
             return True
@@ -140,7 +154,7 @@ class MemoryRecords:
             gone = [
                 i
                 for i, w in self.workers.items()
-                if w["status"] == _OFFLINE
+                if w["status"] in _REMOVABLE
                 and w["ephemeral"]
                 and w["offline_since"] is not None
                 and w["offline_since"] < before
