@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
-import stat
 from pathlib import Path
 
 import pytest
 
-from gpufleet.config import (
-    SETTINGS,
-    config_dir,
-    config_files,
-    load_token,
-    resolve,
-    save_token,
-    token_for,
-)
+import gpufleet.config
+from gpufleet.config import SETTINGS, config_dir, config_files, resolve
 from gpufleet.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -322,51 +313,25 @@ def test_rows_follow_settings_order(project: Path) -> None:
     assert [name for name, _, _ in resolve().rows()] == list(SETTINGS)
 
 
-# --------------------------------------------------------------------------- tokens
+# --------------------------------------------------------------------------- package
+
+#: What callers imported from gpufleet/config.py before it became a package.
+PUBLIC = {
+    "APP", "CLIENTS", "CREDENTIALS_NAME", "ENVIRONMENTS_KEY", "ENV_CONFIG_DIR",
+    "ENV_ENVIRONMENT", "ENV_PREFIX", "FILE_NAME", "SETTINGS", "WORKERS", "Kind", "Resolved",
+    "Setting", "config_dir", "config_files", "credentials_path", "load_token",
+    "load_worker_token", "normalize_url", "parse_size", "resolve", "save_token",
+    "save_worker_token", "server_urls", "token_for", "worker_token_for", "write_file",
+}  # fmt: skip
 
 
-def test_save_and_load_token_roundtrip(user_dir: Path) -> None:
-    path = save_token("http://a:8000/", "tok-a")
-    save_token("https://b.example.com", "tok-b")
+def test_the_package_exports_each_concerns_public_names() -> None:
+    """``gpufleet.config`` stays the front door: every name callers imported from the old
+    module is there, and is the same object as in the module of its concern."""
+    from gpufleet.config import credentials, files, layers, settings, values
 
-    assert path == user_dir / "credentials.json"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(user_dir.stat().st_mode) == 0o700
-    assert json.loads(path.read_text()) == {
-        "servers": {"http://a:8000": "tok-a", "https://b.example.com": "tok-b"}
-    }
-    assert load_token("http://a:8000") == "tok-a"
-    assert load_token("https://b.example.com/") == "tok-b"
-    assert load_token("http://c:8000") is None
-    assert [p.name for p in user_dir.iterdir()] == ["credentials.json"]  # no temp file left
-
-
-def test_save_token_replaces_a_servers_token(user_dir: Path) -> None:
-    save_token("http://a:8000", "old")
-    path = save_token("http://a:8000", "new")
-    assert load_token("http://a:8000/") == "new"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-
-
-def test_load_token_missing_or_unreadable(user_dir: Path) -> None:
-    assert load_token("http://a:8000") is None
-    user_dir.mkdir()
-    (user_dir / "credentials.json").write_text("{not json")
-    assert load_token("http://a:8000") is None
-    with pytest.raises(ConfigError, match=r"credentials\.json"):
-        save_token("http://a:8000", "tok")  # never silently drops other servers' tokens
-
-
-def test_save_token_rejects_a_bad_server(user_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="must be a URL"):
-        save_token("gpu-box:8000", "tok")
-
-
-def test_token_for_prefers_the_configured_token(
-    user_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    save_token("http://a:8000", "saved")
-    assert token_for("http://a:8000", resolve()) == "saved"
-    monkeypatch.setenv("GPUFLEET_TOKEN", "from-env")
-    assert token_for("http://a:8000", resolve()) == "from-env"
-    assert token_for("http://a:8000", resolve(only=["server"])) == "saved"
+    assert set(gpufleet.config.__all__) == PUBLIC
+    modules = (credentials, files, layers, settings, values)
+    for name in PUBLIC:
+        exported = getattr(gpufleet.config, name)
+        assert any(getattr(m, name, None) is exported for m in modules), name

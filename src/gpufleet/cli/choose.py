@@ -9,10 +9,11 @@ from pathlib import Path, PurePath
 import typer
 from rich.table import Table
 
-from gpufleet import config
 from gpufleet.cli._common import age, client, err, resolve, shown, styled
 from gpufleet.client import Client
 from gpufleet.client.session import Session
+from gpufleet.config.credentials import load_token, token_for
+from gpufleet.config.values import normalize_url
 from gpufleet.domain.quota import size_text
 from gpufleet.errors import ConfigError
 from gpufleet.wire import Candidate, GpuModel, HostOut, JobSpecModel, WorkerOut
@@ -130,7 +131,7 @@ def session_client(server: str | None, ca: Path | None, session: str | None) -> 
     target = read_session(session)
     if target is None:
         return client(server, ca)
-    if server is not None and config.normalize_url(server) != config.normalize_url(target.server):
+    if server is not None and normalize_url(server) != normalize_url(target.server):
         raise ConfigError(
             f"--server {server}: the session is for {target.server}; give one or the other"
         )
@@ -146,8 +147,8 @@ def session_token(target: Session) -> str:
         return target.token
     settings = resolve(server=None)
     configured = str(settings["server"])
-    same = config.normalize_url(configured) == config.normalize_url(target.server)
-    token = config.token_for(configured, settings) if same else config.load_token(target.server)
+    same = normalize_url(configured) == normalize_url(target.server)
+    token = token_for(configured, settings) if same else load_token(target.server)
     if not token:
         raise ConfigError(
             f"--session: the worker is on {target.server}, and your token is for "

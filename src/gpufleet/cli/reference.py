@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from gpufleet import config
+from gpufleet.config.settings import SETTINGS
 
 # Typer ships its own copy of click, so commands are handled by shape, not by class.
 
@@ -55,7 +55,7 @@ def render(app: typer.Typer) -> str:
         if params:
             lines += ["| option | meaning |", "|---|---|", *(_param_row(p) for p in params), ""]
     lines += ["## Settings", "", "| setting | environment | meaning |", "|---|---|---|"]
-    for s in config.SETTINGS.values():
+    for s in SETTINGS.values():
         lines.append(f"| `{s.name}` | `{s.env}` | {s.help} |")
     return "\n".join(lines) + "\n"
 

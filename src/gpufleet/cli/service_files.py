@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet import config
+from gpufleet.config.files import write_file
 from gpufleet.errors import ConfigError
 
 UNIT_DIR = Path("/etc/systemd/system")
@@ -219,8 +219,8 @@ def write_systemd(
     try:
         unit_dir.mkdir(parents=True, exist_ok=True)
         env_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        config.write_file(env_path, render_env_file(svc, masked=False), 0o600)
-        config.write_file(unit_path, render_unit(svc, env_path), 0o644)
+        write_file(env_path, render_env_file(svc, masked=False), 0o600)
+        write_file(unit_path, render_unit(svc, env_path), 0o644)
     except OSError as exc:
         raise ConfigError(
             f"cannot write {exc.filename or unit_dir}: {exc.strerror or exc}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from gpufleet.config import server_urls
+from gpufleet.config.values import server_urls
 from gpufleet.errors import ConfigError
 
 

@@ -15,7 +15,7 @@ from types import FrameType
 
 import uvicorn
 
-from gpufleet.config import load_token, load_worker_token, save_token, save_worker_token
+from gpufleet.config.credentials import load_token, load_worker_token, save_token, save_worker_token
 from gpufleet.errors import ConfigError
 from gpufleet.server.app import create_app
 from gpufleet.server.auth import LOCAL_WORKER, Auth
