@@ -21,9 +21,9 @@ from gpufleet.errors import HashMismatch, StorageUnusable
 from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
+from gpufleet.server.serve import open_blob_bytes
 from gpufleet.server.uploads import SESSION_TTL
 from gpufleet.store import SqlStore
-from gpufleet.store.blobbytes import open_blob_bytes
 from gpufleet.store.s3blobs import MIN_PART, S3Blobs, part_size
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX, assert_error, bearer
 from tests.s3server import S3Server

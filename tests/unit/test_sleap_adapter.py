@@ -12,7 +12,7 @@ import yaml
 import zmq
 import zmq.asyncio
 
-from gpufleet.worker.adapters import adapter_for
+from gpufleet.worker.jobs import adapter_for
 from gpufleet.worker.sleap import TrackAdapter, TrainAdapter, epochs_of
 from tests.sleap_pkg import config
 

@@ -1,7 +1,8 @@
 """Blob policy: content-addressed storage, verified single-request uploads, archive checks.
 
-Resumable uploads live in :mod:`gpufleet.server.uploads`; moving a body to disk (write
-and hash at once, flat memory) in :mod:`gpufleet.server.pump`.
+Resumable uploads live in :mod:`gpufleet.server.uploads`; the checks both follow (size,
+hash, the row that makes a blob) in :mod:`gpufleet.server.blobrules`; moving a body to
+disk (write and hash at once, flat memory) in :mod:`gpufleet.server.pump`.
 """
 
 from __future__ import annotations
@@ -10,29 +11,24 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet import archive
-from gpufleet.errors import HashMismatch, NotFound, TooLarge, UnsafeArchive
+from gpufleet.errors import NotFound, UnsafeArchive
+from gpufleet.server.blobrules import BlobRules, BlobSettings
 from gpufleet.server.pump import pump
 from gpufleet.server.uploads import SESSION_TTL, UploadSessions
 from gpufleet.store import Store
 from gpufleet.store.blobbytes import BlobBytes
 from gpufleet.store.rows import BlobRow
 
-
-@dataclass(frozen=True)
-class BlobSettings:
-    max_size: int = 64 << 30
-    limits: archive.Limits = field(default_factory=archive.Limits)
-    # A request body that sends nothing for this long is treated as gone.
-    idle_timeout: float = 30.0
+# BlobSettings is built with the service, so callers take both from here.
+__all__ = ["BlobService", "BlobSettings"]
 
 
-class BlobService:
+class BlobService(BlobRules):
     """Blobs, their upload sessions (:attr:`uploads`) and archive checks, over the blob
     files and their rows."""
 
@@ -43,23 +39,13 @@ class BlobService:
         settings: BlobSettings,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
-        self.storage = storage
-        self.settings = settings
-        self.clock = clock
+        super().__init__(store, storage, settings, clock)
         self.uploads = UploadSessions(self, clock)
 
     def startup(self) -> int:
         """Drop expired sessions and what a crash left behind."""
         live = self.store.upload_ids(self.clock() - SESSION_TTL)
         return self.storage.clean(live, self.clock())
-
-    def has(self, sha256: str) -> int | None:
-        """The blob's size if the server holds it complete, else None."""
-        row = self.store.get_blob(sha256)
-        if row is None or not self.storage.exists(sha256):
-            return None
-        return row.size
 
     def get(self, sha256: str) -> BlobRow | None:
         return self.store.get_blob(sha256)
@@ -82,23 +68,6 @@ class BlobService:
             raise NotFound(f"no blob {sha256}", detail={"blob": sha256})
         return size
 
-    @staticmethod
-    def check_length(declared: int | None, limit: int) -> None:
-        """Refuse, before reading it, a body whose Content-Length is over ``limit``."""
-        if declared is not None and declared > limit:
-            raise TooLarge(
-                f"the body ({declared} bytes) is over the limit of {limit} bytes",
-                detail={"size": declared, "limit": limit},
-            )
-
-    def check_size(self, size: int) -> None:
-        if size > self.settings.max_size:
-            raise TooLarge(
-                f"{size} bytes is over the server's blob size limit of "
-                f"{self.settings.max_size} bytes (gpufleet server --max-blob-size)",
-                detail={"size": size, "limit": self.settings.max_size},
-            )
-
     async def put(self, sha256: str, body: AsyncIterator[bytes], prove: bool = False) -> bool:
         """Store a streamed body as blob ``sha256``; False if it was already there. With
         ``prove``, a blob already there is still read and checked: the caller may not read
@@ -120,19 +89,6 @@ class BlobService:
         finally:
             await run_in_threadpool(writer.close)
         return True
-
-    @staticmethod
-    def verify(sha256: str, got: str) -> None:
-        """Refuse bytes that do not hash to the blob's id (422; the caller keeps nothing)."""
-        if got != sha256:
-            raise HashMismatch(
-                f"the bytes sent hash to {got}, not {sha256}; nothing was kept",
-                detail={"expected": sha256, "got": got},
-            )
-
-    def record(self, sha256: str, size: int) -> None:
-        """Record the row of a blob whose verified bytes are stored: now it exists."""
-        self.store.record_blob(sha256, size, self.clock())
 
     # ---- archives ---------------------------------------------------------------------
 

@@ -24,7 +24,9 @@ from gpufleet.server.connections import guarded_protocol
 from gpufleet.server.limits import Limits
 from gpufleet.server.settings import QueueSettings
 from gpufleet.store import SqlStore
-from gpufleet.store.blobbytes import open_blob_bytes
+from gpufleet.store.blobbytes import BlobBytes
+from gpufleet.store.blobfiles import BlobFiles
+from gpufleet.store.s3blobs import S3Blobs
 from gpufleet.tokens import redact
 
 
@@ -51,6 +53,22 @@ def database_url(data_dir: Path, db: str | None) -> str:
     if db:
         return db
     return f"sqlite:///{(data_dir / 'gpufleet.db').resolve()}"
+
+
+def open_blob_bytes(spec: str | None, data_dir: Path, endpoint: str | None = None) -> BlobBytes:
+    """The store ``--blob-store`` names: None for the data dir, ``s3://bucket/prefix`` for
+    an S3-compatible object store (``endpoint``, e.g. a MinIO URL; credentials from the
+    usual AWS sources: environment, ~/.aws, an instance role)."""
+    if not spec:
+        return BlobFiles(data_dir / "blobs")
+    if spec.startswith("s3://"):
+        s3 = S3Blobs.from_url(spec, endpoint)
+        s3.check()
+        return s3
+    raise ConfigError(
+        f"--blob-store {spec!r}: say s3://BUCKET[/PREFIX], or leave it out to keep blobs "
+        "in the data dir"
+    )
 
 
 class _Encrypted(Exception):

@@ -24,25 +24,22 @@ import contextlib
 import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from gpufleet.errors import Conflict, NotFound, ValidationFailed
+from gpufleet.server.blobrules import BlobRules
 from gpufleet.server.pump import pump
 from gpufleet.store.blobbytes import Appender, Busy
 from gpufleet.store.blobfiles import new_upload_id
 from gpufleet.wire import UploadOut
 
-if TYPE_CHECKING:
-    from gpufleet.server.blobs import BlobService
-
 SESSION_TTL = 24 * 3600.0
 
 
 class UploadSessions:
-    def __init__(self, blobs: BlobService, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, blobs: BlobRules, clock: Callable[[], float] = time.time) -> None:
         self.blobs = blobs
         self.store = blobs.store
         self.storage = blobs.storage

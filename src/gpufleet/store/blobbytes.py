@@ -1,5 +1,6 @@
 """Where blob bytes live: the data dir (:mod:`gpufleet.store.blobfiles`, the default) or an
-S3-compatible object store (:mod:`gpufleet.store.s3blobs`, ``--blob-store s3://...``).
+S3-compatible object store (:mod:`gpufleet.store.s3blobs`, ``--blob-store s3://...``); the
+server picks one as it starts (:func:`gpufleet.server.serve.open_blob_bytes`).
 
 Both keep blobs content-addressed and immutable, and hold the bytes of resumable upload
 sessions until they are verified. The server's policy (sizes, hashes, rows, who may read)
@@ -130,25 +131,3 @@ class BlobBytes(SessionBytes, Protocol):
 
     def clean(self, live_sessions: set[str], now: float) -> int:
         """At start: create what is needed, remove what a crash left (how many)."""
-
-
-def open_blob_bytes(spec: str | None, data_dir: Path, endpoint: str | None = None) -> BlobBytes:
-    """The store ``--blob-store`` names: None for the data dir, ``s3://bucket/prefix`` for
-    an S3-compatible object store (``endpoint``, e.g. a MinIO URL; credentials from the
-    usual AWS sources: environment, ~/.aws, an instance role)."""
-    from gpufleet.errors import ConfigError
-
-    if not spec:
-        from gpufleet.store.blobfiles import BlobFiles
-
-        return BlobFiles(data_dir / "blobs")
-    if spec.startswith("s3://"):
-        from gpufleet.store.s3blobs import S3Blobs
-
-        s3 = S3Blobs.from_url(spec, endpoint)
-        s3.check()
-        return s3
-    raise ConfigError(
-        f"--blob-store {spec!r}: say s3://BUCKET[/PREFIX], or leave it out to keep blobs "
-        "in the data dir"
-    )

@@ -13,10 +13,8 @@ and :meth:`Adapter.close` once the process has ended.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from gpufleet.domain.models import Adapter as Kind
 from gpufleet.errors import GpufleetError
 
 #: Where an adapter sends each progress record (already checked, in its stored form).
@@ -51,16 +49,3 @@ class Adapter:
 
     async def close(self) -> None:
         """The process has ended: take what its channel still holds, then let go."""
-
-
-def adapter_for(kind: str | None, argv: list[str], workdir: Path, emit: Emit) -> Adapter:
-    """The adapter a job's spec names (a plain one for None)."""
-    if kind is None:
-        return Adapter()
-    from gpufleet.worker import sleap
-
-    if kind == Kind.SLEAP_TRAIN:
-        return sleap.TrainAdapter(emit, sleap.epochs_of(argv, workdir))
-    if kind == Kind.SLEAP_TRACK:
-        return sleap.TrackAdapter(emit)
-    raise AdapterError(f"this worker does not know the job adapter {kind!r}; upgrade it")

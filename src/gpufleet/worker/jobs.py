@@ -25,6 +25,7 @@ from gpufleet.client import AsyncClient, Client
 from gpufleet.domain import progress
 from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.models import DEFAULT_OUTPUTS, HyperStyle
+from gpufleet.domain.models import Adapter as AdapterKind
 from gpufleet.errors import Conflict, GpufleetError, ServerUnavailable
 from gpufleet.terminal import visible
 from gpufleet.tokens import redact
@@ -40,7 +41,8 @@ from gpufleet.wire import (
     ReleaseRequest,
     StartRequest,
 )
-from gpufleet.worker.adapters import Adapter, AdapterError, adapter_for
+from gpufleet.worker import sleap
+from gpufleet.worker.adapters import Adapter, AdapterError, Emit
 from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.capability import job_path
 from gpufleet.worker.downloads import Download
@@ -81,6 +83,17 @@ def say(msg: str) -> None:
     """A line of the worker's log (never a token: anything token-shaped is cut). It
     names jobs that others submitted: their control characters are shown as escapes."""
     print(f"{time.strftime('%H:%M:%S')} {visible(redact(msg))}", flush=True)
+
+
+def adapter_for(kind: str | None, argv: list[str], workdir: Path, emit: Emit) -> Adapter:
+    """The adapter a job's spec names (a plain one for None)."""
+    if kind is None:
+        return Adapter()
+    if kind == AdapterKind.SLEAP_TRAIN:
+        return sleap.TrainAdapter(emit, sleap.epochs_of(argv, workdir))
+    if kind == AdapterKind.SLEAP_TRACK:
+        return sleap.TrackAdapter(emit)
+    raise AdapterError(f"this worker does not know the job adapter {kind!r}; upgrade it")
 
 
 @dataclass
