@@ -7,15 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from gpufleet.server import (
-    routes_blobs,
-    routes_dashboard,
-    routes_environments,
-    routes_events,
-    routes_jobs,
-    routes_metrics,
-    routes_workers,
-)
+from gpufleet.server.routes import blobs, dashboard, environments, events, jobs, metrics, workers
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX
 
 if TYPE_CHECKING:
@@ -114,13 +106,13 @@ def test_app_serves_every_router(app: FastAPI) -> None:
     served = _operations(_api_routes(list(app.routes)))
     routers = _operations(
         _api_routes(
-            list(routes_jobs.router.routes)
-            + list(routes_workers.router.routes)
-            + list(routes_blobs.router.routes)
-            + list(routes_environments.router.routes)
-            + list(routes_events.router.routes)
-            + list(routes_metrics.router.routes)
-            + list(routes_dashboard.router.routes)
+            list(jobs.router.routes)
+            + list(workers.router.routes)
+            + list(blobs.router.routes)
+            + list(environments.router.routes)
+            + list(events.router.routes)
+            + list(metrics.router.routes)
+            + list(dashboard.router.routes)
         )
     )
     assert served == routers

@@ -19,15 +19,7 @@ from starlette.exceptions import HTTPException
 
 from gpufleet import __version__
 from gpufleet.errors import GpufleetError, InsufficientStorage
-from gpufleet.server import (
-    routes_blobs,
-    routes_dashboard,
-    routes_environments,
-    routes_events,
-    routes_jobs,
-    routes_metrics,
-    routes_workers,
-)
+from gpufleet.server import routes
 from gpufleet.server.audit import AuditLog, AuditWriter
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService
@@ -203,7 +195,7 @@ def create_app(
         app.add_exception_handler(cls, _on_shortage)
     app.add_middleware(AuditLog, writer=audit)
     app.add_middleware(RefuseNul)
-    app.add_middleware(routes_dashboard.SecurityHeaders)
+    app.add_middleware(routes.dashboard.SecurityHeaders)
     # Added last, so outermost: a refused flood costs no audit row, no database write.
     app.add_middleware(
         LimitsMiddleware,
@@ -215,14 +207,14 @@ def create_app(
     # Outermost of all: every answer carries its request id, and a crash anywhere inside
     # is answered (and logged) once, with that id.
     app.add_middleware(RequestIds, access_log=access_log)
-    app.include_router(routes_jobs.router)
-    app.include_router(routes_workers.router)
-    app.include_router(routes_blobs.router)
-    app.include_router(routes_environments.router)
-    app.include_router(routes_events.router)
-    app.include_router(routes_metrics.router)
-    app.include_router(routes_dashboard.router)
-    app.mount("/ui", routes_dashboard.static_files(), name="ui")
+    app.include_router(routes.jobs.router)
+    app.include_router(routes.workers.router)
+    app.include_router(routes.blobs.router)
+    app.include_router(routes.environments.router)
+    app.include_router(routes.events.router)
+    app.include_router(routes.metrics.router)
+    app.include_router(routes.dashboard.router)
+    app.mount("/ui", routes.dashboard.static_files(), name="ui")
     return app
 
 

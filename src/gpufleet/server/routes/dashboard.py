@@ -29,7 +29,7 @@ from gpufleet.server.gate import SESSION_COOKIE
 from gpufleet.store import TokenRow
 from gpufleet.wire import ERRORS, SessionCreate, SessionOut
 
-DASHBOARD = Path(__file__).parent / "dashboard"
+DASHBOARD = Path(__file__).parent.parent / "dashboard"  # gpufleet/server/dashboard/
 router = APIRouter(responses=ERRORS)
 Reader = Annotated[Caller, Depends(deps.reader)]
 
