@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from gpufleet.wire import JobSpecModel, Lease
 from gpufleet.worker.adapters import Adapter
 from gpufleet.worker.backlog import LINE_OVERHEAD, Backlog
-from gpufleet.worker.jobs import MAX_BATCH, MAX_BATCH_CHARS, Running
+from gpufleet.worker.running import Running
+from gpufleet.worker.uploads import MAX_BATCH, MAX_BATCH_CHARS
 
 
 def drain(backlog: Backlog, lines: int = 1000, chars: int = 1 << 20) -> list[tuple[str, str]]:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -45,25 +44,17 @@ from gpufleet.wire import (
     WhoAmI,
     WorkerRegister,
 )
-from gpufleet.worker.backlog import Backlog
 from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus, live_state
 from gpufleet.worker.envphase import EnvPhase, env_cache
-from gpufleet.worker.isolation import (
-    SlotUsers,
-    check_run_as,
-    drop_secret_env,
-    make_undumpable,
-    set_up_run_as,
-    slot_users,
-)
-from gpufleet.worker.jobs import PROGRESS_DIR, JobSteps, Running, Stopped, say
+from gpufleet.worker.isolation import drop_secret_env, make_undumpable
+from gpufleet.worker.jobs import JobRunner, run_as_users
+from gpufleet.worker.log import say
 from gpufleet.worker.nvml import GpuReading, group_gpu_mib
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.reports import Reports
-from gpufleet.worker.runner import (
-    kill_leftovers,
-)
+from gpufleet.worker.runner import kill_leftovers
+from gpufleet.worker.running import StopReason
 from gpufleet.worker.slots import Slots
 from gpufleet.worker.spawn import stop_guard
 from gpufleet.worker.staging import Stager
@@ -73,7 +64,11 @@ T = TypeVar("T")
 RETRY_CAP = 2.0  # seconds between tries at most while the server is away
 PRUNE_EVERY = 600.0  # seconds between removals of old work dirs
 FENCE_CHECK = 0.25  # seconds between self-fencing checks
-SPILL = ".unsent-output"  # under the work dir: output held while the server is away
+
+
+class Stopped(GpufleetError):
+    """The worker was told to stop while it waited for the server, with nothing to hand
+    back or report: it stops instead of retrying."""
 
 
 @dataclass
@@ -85,9 +80,9 @@ class Poll:
     replaced: bool = False
 
 
-class Agent(JobSteps):
-    """A worker: its registration, claims, heartbeats and drain; running a job is
-    :class:`JobSteps`."""
+class Agent:
+    """A worker: its registration, claims, heartbeats and drain. It runs the jobs it
+    claims with its :class:`~gpufleet.worker.jobs.JobRunner`, ``jobs``."""
 
     def __init__(self, opts: WorkerOptions, capability: Capability) -> None:
         self.opts = opts
@@ -95,7 +90,7 @@ class Agent(JobSteps):
             capability, mounts=opts.mounts, python_downloads=opts.env_python_downloads
         )
         self.found_pythons: list[str] | None = None  # found since the last heartbeat
-        self.users = self._slot_users(opts, capability)
+        self.users = run_as_users(opts, capability)
         self.client = AsyncClient(opts.server, opts.token, ca=opts.ca)
         # Bulk transfers run the blocking client in threads: one code path for the SDK,
         # the CLI and the worker.
@@ -112,12 +107,7 @@ class Agent(JobSteps):
             say(f"warning: {why}")
         opts.work_dir.mkdir(parents=True, exist_ok=True)
         remove_leftovers(opts.work_dir, ".artifact.")
-        # Output an earlier worker process could not send: its attempts have ended.
-        shutil.rmtree(opts.work_dir / SPILL, ignore_errors=True)
         self.slots = Slots(opts.cpu_slots, capability.gpus)
-        # Keyed by lease: a job cancelled and requeued may come back to this worker while
-        # its old attempt is still being killed.
-        self.running: dict[tuple[str, int], Running] = {}
         self.lease_timeout: float | None = None
         self.worker_id = ""
         self.announced = False
@@ -130,19 +120,18 @@ class Agent(JobSteps):
         self.several = not opts.ephemeral  # ask for a job per free slot in one poll
         self.tasks: set[asyncio.Task[None]] = set()
         self.reports = Reports(self.client, self.retrying)
-
-    @staticmethod
-    def _slot_users(opts: WorkerOptions, capability: Capability) -> SlotUsers | None:
-        """``--run-as``: its users, checked (root, enough of them, able to reach the work
-        dir), with the worker's own files closed to them from now on."""
-        if not opts.run_as:
-            return None
-        users = slot_users(opts.run_as)
-        check_run_as(users, 1 if opts.ephemeral else opts.cpu_slots + len(capability.gpus))
-        for warning in set_up_run_as(users, opts.work_dir, PROGRESS_DIR, opts.cache_dir):
-            say(f"warning: {warning}")
-        say(f"jobs run as {', '.join(u.name for u in users)}, one user per running job")
-        return SlotUsers(users)
+        self.jobs = JobRunner(
+            opts,
+            self.client,
+            self.data,
+            stager=self.stager,
+            slots=self.slots,
+            reports=self.reports,
+            envs=self.envs,
+            users=self.users,
+            spawn=self.spawn,
+            retrying=self.retrying,
+        )
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background, keeping a reference until it ends."""
@@ -206,7 +195,7 @@ class Agent(JobSteps):
 
     def begin_drain(self, grace: float | None, why: str) -> None:
         if not self.draining:
-            jobs = len(self.running)
+            jobs = len(self.jobs.running)
             say(f"draining ({why}): no new jobs; {jobs} running job(s) may finish")
             self.drain_why = why
         self.draining = True
@@ -230,10 +219,9 @@ class Agent(JobSteps):
         return self.draining and deadline is not None and time.monotonic() > deadline + 10
 
     async def wait_drained(self) -> None:
-        while not (self.draining and not self.running):
+        while not (self.draining and not self.jobs.running):
             if self.draining and self.drain_deadline and time.monotonic() >= self.drain_deadline:
-                for run in list(self.running.values()):
-                    await self.stop_job(run, "drain")
+                self.jobs.kill_all(StopReason.DRAIN)
             await asyncio.sleep(0.1)
 
     # ---- talking to the server ---------------------------------------------------------
@@ -256,7 +244,7 @@ class Agent(JobSteps):
                 if self.shutdown_overdue():
                     say(f"giving up {what}: the server is away and this worker is shutting down")
                     raise
-                if self.draining and not self.running:
+                if self.draining and not self.jobs.running:
                     raise Stopped(f"stopping: nothing runs, so {what} is not retried") from exc
                 if not warned:
                     say(f"server unreachable during {what}: {exc.message}; retrying")
@@ -277,7 +265,7 @@ class Agent(JobSteps):
             ephemeral=self.opts.ephemeral,
             running=[
                 LeaseRef(job_id=r.lease.job_id, attempt=r.lease.attempt)
-                for r in self.running.values()
+                for r in self.jobs.running.values()
             ],
         )
         out = await self.retrying("register", lambda: self.client.register(body))
@@ -345,7 +333,7 @@ class Agent(JobSteps):
                     if r.proc is not None and r.lease.gpus and readings
                     else None,
                 )
-                for r in self.running.values()
+                for r in self.jobs.running.values()
             ],
             gpus=[GpuModel.from_domain(g) for g in gpus],
             draining=self.draining,
@@ -363,17 +351,8 @@ class Agent(JobSteps):
             say("the server does not know this worker any more; registering again")
             await self.register()
             return
-        for o in resp.orders:
-            run = self.running.get((o.job_id, o.attempt))
-            if run is None:
-                continue
-            if o.order != "cancel":  # the server renewed this lease
-                run.renewed = max(run.renewed, sent)
-            if o.order == "cancel" and run.stop_reason in (None, "stop"):
-                say(f"job {o.job_id}: the server says kill it (cancelled or lease lost)")
-                await self.stop_job(run, "cancel")
-            elif o.order == "stop":
-                self.stop_early(run, o.grace if o.grace is not None else 60.0)
+        for order in resp.orders:
+            self.jobs.obey(order, sent)
         if resp.drain:
             self.begin_drain(None, "operator")
 
@@ -438,28 +417,15 @@ class Agent(JobSteps):
         cannot do this: its jobs run on until it thaws, and then stop at once."""
         while True:
             await asyncio.sleep(FENCE_CHECK)
-            lease = self.lease_timeout
-            if lease is None:
-                continue
-            margin = min(3.0, lease / 4)
-            now = time.monotonic()
-            for run in list(self.running.values()):
-                silent = now - run.renewed
-                if run.stop_reason in ("cancel", "lost") or silent < lease - margin:
-                    continue
-                say(
-                    f"job {run.lease.job_id} attempt {run.lease.attempt}: no heartbeat "
-                    f"answered for {silent:.1f}s (the lease is {lease:g}s); stopping it, "
-                    "since the server requeues it"
-                )
-                await self.stop_job(run, "lost", grace=max(0.0, lease - silent))
+            if self.lease_timeout is not None:
+                self.jobs.fence(self.lease_timeout)
 
     async def prune_loop(self) -> None:
         """Remove finished jobs' work dirs past --work-dir-retention, now and every ten
         minutes."""
         keep = self.opts.work_dir_retention
         while keep is not None:
-            busy = {job_dir_name(job, attempt) for job, attempt in self.running}
+            busy = {job_dir_name(job, attempt) for job, attempt in self.jobs.running}
             try:
                 gone = await asyncio.to_thread(prune_work_dirs, self.opts.work_dir, keep, busy)
             except OSError as exc:
@@ -590,13 +556,8 @@ class Agent(JobSteps):
             say(f"job {lease.job_id}: its slot is taken here; handing it back")
             await self.hand_back(lease, "slot already taken on the worker")
             return
-        self.slots.take(lease.gpus)
         self.lease_timeout = lease.lease_timeout
-        spill = self.opts.work_dir / SPILL / job_dir_name(lease.job_id, lease.attempt)
-        backlog = Backlog(spill, disk=self.opts.log_backlog)
-        user = self.users.take() if self.users is not None else None
-        run = self.running[(lease.job_id, lease.attempt)] = Running(lease, backlog, user=user)
-        self.spawn(self.run_job(run))
+        self.jobs.start(lease)
         if self.opts.ephemeral:
             self.begin_drain(None, "ephemeral worker took its one job")
 
