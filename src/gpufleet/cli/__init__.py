@@ -73,7 +73,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "taking the job.",
     ),
     "download": ("data", "Download a job's artifact (its outputs) and unpack it."),
-    "server": ("fleet", "Run the server (queue, fleet state, API) until SIGINT or SIGTERM."),
+    "server": ("server", "Run the server (queue, fleet state, API) until SIGINT or SIGTERM."),
     "drain": (
         "fleet",
         "Stop giving a worker jobs; it finishes what it runs, then exits (and shows offline).",
@@ -84,21 +84,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "workers not offline, with how many are free (not running a job, not held for "
         "one).",
     ),
-    "capability": ("fleet", "Print what a worker on this machine would report, as JSON."),
+    "capability": ("worker", "Print what a worker on this machine would report, as JSON."),
     "audit": (
-        "fleet",
+        "audit",
         "The audit log: every state-changing call, who made it, from where, and how it "
         "ended, and the server's lifecycle events (worker registered, offline, removed; "
         "lease lost) (admin, operator of every pool).",
     ),
     "whoami": (
-        "fleet",
+        "tokens",
         "The token this CLI uses (or the session's): its id, name, role and pools; never "
         "its secret.",
     ),
     "blobs": ("data", "Content-addressed blobs on the server (power users, scripts)."),
     "worker": (
-        "fleet",
+        "worker",
         "Run a worker: detect this machine, claim jobs that fit, run them, report back. "
         "It prints a session string; `gpufleet submit --session STRING` sends a job to "
         "it.",
@@ -123,8 +123,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "The Python environments workers have built for jobs: list them, or build one "
         "ahead of time on a worker.",
     ),
-    "config": ("fleet", "Show the effective configuration."),
-    "tokens": ("fleet", "Create, list and revoke tokens (admin)."),
+    "config": ("settings", "Show the effective configuration."),
+    "tokens": ("tokens", "Create, list and revoke tokens (admin)."),
     "sleap": (
         "sleap",
         "SLEAP pose estimation: train a package exported by SLEAP on the fleet, track "

@@ -95,6 +95,8 @@ def fields_signature(cls: Any) -> inspect.Signature:
 
 
 CaOpt = Annotated[Path | None, setting_option("ca")]
+ServerOpt = Annotated[str | None, setting_option("server")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 SessionOpt = Annotated[
     str | None,
     typer.Option(
@@ -107,6 +109,15 @@ SessionOpt = Annotated[
         "when set.",
     ),
 ]
+
+
+DAY, HOUR = 86400.0, 3600.0
+
+
+def retention_seconds(retention: float, unit: float) -> float | None:
+    """A retention setting (in days or hours, ``unit`` seconds each) in seconds; None
+    (keep forever) for 0."""
+    return retention * unit if retention > 0 else None
 
 
 def resolve(**cli: Any) -> config.Resolved:

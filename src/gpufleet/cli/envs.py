@@ -15,9 +15,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gpufleet.cli._common import CaOpt, age, client, err, out, print_json, shown
+from gpufleet.cli._common import CaOpt, JsonOpt, ServerOpt, age, client, err, out, print_json, shown
 from gpufleet.cli.environments import environment_model
-from gpufleet.cli.jobs import JsonOpt, ServerOpt, follow
+from gpufleet.cli.jobs import follow
 from gpufleet.domain.environments import EnvRequest
 from gpufleet.domain.quota import size_text
 from gpufleet.errors import ConfigError

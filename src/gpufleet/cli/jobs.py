@@ -15,13 +15,14 @@ from rich.table import Table
 
 from gpufleet.cli._common import (
     CaOpt,
+    JsonOpt,
+    ServerOpt,
     SessionOpt,
     client,
     duration,
     err,
     out,
     print_json,
-    setting_option,
     shown,
     styled,
     when,
@@ -45,8 +46,6 @@ from gpufleet.wire import (
     ManifestApply,
 )
 
-ServerOpt = Annotated[str | None, setting_option("server")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 JobArg = Annotated[str, typer.Argument(help="Job id (or a name that only one job has).")]
 
 
