@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import UTC, datetime
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus
 from gpufleet.domain.quota import MARKER
-from gpufleet.errors import Conflict, Forbidden, NotFound
+from gpufleet.errors import Conflict, NotFound
 from gpufleet.server.dispatch import Dispatch
 from gpufleet.server.fleet import Fleet, OnEvent
 from gpufleet.server.metrics import Metrics
@@ -60,42 +59,10 @@ class Leases:
         self.settings = settings
         self.fleet = fleet
         self.dispatch = dispatch
-        self.secrets = dispatch.secrets  # the ones its claims gave
         self.notices = notices
         self.clock = clock
         self.on_event = on_event
         self.metrics = metrics
-
-    def check_holder(
-        self,
-        job_id: str,
-        attempt: int,
-        token_id: str,
-        pools: Sequence[str] | None,
-        secret: str | None,
-    ) -> JobRow:
-        """The job, if (job_id, attempt) is its current lease, the worker holding it was
-        enrolled with ``token_id``, and ``secret`` is the one its claim gave: 404 for a job
-        of a pool the caller cannot see, 409 for a stale lease, 403 for a lease another
-        token's worker holds or a wrong secret."""
-        job = self.held(job_id, attempt, pools)
-        holder = self.fleet.claimer(job.worker_id) if job.worker_id else None
-        if holder is None or holder.token_id != token_id:
-            raise Forbidden(
-                f"job {job_id} attempt {attempt} is held by worker "
-                f"{holder.name if holder else '?'}, not by a worker of this token",
-                detail={"job": job_id, "attempt": attempt},
-            )
-        if job.claimed_at is None or not self.secrets.holds(
-            secret, job_id, attempt, job.claimed_at
-        ):
-            raise Forbidden(
-                f"job {job_id} attempt {attempt}: this write does not carry the secret the "
-                "attempt's claim gave its worker (field 'secret'); a worker's token alone "
-                "cannot write an attempt's results",
-                detail={"job": job_id, "attempt": attempt, "field": "secret"},
-            )
-        return job
 
     def _job(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)
@@ -239,9 +206,10 @@ class Leases:
     ) -> JobRow:
         """Record the end of an attempt: success, a retry after backoff, or failure. A
         failed attempt keeps the last lines of its stderr, to say why. ``held``: the job
-        as :meth:`check_holder` just read it (the change itself is guarded by the lease).
-        ``failure``: its class ("environment"), and ``final``: it fails the same way on
-        every worker, so the job is not retried (``lifecycle.finish``)."""
+        as :meth:`~gpufleet.server.holders.Holders.check` just read it (the change itself
+        is guarded by the lease). ``failure``: its class ("environment"), and ``final``: it
+        fails the same way on every worker, so the job is not retried
+        (``lifecycle.finish``)."""
         job = held if held is not None else self.held(job_id, attempt)
         tail = [printable(line) for line in stderr_tail]
         said = printable(error) if error else None
@@ -270,30 +238,6 @@ class Leases:
         if change.status == JobStatus.PENDING or done.released:
             self.notices.changed()
         return done.job
-
-    def refused_result(
-        self,
-        job_id: str,
-        attempt: int,
-        token_id: str,
-        exit_code: int | None,
-        error: str | None,
-        secret: str | None = None,
-    ) -> None:
-        """A result for an attempt that had ended (its lease lost, the job cancelled) is
-        refused with 409; keep what it said in that attempt's history, if a worker of
-        ``token_id`` ran the attempt."""
-        ran = next((a for a in self.store.attempts(job_id) if a.attempt == attempt), None)
-        holder = self.fleet.claimer(ran.worker_id) if ran and ran.worker_id else None
-        if holder is None or holder.token_id != token_id:
-            return
-        if ran is None or not self.secrets.holds(secret, job_id, attempt, ran.claimed_at):
-            return  # only the attempt's own worker may leave a word in its history
-        said = f"exit code {exit_code}" if exit_code is not None else "no exit code"
-        if error:
-            said += f" ({printable(error)[:500]})"
-        when = datetime.fromtimestamp(self.clock(), UTC).isoformat(timespec="seconds")
-        self.store.late_result(job_id, attempt, f"{said}, sent at {when}; refused")
 
     def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
         """A draining worker hands a job back; the attempt is not counted."""

@@ -295,8 +295,8 @@ def _holder(
 ) -> None:
     """Refused unless this caller's worker holds the job's attempt ``attempt`` and
     ``secret`` is the attempt's (see :mod:`gpufleet.server.lease_secrets`)."""
-    leases = state(request).services.leases
-    leases.check_holder(job_id, attempt, caller.id, caller.pools, secret)
+    holders = state(request).services.holders
+    holders.check(job_id, attempt, caller.id, caller.pools, secret)
 
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
@@ -307,10 +307,10 @@ def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker)
 
 
 def _start(request: Request, caller: Caller, job_id: str, body: StartRequest) -> None:
-    leases = state(request).services.leases
-    job = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
+    q = state(request).services
+    job = q.holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
     said = body.started_at.timestamp() if body.started_at is not None else None
-    leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
+    q.leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
@@ -338,15 +338,15 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
 
 
 def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) -> JobOut:
-    leases = state(request).services.leases
+    q = state(request).services
     try:
-        held = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
+        held = q.holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
     except Conflict:
-        leases.refused_result(
+        q.holders.refused_result(
             job_id, body.attempt, caller.id, body.exit_code, body.error, body.secret
         )
         raise
-    job = leases.finish(
+    job = q.leases.finish(
         job_id,
         body.attempt,
         body.exit_code,

@@ -4,6 +4,8 @@
 - :class:`~gpufleet.server.dispatch.Dispatch`: claims, ranked against the polls waiting;
 - :class:`~gpufleet.server.leases.Leases`: the lease protocol (start, heartbeat, output,
   finish, release, a lease lost);
+- :class:`~gpufleet.server.holders.Holders`: whether a lease-carrying write comes from
+  the worker holding the attempt (its token, the attempt's secret);
 - :class:`~gpufleet.server.upkeep.Upkeep`: the sweep, and the leases a worker gives up as
   it leaves, registers again or loses its token;
 - :class:`~gpufleet.server.notices.Notices`: followers and polls told of a write once its
@@ -33,6 +35,7 @@ from gpufleet.server.dispatch import Dispatch
 from gpufleet.server.environments import EnvLocks
 from gpufleet.server.explain import Explain
 from gpufleet.server.fleet import Fleet, OnEvent, no_event
+from gpufleet.server.holders import Holders
 from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.leases import Leases
 from gpufleet.server.metrics import Metrics
@@ -90,6 +93,7 @@ class Services:
         self.leases = Leases(
             store, settings, self.fleet, self.dispatch, self.notices, clock, on_event, self.metrics
         )
+        self.holders = Holders(store, self.fleet, self.leases, self.dispatch.secrets, clock)
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
-        self.env_locks = EnvLocks(store, blobs, self.leases, clock, on_event)
+        self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)
