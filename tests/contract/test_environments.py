@@ -81,7 +81,7 @@ def running(q: Services, max_attempts: int = 3) -> Lease:
     )
     q.submission.submit(spec)
     w = worker(q, "box")
-    lease = q.leases.try_claim(w.id, FreeResources(cpu_slots=1))
+    lease = q.dispatch.try_claim(w.id, FreeResources(cpu_slots=1))
     assert lease is not None
     return lease
 
@@ -185,12 +185,12 @@ def test_a_waiting_worker_that_has_just_built_a_spec_is_the_one_left_its_jobs(
     env = EnvSpec(with_=("numpy>=2",), python="3.12")
     warm, cold = worker(q, "warm"), worker(q, "cold")
     free = FreeResources(cpu_slots=1)
-    q.leases.wait_begin(warm.id, free)
-    q.leases.wait_begin(cold.id, free)
+    q.dispatch.wait_begin(warm.id, free)
+    q.dispatch.wait_begin(cold.id, free)
     q.leases.heartbeat(warm.id, HeartbeatRequest(environments=[built(env.key())]))
     job = q.submission.submit(JobSpec(name="t", command=("python", "t.py"), environment=env))
-    assert q.leases.try_claim(cold.id, free) is None
-    lease = q.leases.try_claim(warm.id, free)
+    assert q.dispatch.try_claim(cold.id, free) is None
+    lease = q.dispatch.try_claim(warm.id, free)
     assert lease is not None and lease.job_id == job.id
 
 
@@ -232,7 +232,7 @@ def test_an_environment_that_failed_for_a_passing_reason_is_retried_and_success_
     assert _state(store, lease.job_id)["failure"] == "environment"
     clock.now += BACKOFF
     w = q.fleet.worker("box")
-    again = q.leases.try_claim(w.id, FreeResources(cpu_slots=1))
+    again = q.dispatch.try_claim(w.id, FreeResources(cpu_slots=1))
     assert again is not None and again.attempt == 2
     done = q.leases.finish(again.job_id, again.attempt, 0, None)
     assert (done.status, done.failure) == (JobStatus.SUCCEEDED, None)

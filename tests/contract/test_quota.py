@@ -41,7 +41,7 @@ def running(q: Services) -> Lease:
     q.submission.submit(JobSpec(name="chatty", command=("python", "chatty.py")))
     cap = CapabilityModel(hostname="box", cores=8, ram_mib=1024, gpus=[])
     w = q.fleet.register(WorkerRegister(name="box", capability=cap, cpu_slots=1), "default", None)
-    lease = q.leases.try_claim(w.id, FreeResources(cpu_slots=1))
+    lease = q.dispatch.try_claim(w.id, FreeResources(cpu_slots=1))
     assert lease is not None
     q.leases.start(lease.job_id, lease.attempt)
     return lease

@@ -140,7 +140,7 @@ class Queue(RuleBasedStateMachine):
 
     @rule(target=leases, worker=st.integers(0, 2))
     def claim(self, worker: int) -> tuple[str, int, str]:
-        lease = self.q.leases.try_claim(self.workers[worker], FreeResources(cpu_slots=SLOTS))
+        lease = self.q.dispatch.try_claim(self.workers[worker], FreeResources(cpu_slots=SLOTS))
         if lease is None:
             return ("", 0, "")
         return (lease.job_id, lease.attempt, self.workers[worker])
@@ -168,7 +168,7 @@ class Queue(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([1.0, LEASE / 2, LEASE + 1]))
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
-        self.q.leases.sweep()
+        self.q.upkeep.sweep()
 
     @rule(index=st.integers(0, 50))
     def cancel(self, index: int) -> None:

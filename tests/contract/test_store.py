@@ -108,7 +108,7 @@ def spec(name: str = "train", **kw: Any) -> JobSpec:
 
 
 def claim(q: Services, w: WorkerRow, free: FreeResources = CPU) -> Lease:
-    lease = q.leases.try_claim(w.id, free)
+    lease = q.dispatch.try_claim(w.id, free)
     assert lease is not None
     return lease
 
@@ -325,8 +325,8 @@ def test_claim_hands_out_a_lease_once(store: SqlStore, queue: Services) -> None:
     assert row.worker_id == w1.id
     assert row.claimed_at == T0
     assert row.lease_expires_at == T0 + LEASE
-    assert queue.leases.try_claim(w2.id, CPU) is None
-    assert queue.leases.try_claim(w1.id, CPU) is None
+    assert queue.dispatch.try_claim(w2.id, CPU) is None
+    assert queue.dispatch.try_claim(w1.id, CPU) is None
 
 
 def test_claim_records_the_best_fitting_gpu(store: SqlStore, queue: Services) -> None:
@@ -355,7 +355,7 @@ def test_concurrent_claims_hand_out_exactly_one_lease(store: SqlStore, queue: Se
     def run(w: WorkerRow) -> None:
         try:
             barrier.wait()
-            got = queue.leases.try_claim(w.id, CPU)
+            got = queue.dispatch.try_claim(w.id, CPU)
             with lock:
                 results.append(got)
         except BaseException as exc:
@@ -390,7 +390,7 @@ def test_claims_go_by_priority_then_age(queue: Services, clock: FakeClock) -> No
     low = queue.submission.submit(spec("low", priority=-1))
     order = [claim(queue, w).job_id for _ in range(4)]
     assert order == [urgent.id, old.id, young.id, low.id]
-    assert queue.leases.try_claim(w.id, CPU) is None
+    assert queue.dispatch.try_claim(w.id, CPU) is None
 
 
 def test_a_slot_the_server_knows_is_held_is_never_handed_out_again(
@@ -406,7 +406,7 @@ def test_a_slot_the_server_knows_is_held_is_never_handed_out_again(
     first = claim(queue, w, everything)
     second = claim(queue, w, everything)
     assert sorted([first.gpus, second.gpus]) == [[], [0]]  # the CPU slot and the GPU
-    assert queue.leases.try_claim(w.id, everything) is None  # a stale view changes nothing
+    assert queue.dispatch.try_claim(w.id, everything) is None  # a stale view changes nothing
 
 
 def test_a_follower_of_an_ended_job_gets_every_record_its_feed_had_not_read(
@@ -528,7 +528,7 @@ def _stale_setup(
     queue.leases.start(old.job_id, old.attempt)
     queue.leases.append_logs(old.job_id, old.attempt, [("stdout", "from attempt 1")])
     clock.advance(LEASE + 1)
-    assert queue.leases.sweep()[0] == [old.job_id]
+    assert queue.upkeep.sweep()[0] == [old.job_id]
     w2 = register(queue, "w2")
     new = claim(queue, w2)
     assert new.job_id == old.job_id
@@ -620,7 +620,7 @@ def test_failures_retry_with_backoff_then_fail(
     assert row.finished_at is None
 
     clock.advance(BACKOFF - 1)
-    assert queue.leases.try_claim(w.id, CPU) is None  # still backing off
+    assert queue.dispatch.try_claim(w.id, CPU) is None  # still backing off
     clock.advance(1)
     second = claim(queue, w)
     assert second.attempt == 2
@@ -632,7 +632,7 @@ def test_failures_retry_with_backoff_then_fail(
     assert row.not_before == clock.now + 2 * BACKOFF
 
     clock.advance(2 * BACKOFF - 1)
-    assert queue.leases.try_claim(w.id, CPU) is None
+    assert queue.dispatch.try_claim(w.id, CPU) is None
     clock.advance(1)
     third = claim(queue, w)
     queue.leases.start(third.job_id, third.attempt)
@@ -642,7 +642,7 @@ def test_failures_retry_with_backoff_then_fail(
     assert row.finished_at == clock.now
     assert row.not_before is None
     assert row.error == "disk full"
-    assert queue.leases.try_claim(w.id, CPU) is None
+    assert queue.dispatch.try_claim(w.id, CPU) is None
 
     history = store.attempts(submitted.id)
     assert [a.attempt for a in history] == [1, 2, 3]
@@ -692,11 +692,11 @@ def test_sweep_requeues_an_expired_lease(
     queue.leases.start(lease.job_id, lease.attempt)
 
     clock.advance(LEASE - 1)
-    assert queue.leases.sweep() == ([], [])
+    assert queue.upkeep.sweep() == ([], [])
     assert job(store, submitted.id).status is JobStatus.RUNNING
 
     clock.advance(2)
-    requeued, offline = queue.leases.sweep()
+    requeued, offline = queue.upkeep.sweep()
     assert requeued == [submitted.id]
     assert offline == [w.id]
     row = job(store, submitted.id)
@@ -709,7 +709,7 @@ def test_sweep_requeues_an_expired_lease(
     [attempt] = store.attempts(submitted.id)
     assert attempt.outcome == "lost"
     assert queue.fleet.worker(w.id).status is WorkerStatus.OFFLINE
-    assert queue.leases.sweep() == ([], [])  # nothing left to expire
+    assert queue.upkeep.sweep() == ([], [])  # nothing left to expire
     # a live worker picks the job up again as attempt 2
     again = claim(queue, register(queue, "live-box"))
     assert (again.job_id, again.attempt) == (submitted.id, 2)
@@ -722,7 +722,7 @@ def test_sweep_fails_the_job_when_no_attempts_are_left(
     submitted = queue.submission.submit(spec(max_attempts=1))
     claim(queue, w)  # claimed, never started
     clock.advance(LEASE + 1)
-    requeued, offline = queue.leases.sweep()
+    requeued, offline = queue.upkeep.sweep()
     assert requeued == [submitted.id]
     assert offline == [w.id]
     row = job(store, submitted.id)
@@ -744,7 +744,7 @@ def test_heartbeats_keep_the_lease(store: SqlStore, queue: Services, clock: Fake
             w.id, HeartbeatRequest(leases=[LeaseRef(job_id=lease.job_id, attempt=lease.attempt)])
         )
         assert orders(resp) == {lease.job_id: "continue"}
-        assert queue.leases.sweep() == ([], [])
+        assert queue.upkeep.sweep() == ([], [])
     assert job(store, submitted.id).status is JobStatus.RUNNING
     assert queue.fleet.state_of(queue.fleet.worker(w.id)).status is WorkerStatus.BUSY
 
@@ -765,7 +765,7 @@ def test_a_worker_whose_heartbeats_wait_in_memory_is_never_swept_offline(
     queue.leases.heartbeat(w.id, HeartbeatRequest(gpus=[reading]))
     queue.leases.heartbeat(w.id, HeartbeatRequest())  # no reading: the last one stays
     clock.advance(2)  # over a lease after the beat written at once
-    assert queue.leases.sweep() == ([], [])
+    assert queue.upkeep.sweep() == ([], [])
     row = queue.fleet.worker(w.id)
     assert row.status is WorkerStatus.AVAILABLE
     assert row.last_heartbeat == T0 + LEASE - 1
@@ -776,7 +776,7 @@ def test_a_worker_whose_heartbeats_wait_in_memory_is_never_swept_offline(
     queue.leases.heartbeat(w.id, HeartbeatRequest(draining=True))
     assert queue.fleet.worker(w.id).status is WorkerStatus.DRAINING
     clock.advance(LEASE + 1)  # and silent for a lease after that: offline
-    assert queue.leases.sweep() == ([], [w.id])
+    assert queue.upkeep.sweep() == ([], [w.id])
 
 
 def test_release_does_not_count_an_attempt(
@@ -810,7 +810,7 @@ def test_cancel_a_pending_job(store: SqlStore, queue: Services, clock: FakeClock
     row = queue.steering.cancel(submitted.id)
     assert row.status is JobStatus.CANCELLED
     assert row.finished_at == clock.now
-    assert queue.leases.try_claim(w.id, CPU) is None
+    assert queue.dispatch.try_claim(w.id, CPU) is None
     assert store.attempts(submitted.id) == []
 
 
@@ -952,9 +952,9 @@ def test_host_policies_from_apply_limit_claims(store: SqlStore, queue: Services)
     bert_box = register(fresh, "bert-box")
     no_resnet = register(fresh, "no-resnet")
     anyone = register(fresh, "anyone")
-    assert fresh.leases.try_claim(bert_box.id, CPU) is None
-    assert fresh.leases.try_claim(no_resnet.id, CPU) is None
-    lease = fresh.leases.try_claim(anyone.id, CPU)
+    assert fresh.dispatch.try_claim(bert_box.id, CPU) is None
+    assert fresh.dispatch.try_claim(no_resnet.id, CPU) is None
+    lease = fresh.dispatch.try_claim(anyone.id, CPU)
     assert lease is not None
     assert lease.spec.model == "resnet50"
 
@@ -972,7 +972,7 @@ def test_host_declared_capability_from_apply(store: SqlStore, queue: Services) -
     fresh = service(store, FakeClock(), queue.blobs)
     w = register(fresh, "shared-gpu", gpus=[("NVIDIA A100-SXM4-80GB", 80)])
     free = FreeResources(cpu_slots=1, gpus=(FreeGpu(0, 80 * GIB),))
-    assert fresh.leases.try_claim(w.id, free) is None
+    assert fresh.dispatch.try_claim(w.id, free) is None
 
 
 # ---- unrunnable warnings ----------------------------------------------------------------
@@ -1206,15 +1206,15 @@ def test_a_worker_s_life_is_swept_and_every_step_is_an_event(
     submitted = q.submission.submit(spec())
     lease = claim(q, keep)
     clock.advance(LEASE + 1)
-    requeued, offline = q.leases.sweep()
+    requeued, offline = q.upkeep.sweep()
     assert requeued == [submitted.id] and set(offline) == {once.id, keep.id}
     assert q.fleet.worker(keep.id).offline_since == T0  # gone since its last sign of life
     clock.advance(61)
-    q.leases.sweep()
+    q.upkeep.sweep()
     with pytest.raises(NotFound):
         q.fleet.worker(once.id)  # ephemeral, gone past its TTL: forgotten
     assert q.fleet.worker(keep.id).status is WorkerStatus.OFFLINE  # persistent: stays
-    q.leases.sweep()  # a second sweep (or a second replica) changes nothing more
+    q.upkeep.sweep()  # a second sweep (or a second replica) changes nothing more
     assert sorted(events) == sorted(
         [
             ("worker.registered", once.id),
@@ -1369,7 +1369,7 @@ def test_a_lost_lease_fails_dependents_naming_the_final_status(
     store.submit(Batch(after, deps={"after-prep": [root.id]}), clock.now)
     claim(queue, w)
     clock.advance(LEASE + 1)
-    assert queue.leases.sweep()[0] == [root.id]
+    assert queue.upkeep.sweep()[0] == [root.id]
     dependent = job(store, "after-prep")
     assert dependent.status is JobStatus.FAILED
     assert dependent.error is not None
@@ -1442,7 +1442,7 @@ def test_a_claim_ranked_on_a_stale_snapshot_takes_nothing(
     assert job(store, second.id).status is JobStatus.PENDING
     assert store.attempts(second.id) == []
     # ranked again, the worker's one CPU slot is seen as held
-    assert queue.leases.try_claim(w.id, CPU) is None
+    assert queue.dispatch.try_claim(w.id, CPU) is None
     with store.claiming() as session:
         assert session.view(w.id, w.name, w.pool, clock.now, 4).held == [()]
 

@@ -103,16 +103,16 @@ _WRITE = re.compile(r"/v1/jobs/([^/]+)/(start|output|finish|release|artifact)$")
 def holding_secrets(app: FastAPI, url: str, body: Any) -> Any:
     """``body`` with the secret of the attempt it writes for, as the worker holding that
     attempt would send it, where the body names an attempt and no secret."""
-    leases = app.state.gpufleet.services.leases
+    services = app.state.gpufleet.services
 
     def held(job_id: str, part: dict[str, Any]) -> dict[str, Any]:
         attempt = part.get("attempt")
         if "secret" in part or not isinstance(attempt, int) or not isinstance(job_id, str):
             return part
-        job = leases.store.get_job(job_id)
+        job = services.store.get_job(job_id)
         if job is None or job.claimed_at is None or job.lease != attempt:
             return part
-        return {**part, "secret": leases.secrets.make(job_id, attempt, job.claimed_at)}
+        return {**part, "secret": services.holders.secrets.make(job_id, attempt, job.claimed_at)}
 
     if not isinstance(body, dict):
         return body

@@ -392,7 +392,7 @@ def test_the_bracket_scan_never_fails_on_garbage(body: bytes) -> None:
 @pytest.fixture
 def entered_polls(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Worker ids of the claims that got past the limits into the queue, in order."""
-    queue = app.state.gpufleet.services.leases
+    queue = app.state.gpufleet.services.dispatch
     real = queue.poll
     seen: list[str] = []
 
@@ -502,7 +502,7 @@ def test_disconnected_and_failing_claims_give_their_slots_back(
     def broken(*_: Any, **__: Any) -> None:
         raise RuntimeError("the store fell over")
 
-    monkeypatch.setattr(app.state.gpufleet.services.leases, "poll", broken)
+    monkeypatch.setattr(app.state.gpufleet.services.dispatch, "poll", broken)
     statuses = [client.post(url, json=CLAIM_BODY, headers=worker).status_code for _ in range(3)]
     assert statuses == [500, 500, 500]
     monkeypatch.undo()

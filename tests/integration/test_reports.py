@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from fastapi.testclient import TestClient
 
     from gpufleet.server.leases import Leases
+    from gpufleet.server.notices import Notices
 
 pytestmark = TESTCLIENT_ON_HTTPX
 URL = "http://gpufleet.test"
@@ -70,6 +71,10 @@ def _claimed(
 
 def _leases(client: TestClient) -> Leases:
     return client.app.state.gpufleet.services.leases  # type: ignore[attr-defined,no-any-return]
+
+
+def _notices(client: TestClient) -> Notices:
+    return client.app.state.gpufleet.services.notices  # type: ignore[attr-defined,no-any-return]
 
 
 def test_reports_are_applied_in_order_each_with_its_own_answer_and_record(
@@ -287,7 +292,7 @@ def test_followers_of_a_batchs_jobs_are_told_once_its_writes_can_be_read(
     commits, so what they read on their own connections already holds the change (told
     earlier, they would read the old status and wait for a record already passed)."""
     jobs = _claimed(client, admin, worker, 2)
-    leases = _leases(client)
+    notices = _notices(client)
     seen: list[tuple[str, str]] = []
 
     def read_elsewhere(job_id: str) -> None:  # as a follower's thread reads
@@ -299,7 +304,7 @@ def test_followers_of_a_batchs_jobs_are_told_once_its_writes_can_be_read(
         reader.start()
         reader.join(10)
 
-    monkeypatch.setattr(leases, "_on_written", told)
+    monkeypatch.setattr(notices, "_on_written", told)
     reports: list[dict[str, Any]] = [
         {"kind": "start", "job_id": jobs[0], "attempt": 1},
         {"kind": "start", "job_id": jobs[1], "attempt": 1},
@@ -320,7 +325,7 @@ def test_a_failure_to_tell_of_a_committed_batch_leaves_its_answers_and_the_other
     database blip while notifying) is logged, the others are still told, and the worker
     gets every report's answer, not a 500 for writes that were made."""
     jobs = _claimed(client, admin, worker, 2)
-    leases = _leases(client)
+    notices = _notices(client)
     told: list[str] = []
 
     def tell(job_id: str) -> None:
@@ -328,7 +333,7 @@ def test_a_failure_to_tell_of_a_committed_batch_leaves_its_answers_and_the_other
             raise RuntimeError("connection lost")
         told.append(job_id)
 
-    monkeypatch.setattr(leases, "_on_written", tell)
+    monkeypatch.setattr(notices, "_on_written", tell)
     batch = {"reports": [{"kind": "start", "job_id": j, "attempt": 1} for j in jobs]}
     r = client.post("/v1/reports", json=batch, headers=worker)
     assert r.status_code == 200, r.text

@@ -118,11 +118,11 @@ async def _sweeper(services: Services, interval: float) -> None:
     while True:
         try:
             await run_in_threadpool(services.fleet.flush_beats)
-            requeued = await run_in_threadpool(services.leases.expire)
+            requeued = await run_in_threadpool(services.upkeep.expire)
             offline: list[str] = []
             if loop.time() >= next_tidy:
                 next_tidy = loop.time() + tidy_every
-                offline = await run_in_threadpool(services.leases.tidy)
+                offline = await run_in_threadpool(services.upkeep.tidy)
             if loop.time() >= next_uploads:
                 next_uploads = loop.time() + UPLOAD_SWEEP_EVERY
                 expired = await run_in_threadpool(services.blobs.uploads.expire)
@@ -178,7 +178,7 @@ def create_app(
         event_ids=Opaque(),
         metrics_public=metrics_public,
     )
-    st.services.metrics.watch(st.services, st.polls, st.hub)
+    st.services.metrics.watch(st.services.reads, st.services.fleet, st.polls, st.hub)
     app = FastAPI(
         title="gpufleet",
         version=__version__,

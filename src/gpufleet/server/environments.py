@@ -21,7 +21,7 @@ from gpufleet.errors import NotFound, ValidationFailed
 from gpufleet.server.access import Caller
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.fleet import OnEvent
-from gpufleet.server.leases import Leases
+from gpufleet.server.holders import Holders
 from gpufleet.store import EnvLockRow, JobRow, Store
 from gpufleet.wire import EnvLockPut
 
@@ -33,13 +33,13 @@ class EnvLocks:
         self,
         store: Store,
         blobs: BlobService,
-        leases: Leases,
+        holders: Holders,
         clock: Callable[[], float],
         on_event: OnEvent,
     ) -> None:
         self.store = store
         self.blobs = blobs
-        self.leases = leases
+        self.holders = holders
         self.clock = clock
         self.on_event = on_event
 
@@ -66,9 +66,7 @@ class EnvLocks:
         its worker installs that one instead of its own); with ``replace`` (a job whose
         spec asks for ``upgrade``) it replaces it. Returns the lock now recorded and
         whether this call created it."""
-        job = self.leases.check_holder(
-            body.job_id, body.attempt, caller.id, caller.pools, body.secret
-        )
+        job = self.holders.check(body.job_id, body.attempt, caller.id, caller.pools, body.secret)
         self._check(key, body, job)
         if self.blobs.has(body.sha256) is None or not self.blobs.readable(
             body.sha256, caller.pools
@@ -77,7 +75,7 @@ class EnvLocks:
                 f"no blob {body.sha256}: upload the lock's text first (field 'sha256')",
                 detail={"blob": body.sha256, "field": "sha256"},
             )
-        holder = self.leases.fleet.claimer(job.worker_id) if job.worker_id else None
+        holder = self.holders.fleet.claimer(job.worker_id) if job.worker_id else None
         row = EnvLockRow(
             pool=job.spec.pool,
             key=key,

@@ -27,8 +27,9 @@ from gpufleet.domain.models import WorkerStatus
 
 if TYPE_CHECKING:
     from gpufleet.server.events import Hub
+    from gpufleet.server.fleet import Fleet
     from gpufleet.server.polls import Polls
-    from gpufleet.server.services import Services
+    from gpufleet.server.reads import Reads
 
 MIB = 1 << 20
 # Seconds: from a moment to a day and more (queue waits and run times are long).
@@ -122,24 +123,30 @@ class Metrics:
             self.finished.labels(status).inc()
 
     def watch(
-        self, services: Services, polls: Polls, hub: Hub, clock: Callable[[], float] = time.time
+        self,
+        reads: Reads,
+        fleet: Fleet,
+        polls: Polls,
+        hub: Hub,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        """Add the gauges read at each scrape."""
-        self.registry.register(_Gauges(services, polls, hub, clock))
+        """Add the gauges read at each scrape: the queue through ``reads``, the workers
+        through ``fleet``, this server's polls and streams."""
+        self.registry.register(_Gauges(reads, fleet, polls, hub, clock))
 
 
 class _Gauges(Collector):
     def __init__(
-        self, services: Services, polls: Polls, hub: Hub, clock: Callable[[], float]
+        self, reads: Reads, fleet: Fleet, polls: Polls, hub: Hub, clock: Callable[[], float]
     ) -> None:
-        self.services, self.polls, self.hub, self.clock = services, polls, hub, clock
+        self.reads, self.fleet, self.polls, self.hub, self.clock = reads, fleet, polls, hub, clock
 
     def describe(self) -> list[Metric]:
         return []  # read at scrape time only
 
     def collect(self) -> Iterator[Metric]:
         now = self.clock()
-        q = self.services.store.queue_gauges()
+        q = self.reads.gauges()
         jobs = GaugeMetricFamily(
             "gpufleet_jobs", "Jobs in each status, by pool", labels=["status", "pool"]
         )
@@ -155,7 +162,7 @@ class _Gauges(Collector):
             oldest.add_metric([pool], max(0.0, now - created))
         yield oldest
 
-        states = self.services.fleet.states()
+        states = self.fleet.states()
         workers = GaugeMetricFamily(
             "gpufleet_workers", "Workers in each status, by pool", labels=["status", "pool"]
         )

@@ -9,7 +9,16 @@ from dataclasses import dataclass
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.errors import NotFound, ValidationFailed
-from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, Store, TokenRow, line_bytes
+from gpufleet.store import (
+    AttemptRow,
+    AuditRow,
+    JobRow,
+    LogRow,
+    QueueGauges,
+    Store,
+    TokenRow,
+    line_bytes,
+)
 from gpufleet.store.rows import ArtifactRow
 
 #: A job's output: the records of its event log that are lines it wrote.
@@ -117,6 +126,11 @@ class Reads:
     def counts(self, pools: Sequence[str] | None) -> dict[str, int]:
         """How many jobs of ``pools`` are in each status."""
         return self.store.job_counts(pools)
+
+    def gauges(self) -> QueueGauges:
+        """The queue as ``/metrics`` shows it, read at each scrape: jobs by status and
+        pool, each pool's oldest pending job, and the bytes of blobs kept."""
+        return self.store.queue_gauges()
 
     def matching(self, pools: Sequence[str] | None, name: str | None) -> dict[str, int]:
         """How many jobs of ``pools`` whose name holds ``name`` are in each status."""

@@ -1,8 +1,15 @@
 """The server's services, each named for what it does, built once per process.
 
 - :class:`~gpufleet.server.submission.Submission`: submit jobs, apply manifests;
-- :class:`~gpufleet.server.leases.Leases`: the worker protocol (claim, start, heartbeat,
-  output, finish, release) and the sweep of expired leases;
+- :class:`~gpufleet.server.dispatch.Dispatch`: claims, ranked against the polls waiting;
+- :class:`~gpufleet.server.leases.Leases`: the lease protocol (start, heartbeat, output,
+  finish, release, a lease lost);
+- :class:`~gpufleet.server.holders.Holders`: whether a lease-carrying write comes from
+  the worker holding the attempt (its token, the attempt's secret);
+- :class:`~gpufleet.server.upkeep.Upkeep`: the sweep, and the leases a worker gives up as
+  it leaves, registers again or loses its token;
+- :class:`~gpufleet.server.notices.Notices`: followers and polls told of a write once its
+  transaction has committed;
 - :class:`~gpufleet.server.fleet.Fleet`: workers' lives, host policies, drain;
 - :class:`~gpufleet.server.steering.Steering`: cancel, stop, requeue;
 - :class:`~gpufleet.server.dataflow.DataFlow`: inputs, dependencies, artifacts;
@@ -24,16 +31,21 @@ from collections.abc import Callable
 
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.dataflow import DataFlow
+from gpufleet.server.dispatch import Dispatch
 from gpufleet.server.environments import EnvLocks
 from gpufleet.server.explain import Explain
 from gpufleet.server.fleet import Fleet, OnEvent, no_event
+from gpufleet.server.holders import Holders
+from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.leases import Leases
 from gpufleet.server.metrics import Metrics
+from gpufleet.server.notices import Notices
 from gpufleet.server.reads import Reads
 from gpufleet.server.retention import Retention
 from gpufleet.server.settings import QueueSettings
 from gpufleet.server.steering import Steering
 from gpufleet.server.submission import Submission
+from gpufleet.server.upkeep import Upkeep
 from gpufleet.store import Store
 
 
@@ -67,16 +79,21 @@ class Services:
             store, self.reads, self.flow, clock, on_change, self.metrics, on_written
         )
         self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
-        self.leases = Leases(
+        self.notices = Notices(store, on_change, on_written)
+        self.dispatch = Dispatch(
             store,
             settings,
             self.fleet,
             self.flow,
+            LeaseSecrets(store),
+            self.notices,
             clock,
-            on_change,
-            on_event,
             self.metrics,
-            on_written,
         )
-        self.env_locks = EnvLocks(store, blobs, self.leases, clock, on_event)
+        self.leases = Leases(
+            store, settings, self.fleet, self.dispatch, self.notices, clock, on_event, self.metrics
+        )
+        self.holders = Holders(store, self.fleet, self.leases, self.dispatch.secrets, clock)
+        self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
+        self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)

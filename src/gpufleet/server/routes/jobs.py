@@ -319,7 +319,7 @@ def revoke_token(token_id: str, request: Request, _: Admin) -> TokenOut:
     st = state(request)
     row = st.auth.revoke(token_id)
     note(request, token_id)
-    st.services.leases.retire(token_id)
+    st.services.upkeep.retire(token_id)
     return views.token_out(row)
 
 

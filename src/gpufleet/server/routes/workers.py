@@ -166,7 +166,7 @@ def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> W
     running = [(r.job_id, r.attempt) for r in body.running]
     if running:
         services.leases.keep(running, w.id)
-    services.leases.settle(w.id, w.name, running)  # what it no longer runs: lost now
+    services.upkeep.settle(w.id, w.name, running)  # what it no longer runs: lost now
     note(request, w.id)
     out = _worker_out(request, w)
     out.lease_timeout = services.settings.lease_timeout
@@ -205,25 +205,25 @@ async def claim(
     if st.polls.stopping:
         return _shutting_down()
     free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
-    leases = st.services.leases
+    dispatch = st.services.dispatch
     if free.cpu_slots == 0 and not free.gpus:
         await to_thread.run_sync(st.services.fleet.own, worker_id, caller.id, caller.pools)
         return Response(status_code=204)
     # The first try checks that this token enrolled the worker; only then may the poll end
     # an older one of the same worker (here, and on other replicas when it says so).
     lease = await to_thread.run_sync(
-        leases.poll, worker_id, free, body.wait, caller.id, caller.pools, limiter=st.claim_limiter
+        dispatch.poll, worker_id, free, body.wait, caller.id, caller.pools, limiter=st.claim_limiter
     )
     poll = st.polls.begin(worker_id)
     if body.supersede:
-        await to_thread.run_sync(st.services.leases.superseded, worker_id, st.polls.replica)
+        await to_thread.run_sync(dispatch.superseded, worker_id, st.polls.replica)
     # A revoke or rotate of the worker's token ends the poll at once (on any server).
     with st.holds.hold(deps.credential(request), poll.over.set) as hold:
         try:
             return await _poll(request, worker_id, free, body, lease, poll, hold.ended)
         finally:
             if st.polls.end(worker_id, poll):
-                leases.wait_end(worker_id)
+                dispatch.wait_end(worker_id)
 
 
 async def _poll(
@@ -238,14 +238,14 @@ async def _poll(
     """Wait for a job that fits ``free`` (``lease``: the first try's), until the poll's
     ``wait`` is up, a newer poll or a stop ends it, or its token is ``revoked``."""
     st = state(request)
-    leases = st.services.leases
+    dispatch, leases = st.services.dispatch, st.services.leases
     deadline = time.monotonic() + body.wait
     wake = st.notifier.current()
     while True:
         if lease is not None:
             if body.most > 1 and not await request.is_disconnected():
                 lease.more = await to_thread.run_sync(
-                    leases.claim_more, worker_id, free, body.most - 1, limiter=st.claim_limiter
+                    dispatch.claim_more, worker_id, free, body.most - 1, limiter=st.claim_limiter
                 )
             # nobody will run them (the worker went away, or its token no longer lets it
             # in): hand them back
@@ -267,7 +267,7 @@ async def _poll(
             return _empty(st.polls)
         wake = st.notifier.current()
         lease = await to_thread.run_sync(
-            leases.try_claim, worker_id, free, limiter=st.claim_limiter
+            dispatch.try_claim, worker_id, free, limiter=st.claim_limiter
         )
 
 
@@ -287,7 +287,7 @@ def leave(worker_id: str, body: LeaveRequest, request: Request, caller: Worker) 
     A job it still held goes back to the queue without counting the attempt."""
     q = state(request).services
     q.fleet.own(worker_id, caller.id, caller.pools)
-    q.leases.leave(worker_id, body.reason)
+    q.upkeep.leave(worker_id, body.reason)
 
 
 def _holder(
@@ -295,8 +295,8 @@ def _holder(
 ) -> None:
     """Refused unless this caller's worker holds the job's attempt ``attempt`` and
     ``secret`` is the attempt's (see :mod:`gpufleet.server.lease_secrets`)."""
-    leases = state(request).services.leases
-    leases.check_holder(job_id, attempt, caller.id, caller.pools, secret)
+    holders = state(request).services.holders
+    holders.check(job_id, attempt, caller.id, caller.pools, secret)
 
 
 @router.post("/jobs/{job_id}/start", status_code=204, tags=["worker protocol"])
@@ -307,10 +307,10 @@ def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker)
 
 
 def _start(request: Request, caller: Caller, job_id: str, body: StartRequest) -> None:
-    leases = state(request).services.leases
-    job = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
+    q = state(request).services
+    job = q.holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
     said = body.started_at.timestamp() if body.started_at is not None else None
-    leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
+    q.leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
@@ -338,15 +338,15 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
 
 
 def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) -> JobOut:
-    leases = state(request).services.leases
+    q = state(request).services
     try:
-        held = leases.check_holder(job_id, body.attempt, caller.id, caller.pools, body.secret)
+        held = q.holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
     except Conflict:
-        leases.refused_result(
+        q.holders.refused_result(
             job_id, body.attempt, caller.id, body.exit_code, body.error, body.secret
         )
         raise
-    job = leases.finish(
+    job = q.leases.finish(
         job_id,
         body.attempt,
         body.exit_code,
@@ -371,7 +371,7 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
     transaction cannot commit, the call fails as a whole and nothing of it is recorded."""
     results: list[ReportResult] = []
     audited: list[tuple[str, int]] = []
-    with state(request).services.leases.together([r.job_id for r in body.reports]) as part:
+    with state(request).services.notices.together([r.job_id for r in body.reports]) as part:
         for r in body.reports:
             shown = redact(r.job_id)
             try:
@@ -421,4 +421,4 @@ def attach_artifact(job_id: str, body: ArtifactAttach, request: Request, caller:
     q = state(request).services
     if not q.blobs.readable(body.sha256, caller.pools):
         raise NotFound(f"no blob {body.sha256}", detail={"blob": body.sha256})
-    q.leases.attach_artifact(job_id, body.attempt, body.sha256)
+    q.flow.attach(q.leases.held(job_id, body.attempt), body.attempt, body.sha256)
