@@ -14,7 +14,7 @@ from gpufleet.store import SqlStore
 def test_a_change_on_one_replica_wakes_listeners_on_another(pg_url: str) -> None:
     listener_side, publisher_side = SqlStore(pg_url), SqlStore(pg_url)
     woken, stop = threading.Event(), threading.Event()
-    thread = threading.Thread(target=listener_side.listen_claimable, args=(woken.set, stop))
+    thread = threading.Thread(target=listener_side.listen, args=(woken.set, stop))
     thread.start()
     try:
         # LISTEN starts asynchronously: publish until heard, a bounded number of times.
@@ -40,9 +40,7 @@ def test_a_token_revoked_on_one_replica_fails_at_once_on_another(pg_url: str) ->
     auth_b = Auth(replica_b)
     row, secret = auth_b.create("laptop", Role.OPERATOR)
     stop = threading.Event()
-    thread = threading.Thread(
-        target=replica_a.listen_claimable, args=(lambda: None, stop, auth_a.forget)
-    )
+    thread = threading.Thread(target=replica_a.listen, args=(lambda: None, stop, auth_a.forget))
     thread.start()
     try:
         assert auth_a.check(f"Bearer {secret}").id == row.id  # cached on A now

@@ -37,7 +37,7 @@ from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
 from gpufleet.server.shortage import RETRY_AFTER, log_failure, noted
 from gpufleet.server.text_input import RefuseNul
-from gpufleet.store import SqlStore
+from gpufleet.store import Store
 from gpufleet.store.space import shortage_classes
 
 log = logging.getLogger("gpufleet.server")
@@ -140,7 +140,7 @@ async def _sweeper(services: Services, interval: float) -> None:
 
 
 def create_app(
-    store: SqlStore,
+    store: Store,
     settings: QueueSettings,
     blobs: BlobService,
     limits: Limits | None = None,
@@ -170,7 +170,7 @@ def create_app(
         services=services,
         auth=auth,
         notifier=notifier,
-        claim_limiter=CapacityLimiter(1 if store.dialect == "sqlite" else 8),
+        claim_limiter=CapacityLimiter(store.offers.claimers),
         audit=audit,
         polls=Polls(),
         hub=hub,
@@ -219,7 +219,7 @@ def create_app(
 
 
 def _lifespan(
-    store: SqlStore, st: ServerState
+    store: Store, st: ServerState
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """What the server does at start (clean up, sweep, listen to other replicas) and
     undoes at stop."""
@@ -246,9 +246,9 @@ def _lifespan(
         task = asyncio.create_task(_sweeper(services, interval))
         stop_listening = threading.Event()
         listener = None
-        if store.dialect == "postgresql":  # wake polls held by this replica on others' changes
+        if store.offers.listens:  # wake polls held by this replica on others' changes
             listener = threading.Thread(
-                target=store.listen_claimable,
+                target=store.listen,
                 args=(
                     st.notifier.notify,
                     stop_listening,

@@ -50,7 +50,7 @@ from gpufleet.store._values import (
     stop_event,
     submit_events,
 )
-from gpufleet.store.api import Appended, Batch, Hold, QueueGauges, Written
+from gpufleet.store.api import Appended, Batch, Hold, Offers, QueueGauges, Written
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, log_offsets
 from gpufleet.store.space import SpaceWatch, watch_engine
 from gpufleet.store.stored import spec_json
@@ -280,7 +280,15 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
             with self.engine.begin() as conn:
                 conn.execute(select(func.pg_notify(CHANNEL, f"{SUPERSEDED} {replica} {worker_id}")))
 
-    def listen_claimable(
+    @property
+    def offers(self) -> Offers:
+        """PostgreSQL runs claim sessions side by side and hears other servers' changes;
+        SQLite writes one at a time, and is one server's alone."""
+        if self.dialect == "postgresql":
+            return Offers(claimers=8, listens=True)
+        return Offers(claimers=1, listens=False)
+
+    def listen(
         self,
         on_notify: Callable[[], None],
         stop: threading.Event,

@@ -10,6 +10,7 @@ applied only if the job is still where the change expects.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -300,11 +301,32 @@ class EnvironmentStore(Protocol):
     def workers_with_env(self, spec_key: str, pools: Sequence[str] | None = None) -> list[str]: ...
 
 
+@dataclass(frozen=True)
+class Offers:
+    """What a backend can do beyond the contract, so that nothing outside it asks which
+    backend it is. ``claimers``: how many claim sessions are worth running at once (SQLite
+    writes one at a time); ``listens``: it hears other servers' changes
+    (:meth:`Store.listen`: PostgreSQL's LISTEN/NOTIFY)."""
+
+    claimers: int = 1
+    listens: bool = False
+
+
 class Store(JobStore, FleetStore, DataStore, EnvironmentStore, Protocol):
     """Everything the server keeps, and the plumbing around it."""
 
-    dialect: str
+    dialect: str  # its name, for the server's log ("sqlite", "postgresql", "memory")
     space: SpaceWatch  # whether its writes fail for lack of disk now
+
+    @property
+    def offers(self) -> Offers: ...
+    def listen(
+        self,
+        on_notify: Callable[[], None],
+        stop: threading.Event,
+        on_tokens: Callable[[], None] | None = None,
+        on_superseded: Callable[[str, str], None] | None = None,
+    ) -> None: ...
 
     def migrate(self) -> None: ...
     def close(self) -> None: ...

@@ -39,6 +39,7 @@ from gpufleet.store.api import (
     Applied,
     Batch,
     ClaimView,
+    Offers,
     QueueGauges,
     StaleClaim,
     Store,
@@ -145,6 +146,20 @@ class MemoryStore(MemoryRecords, NamedChanges):
 
     def ping(self) -> str:
         return self.dialect
+
+    @property
+    def offers(self) -> Offers:
+        """One process's store: one claim at a time, and no other server to hear."""
+        return Offers()
+
+    def listen(
+        self,
+        on_notify: Callable[[], None],
+        stop: threading.Event,
+        on_tokens: Callable[[], None] | None = None,
+        on_superseded: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """No other server shares a memory store: nothing to hear."""
 
     def publish_claimable(self) -> None:
         return None  # one process: its in-process wake-up is all there is
