@@ -704,7 +704,7 @@ def test_sweep_requeues_an_expired_lease(
     assert row.attempts == 1
     assert row.worker_id is None
     assert row.error is not None
-    assert "lease expired" in row.error
+    assert "lease lost" in row.error
     assert "silent-box" in row.error
     [attempt] = store.attempts(submitted.id)
     assert attempt.outcome == "lost"
@@ -730,7 +730,7 @@ def test_sweep_fails_the_job_when_no_attempts_are_left(
     assert row.attempts == 1
     assert row.finished_at == clock.now
     assert row.error is not None
-    assert "lease expired" in row.error
+    assert "lease lost" in row.error
 
 
 def test_heartbeats_keep_the_lease(store: SqlStore, queue: Services, clock: FakeClock) -> None:
@@ -1373,7 +1373,7 @@ def test_a_lost_lease_fails_dependents_naming_the_final_status(
     dependent = job(store, "after-prep")
     assert dependent.status is JobStatus.FAILED
     assert dependent.error is not None
-    assert dependent.error.startswith(f"dependency prep ({root.id}) failed: lease expired")
+    assert dependent.error.startswith(f"dependency prep ({root.id}) failed: lease lost")
     assert "running" not in dependent.error and "claimed" not in dependent.error
 
 

@@ -103,7 +103,7 @@ def test_sigkilled_worker_job_is_finished_elsewhere_exactly_once(
     assert job["worker"] == "second"
     outcomes = [(a["worker"], a["outcome"]) for a in job["history"]]
     assert outcomes == [("first", "lost"), ("second", "succeeded")]
-    assert "lease expired" in job["history"][0]["error"]
+    assert "lease lost" in job["history"][0]["error"]
     # The orphan of the dead worker was killed with it, so it never finished a second run.
     assert marker.read_text().count("run") == 2
 

@@ -265,9 +265,9 @@ def test_a_finish_is_decided_from_the_exit_and_the_attempts_left(
 
 def test_a_lost_lease_counts_an_attempt_and_applies_only_while_expired() -> None:
     change = lifecycle.lose(Job(status=R, lease=2, attempts=1), now=50.0, who="box")
-    assert (change.event, change.status, change.expired_before) == (Event.LOSE, P, 50.0)
+    assert (change.event, change.status, change.lost_before) == (Event.LOSE, P, 50.0)
     assert change.fields["attempts"] == 2
-    assert change.fields["error"] == "lease expired: worker box stopped heartbeating"
+    assert change.fields["error"] == "lease lost: worker box stopped heartbeating"
     last = lifecycle.lose(Job(status=R, lease=3, attempts=2), now=50.0, who="box")
     assert last.event is Event.LOSE_FINAL and last.status is F
     stopped = lifecycle.lose(Job(status=R, lease=1, stop_requested_at=1.0), now=50.0, who="box")

@@ -190,8 +190,8 @@ class JobState(Ended, Protocol):
 @dataclass(frozen=True)
 class Change:
     """One status change of one job, decided here. A store applies it only if the job is
-    still in one of ``sources`` with lease ``lease`` (and, for a reaped lease, still
-    expired before ``expired_before``): it sets ``status`` and ``fields``, opens the
+    still in one of ``sources`` with lease ``lease`` (and, for a lost lease, still
+    lapsed before ``lost_before``): it sets ``status`` and ``fields``, opens the
     claim's attempt record (``opens``) or sets ``record`` on the attempt still open.
     Nothing else changes a job's status, and only if each ``guard`` field still holds its
     value."""
@@ -202,7 +202,7 @@ class Change:
     fields: Mapping[str, object] = field(default_factory=dict)
     opens: Mapping[str, object] | None = None
     record: Mapping[str, object] | None = None
-    expired_before: float | None = None
+    lost_before: float | None = None
     # Stored fields that must still hold what the change was decided on (a claim: the
     # spec it was ranked by; a manifest may have changed a pending job since).
     guard: Mapping[str, object] = field(default_factory=dict)
@@ -438,10 +438,10 @@ def lose(job: JobState, now: float, who: str | None, restarted: bool = False) ->
     if restarted:
         error = f"lost: worker {who} started again without it"
     else:
-        error = f"lease expired: worker {who} stopped heartbeating"
+        error = f"lease lost: worker {who} stopped heartbeating"
     change = _ended(job, event, now, attempts=used, outcome="lost", error=error)
     change = replace(change, said=failed_attempt(job, event, None, ()))
-    return change if restarted else replace(change, expired_before=now)
+    return change if restarted else replace(change, lost_before=now)
 
 
 def release(job: JobState, now: float, why: str) -> Change:

@@ -107,22 +107,23 @@ UPLOAD_SWEEP_EVERY = 600.0  # and retention (server/retention.py)
 
 
 async def _sweeper(services: Services, interval: float) -> None:
-    """Write the heartbeats kept in memory (:meth:`Fleet.flush_beats`) and expire leases
-    at start and every ``interval``; tidy the fleet every five seconds
+    """Write the heartbeats kept in memory (:meth:`Fleet.flush_beats`) and lose the leases
+    that lapsed, at start and every ``interval``; recount and mark silent workers offline
+    every five seconds
     at most (a worker goes offline a lease after its last heartbeat); upload sessions and
     retention every ten minutes. The first sweep runs at once: a lease that lapsed while
     no server ran goes back to the queue as the server starts (its worker has fenced)."""
     loop = asyncio.get_running_loop()
-    next_uploads = next_tidy = loop.time()
-    tidy_every = max(interval, min(services.settings.lease_timeout / 4, 5.0))
+    next_uploads = next_recount = loop.time()
+    recount_every = max(interval, min(services.settings.lease_timeout / 4, 5.0))
     while True:
         try:
             await run_in_threadpool(services.fleet.flush_beats)
-            requeued = await run_in_threadpool(services.upkeep.expire)
+            requeued = await run_in_threadpool(services.upkeep.lose_lapsed_leases)
             offline: list[str] = []
-            if loop.time() >= next_tidy:
-                next_tidy = loop.time() + tidy_every
-                offline = await run_in_threadpool(services.upkeep.tidy)
+            if loop.time() >= next_recount:
+                next_recount = loop.time() + recount_every
+                offline = await run_in_threadpool(services.upkeep.recount_and_mark_offline)
             if loop.time() >= next_uploads:
                 next_uploads = loop.time() + UPLOAD_SWEEP_EVERY
                 expired = await run_in_threadpool(services.blobs.uploads.expire)
@@ -133,7 +134,7 @@ async def _sweeper(services: Services, interval: float) -> None:
             log_failure(exc, "sweep failed")
         else:
             for job_id in requeued:
-                log.warning("lease expired for job %s", job_id)
+                log.warning("lease lost for job %s (no heartbeat)", job_id)
             for worker_id in offline:
                 log.warning("worker %s is offline (no heartbeat)", worker_id)
         await asyncio.sleep(interval)

@@ -78,7 +78,7 @@ class Dispatch:
         ranked jobs are left for it; one that will not wait is nobody to leave a job for.
         With ``token_id``, only the token that enrolled the worker may poll for it."""
         if token_id is not None:
-            self.fleet.own(worker_id, token_id, pools)
+            self.fleet.owned(worker_id, token_id, pools)
         if wait > 0:
             self.wait_begin(worker_id, free)
         else:

@@ -305,7 +305,7 @@ class Fleet:
     def forget(self, worker_id: str) -> None:
         self._claimers.pop(worker_id, None)
 
-    def own(
+    def owned(
         self,
         worker_id: str,
         token_id: str,

@@ -120,7 +120,7 @@ class Leases:
                 detail={"job": job_id, "attempt": attempt},
             )
 
-    def keep(self, leases: Sequence[tuple[str, int]], worker_id: str) -> None:
+    def renew_for(self, leases: Sequence[tuple[str, int]], worker_id: str) -> None:
         """A worker registering again still runs these jobs: their leases live on."""
         self.store.extend_leases(leases, self.clock() + self.settings.lease_timeout, worker_id)
 
@@ -262,9 +262,9 @@ class Leases:
         """The job's lease is lost (``lifecycle.lose``): requeued, or failed with no
         attempts left; whether it took (a heartbeat or a result may have come first)."""
         change = lifecycle.lose(job, now, who, restarted)
-        if self.store.reap(change) is None:
+        if self.store.lose(change) is None:
             return False
-        self.metrics.lease_expirations.inc()
+        self.metrics.leases_lost.inc()
         self.metrics.ended(change.status.value, job.started_at, now, "lease_lost")
         self.notices.written(job.id)
         final = change.status == JobStatus.FAILED

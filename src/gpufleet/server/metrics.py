@@ -57,8 +57,8 @@ class Metrics:
             registry=r,
         )
         self.claims = Counter("gpufleet_claims", "Jobs claimed by workers", registry=r)
-        self.lease_expirations = Counter(
-            "gpufleet_lease_expirations", "Leases lost for want of a heartbeat", registry=r
+        self.leases_lost = Counter(
+            "gpufleet_leases_lost", "Leases lost for want of a heartbeat", registry=r
         )
         self.requeues = Counter(
             "gpufleet_requeues",

@@ -41,13 +41,13 @@ class Upkeep:
     def sweep(self) -> tuple[list[str], list[str]]:
         """Expire leases of silent workers, mark those workers offline, forget ephemeral
         workers gone for longer than their TTL. Returns (requeued jobs, offline workers)."""
-        return self.expire(), self.tidy()
+        return self.lose_lapsed_leases(), self.recount_and_mark_offline()
 
-    def expire(self) -> list[str]:
+    def lose_lapsed_leases(self) -> list[str]:
         """Requeue (or fail) the jobs whose lease has lapsed; their ids. Safe to run on
         several servers at once: each requeue is a conditional update of one lease."""
         now = self.clock()
-        expired = self.store.expired_leases(now)
+        expired = self.store.lost_leases(now)
         names = {w.id: w.name for w in self.store.list_workers()} if expired else {}
         requeued: list[str] = []
         for job in expired:
@@ -58,7 +58,7 @@ class Upkeep:
             self.notices.changed()
         return requeued
 
-    def tidy(self) -> list[str]:
+    def recount_and_mark_offline(self) -> list[str]:
         """Recount dependencies another replica met, fold the job count changes in (on
         PostgreSQL), mark silent workers offline and forget ephemeral ones gone past
         their TTL; the ids that went offline."""

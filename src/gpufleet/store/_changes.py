@@ -60,7 +60,7 @@ def _statement(
         )
     )
     if expired:
-        where = where & (_J.lease_expires_at < bindparam("_expired"))
+        where = where & (_J.lease_expires_at < bindparam("_lost_before"))
     for key in guard:
         where = where & (t.jobs.c[key] == bindparam(f"_guard_{key}"))
     values: dict[str, Any] = {
@@ -99,7 +99,7 @@ class NamedChanges(ABC):
         """The worker hands the job back (``lifecycle.release``)."""
         return self._checked(change, {Event.RELEASE, Event.FAIL})
 
-    def reap(self, change: Change) -> Applied | None:
+    def lose(self, change: Change) -> Applied | None:
         """An expired lease is lost (``lifecycle.lose``): only if it is expired still."""
         return self._checked(change, {Event.LOSE, Event.LOSE_FINAL})
 
@@ -121,7 +121,7 @@ class NamedChanges(ABC):
 
 
 class ChangeOps(NamedChanges):
-    """Applies the lifecycle's changes: claim, start, finish, release, reap, cancel,
+    """Applies the lifecycle's changes: claim, start, finish, release, lose, cancel,
     requeue, and the dependency failures they cause."""
 
     @abstractmethod
@@ -144,13 +144,13 @@ class ChangeOps(NamedChanges):
         """Apply ``change`` if the job is still where it expects; whether it was."""
         keys = tuple(sorted(change.fields))
         guard = tuple(sorted(change.guard))
-        stmt = _statement(change.event, keys, change.expired_before is not None, guard)
+        stmt = _statement(change.event, keys, change.lost_before is not None, guard)
         params = {
             **encode(change.fields),
             **{f"_guard_{k}": change.guard[k] for k in guard},
             "_id": change.job_id,
             "_lease": change.lease,
-            "_expired": change.expired_before,
+            "_lost_before": change.lost_before,
         }
         if conn.execute(stmt, params).rowcount != 1:
             return False

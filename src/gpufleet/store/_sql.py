@@ -628,7 +628,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
                     held.add((job_id, lease))
         return held
 
-    def expired_leases(self, now: float) -> list[JobRow]:
+    def lost_leases(self, now: float) -> list[JobRow]:
         j = t.jobs.c
         q = select(t.jobs).where(j.status.in_([s.value for s in ACTIVE]), j.lease_expires_at < now)
         with self._read() as conn:

@@ -367,7 +367,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
             lambda j: j["status"] in _ACTIVE and (worker_id is None or j["worker_id"] == worker_id)
         )
 
-    def expired_leases(self, now: float) -> list[JobRow]:
+    def lost_leases(self, now: float) -> list[JobRow]:
         return self._select(
             lambda j: (
                 j["status"] in _ACTIVE
@@ -497,10 +497,9 @@ class MemoryStore(MemoryRecords, NamedChanges):
             or JobStatus(j["status"]) not in change.sources
             or any(j[k] != v for k, v in change.guard.items())
             or (
-                change.expired_before is not None
+                change.lost_before is not None
                 and not (
-                    j["lease_expires_at"] is not None
-                    and j["lease_expires_at"] < change.expired_before
+                    j["lease_expires_at"] is not None and j["lease_expires_at"] < change.lost_before
                 )
             )
         ):

@@ -165,7 +165,7 @@ def register_worker(body: WorkerRegister, request: Request, caller: Worker) -> W
     w = services.fleet.register(body, pool, caller.token)
     running = [(r.job_id, r.attempt) for r in body.running]
     if running:
-        services.leases.keep(running, w.id)
+        services.leases.renew_for(running, w.id)
     services.upkeep.settle(w.id, w.name, running)  # what it no longer runs: lost now
     note(request, w.id)
     out = _worker_out(request, w)
@@ -207,7 +207,7 @@ async def claim(
     free = FreeResources(body.cpu_slots, tuple(FreeGpu(g.index, g.free_mib) for g in body.gpus))
     dispatch = st.services.dispatch
     if free.cpu_slots == 0 and not free.gpus:
-        await to_thread.run_sync(st.services.fleet.own, worker_id, caller.id, caller.pools)
+        await to_thread.run_sync(st.services.fleet.owned, worker_id, caller.id, caller.pools)
         return Response(status_code=204)
     # The first try checks that this token enrolled the worker; only then may the poll end
     # an older one of the same worker (here, and on other replicas when it says so).
@@ -277,7 +277,7 @@ async def _poll(
 def heartbeat(worker_id: str, body: HeartbeatRequest, request: Request, caller: Worker) -> Response:
     """Extend the leases the worker still holds; ``orders`` says which jobs to kill."""
     q = state(request).services
-    w = q.fleet.own(worker_id, caller.id, caller.pools, fresh=True)
+    w = q.fleet.owned(worker_id, caller.id, caller.pools, fresh=True)
     return _json(q.leases.heartbeat(worker_id, body, w))
 
 
@@ -286,7 +286,7 @@ def leave(worker_id: str, body: LeaveRequest, request: Request, caller: Worker) 
     """The worker stops (drained, its one job done, a signal): it is offline from now.
     A job it still held goes back to the queue without counting the attempt."""
     q = state(request).services
-    q.fleet.own(worker_id, caller.id, caller.pools)
+    q.fleet.owned(worker_id, caller.id, caller.pools)
     q.upkeep.leave(worker_id, body.reason)
 
 
