@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.store import SqlStore, Store
+from gpufleet.store import Store, open_store
 from gpufleet.store.memory import MemoryStore
 
 
@@ -22,7 +22,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         url = f"sqlite:///{tmp_path}/s.db"
     else:
         url = request.getfixturevalue("pg_url")
-    s = SqlStore(url)
+    s = open_store(url)
     try:
         s.migrate()
         yield s

@@ -15,7 +15,7 @@ from gpufleet.scheduling.matching import FreeResources
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import AttemptRow, SqlStore, Store
+from gpufleet.store import AttemptRow, SqlStore, Store, open_store
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.wire import CapabilityModel, Lease, WorkerRegister
 
@@ -134,7 +134,7 @@ def test_servers_sharing_a_database_keep_one_quota(
     total stored is the one quota's, and the cut is marked once."""
     if not isinstance(store, SqlStore):
         pytest.skip("a memory store is one server's alone")
-    other = SqlStore(store.url)
+    other = open_store(store.url)
     try:
         one, two = services(store, tmp_path / "1", clock), services(other, tmp_path / "2", clock)
         lease = running(one)

@@ -16,7 +16,7 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 
 from gpufleet.domain.models import JobStatus, WorkerStatus
-from gpufleet.store import SqlStore, schema, stored
+from gpufleet.store import SqlStore, open_store, schema, stored
 from gpufleet.store._sql import _MIGRATIONS
 
 T0 = 1_700_000_000.0
@@ -129,7 +129,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(url: str) -> Iterator[SqlStore]:
-    s = SqlStore(url)
+    s = open_store(url)
     try:
         yield s
     finally:

@@ -42,7 +42,7 @@ from gpufleet.scheduling.matching import FreeResources
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import Batch, SqlStore, Store
+from gpufleet.store import Batch, Store, open_store
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.store.memory import MemoryStore
 from gpufleet.wire import (
@@ -85,7 +85,7 @@ class Queue(RuleBasedStateMachine):
         else:
             path = self.root / f"q{n}.db"
             shutil.copy(self.root.parent / "template.db", path)
-            self.store = SqlStore(f"sqlite:///{path}")
+            self.store = open_store(f"sqlite:///{path}")
         blobs = BlobService(self.store, BlobFiles(self.root / f"blobs{n}"), BlobSettings())
         settings = QueueSettings(lease_timeout=LEASE, retry_backoff=5.0)
         self.q = Services(self.store, settings, blobs, clock=lambda: self.now)
@@ -237,7 +237,7 @@ class Queue(RuleBasedStateMachine):
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A migrated SQLite database to copy for each example (migrating each costs more)."""
     root = tmp_path_factory.mktemp("stateful")
-    store = SqlStore(f"sqlite:///{root / 'template.db'}")
+    store = open_store(f"sqlite:///{root / 'template.db'}")
     store.migrate()
     store.close()
     return root

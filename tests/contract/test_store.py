@@ -26,11 +26,23 @@ from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.services import Services
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import Batch, Hosts, JobRow, SqlStore, StaleClaim, WorkerRow, Written
+from gpufleet.store import (
+    Batch,
+    Hosts,
+    JobRow,
+    SqlStore,
+    StaleClaim,
+    WorkerRow,
+    Written,
+    open_store,
+)
 from gpufleet.store import schema as t
-from gpufleet.store._claims import _FIRST_FREE, _VIEW_POSTGRES, _VIEW_SQLITE
-from gpufleet.store._sql import _AIMED_JOBS
 from gpufleet.store.blobfiles import BlobFiles
+from gpufleet.store.postgres import PostgresStore
+from gpufleet.store.postgres.claims import _FIRST_FREE
+from gpufleet.store.postgres.claims import _VIEW as _VIEW_POSTGRES
+from gpufleet.store.sqlite import SqliteStore
+from gpufleet.store.sqlite.store import _VIEW as _VIEW_SQLITE
 from gpufleet.wire import (
     CapabilityModel,
     GpuModel,
@@ -1251,7 +1263,7 @@ def test_a_postgresql_claim_reads_no_more_than_the_jobs_it_needs(
     assert "ix_jobs_target" in view and "ix_jobs_queue" not in view, view
     pick = plan(_FIRST_FREE, (ids, ids))
     assert "jobs_pkey" in pick and "ix_jobs_queue" not in pick, pick
-    fleet = plan(_AIMED_JOBS["postgresql"], ())
+    fleet = plan(PostgresStore.aimed_jobs_sql, ())
     assert "ix_jobs_target" in fleet and "ix_jobs_queue" not in fleet, fleet
 
 
@@ -1277,7 +1289,7 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
     table once dropped the index's "priority DESC", and every claim then sorted the whole
     queue (claims went from about 560 to 200 a second). SQLite only: its plan does not
     depend on the table's size, PostgreSQL's does."""
-    store = SqlStore(f"sqlite:///{tmp_path}/plan.db")
+    store = open_store(f"sqlite:///{tmp_path}/plan.db")
     store.migrate()
     params = {"pool": "default", "now": T0, "p": 0, "c": T0, "i": "j-1", "n": 8}
 
@@ -1313,7 +1325,7 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
     # So do every worker's aimed jobs, read for `status` and each worker's free slots (a
     # walk of the queue made `status` cost 150 ms with 100,000 jobs pending)
     with store.engine.connect() as conn:
-        fleet = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {_AIMED_JOBS['sqlite']}").all()
+        fleet = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {SqliteStore.aimed_jobs_sql}").all()
     steps = " | ".join(str(row[-1]) for row in fleet)
     assert "ix_jobs_target" in steps and "ix_jobs_queue" not in steps, steps
     # The jobs list's newest page reads 50 rows of an index, never sorts every job
@@ -1576,7 +1588,7 @@ def test_a_postgresql_store_reconnects_after_its_connections_were_closed(
         pytest.skip("PostgreSQL's connections")
     import psycopg
 
-    import gpufleet.store._sql as sql
+    import gpufleet.store.postgres.store as sql
 
     made = queue.submission.submit(spec("kept"))
     assert store.get_job(made.id) is not None  # a pooled connection now exists

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from gpufleet.store import SqlStore
+from gpufleet.store import SqlStore, open_store
 from gpufleet.store._sql import _MIGRATIONS
 
 T0 = 1_700_000_000.0
@@ -26,7 +26,7 @@ def old(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
         if request.param == "sqlite"
         else request.getfixturevalue("pg_url")
     )
-    store = SqlStore(url)
+    store = open_store(url)
     cfg = Config()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
     with store._write() as conn:

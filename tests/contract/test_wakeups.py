@@ -8,11 +8,11 @@ import time
 from gpufleet.domain.models import Role
 from gpufleet.errors import Unauthorized
 from gpufleet.server.auth import Auth
-from gpufleet.store import SqlStore
+from gpufleet.store import open_store
 
 
 def test_a_change_on_one_replica_wakes_listeners_on_another(pg_url: str) -> None:
-    listener_side, publisher_side = SqlStore(pg_url), SqlStore(pg_url)
+    listener_side, publisher_side = open_store(pg_url), open_store(pg_url)
     woken, stop = threading.Event(), threading.Event()
     thread = threading.Thread(target=listener_side.listen, args=(woken.set, stop))
     thread.start()
@@ -34,7 +34,7 @@ def test_a_change_on_one_replica_wakes_listeners_on_another(pg_url: str) -> None
 def test_a_token_revoked_on_one_replica_fails_at_once_on_another(pg_url: str) -> None:
     """Replica A has the token in its lookup cache (made long here, so only the NOTIFY
     can explain a prompt refusal); replica B revokes it; A refuses it within a second."""
-    replica_a, replica_b = SqlStore(pg_url), SqlStore(pg_url)
+    replica_a, replica_b = open_store(pg_url), open_store(pg_url)
     replica_b.migrate()
     auth_a = Auth(replica_a, cache_seconds=3600)
     auth_b = Auth(replica_b)

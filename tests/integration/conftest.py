@@ -21,7 +21,7 @@ from gpufleet.domain.models import Role
 from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.store import SqlStore
+from gpufleet.store import SqlStore, open_store
 from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import bearer
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 @pytest.fixture
 def store(database: str | None, tmp_path: Path) -> Iterator[SqlStore]:
     """A migrated store on the test's backend (a SQLite file, or a PostgreSQL schema)."""
-    store = SqlStore(database or f"sqlite:///{tmp_path}/db.sqlite")
+    store = open_store(database or f"sqlite:///{tmp_path}/db.sqlite")
     store.migrate()
     yield store
     store.close()

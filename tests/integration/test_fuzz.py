@@ -53,7 +53,7 @@ from gpufleet.domain.models import Role
 from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.store import SqlStore
+from gpufleet.store import SqlStore, open_store
 from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX, bearer, gpu, job_body, worker_body
 
@@ -70,7 +70,7 @@ ROLES = ("admin", "submitter", "worker")
 UNCHECKED_TABLES = frozenset({"audit", "job_counts", "job_count_deltas"})
 BLOB_FILES = "blob files"
 
-_DB = SqlStore("sqlite://")
+_DB = open_store("sqlite://")
 _NOWHERE = BlobService(_DB, BlobFiles(Path("/nonexistent/gpufleet-schema-only")), BlobSettings())
 _SCHEMA_ONLY = create_app(_DB, QueueSettings(), _NOWHERE)
 schema = schemathesis.openapi.from_dict(
@@ -185,7 +185,7 @@ def _seed(url: str, blobs_dir: Path) -> Template:
     """Worker ``w`` is enrolled with the fuzzing worker token (which may act as it), ``g``
     with the admin's (which that token may not act as), both in pool ``default``. Job ``j``
     waits in ``default``, job ``o`` in ``other``, the only pool the submitter may use."""
-    store = SqlStore(url)
+    store = open_store(url)
     store.migrate()
     auth = Auth(store)
     callers = {
@@ -243,9 +243,9 @@ def store(template: Template, tmp_path: Path) -> Iterator[SqlStore]:
     PostgreSQL, the test's own template)."""
     if template.url.startswith("sqlite:"):
         shutil.copyfile(template.url.removeprefix("sqlite:///"), tmp_path / "db.sqlite")
-        store = SqlStore(f"sqlite:///{tmp_path}/db.sqlite")
+        store = open_store(f"sqlite:///{tmp_path}/db.sqlite")
     else:
-        store = SqlStore(template.url)
+        store = open_store(template.url)
     yield store
     store.close()
 

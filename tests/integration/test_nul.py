@@ -14,7 +14,7 @@ from gpufleet.domain.models import Role
 from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.store import SqlStore
+from gpufleet.store import open_store
 from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX, bearer
 
@@ -33,7 +33,7 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Tes
         url = f"sqlite:///{tmp_path}/db.sqlite"
     else:
         url = request.getfixturevalue("pg_url")
-    store = SqlStore(url)
+    store = open_store(url)
     store.migrate()
     blobs = BlobService(store, BlobFiles(tmp_path / "blobs"), BlobSettings())
     app = create_app(store, QueueSettings(lease_timeout=120.0), blobs)

@@ -15,7 +15,7 @@ from gpufleet.domain.quota import MARKER, OutputQuota
 from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.store import SqlStore
+from gpufleet.store import SqlStore, open_store
 from gpufleet.store.blobfiles import BlobFiles
 from tests.integration.helpers import (
     TESTCLIENT_ON_HTTPX,
@@ -97,7 +97,7 @@ DROP TRIGGER short_logs ON job_logs;
 
 @pytest.fixture
 def pg_store(pg_url: str) -> Iterator[SqlStore]:
-    store = SqlStore(pg_url)
+    store = open_store(pg_url)
     store.migrate()
     yield store
     store.close()

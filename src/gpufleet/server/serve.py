@@ -23,7 +23,7 @@ from gpufleet.server.blobs import BlobService, BlobSettings
 from gpufleet.server.connections import guarded_protocol
 from gpufleet.server.limits import Limits
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import SqlStore
+from gpufleet.store import open_store
 from gpufleet.store.blobbytes import BlobBytes
 from gpufleet.store.blobfiles import BlobFiles
 from gpufleet.store.s3blobs import S3Blobs
@@ -215,7 +215,7 @@ def serve(opts: ServerOptions) -> None:
     tls = tls_context(opts.tls_cert, opts.tls_key)  # a bad file stops us before anything
     opts.data_dir.mkdir(parents=True, exist_ok=True)
     storage = open_blob_bytes(opts.blob_store, opts.data_dir, opts.s3_endpoint)
-    store = SqlStore(database_url(opts.data_dir, opts.db))
+    store = open_store(database_url(opts.data_dir, opts.db))
     store.migrate()
     sock = _bind(opts.host, opts.port)
     port = sock.getsockname()[1]

@@ -16,6 +16,7 @@ from gpufleet.store.api import (
     Store,
     Written,
 )
+from gpufleet.store.postgres import PostgresStore
 from gpufleet.store.rows import (
     AttemptRow,
     AuditRow,
@@ -28,6 +29,17 @@ from gpufleet.store.rows import (
     WorkerRow,
     line_bytes,
 )
+from gpufleet.store.sqlite import SqliteStore
+
+
+def open_store(url: str) -> SqlStore:
+    """The SQL store for ``url``: PostgreSQL for ``postgresql://`` (and ``postgres://``),
+    else SQLite (a ``sqlite://`` URL, or a bare path: a file)."""
+    url = normalize_url(url)
+    if url.startswith("postgresql"):
+        return PostgresStore(url)
+    return SqliteStore(url)
+
 
 __all__ = [
     "Appended",
@@ -44,8 +56,10 @@ __all__ = [
     "JobRow",
     "LogRow",
     "Offers",
+    "PostgresStore",
     "QueueGauges",
     "SqlStore",
+    "SqliteStore",
     "StaleClaim",
     "Store",
     "TokenRow",
@@ -53,5 +67,6 @@ __all__ = [
     "Written",
     "line_bytes",
     "normalize_url",
+    "open_store",
     "within",
 ]

@@ -35,7 +35,7 @@ class EnvironmentOps(ABC):
 
     @abstractmethod
     def _insert(self, table: Any) -> Any:
-        """The dialect's INSERT (with ON CONFLICT) for ``table``."""
+        """The backend's INSERT (with ON CONFLICT) for ``table``."""
 
     def get_env_lock(self, pool: str, key: str) -> EnvLockRow | None:
         """The lock ``pool`` recorded under ``key`` (a ``lock_key``), if any."""

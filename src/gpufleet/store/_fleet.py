@@ -41,7 +41,7 @@ class FleetOps(ABC):
 
     @abstractmethod
     def _insert(self, table: Any) -> Any:
-        """The dialect's INSERT (with ON CONFLICT) for ``table``."""
+        """The backend's INSERT (with ON CONFLICT) for ``table``."""
 
     # ---- workers ----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Select, func, select
+from sqlalchemy import Connection, Select
 
 from gpufleet.store.rows import line_bytes
 
@@ -47,23 +47,5 @@ def read_page(
     page = q.order_by(seq.desc() if newest_first else seq).limit(limit)
     if budget is None:
         return list(conn.execute(page).all())
-    if conn.dialect.name == "postgresql":
-        return list(conn.execute(_fitted(page, budget, newest_first)).all())
     with contextlib.closing(conn.execute(page)) as result:
         return list(within(result, budget, lambda r: line_bytes(r.line)))
-
-
-def _fitted(page: Select[Any], budget: int, newest_first: bool) -> Select[Any]:
-    """``page``'s rows whose lines before them, in its order, take under ``budget``
-    bytes: the sizes are summed over the page's rows, which only then are read whole."""
-    rows = page.subquery()
-    size = func.octet_length(rows.c.line)
-    order = rows.c.seq.desc() if newest_first else rows.c.seq
-    ahead = (func.sum(size).over(order_by=order) - size).label("ahead")
-    sized = select(rows, ahead).subquery()
-    columns = [sized.c[col.name] for col in rows.c]
-    return (
-        select(*columns)
-        .where(sized.c.ahead < budget)
-        .order_by(sized.c.seq.desc() if newest_first else sized.c.seq)
-    )

@@ -1,42 +1,40 @@
-"""The SQL store: queue operations over SQLAlchemy Core, for SQLite and PostgreSQL.
+"""The SQL store: queue operations over SQLAlchemy Core, the part SQLite and PostgreSQL
+share. Each backend (:mod:`gpufleet.store.sqlite`, :mod:`gpufleet.store.postgres`)
+subclasses :class:`SqlStore` with what it does its own way: its engine, its INSERT, row
+locks, its own SQL where a query differs, and what it offers beyond the contract. Nothing
+here asks which backend it is.
 
 Every write for a running job is a conditional update on (job id, lease, status), so a
-stale lease changes nothing and the caller answers 409. SQLite has one writer: writes
-take a process lock so they queue here instead of spinning on ``SQLITE_BUSY``.
-PostgreSQL claims with ``FOR UPDATE SKIP LOCKED``, so concurrent claimers never wait on
-each other's rows.
+stale lease changes nothing and the caller answers 409.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     Connection,
     Engine,
+    Select,
     bindparam,
-    create_engine,
-    event,
     func,
-    make_url,
     select,
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DisconnectionError
 
 from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.domain.quota import OutputQuota
 from gpufleet.store import schema as t
 from gpufleet.store._changes import ChangeOps
-from gpufleet.store._claims import ClaimOps, page_statements
+from gpufleet.store._claims import ClaimOps, ClaimSession, page_statements
 from gpufleet.store._data import DataOps
 from gpufleet.store._environments import EnvironmentOps
 from gpufleet.store._fleet import FleetOps, write_hosts
@@ -57,34 +55,17 @@ from gpufleet.store.stored import spec_json
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 POOL_SIZE = 40  # the server's worker threads (anyio's default limiter)
-IDLE_PING = 5.0  # seconds a pooled PostgreSQL connection may sit before it is checked
-CHANNEL = "gpufleet_claimable"
-TOKENS_CHANGED = "tokens"  # a NOTIFY payload on CHANNEL: drop cached tokens
-SUPERSEDED = "poll"  # "poll REPLICA WORKER_ID": that worker polls anew; end its open poll
 _J = t.jobs.c
 _C, _CD = t.job_counts.c, t.job_count_deltas.c
 _BOTH = union_all(select(_C.pool, _C.status, _C.n), select(_CD.pool, _CD.status, _CD.n)).subquery()
 _COUNTS = select(_BOTH.c.pool, _BOTH.c.status, func.sum(_BOTH.c.n)).group_by(
     _BOTH.c.pool, _BOTH.c.status
 )
-_FOLD = """
-WITH gone AS (DELETE FROM job_count_deltas RETURNING pool, status, n)
-INSERT INTO job_counts (pool, status, n)
-SELECT pool, status, sum(n) FROM gone GROUP BY pool, status ORDER BY pool, status
-ON CONFLICT (pool, status) DO UPDATE SET n = job_counts.n + excluded.n
-"""
 _JOB = select(t.jobs).where(_J.id == bindparam("id"))
-# Read through the small partial index of aimed jobs, never by walking the pending queue
-# in claim order (which planners prefer, and which costs as much as the queue is long):
-# SQLite is told the index, PostgreSQL gets the read fenced off in a subquery (OFFSET 0).
-_AIMED_WHERE = f"target IS NOT NULL AND status = '{JobStatus.PENDING.value}'"
-_JOB_COLUMNS = ", ".join(c.name for c in t.jobs.c)  # named: a column added later is not read
-_AIMED_JOBS = {
-    "sqlite": f"SELECT {_JOB_COLUMNS} FROM jobs INDEXED BY ix_jobs_target "
-    f"WHERE {_AIMED_WHERE} ORDER BY priority DESC, created_at, id",
-    "postgresql": f"SELECT {_JOB_COLUMNS} FROM (SELECT * FROM jobs WHERE {_AIMED_WHERE} "
-    "OFFSET 0) aimed ORDER BY priority DESC, created_at, id",
-}
+# The pending jobs aimed at a worker: each backend reads them through the small partial
+# index of aimed jobs in its own way (never by walking the pending queue in claim order).
+AIMED_WHERE = f"target IS NOT NULL AND status = '{JobStatus.PENDING.value}'"
+JOB_COLUMNS = ", ".join(c.name for c in t.jobs.c)  # named: a column added later is not read
 # Only a job still pending with the spec we compared against is changed.
 _PENDING_UPDATE = (
     update(t.jobs)
@@ -113,62 +94,99 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA busy_timeout=30000")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
-
-
-def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
-    """Check a pooled PostgreSQL connection before use if it sat idle for IDLE_PING
-    seconds: a database restarted meanwhile has closed it, and the pool then opens a new
-    one. A connection in steady use is not pinged (pinging on every checkout cost a round
-    trip per call: 15 % of a heartbeat's CPU)."""
-    now = time.monotonic()
-    last = record.info.get("used", now)
-    record.info["used"] = now
-    if now - last < IDLE_PING:
-        return
-    try:
-        with dbapi_conn.cursor() as cur:
-            cur.execute("SELECT 1")
-    except Exception as exc:  # the driver's error for a closed connection
-        raise DisconnectionError("a pooled connection was closed") from exc
-
-
 class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
+    #: The backend's name, for the server's log; never asked by code outside it.
+    dialect: ClassVar[str]
+    #: SQLite's one writer: writes take it, so they queue here rather than spin on
+    #: ``SQLITE_BUSY`` (None: the database orders its writers itself).
+    _lock: threading.Lock | None = None
+    #: The pending jobs aimed at a worker, in claim order (:data:`JOB_COLUMNS`).
+    aimed_jobs_sql: ClassVar[str]
+
     def __init__(self, url: str) -> None:
         self.url = normalize_url(url)
-        self.engine: Engine
-        if self.url.startswith("sqlite"):
-            # As many pooled connections as the server has threads (anyio's 40): under
-            # load a smaller pool opened and closed a connection, with its pragmas, for
-            # most calls (a third of a heartbeat's cost with 10,000 workers).
-            # (An in-memory database has one connection, shared: no pool to size.)
-            memory = make_url(self.url).database in (None, "", ":memory:")
-            pool = {} if memory else {"pool_size": POOL_SIZE, "max_overflow": 10}
-            self.engine = create_engine(
-                self.url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
-            )
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-            self._lock: threading.Lock | None = threading.Lock()
-        else:
-            # Kept open: 20 per server process (4 replicas stay under PostgreSQL's default
-            # 100 connections); 20 more for bursts, closed when they end.
-            self.engine = create_engine(self.url, pool_size=POOL_SIZE // 2, max_overflow=20)
-            event.listen(self.engine, "checkout", _ping_if_idle)
-            self._lock = None
-        self.dialect = self.engine.dialect.name
+        self.engine: Engine = self._make_engine(self.url)
         self.space = SpaceWatch()
         watch_engine(self.engine, self.space)
         self.page_q = page_statements()
         # The transaction calls share inside ``together`` (this store's, this thread's).
         self._shared: ContextVar[Connection | None] = ContextVar(f"store{id(self)}", default=None)
+
+    # ---- what each backend does its own way ------------------------------------------
+
+    @abstractmethod
+    def _make_engine(self, url: str) -> Engine:
+        """The engine, its pool sized for the server's threads."""
+
+    @abstractmethod
+    def _begin_together(self, conn: Connection, job_ids: Sequence[str]) -> None:
+        """Begin :meth:`together`'s transaction on ``conn``, holding what its calls
+        will change (``job_ids``) as this backend must."""
+
+    @abstractmethod
+    def _insert(self, table: Any) -> Any:
+        """The backend's INSERT (with ON CONFLICT) for ``table``."""
+
+    @abstractmethod
+    def _lock_rows(self, conn: Connection, q: Select[Any], read: bool = False) -> None:
+        """Lock the rows ``q`` selects until the transaction ends (``read``: shared), where
+        the backend has row locks; where one writer holds everything, nothing."""
+
+    @abstractmethod
+    def _insert_lines(self, conn: Connection, rows: list[tuple[str, int, str, str, float]]) -> None:
+        """Insert a batch of a job's log rows (:data:`LINE_COLUMNS`) through the driver,
+        in the write's transaction. A flooding job sends thousands of lines a second, and
+        SQLAlchemy's per-row parameter handling cost more than the insert itself. Each row
+        takes the next ``seq`` as it goes in, so the order is kept."""
+
+    @abstractmethod
+    def claiming(self) -> AbstractContextManager[ClaimSession]:
+        """A claim session (:mod:`gpufleet.store._claims`)."""
+
+    @abstractmethod
+    def fold_job_counts(self) -> int:
+        """Fold count changes kept apart into ``job_counts``; how many were folded."""
+
+    @property
+    @abstractmethod
+    def offers(self) -> Offers:
+        """What this backend offers beyond the contract."""
+
+    @abstractmethod
+    def publish_claimable(self) -> None:
+        """Tell other server replicas that a job may have become claimable."""
+
+    @abstractmethod
+    def publish_tokens_changed(self) -> None:
+        """Tell other server replicas that a token was rotated or revoked."""
+
+    @abstractmethod
+    def publish_superseded(self, worker_id: str, replica: str) -> None:
+        """Tell other replicas that ``worker_id`` sent a poll replacing its open one."""
+
+    @abstractmethod
+    def listen(
+        self,
+        on_notify: Callable[[], None],
+        stop: threading.Event,
+        on_tokens: Callable[[], None] | None = None,
+        on_superseded: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """Hear other servers' changes until ``stop`` is set (see :class:`Offers`)."""
+
+    def _read_page(
+        self,
+        conn: Connection,
+        q: Select[Any],
+        limit: int,
+        budget: int | None,
+        newest_first: bool = False,
+    ) -> list[Any]:
+        """:func:`read_page`: the budget summed as rows are read; a backend may sum it in
+        SQL instead."""
+        return read_page(conn, q, limit, budget, newest_first)
 
     # ---- plumbing ---------------------------------------------------------------------
 
@@ -199,29 +217,15 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
     ) -> Iterator[Callable[[], AbstractContextManager[object]]]:
         """The calls made inside (in this thread) share one transaction, committed as it
         ends, and read what the ones before them wrote. Each part (``with part():``) is a
-        savepoint: a part that raises leaves nothing behind, and the other parts stand. On
-        SQLite the one writer's lock is held throughout (claims, which take it themselves,
-        must not run inside). On PostgreSQL the rows of ``job_ids``, the jobs the calls
-        will change, are locked first, in id order, as every write of several jobs takes
-        them: a transaction that holds some while it waits for others cannot deadlock."""
+        savepoint: a part that raises leaves nothing behind, and the other parts stand.
+        ``job_ids``: the jobs the calls will change, held first as the backend must
+        (:meth:`_begin_together`). Claims must not run inside."""
         if self._shared.get() is not None:
             yield nullcontext
             return
         began = self.space.mark()
         with self._lock or nullcontext(), self.engine.begin() as conn:
-            if self.dialect == "sqlite":
-                # pysqlite opens a transaction only before a write, and SQLite commits the
-                # one a first SAVEPOINT opened when that savepoint is released: begin here,
-                # as the writer at once (a deferred one could not become it later).
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            elif job_ids:
-                ids = sorted(set(job_ids))
-                conn.execute(
-                    select(t.jobs.c.id)
-                    .where(t.jobs.c.id.in_(ids))
-                    .order_by(t.jobs.c.id)
-                    .with_for_update()
-                ).all()
+            self._begin_together(conn, job_ids)
             token = self._shared.set(conn)
             try:
                 yield conn.begin_nested
@@ -249,76 +253,10 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         with self.engine.connect() as conn:
             yield conn
 
-    def _insert(self, table: Any) -> Any:
-        mod = postgresql if self.dialect == "postgresql" else sqlite
-        return mod.insert(table)
-
     def ping(self) -> str:
         with self._read() as conn:
             conn.execute(select(1))
         return self.dialect
-
-    # ---- wake-ups across server replicas -----------------------------------------------
-
-    def publish_claimable(self) -> None:
-        """Tell other server replicas that a job may have become claimable (PostgreSQL
-        NOTIFY; a single SQLite server needs nothing beyond its in-process wake-up)."""
-        if self.dialect == "postgresql":
-            with self.engine.begin() as conn:
-                conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
-
-    def publish_tokens_changed(self) -> None:
-        """Tell other server replicas that a token was rotated or revoked, so they drop
-        what they cached of tokens now rather than when their cache expires."""
-        if self.dialect == "postgresql":
-            with self.engine.begin() as conn:
-                conn.exec_driver_sql(f"NOTIFY {CHANNEL}, '{TOKENS_CHANGED}'")
-
-    def publish_superseded(self, worker_id: str, replica: str) -> None:
-        """Tell other replicas that ``worker_id`` sent a poll replacing its open one."""
-        if self.dialect == "postgresql":
-            with self.engine.begin() as conn:
-                conn.execute(select(func.pg_notify(CHANNEL, f"{SUPERSEDED} {replica} {worker_id}")))
-
-    @property
-    def offers(self) -> Offers:
-        """PostgreSQL runs claim sessions side by side and hears other servers' changes;
-        SQLite writes one at a time, and is one server's alone."""
-        if self.dialect == "postgresql":
-            return Offers(claimers=8, listens=True)
-        return Offers(claimers=1, listens=False)
-
-    def listen(
-        self,
-        on_notify: Callable[[], None],
-        stop: threading.Event,
-        on_tokens: Callable[[], None] | None = None,
-        on_superseded: Callable[[str, str], None] | None = None,
-    ) -> None:
-        """Call ``on_notify`` for every NOTIFY from any replica (``on_tokens`` for a token
-        change, ``on_superseded(worker_id, replica)`` for a worker's new poll) until
-        ``stop`` is set. Blocks: run it in a thread. Reconnects after a lost connection."""
-        import psycopg
-
-        conninfo = make_url(self.url).set(drivername="postgresql").render_as_string(False)
-        while not stop.is_set():
-            try:
-                with psycopg.connect(conninfo, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    while not stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
-                            kind, _, rest = note.payload.partition(" ")
-                            if kind == TOKENS_CHANGED:
-                                if on_tokens is not None:
-                                    on_tokens()
-                            elif kind == SUPERSEDED:
-                                replica, _, worker_id = rest.partition(" ")
-                                if on_superseded is not None:
-                                    on_superseded(worker_id, replica)
-                            else:
-                                on_notify()
-            except psycopg.Error:
-                stop.wait(1.0)
 
     # ---- jobs -------------------------------------------------------------------------
 
@@ -352,11 +290,10 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         """Insert the batch's jobs whose id is new, with their dependencies; their ids."""
         ids = [j[0] for j in batch.jobs]
         needed = sorted({d for ds in batch.deps.values() for d in ds})
-        if needed and self.dialect == "postgresql":
+        if needed:
             # A dependency finishing meanwhile waits for this insert (or this one for
             # it), so one of the two sees the other: no new job waits on a failed one.
-            q = select(t.jobs.c.id).where(t.jobs.c.id.in_(needed))
-            conn.execute(q.with_for_update(read=True))
+            self._lock_rows(conn, select(t.jobs.c.id).where(t.jobs.c.id.in_(needed)), read=True)
         have: set[str] = set()
         for chunk in range(0, len(ids), 500):
             q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))
@@ -393,8 +330,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         differ = sorted(i for i, old in current.items() if old != wanted[i][0])
         if not differ:
             return []
-        if self.dialect == "postgresql":
-            current = self._pending_specs(conn, differ, lock=True)
+        current = self._pending_specs(conn, differ, lock=True)
         rows = [
             {
                 "jid": i,
@@ -413,10 +349,9 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
             conn.execute(_PENDING_UPDATE, rows)
         return [str(r["jid"]) for r in rows]
 
-    @staticmethod
-    def _pending_specs(conn: Connection, ids: list[str], *, lock: bool) -> dict[str, str]:
+    def _pending_specs(self, conn: Connection, ids: list[str], *, lock: bool) -> dict[str, str]:
         """The specs of those of ``ids`` (sorted) still pending; ``lock``: row-locked, in
-        id order."""
+        id order, where the backend has row locks (:meth:`_lock_rows`)."""
         j = t.jobs.c
         found: dict[str, str] = {}
         for at in range(0, len(ids), 500):
@@ -424,16 +359,15 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
                 j.id.in_(ids[at : at + 500]), j.status == JobStatus.PENDING.value
             )
             if lock:
-                q = q.order_by(j.id).with_for_update()
+                self._lock_rows(conn, q.order_by(j.id))
             found.update({i: sp for i, sp in conn.execute(q).all()})
         return found
 
     def _lock_worker(self, conn: Connection, worker_id: str) -> None:
         """Serialize this transaction with others about the same worker (PostgreSQL; on
         SQLite the one writer already does)."""
-        if self.dialect == "postgresql":
-            w = t.workers.c
-            conn.execute(select(w.id).where(w.id == worker_id).with_for_update())
+        w = t.workers.c
+        self._lock_rows(conn, select(w.id).where(w.id == worker_id))
 
     def _holding(self, conn: Connection, worker: WorkerRow) -> list[JobRow]:
         """The jobs ``worker`` runs or has claimed, and the pending ones aimed at it, the
@@ -452,7 +386,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
     def aimed_jobs(self) -> list[JobRow]:
         """Pending jobs aimed at a worker, in the order they would be claimed."""
         with self._read() as conn:
-            rows = conn.exec_driver_sql(_AIMED_JOBS[self.dialect]).all()
+            rows = conn.exec_driver_sql(self.aimed_jobs_sql).all()
         return [JobRow.from_row(r) for r in rows]
 
     def manifest_jobs(
@@ -545,16 +479,6 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         for pool, status, n in rows:
             counts[(status, pool)] = counts.get((status, pool), 0) + int(n)
         return {key: n for key, n in counts.items() if n > 0}
-
-    def fold_job_counts(self) -> int:
-        """Fold the count changes PostgreSQL's trigger appended into ``job_counts``; how
-        many were folded. Replicas may fold at once: each change is deleted by exactly
-        one of them, and the sums go in key order (two folds never wait on each other in
-        a circle). Nothing to do on SQLite, whose trigger counts in place."""
-        if self.dialect != "postgresql":
-            return 0
-        with self._write() as conn:
-            return int(conn.exec_driver_sql(_FOLD).rowcount or 0)
 
     def queue_ahead(self, job: JobRow, limit: int) -> list[JobRow]:
         """Pending jobs of ``job``'s pool ranked before it (priority, then age, then id),
@@ -726,7 +650,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
                 got = metered(fresh.lines, dict(have._mapping), quota, now)
                 rows = [(job_id, lease, s, ln, now) for s, ln in got.lines]
                 if rows:
-                    _insert_lines(conn, self.dialect, rows)
+                    self._insert_lines(conn, rows)
                 columns = {"log_lines": fresh.end, **account_columns(got.account)}
                 conn.execute(update(t.attempts).where(this), columns)
                 # the job's latest progress, even from records the quota cut from its log
@@ -781,7 +705,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         if before is not None:
             q = q.where(c.seq < before)
         with self._read() as conn:
-            rows = read_page(conn, q, limit, budget, newest_first=before is not None)
+            rows = self._read_page(conn, q, limit, budget, newest_first=before is not None)
         found = [LogRow.from_row(r) for r in rows]
         return found[::-1] if before is not None else found
 
@@ -804,7 +728,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         if pools is not None:
             q = q.where(j.pool.in_(list(pools)))
         with self._read() as conn:
-            rows = read_page(conn, q, limit, budget)
+            rows = self._read_page(conn, q, limit, budget)
         out = []
         for r in rows:
             m = dict(r._mapping)
@@ -824,22 +748,3 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
 
 
 LINE_COLUMNS = ("job_id", "attempt", "stream", "line", "ts")
-
-
-def _insert_lines(
-    conn: Connection, dialect: str, rows: list[tuple[str, int, str, str, float]]
-) -> None:
-    """Insert a batch of a job's log rows through the driver, in the write's transaction:
-    ``COPY`` on PostgreSQL, ``executemany`` on SQLite. A flooding job sends thousands of
-    lines a second, and SQLAlchemy's per-row parameter handling cost more than the insert
-    itself (a 5,000-line batch: about 80 ms on PostgreSQL, which other requests waited
-    behind). Each row takes the next ``seq`` as it goes in, so the order is kept."""
-    raw: Any = conn.connection.driver_connection
-    table, columns = t.job_logs.name, ", ".join(t.job_logs.c[n].name for n in LINE_COLUMNS)
-    if dialect == "postgresql":
-        with raw.cursor() as cur, cur.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-    else:
-        marks = ", ".join("?" for _ in LINE_COLUMNS)
-        raw.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from gpufleet.domain.lifecycle import Change
 from gpufleet.domain.models import JobSpec
@@ -315,7 +315,7 @@ class Offers:
 class Store(JobStore, FleetStore, DataStore, EnvironmentStore, Protocol):
     """Everything the server keeps, and the plumbing around it."""
 
-    dialect: str  # its name, for the server's log ("sqlite", "postgresql", "memory")
+    dialect: ClassVar[str]  # its name, for the server's log ("sqlite", "postgresql", "memory")
     space: SpaceWatch  # whether its writes fail for lack of disk now
 
     @property

@@ -14,7 +14,7 @@ import json
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, ClassVar
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
@@ -124,7 +124,7 @@ class MemoryClaimSession:
 class MemoryStore(MemoryRecords, NamedChanges):
     """Every operation of the store, held in memory by one process."""
 
-    dialect = "memory"
+    dialect: ClassVar[str] = "memory"
 
     def __init__(self) -> None:
         self._lock = threading.RLock()

@@ -1,0 +1,149 @@
+"""The SQLite backend of the SQL store: one writer at a time, so writes take a process
+lock and queue here instead of spinning on ``SQLITE_BUSY``, and a transaction that must
+hold rows (a batch of reports, a claim) takes the writer's lock at once rather than row
+locks. One server's alone: there is no other replica to tell or to hear."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Select, bindparam, create_engine, event, make_url, update
+from sqlalchemy.dialects import sqlite
+
+from gpufleet.domain.lifecycle import Change
+from gpufleet.store import schema as t
+from gpufleet.store._claims import AIMED_SQL, HELD_SQL, ClaimSession, claims_only, driver_rows
+from gpufleet.store._sql import AIMED_WHERE, JOB_COLUMNS, LINE_COLUMNS, POOL_SIZE, SqlStore
+from gpufleet.store.api import Offers, StaleClaim
+
+_W = t.workers.c
+# The worker's snapshot in one statement; the aimed jobs from the small partial index (left
+# to itself SQLite would walk the pool's whole queue: ix_jobs_queue matches two equalities
+# and the order).
+_VIEW = (
+    "SELECT (SELECT json_group_array(json_array(gpus, n)) FROM ("
+    + HELD_SQL.format(wid="?")
+    + ")), (SELECT json_group_array(id) FROM ("
+    + AIMED_SQL.format(hint="INDEXED BY ix_jobs_target ", wid="?", wname="?", pool="?", now="?")
+    + ")), (SELECT claims FROM workers WHERE id = ?)"
+)
+# A worker's claim count moves on only from the count a claim ranked on.
+_COUNT_CLAIM = (
+    update(t.workers)
+    .where((_W.id == bindparam("wid")) & (_W.claims == bindparam("seen")))
+    .values(claims=_W.claims + 1)
+)
+
+
+def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class SqliteClaims(ClaimSession):
+    """The reads run outside the writer's lock; the write takes it. Claims run one after
+    the other, so the first choice is still there: one offered at a time."""
+
+    page_size, choices = 4, 1
+
+    def _snapshot(self, worker_id: str, name: str, pool: str, now: float) -> list[Any]:
+        return driver_rows(self.conn, _VIEW, (worker_id, worker_id, name, pool, now, worker_id))
+
+    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
+        claims_only(changes)
+        if not changes:
+            return None
+        conn = self.conn
+        conn.commit()  # the reads' implicit transaction; SQLite took no lock for them
+        with self.store._lock or nullcontext(), conn.begin():
+            for change in changes:
+                if self.store.apply_change(conn, change):
+                    counted = conn.execute(_COUNT_CLAIM, {"wid": worker_id, "seen": seen})
+                    if counted.rowcount != 1:
+                        raise StaleClaim(worker_id)  # and the claim rolls back
+                    return change.job_id
+        return None
+
+
+class SqliteStore(SqlStore):
+    """The SQL store on SQLite (a file, or ``sqlite://`` in memory)."""
+
+    dialect = "sqlite"
+    aimed_jobs_sql = (
+        f"SELECT {JOB_COLUMNS} FROM jobs INDEXED BY ix_jobs_target "
+        f"WHERE {AIMED_WHERE} ORDER BY priority DESC, created_at, id"
+    )
+
+    def __init__(self, url: str) -> None:
+        self._lock = threading.Lock()
+        super().__init__(url)
+
+    def _make_engine(self, url: str) -> Engine:
+        # As many pooled connections as the server has threads (anyio's 40): under load a
+        # smaller pool opened and closed a connection, with its pragmas, for most calls (a
+        # third of a heartbeat's cost with 10,000 workers). (An in-memory database has one
+        # connection, shared: no pool to size.)
+        memory = make_url(url).database in (None, "", ":memory:")
+        pool = {} if memory else {"pool_size": POOL_SIZE, "max_overflow": 10}
+        connect = {"check_same_thread": False, "timeout": 30}
+        engine = create_engine(url, connect_args=connect, **pool)
+        event.listen(engine, "connect", _pragmas)
+        return engine
+
+    def _begin_together(self, conn: Connection, job_ids: Sequence[str]) -> None:
+        # pysqlite opens a transaction only before a write, and SQLite commits the one a
+        # first SAVEPOINT opened when that savepoint is released: begin here, as the
+        # writer at once (a deferred one could not become it later). The one writer's
+        # lock is held throughout: claims, which take it themselves, must not run inside.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def _insert(self, table: Any) -> Any:
+        return sqlite.insert(table)
+
+    def _lock_rows(self, conn: Connection, q: Select[Any], read: bool = False) -> None:
+        """Nothing: the one writer holds every row already."""
+
+    def _insert_lines(self, conn: Connection, rows: list[tuple[str, int, str, str, float]]) -> None:
+        raw: Any = conn.connection.driver_connection
+        table, columns = t.job_logs.name, ", ".join(t.job_logs.c[n].name for n in LINE_COLUMNS)
+        marks = ", ".join("?" for _ in LINE_COLUMNS)
+        raw.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
+
+    @contextmanager
+    def claiming(self) -> Iterator[SqliteClaims]:
+        with self._read() as conn:
+            yield SqliteClaims(self, conn)
+
+    def fold_job_counts(self) -> int:
+        """Nothing to fold: SQLite's trigger counts in place."""
+        return 0
+
+    @property
+    def offers(self) -> Offers:
+        """One writer: one claim session at a time; one server's alone."""
+        return Offers(claimers=1, listens=False)
+
+    def publish_claimable(self) -> None:
+        """A single server needs nothing beyond its in-process wake-up."""
+
+    def publish_tokens_changed(self) -> None:
+        """No other server caches this database's tokens."""
+
+    def publish_superseded(self, worker_id: str, replica: str) -> None:
+        """No other server holds this worker's polls."""
+
+    def listen(
+        self,
+        on_notify: Callable[[], None],
+        stop: threading.Event,
+        on_tokens: Callable[[], None] | None = None,
+        on_superseded: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """No other server to hear."""
