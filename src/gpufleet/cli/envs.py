@@ -107,14 +107,7 @@ def build(
     """Build an environment ahead of time on workers (operators), so the first job that
     needs it starts at once: one job per worker, aimed at it, in a CPU slot, which runs
     `python` in the environment. Prints the job ids."""
-    req = EnvRequest(
-        with_requirements=str(with_requirements) if with_requirements else None,
-        with_=tuple(with_ or ()),
-        python=python,
-        upgrade=upgrade,
-    )
-    if req.empty:
-        raise ConfigError("name the environment: --with-requirements FILE and/or --with REQ")
+    req = _request(with_requirements, with_, python, upgrade)
     if not worker and pool is None:
         raise ConfigError("name the workers: --worker NAME (repeatable) or --pool POOL")
     with client(server, ca) as c:
@@ -127,6 +120,21 @@ def build(
         return
     for job_id in ids:
         print(shown(job_id))
+
+
+def _request(
+    with_requirements: Path | None, with_: list[str] | None, python: str | None, upgrade: bool
+) -> EnvRequest:
+    """The environment the options name; refused when they name none."""
+    req = EnvRequest(
+        with_requirements=str(with_requirements) if with_requirements else None,
+        with_=tuple(with_ or ()),
+        python=python,
+        upgrade=upgrade,
+    )
+    if req.empty:
+        raise ConfigError("name the environment: --with-requirements FILE and/or --with REQ")
+    return req
 
 
 def _submit_builds(
