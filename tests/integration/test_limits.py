@@ -28,7 +28,8 @@ from gpufleet.domain.models import Role
 from gpufleet.server import QueueSettings, create_app
 from gpufleet.server.auth import Auth
 from gpufleet.server.blobs import BlobService, BlobSettings
-from gpufleet.server.limits import Limits, nesting_depth, too_deep
+from gpufleet.server.json_depth import nesting_depth, too_deep
+from gpufleet.server.limits import Limits
 from gpufleet.server.polls import Poll
 from gpufleet.store import SqlStore
 from gpufleet.store.blobfiles import BlobFiles

@@ -18,10 +18,11 @@ from rich.table import Table
 from gpufleet.cli._common import CaOpt, JsonOpt, ServerOpt, age, client, err, out, print_json, shown
 from gpufleet.cli.environments import environment_model
 from gpufleet.cli.jobs import follow
+from gpufleet.client import Client
 from gpufleet.domain.environments import EnvRequest
 from gpufleet.domain.quota import size_text
 from gpufleet.errors import ConfigError
-from gpufleet.wire import JobSpecModel, RequirementsModel, WorkerOut
+from gpufleet.wire import EnvironmentModel, JobSpecModel, RequirementsModel, WorkerOut
 
 envs_app = typer.Typer(
     help="The Python environments workers have built for jobs: list them, or build one "
@@ -106,6 +107,25 @@ def build(
     """Build an environment ahead of time on workers (operators), so the first job that
     needs it starts at once: one job per worker, aimed at it, in a CPU slot, which runs
     `python` in the environment. Prints the job ids."""
+    req = _request(with_requirements, with_, python, upgrade)
+    if not worker and pool is None:
+        raise ConfigError("name the workers: --worker NAME (repeatable) or --pool POOL")
+    with client(server, ca) as c:
+        targets = _targets(c.workers(pool), worker, pool)
+        ids = _submit_builds(c, targets, environment_model(c, req), as_json)
+        if wait:
+            _wait_built(c, ids, as_json)
+    if as_json:
+        print_json({"jobs": ids})
+        return
+    for job_id in ids:
+        print(shown(job_id))
+
+
+def _request(
+    with_requirements: Path | None, with_: list[str] | None, python: str | None, upgrade: bool
+) -> EnvRequest:
+    """The environment the options name; refused when they name none."""
     req = EnvRequest(
         with_requirements=str(with_requirements) if with_requirements else None,
         with_=tuple(with_ or ()),
@@ -114,38 +134,39 @@ def build(
     )
     if req.empty:
         raise ConfigError("name the environment: --with-requirements FILE and/or --with REQ")
-    if not worker and pool is None:
-        raise ConfigError("name the workers: --worker NAME (repeatable) or --pool POOL")
-    with client(server, ca) as c:
-        targets = _targets(c.workers(pool), worker, pool)
-        env = environment_model(c, req)
-        ids = []
-        for w in targets:
-            spec = JobSpecModel(
-                name=f"build environment on {w.name}",
-                command=["python", "-c", PROBE],
-                requirements=RequirementsModel(worker=w.id, cpu_only=True),
-                pool=w.pool,
-                max_attempts=1,
-                environment=env,
-                tags=["environment"],
-                outputs=[],
-            )
-            result = c.submit(spec, queue=True)
-            ids.append(result.job.id)
-            if not as_json:
-                err.print(f"{shown(w.name)}: job {shown(result.job.id)}")
-        if wait:
-            statuses = [follow(c, job_id, as_json) for job_id in ids]
-            failed = [i for i, s in zip(ids, statuses, strict=True) if s != "succeeded"]
-            if failed:
-                err.print(f"not built: {shown(', '.join(failed))} (gpufleet show JOB says why)")
-                raise typer.Exit(1)
-    if as_json:
-        print_json({"jobs": ids})
-        return
-    for job_id in ids:
-        print(shown(job_id))
+    return req
+
+
+def _submit_builds(
+    c: Client, targets: list[WorkerOut], env: EnvironmentModel, as_json: bool
+) -> list[str]:
+    """Submit one build job per worker, aimed at it; their ids, in order."""
+    ids = []
+    for w in targets:
+        spec = JobSpecModel(
+            name=f"build environment on {w.name}",
+            command=["python", "-c", PROBE],
+            requirements=RequirementsModel(worker=w.id, cpu_only=True),
+            pool=w.pool,
+            max_attempts=1,
+            environment=env,
+            tags=["environment"],
+            outputs=[],
+        )
+        result = c.submit(spec, queue=True)
+        ids.append(result.job.id)
+        if not as_json:
+            err.print(f"{shown(w.name)}: job {shown(result.job.id)}")
+    return ids
+
+
+def _wait_built(c: Client, ids: list[str], as_json: bool) -> None:
+    """Follow each build to its end; exit 1 naming those that did not succeed."""
+    statuses = [follow(c, job_id, as_json) for job_id in ids]
+    failed = [i for i, s in zip(ids, statuses, strict=True) if s != "succeeded"]
+    if failed:
+        err.print(f"not built: {shown(', '.join(failed))} (gpufleet show JOB says why)")
+        raise typer.Exit(1)
 
 
 def _targets(rows: list[WorkerOut], named: list[str] | None, pool: str | None) -> list[WorkerOut]:

@@ -30,6 +30,18 @@ def placement(j: JobOut) -> str:
 
 
 def show_detail(d: JobDetail) -> None:
+    """A job in full, as ``gpufleet show JOB`` prints it."""
+    _spec(d)
+    _state(d)
+    _inputs(d)
+    _environment(d)
+    _failure(d)
+    _artifact(d)
+    _history(d)
+
+
+def _spec(d: JobDetail) -> None:
+    """The job's name, status, attempts and what it runs."""
     out.print(
         f"[bold]{shown(d.id)}[/bold] {shown(d.name)}: {styled(d.status)}"
         f"  attempt {d.attempt} (budget {d.attempts}/{d.max_attempts})  priority {d.priority}"
@@ -41,6 +53,10 @@ def show_detail(d: JobDetail) -> None:
     if d.spec.hyper:
         pairs = ", ".join(f"{k}={v}" for k, v in d.spec.hyper.items())
         out.print(f"  hyper ({shown(d.spec.hyper_style)}): {shown(pairs)}")
+
+
+def _state(d: JobDetail) -> None:
+    """Where and since when it runs, what it uses, who submitted it, whether it was stopped."""
     if d.worker:
         out.print(f"  on: {shown(d.worker)} ({placement(d)}), started {when(d.started_at)}")
     if d.host and d.host.narrows:
@@ -61,8 +77,10 @@ def show_detail(d: JobDetail) -> None:
         out.print(f"  asked to stop at {when(d.stop_requested_at)}")
     if d.unrunnable:
         out.print(f"  [yellow]{shown(d.unrunnable)}[/yellow]")
-    _inputs(d)
-    _environment(d)
+
+
+def _failure(d: JobDetail) -> None:
+    """Its error and the last lines of its stderr."""
     if d.error:
         cls = f" ({shown(d.failure)} failure)" if d.failure else ""
         out.print(f"  error{cls}: {shown(d.error)}")
@@ -70,7 +88,10 @@ def show_detail(d: JobDetail) -> None:
         out.print(f"  stderr, last {len(d.stderr_tail)} line(s):")
         for line in d.stderr_tail:
             out.print(f"    {shown(line)}", soft_wrap=True)
-    _artifact(d)
+
+
+def _history(d: JobDetail) -> None:
+    """Each attempt in a line, with its environment and what was late or cut."""
     for a in d.history:
         out.print(
             f"  attempt {a.attempt}: {shown(a.worker or '-')} gpus={shown(a.gpus or '-')} "

@@ -376,20 +376,32 @@ def finish(
     would fail the same way on every worker (a requirement that does not exist), so the
     job fails at once (:data:`NOT_BUILDABLE`); a failure that is not final (the network,
     a full disk) is retried as any other."""
+    event, outcome, error, refused = _outcome(
+        job, exit_code, error, failure, final, retry_on, no_retry_on
+    )
+    return _finished(
+        job, event, now, backoff_base, outcome, error, exit_code, stderr_tail, refused, failure
+    )
+
+
+def _finished(
+    job: JobState,
+    event: Event,
+    now: float,
+    backoff_base: float,
+    outcome: str,
+    error: str | None,
+    exit_code: int | None,
+    stderr_tail: Sequence[str],
+    refused: str | None,
+    failure: str | None,
+) -> Change:
+    """The change :func:`finish` makes once it knows how the attempt ended (``event``):
+    the job's fields, the attempt's record, and what a failure says."""
     used = job.attempts + 1
     stopped = job.stop_requested_at is not None
-    refused = None
-    if exit_code == 0 and error is None and failure is None:
-        event, outcome, stderr_tail = Event.SUCCEED, "succeeded", ()
-    else:
-        if not stopped and used < job.max_attempts:  # with none left, it fails anyway
-            refused = not_retried(exit_code, retry_on, no_retry_on)
-            if final and failure == "environment":
-                refused = NOT_BUILDABLE
-        event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)
-        outcome, error = "failed", error or _no_word(exit_code, failure)
-        if refused:
-            error = f"{error.rstrip('.')}, {refused}"
+    if event == Event.SUCCEED:
+        stderr_tail = ()
     not_before = now + backoff_seconds(used, backoff_base) if event == Event.RETRY else None
     change = _ended(
         job,
@@ -416,6 +428,33 @@ def finish(
         failure=failure,
     )
     return replace(change, said=said)
+
+
+def _outcome(
+    job: JobState,
+    exit_code: int | None,
+    error: str | None,
+    failure: str | None,
+    final: bool,
+    retry_on: Collection[int],
+    no_retry_on: Collection[int],
+) -> tuple[Event, str, str | None, str | None]:
+    """How an attempt ended, as :func:`finish` records it: the event, the outcome, the
+    error, and why a failure is not tried again (None: it may be)."""
+    if exit_code == 0 and error is None and failure is None:
+        return Event.SUCCEED, "succeeded", error, None
+    used = job.attempts + 1
+    stopped = job.stop_requested_at is not None
+    refused = None
+    if not stopped and used < job.max_attempts:  # with none left, it fails anyway
+        refused = not_retried(exit_code, retry_on, no_retry_on)
+        if final and failure == "environment":
+            refused = NOT_BUILDABLE
+    event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)
+    error = error or _no_word(exit_code, failure)
+    if refused:
+        error = f"{error.rstrip('.')}, {refused}"
+    return event, "failed", error, refused
 
 
 def _no_word(exit_code: int | None, failure: str | None) -> str:

@@ -140,19 +140,10 @@ async def _sweeper(services: Services, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
-def create_app(
-    store: Store,
-    settings: QueueSettings,
-    blobs: BlobService,
-    limits: Limits | None = None,
-    access_log: bool = False,
-    metrics_public: bool = False,
-    api_docs: bool = False,
-) -> FastAPI:
-    """The server app over ``store`` (already migrated) and ``blobs``, behind the abuse
-    ``limits`` (the defaults when None); ``access_log``: a log line per request;
-    ``api_docs``: serve the API browser (Swagger UI at /docs, ReDoc at /redoc), whose
-    pages load their scripts from a CDN, so it is off unless asked for."""
+def _server_state(
+    store: Store, settings: QueueSettings, blobs: BlobService, metrics_public: bool
+) -> ServerState:
+    """The services and the live parts (notifier, polls, hub, holds) the routes share."""
     notifier = Notifier()
 
     def on_change() -> None:
@@ -180,6 +171,65 @@ def create_app(
         metrics_public=metrics_public,
     )
     st.services.metrics.watch(st.services.reads, st.services.fleet, st.polls, st.hub)
+    return st
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error answered in the one JSON error shape."""
+    app.add_exception_handler(GpufleetError, _on_gpufleet_error)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)
+    for cls in shortage_classes():
+        app.add_exception_handler(cls, _on_shortage)
+
+
+def _add_middleware(
+    app: FastAPI, st: ServerState, limits: Limits | None, access_log: bool, metrics_public: bool
+) -> None:
+    """The middleware, innermost first: audit, NUL refusal, security headers, limits,
+    request ids."""
+    app.add_middleware(AuditLog, writer=st.audit)
+    app.add_middleware(RefuseNul)
+    app.add_middleware(routes.dashboard.SecurityHeaders)
+    # Added last, so outermost: a refused flood costs no audit row, no database write.
+    app.add_middleware(
+        LimitsMiddleware,
+        limits=limits,
+        gate=Gate(st.auth),
+        audit=st.audit,
+        metrics_public=metrics_public,
+    )
+    # Outermost of all: every answer carries its request id, and a crash anywhere inside
+    # is answered (and logged) once, with that id.
+    app.add_middleware(RequestIds, access_log=access_log)
+
+
+def _add_routes(app: FastAPI) -> None:
+    """The API's routers, the dashboard and its static files."""
+    app.include_router(routes.jobs.router)
+    app.include_router(routes.workers.router)
+    app.include_router(routes.blobs.router)
+    app.include_router(routes.environments.router)
+    app.include_router(routes.events.router)
+    app.include_router(routes.metrics.router)
+    app.include_router(routes.dashboard.router)
+    app.mount("/ui", routes.dashboard.static_files(), name="ui")
+
+
+def create_app(
+    store: Store,
+    settings: QueueSettings,
+    blobs: BlobService,
+    limits: Limits | None = None,
+    access_log: bool = False,
+    metrics_public: bool = False,
+    api_docs: bool = False,
+) -> FastAPI:
+    """The server app over ``store`` (already migrated) and ``blobs``, behind the abuse
+    ``limits`` (the defaults when None); ``access_log``: a log line per request;
+    ``api_docs``: serve the API browser (Swagger UI at /docs, ReDoc at /redoc), whose
+    pages load their scripts from a CDN, so it is off unless asked for."""
+    st = _server_state(store, settings, blobs, metrics_public)
     app = FastAPI(
         title="gpufleet",
         version=__version__,
@@ -189,34 +239,76 @@ def create_app(
         redoc_url="/redoc" if api_docs else None,
     )
     app.state.gpufleet = st
-    app.add_exception_handler(GpufleetError, _on_gpufleet_error)
-    app.add_exception_handler(RequestValidationError, _on_validation)
-    app.add_exception_handler(HTTPException, _on_http)
-    for cls in shortage_classes():
-        app.add_exception_handler(cls, _on_shortage)
-    app.add_middleware(AuditLog, writer=audit)
-    app.add_middleware(RefuseNul)
-    app.add_middleware(routes.dashboard.SecurityHeaders)
-    # Added last, so outermost: a refused flood costs no audit row, no database write.
-    app.add_middleware(
-        LimitsMiddleware,
-        limits=limits,
-        gate=Gate(st.auth),
-        audit=audit,
-        metrics_public=metrics_public,
-    )
-    # Outermost of all: every answer carries its request id, and a crash anywhere inside
-    # is answered (and logged) once, with that id.
-    app.add_middleware(RequestIds, access_log=access_log)
-    app.include_router(routes.jobs.router)
-    app.include_router(routes.workers.router)
-    app.include_router(routes.blobs.router)
-    app.include_router(routes.environments.router)
-    app.include_router(routes.events.router)
-    app.include_router(routes.metrics.router)
-    app.include_router(routes.dashboard.router)
-    app.mount("/ui", routes.dashboard.static_files(), name="ui")
+    _add_error_handlers(app)
+    _add_middleware(app, st, limits, access_log, metrics_public)
+    _add_routes(app)
     return app
+
+
+async def _start(store: Store, st: ServerState) -> asyncio.Task[None]:
+    """Bind the live parts to the running loop, load the event-id key, clean up what an
+    earlier run left, and start the sweeper (returned)."""
+    services = st.services
+    loop = asyncio.get_running_loop()
+    st.notifier.bind(loop)
+    st.polls.bind(loop)
+    st.audit.bind(loop)
+    st.hub.bind(loop)
+    st.holds.bind(loop)
+    key = await run_in_threadpool(store.server_key, KEY_NAME, Opaque.fresh_key())
+    st.event_ids.load(key)
+    cleaned = await run_in_threadpool(services.blobs.startup)
+    if cleaned:
+        log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
+    # Leases are not extended at a start: a worker that had no heartbeat answered for a
+    # whole lease has stopped its jobs itself (it fences), so a lease that lapsed while
+    # no server ran is requeued at the first sweep. Sweeps come every second at most,
+    # so a lapsed lease is requeued within a second of its end.
+    interval = max(0.05, min(services.settings.lease_timeout / 4, 1.0))
+    return asyncio.create_task(_sweeper(services, interval))
+
+
+def _listen(store: Store, st: ServerState, stop: threading.Event) -> threading.Thread | None:
+    """The thread that wakes polls held by this replica on others' changes, started; None
+    where the store cannot listen."""
+    if not store.offers.listens:
+        return None
+    listener = threading.Thread(
+        target=store.listen,
+        args=(
+            st.notifier.notify,
+            stop,
+            st.auth.forget,
+            st.polls.superseded_elsewhere,
+        ),
+        daemon=True,
+    )
+    listener.start()
+    return listener
+
+
+async def _stop(
+    st: ServerState,
+    task: asyncio.Task[None],
+    listener: threading.Thread | None,
+    stop_listening: threading.Event,
+) -> None:
+    """Undo :func:`_start` and :func:`_listen`: stop listening and sweeping, write the last
+    heartbeats and audit rows, unbind from the loop."""
+    stop_listening.set()
+    if listener is not None:
+        listener.join(5)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    try:  # the last second's heartbeats
+        await run_in_threadpool(st.services.fleet.flush_beats)
+    except Exception:
+        log.exception("could not write the last heartbeats")
+    await st.audit.close()
+    st.audit.bind(None)
+    st.hub.bind(None)
+    st.holds.bind(None)
 
 
 def _lifespan(
@@ -224,57 +316,15 @@ def _lifespan(
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """What the server does at start (clean up, sweep, listen to other replicas) and
     undoes at stop."""
-    services = st.services
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-        st.notifier.bind(loop)
-        st.polls.bind(loop)
-        st.audit.bind(loop)
-        st.hub.bind(loop)
-        st.holds.bind(loop)
-        key = await run_in_threadpool(store.server_key, KEY_NAME, Opaque.fresh_key())
-        st.event_ids.load(key)
-        cleaned = await run_in_threadpool(services.blobs.startup)
-        if cleaned:
-            log.warning("removed %d unfinished upload file(s) left by an earlier run", cleaned)
-        # Leases are not extended at a start: a worker that had no heartbeat answered for a
-        # whole lease has stopped its jobs itself (it fences), so a lease that lapsed while
-        # no server ran is requeued at the first sweep. Sweeps come every second at most,
-        # so a lapsed lease is requeued within a second of its end.
-        interval = max(0.05, min(services.settings.lease_timeout / 4, 1.0))
-        task = asyncio.create_task(_sweeper(services, interval))
+        task = await _start(store, st)
         stop_listening = threading.Event()
-        listener = None
-        if store.offers.listens:  # wake polls held by this replica on others' changes
-            listener = threading.Thread(
-                target=store.listen,
-                args=(
-                    st.notifier.notify,
-                    stop_listening,
-                    st.auth.forget,
-                    st.polls.superseded_elsewhere,
-                ),
-                daemon=True,
-            )
-            listener.start()
+        listener = _listen(store, st, stop_listening)
         try:
             yield
         finally:
-            stop_listening.set()
-            if listener is not None:
-                listener.join(5)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            try:  # the last second's heartbeats
-                await run_in_threadpool(services.fleet.flush_beats)
-            except Exception:
-                log.exception("could not write the last heartbeats")
-            await st.audit.close()
-            st.audit.bind(None)
-            st.hub.bind(None)
-            st.holds.bind(None)
+            await _stop(st, task, listener, stop_listening)
 
     return lifespan

@@ -27,9 +27,10 @@ from gpufleet.domain.models import WorkerStatus
 
 if TYPE_CHECKING:
     from gpufleet.server.events import Hub
-    from gpufleet.server.fleet import Fleet
+    from gpufleet.server.fleet import Fleet, WorkerState
     from gpufleet.server.polls import Polls
     from gpufleet.server.reads import Reads
+    from gpufleet.store.api import QueueGauges
 
 MIB = 1 << 20
 # Seconds: from a moment to a day and more (queue waits and run times are long).
@@ -46,7 +47,13 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        # registered in this order, which is the order /metrics lists them in
+        self._count_jobs(self.registry)
+        self._time_jobs(self.registry)
+        self._watch_environments(self.registry)
+
+    def _count_jobs(self, r: CollectorRegistry) -> None:
+        """The counters of jobs submitted, finished, claimed, lost and requeued."""
         self.submitted = Counter(
             "gpufleet_jobs_submitted", "Jobs submitted through this server", registry=r
         )
@@ -66,6 +73,9 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+
+    def _time_jobs(self, r: CollectorRegistry) -> None:
+        """The histograms of queue wait, dispatch latency and run time."""
         self.queue_wait = Histogram(
             "gpufleet_queue_wait_seconds",
             "Seconds from submission to the claim that took the job",
@@ -84,6 +94,9 @@ class Metrics:
             buckets=RUNS,
             registry=r,
         )
+
+    def _watch_environments(self, r: CollectorRegistry) -> None:
+        """How long environment builds take, and how often one is built or reused."""
         self.env_build = Histogram(
             "gpufleet_environment_build_seconds",
             "Seconds a worker took to build a job's environment (builds made for a start)",
@@ -147,53 +160,14 @@ class _Gauges(Collector):
     def collect(self) -> Iterator[Metric]:
         now = self.clock()
         q = self.reads.gauges()
-        jobs = GaugeMetricFamily(
-            "gpufleet_jobs", "Jobs in each status, by pool", labels=["status", "pool"]
-        )
-        for (status, pool), n in sorted(q.jobs.items()):
-            jobs.add_metric([status, pool], n)
-        yield jobs
-        oldest = GaugeMetricFamily(
-            "gpufleet_oldest_pending_job_age_seconds",
-            "Age of the oldest pending job, by pool",
-            labels=["pool"],
-        )
-        for pool, created in sorted(q.oldest_pending.items()):
-            oldest.add_metric([pool], max(0.0, now - created))
-        yield oldest
-
+        yield from _queue_gauges(q, now)
         states = self.fleet.states()
-        workers = GaugeMetricFamily(
-            "gpufleet_workers", "Workers in each status, by pool", labels=["status", "pool"]
-        )
-        counts: dict[tuple[str, str], int] = {}
-        for s in states:
-            status_pool = (s.status.value, s.row.pool)
-            counts[status_pool] = counts.get(status_pool, 0) + 1
-        for (status, pool), n in sorted(counts.items()):
-            workers.add_metric([status, pool], n)
-        yield workers
-        labels = ["worker", "gpu", "name"]
-        used = GaugeMetricFamily(
-            "gpufleet_gpu_memory_used_bytes", "GPU memory in use", labels=labels
-        )
-        total = GaugeMetricFamily("gpufleet_gpu_memory_total_bytes", "GPU memory", labels=labels)
-        util = GaugeMetricFamily(
-            "gpufleet_gpu_utilization_ratio", "GPU busy fraction (0-1)", labels=labels
-        )
-        for s in states:
-            if s.status == WorkerStatus.OFFLINE:
-                continue
-            for g in s.row.gpu_stats:
-                key = [s.row.name, str(g.index), g.name]
-                used.add_metric(key, (g.total_mib - g.free_mib) * MIB)
-                total.add_metric(key, g.total_mib * MIB)
-                if g.util_percent is not None:
-                    util.add_metric(key, g.util_percent / 100)
-        yield used
-        yield total
-        yield util
+        yield _worker_gauge(states)
+        yield from _gpu_gauges(states)
+        yield from self._server_gauges(q)
 
+    def _server_gauges(self, q: QueueGauges) -> Iterator[Metric]:
+        """This server's polls and event streams, and the bytes of blobs kept."""
         polls = GaugeMetricFamily(
             "gpufleet_claim_polls_waiting", "Worker long-polls waiting on this server"
         )
@@ -211,3 +185,57 @@ class _Gauges(Collector):
         stored.add_metric(["artifact"], q.artifact_bytes)
         stored.add_metric(["package"], q.package_bytes)
         yield stored
+
+
+def _queue_gauges(q: QueueGauges, now: float) -> Iterator[Metric]:
+    """Jobs by status and pool, and the oldest pending job's age per pool."""
+    jobs = GaugeMetricFamily(
+        "gpufleet_jobs", "Jobs in each status, by pool", labels=["status", "pool"]
+    )
+    for (status, pool), n in sorted(q.jobs.items()):
+        jobs.add_metric([status, pool], n)
+    yield jobs
+    oldest = GaugeMetricFamily(
+        "gpufleet_oldest_pending_job_age_seconds",
+        "Age of the oldest pending job, by pool",
+        labels=["pool"],
+    )
+    for pool, created in sorted(q.oldest_pending.items()):
+        oldest.add_metric([pool], max(0.0, now - created))
+    yield oldest
+
+
+def _worker_gauge(states: list[WorkerState]) -> Metric:
+    """Workers by status and pool."""
+    workers = GaugeMetricFamily(
+        "gpufleet_workers", "Workers in each status, by pool", labels=["status", "pool"]
+    )
+    counts: dict[tuple[str, str], int] = {}
+    for s in states:
+        status_pool = (s.status.value, s.row.pool)
+        counts[status_pool] = counts.get(status_pool, 0) + 1
+    for (status, pool), n in sorted(counts.items()):
+        workers.add_metric([status, pool], n)
+    return workers
+
+
+def _gpu_gauges(states: list[WorkerState]) -> Iterator[Metric]:
+    """Each GPU of the workers not offline: memory used and total, utilisation."""
+    labels = ["worker", "gpu", "name"]
+    used = GaugeMetricFamily("gpufleet_gpu_memory_used_bytes", "GPU memory in use", labels=labels)
+    total = GaugeMetricFamily("gpufleet_gpu_memory_total_bytes", "GPU memory", labels=labels)
+    util = GaugeMetricFamily(
+        "gpufleet_gpu_utilization_ratio", "GPU busy fraction (0-1)", labels=labels
+    )
+    for s in states:
+        if s.status == WorkerStatus.OFFLINE:
+            continue
+        for g in s.row.gpu_stats:
+            key = [s.row.name, str(g.index), g.name]
+            used.add_metric(key, (g.total_mib - g.free_mib) * MIB)
+            total.add_metric(key, g.total_mib * MIB)
+            if g.util_percent is not None:
+                util.add_metric(key, g.util_percent / 100)
+    yield used
+    yield total
+    yield util

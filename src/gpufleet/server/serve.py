@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from gpufleet.config.credentials import load_token, load_worker_token, save_token, save_worker_token
 from gpufleet.errors import ConfigError
@@ -210,21 +211,16 @@ def _local_worker_token(auth: Auth, urls: list[str]) -> None:
     )
 
 
-def serve(opts: ServerOptions) -> None:
-    """Serve until SIGINT/SIGTERM. Prints the URL (and a fresh admin token, once)."""
-    tls = tls_context(opts.tls_cert, opts.tls_key)  # a bad file stops us before anything
-    opts.data_dir.mkdir(parents=True, exist_ok=True)
-    storage = open_blob_bytes(opts.blob_store, opts.data_dir, opts.s3_endpoint)
-    store = open_store(database_url(opts.data_dir, opts.db))
-    store.migrate()
-    sock = _bind(opts.host, opts.port)
-    port = sock.getsockname()[1]
-    shown = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
+def _urls(host: str, port: int, tls: ssl.SSLContext | None) -> list[str]:
+    """The server's URL first, then the same server as the CLI may be told to call it."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if tls else "http"
     url = f"{scheme}://{shown}:{port}"
-    # the same server, as the CLI may be told to call it
-    urls = [url, f"{scheme}://localhost:{port}"] if shown == "127.0.0.1" else [url]
-    auth = Auth(store)
+    return [url, f"{scheme}://localhost:{port}"] if shown == "127.0.0.1" else [url]
+
+
+def _admin_token(auth: Auth, urls: list[str]) -> None:
+    """Make and save (0600) the first admin token, when there is none yet."""
     secret = auth.ensure_admin()
     if secret is not None:
         where = save_token(urls[0], secret)
@@ -235,28 +231,13 @@ def serve(opts: ServerOptions) -> None:
         print(
             f"Admin token created, saved to {where} (mode 0600){note}", file=sys.stderr, flush=True
         )
-    _local_worker_token(auth, urls)
-    print(
-        f"gpufleet server listening on {url} (database: {store.dialect}, blobs: {storage.where})",
-        flush=True,
-    )
-    _warn_if_open(opts.host, tls)
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    blobs = BlobService(store, storage, BlobSettings(max_size=opts.max_blob_size))
-    if opts.access_log:
-        logging.getLogger("gpufleet.access").setLevel(logging.INFO)
-    app = create_app(
-        store,
-        opts.queue,
-        blobs,
-        opts.limits,
-        access_log=opts.access_log,
-        metrics_public=opts.metrics_public,
-        api_docs=opts.api_docs,
-    )
-    config = uvicorn.Config(
+
+
+def _uvicorn_config(
+    app: FastAPI, opts: ServerOptions, tls: ssl.SSLContext | None
+) -> uvicorn.Config:
+    """How uvicorn serves the app: the guarded protocol, the limits, the TLS context."""
+    return uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
@@ -278,6 +259,42 @@ def serve(opts: ServerOptions) -> None:
         # and prompt on the terminal for a key's passphrase).
         ssl_context_factory=None if tls is None else lambda _config, _default: tls,
     )
+
+
+def serve(opts: ServerOptions) -> None:
+    """Serve until SIGINT/SIGTERM. Prints the URL (and a fresh admin token, once)."""
+    tls = tls_context(opts.tls_cert, opts.tls_key)  # a bad file stops us before anything
+    opts.data_dir.mkdir(parents=True, exist_ok=True)
+    storage = open_blob_bytes(opts.blob_store, opts.data_dir, opts.s3_endpoint)
+    store = open_store(database_url(opts.data_dir, opts.db))
+    store.migrate()
+    sock = _bind(opts.host, opts.port)
+    urls = _urls(opts.host, sock.getsockname()[1], tls)
+    auth = Auth(store)
+    _admin_token(auth, urls)
+    _local_worker_token(auth, urls)
+    print(
+        f"gpufleet server listening on {urls[0]} (database: {store.dialect}, "
+        f"blobs: {storage.where})",
+        flush=True,
+    )
+    _warn_if_open(opts.host, tls)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    blobs = BlobService(store, storage, BlobSettings(max_size=opts.max_blob_size))
+    if opts.access_log:
+        logging.getLogger("gpufleet.access").setLevel(logging.INFO)
+    app = create_app(
+        store,
+        opts.queue,
+        blobs,
+        opts.limits,
+        access_log=opts.access_log,
+        metrics_public=opts.metrics_public,
+        api_docs=opts.api_docs,
+    )
+    config = _uvicorn_config(app, opts, tls)
     redact_logs()
     # What the server built to start (modules, the app, its routes and models) lives as
     # long as the process: out of the collector's sight, a full collection walks only what

@@ -24,7 +24,7 @@ from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
-from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow, stored
+from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow, Written, stored
 from gpufleet.wire import ApplyResult, ManifestApply
 
 
@@ -167,11 +167,7 @@ class Submission:
             raise ValidationFailed("the manifest has two identical jobs", detail={"field": "jobs"})
         self._check_ids(req.name, ids, pools)
         specs = self._resolve_batch(specs, ids, pools)
-        # A pool's operator replaces only what the manifest said about its own workers.
-        mine = None if pools is None else [w.name for w in workers if w.pool in pools]
-        origin = stored.HostOrigin(file=req.file, applied_by=by)
-        entries = {h.name: stored.host_entry(h.model_dump(mode="json"), origin) for h in req.hosts}
-        hosts = Hosts(req.name, entries, within=mine)
+        hosts = _manifest_hosts(req, workers, pools, by)
         policies = self.fleet.policies_after(hosts)
         views = [self.fleet.view(w, policies) for w in workers]
         unrunnable = {i: self.unrunnable_reason(s, views) for i, s in zip(ids, specs, strict=True)}
@@ -190,6 +186,21 @@ class Submission:
         self.metrics.submitted.inc(len(created))
         if created or updated:
             self.on_change()
+        return self._applied(req, pools, ids, written, hosts, views, unrunnable)
+
+    def _applied(
+        self,
+        req: ManifestApply,
+        pools: Sequence[str] | None,
+        ids: list[str],
+        written: Written,
+        hosts: Hosts,
+        views: list[WorkerView],
+        unrunnable: dict[str, str | None],
+    ) -> ApplyResult:
+        """What :meth:`apply` answers: the jobs created, updated, unchanged and absent, the
+        hosts it names (and those no worker has), the changed jobs no worker can run."""
+        created, updated = written.created, written.updated
         names = {v.name for v in views}
         changed = set(created) | set(updated)
         planned = set(ids)
@@ -276,6 +287,17 @@ class Submission:
 
 def _no_worker(ref: str, pool: str) -> str:
     return f"no worker {ref!r} in pool {pool!r} (gpufleet workers lists them)"
+
+
+def _manifest_hosts(
+    req: ManifestApply, workers: list[WorkerRow], pools: Sequence[str] | None, by: str | None
+) -> Hosts:
+    """The manifest's hosts entries; a pool's operator replaces only what the manifest
+    said about its own workers."""
+    mine = None if pools is None else [w.name for w in workers if w.pool in pools]
+    origin = stored.HostOrigin(file=req.file, applied_by=by)
+    entries = {h.name: stored.host_entry(h.model_dump(mode="json"), origin) for h in req.hosts}
+    return Hosts(req.name, entries, within=mine)
 
 
 def _check_aim(spec: JobSpec, workers: list[WorkerRow]) -> None:

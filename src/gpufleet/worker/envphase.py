@@ -39,13 +39,8 @@ from gpufleet.errors import ConfigError, GpufleetError, NotFound
 from gpufleet.wire import EnvLockPut, EnvUsed
 from gpufleet.wire._environments import MOST_PACKAGES, PACKAGE_CHARS
 from gpufleet.worker.cache import BlobCache
-from gpufleet.worker.environments import (
-    Built,
-    EnvCache,
-    EnvError,
-    EnvSettings,
-    uv_variables,
-)
+from gpufleet.worker.environments import Built, EnvCache, EnvError
+from gpufleet.worker.envsettings import EnvSettings, uv_variables
 from gpufleet.worker.isolation import SlotUser, check_reachable
 from gpufleet.worker.options import WorkerOptions
 

@@ -429,21 +429,34 @@ async def spawn(
         "preexec_fn": None if guarded or launch is not argv else _die_with_worker,
         **_as_user(user),
     }
-    if not _pidfds():  # no pidfds: asyncio starts and waits for it (and the guard is
-        # told only once asyncio has connected its pipes: a worker killed between the
-        # two leaves this job to the restarted worker's clean-up)
-        loop = asyncio.get_running_loop()
-        transport, exits = await loop.subprocess_exec(
-            lambda: _Exits(limit, loop), *launch, **options
-        )
-        proc = _Process(transport, exits, loop)
-        if guarded:
-            try:  # a new session's group id is its leader's pid
-                _guard.watch(proc.pid)
-            except OSError:  # the guard cannot be told: not left running untracked
-                os.killpg(proc.pid, signal.SIGKILL)
-                raise
-        return proc
+    if not _pidfds():
+        return await _spawn_by_asyncio(launch, options, limit, guarded)
+    return await _spawn_child(launch, options, limit, guarded)
+
+
+async def _spawn_by_asyncio(
+    launch: list[str], options: dict[str, Any], limit: int, guarded: bool
+) -> _Process:
+    """Where there are no pidfds: asyncio starts the job and waits for it (and the guard
+    is told only once asyncio has connected its pipes: a worker killed between the two
+    leaves this job to the restarted worker's clean-up)."""
+    loop = asyncio.get_running_loop()
+    transport, exits = await loop.subprocess_exec(lambda: _Exits(limit, loop), *launch, **options)
+    proc = _Process(transport, exits, loop)
+    if guarded:
+        try:  # a new session's group id is its leader's pid
+            _guard.watch(proc.pid)
+        except OSError:  # the guard cannot be told: not left running untracked
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return proc
+
+
+async def _spawn_child(
+    launch: list[str], options: dict[str, Any], limit: int, guarded: bool
+) -> Child:
+    """Start the job with Popen and follow its exit through a pidfd; a job whose start
+    fails halfway (no guard, cancelled, out of descriptors) is killed, not left running."""
     popen = subprocess.Popen(launch, bufsize=0, **options)
     child: Child | None = None
     try:
