@@ -22,7 +22,6 @@ from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.domain.quota import OutputQuota
 from gpufleet.store import schema as t
 from gpufleet.store._changes import _FAILS_DEPENDENTS, NamedChanges, encode
-from gpufleet.store._memory_records import MemoryRecords, defaults
 from gpufleet.store._pages import within
 from gpufleet.store._values import (
     account_columns,
@@ -45,6 +44,7 @@ from gpufleet.store.api import (
     Store,
     Written,
 )
+from gpufleet.store.memory.records import MemoryRecords, defaults
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, line_bytes, log_offsets
 from gpufleet.store.space import SpaceWatch
 from gpufleet.store.stored import spec_json
