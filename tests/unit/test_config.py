@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
@@ -14,20 +13,6 @@ from gpufleet.config import SETTINGS, config_dir, config_files, resolve
 from gpufleet.errors import ConfigError
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An isolated user config dir and an empty project dir as cwd; no GPUFLEET_* set."""
-    for var in list(os.environ):
-        if var.startswith("GPUFLEET_"):
-            monkeypatch.delenv(var)
-    user = tmp_path / "user"
-    monkeypatch.setenv("GPUFLEET_CONFIG_DIR", str(user))
-    project = tmp_path / "project"
-    project.mkdir()
-    monkeypatch.chdir(project)
-    return user
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ or a worker uses: the configured one, else the one saved for the server."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 from pathlib import Path
 
@@ -14,20 +13,6 @@ from gpufleet.config import load_token, resolve, save_token, token_for
 from gpufleet.errors import ConfigError
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An isolated user config dir and an empty project dir as cwd; no GPUFLEET_* set."""
-    for var in list(os.environ):
-        if var.startswith("GPUFLEET_"):
-            monkeypatch.delenv(var)
-    user = tmp_path / "user"
-    monkeypatch.setenv("GPUFLEET_CONFIG_DIR", str(user))
-    project = tmp_path / "project"
-    project.mkdir()
-    monkeypatch.chdir(project)
-    return user
 
 
 def test_save_and_load_token_roundtrip(user_dir: Path) -> None:
