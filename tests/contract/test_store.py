@@ -791,6 +791,26 @@ def test_a_worker_whose_heartbeats_wait_in_memory_is_never_swept_offline(
     assert queue.upkeep.sweep() == ([], [w.id])
 
 
+def test_a_heartbeat_that_crosses_a_status_change_still_counts(
+    store: SqlStore, queue: Services, clock: FakeClock
+) -> None:
+    """A heartbeat read the worker offline; before it wrote, a poll (on another replica)
+    made it available. The status change then applies to no row, and the beat is kept
+    as a plain one: the sweep does not take the worker for silent."""
+    w = register(queue, "w1")
+    queue.leases.heartbeat(w.id, HeartbeatRequest())  # available
+    clock.advance(LEASE + 1)
+    assert queue.upkeep.sweep() == ([], [w.id])  # silent: offline
+    read = queue.fleet.worker(w.id)  # the heartbeat's read: offline
+    queue.dispatch.poll(w.id, FreeResources(cpu_slots=1), 0)  # meanwhile: available
+    clock.advance(LEASE - 1)
+    queue.fleet.beat(read, False, None)  # offline -> available: matches no row now
+    clock.advance(2)  # over a lease after the poll, within one of the heartbeat
+    assert queue.upkeep.sweep() == ([], [])
+    row = queue.fleet.worker(w.id)
+    assert (row.status, row.last_heartbeat) == (WorkerStatus.AVAILABLE, T0 + 2 * LEASE)
+
+
 def test_release_does_not_count_an_attempt(
     store: SqlStore, queue: Services, clock: FakeClock
 ) -> None:

@@ -447,8 +447,11 @@ class Fleet:
             )
         stats = gpu_stats if gpu_stats is not None or kept is None else kept[1]
         change = worker_lifecycle.heartbeat(w.id, w.status, w.drain, draining, now, stats)
-        if change is not None:
-            self.store.change_worker(change)
+        if change is not None and not self.store.change_worker(change):
+            # Its status moved since it was read (a poll on another replica): the beat
+            # still says it is alive, written with the others.
+            with self._beats_lock:
+                self._beats[w.id] = (now, stats)
         self.forget(w.id)
 
     def built(self, w: WorkerRow, environments: str) -> None:
