@@ -32,8 +32,8 @@ from gpufleet.store import (
     JobRow,
     SqlStore,
     StaleClaim,
+    Submitted,
     WorkerRow,
-    Written,
     open_store,
 )
 from gpufleet.store import schema as t
@@ -145,7 +145,7 @@ def test_migrate_twice_is_harmless(store: SqlStore) -> None:
 def test_a_batch_skips_existing_ids(store: SqlStore) -> None:
     assert store.submit(Batch([("j-a", spec("a"), None)]), T0).created == ["j-a"]
     both = [("j-a", spec("changed"), None), ("j-b", spec("b"), None)]
-    assert store.submit(Batch(both), T0 + 5) == Written(["j-b"], [])
+    assert store.submit(Batch(both), T0 + 5) == Submitted(["j-b"], [])
     a = job(store, "j-a")
     assert a.name == "a"
     assert a.created_at == T0
@@ -179,7 +179,7 @@ def test_a_batch_is_written_whole_or_not_at_all(
     assert not store.blob_readable(blob, ["default"])
 
     monkeypatch.setattr(store, "_insert_new", real)
-    assert store.submit(batch, T0 + 2) == Written(["j-new"], ["j-old"])
+    assert store.submit(batch, T0 + 2) == Submitted(["j-new"], ["j-old"])
     assert job(store, "j-old").priority == 3
     assert [(h.name, h.manifest, h.updated_at) for h in store.hosts()] == [("box", "plan", T0 + 2)]
     assert store.blob_readable(blob, ["default"])
@@ -1288,14 +1288,14 @@ def test_a_postgresql_claim_reads_no_more_than_the_jobs_it_needs(
 
 
 def test_a_postgresql_batch_holds_its_jobs_rows_before_it_writes(store: SqlStore) -> None:
-    """A batch of reports (``together``) locks its jobs' rows first, in id order, as a
+    """A batch of reports (``transaction``) locks its jobs' rows first, in id order, as a
     heartbeat extending several leases takes them: a batch that held one row while it
     waited for another could deadlock with a heartbeat taking them the other way."""
     if getattr(store, "dialect", None) != "postgresql":
         pytest.skip("PostgreSQL's row locks")
     store.submit(Batch([(f"j-{n}", spec(f"q{n}"), None) for n in range(3)]), T0)
     locked = "SELECT id FROM jobs WHERE id = '{}' FOR UPDATE NOWAIT"
-    with store.together(["j-1", "j-0"]), store.engine.connect() as other:
+    with store.transaction(["j-1", "j-0"]), store.engine.connect() as other:
         for held in ("j-0", "j-1"):  # before any write of the batch
             with pytest.raises(sa.exc.OperationalError, match="could not obtain lock"):
                 other.exec_driver_sql(locked.format(held))
@@ -1510,7 +1510,7 @@ def test_a_claim_ranked_on_a_spec_a_manifest_changed_since_takes_nothing(
     now, expires, spec_json = clock.now, clock.now + LEASE, ranked.spec_json
     guarded = lifecycle.claim(ranked, w.id, w.name, (), now, expires, spec_json)
     changed = store.submit(Batch([(submitted.id, spec("a", priority=5), None)], update=True), T0)
-    assert changed == Written([], [submitted.id])
+    assert changed == Submitted([], [submitted.id])
     with store.claiming() as session:
         view = session.view(w.id, w.name, w.pool, clock.now, 4)
         assert session.claim(w.id, view.claims, [guarded]) is None

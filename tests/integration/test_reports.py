@@ -19,6 +19,7 @@ from gpufleet.client import AsyncClient
 from gpufleet.domain.models import Role
 from gpufleet.errors import Conflict
 from gpufleet.server.auth import Auth
+from gpufleet.server.leases import Leases
 from gpufleet.store import SqlStore
 from gpufleet.wire import FinishRequest, StartRequest
 from gpufleet.worker import reports as reports_module
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from gpufleet.server.leases import Leases
     from gpufleet.server.notices import Notices
 
 pytestmark = TESTCLIENT_ON_HTTPX
@@ -67,10 +67,6 @@ def _claimed(
         lease = claim(client, worker, w["id"])
         SECRETS[lease["job_id"]] = lease["secret"]
     return jobs
-
-
-def _leases(client: TestClient) -> Leases:
-    return client.app.state.gpufleet.services.leases  # type: ignore[attr-defined,no-any-return]
 
 
 def _notices(client: TestClient) -> Notices:
@@ -258,15 +254,14 @@ def test_a_server_failure_in_one_report_is_that_reports_500_and_the_others_apply
     failed, and undoes what it had written; the reports before and after it are applied,
     answered and audited."""
     jobs = _claimed(client, admin, worker, 3)
-    leases = _leases(client)
-    real = leases.start
+    real = Leases.start
 
-    def start(job_id: str, *args: Any) -> None:
-        real(job_id, *args)
+    def start(self: Leases, job_id: str, *args: Any) -> None:
+        real(self, job_id, *args)  # the leases bound to the batch's transaction
         if job_id == jobs[1]:  # after its write: the report's part is undone
             raise RuntimeError("database is locked")
 
-    monkeypatch.setattr(leases, "start", start)
+    monkeypatch.setattr(Leases, "start", start)
     batch = {"reports": [{"kind": "start", "job_id": j, "attempt": 1} for j in jobs]}
     r = client.post("/v1/reports", json=batch, headers=worker)
     assert r.status_code == 200, r.text

@@ -6,6 +6,7 @@ cannot write another job's output, artifact or finish.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -13,7 +14,7 @@ from gpufleet.errors import Forbidden
 from gpufleet.server.fleet import Fleet
 from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.leases import Leases, printable
-from gpufleet.store import JobRow, Store
+from gpufleet.store import JobRow, JobStore, Transaction
 
 
 class Holders:
@@ -21,7 +22,7 @@ class Holders:
 
     def __init__(
         self,
-        store: Store,
+        store: JobStore,
         fleet: Fleet,
         leases: Leases,
         secrets: LeaseSecrets,
@@ -32,6 +33,13 @@ class Holders:
         self.leases = leases
         self.secrets = secrets
         self.clock = clock
+
+    def within(self, tx: Transaction) -> Holders:
+        """These checks read through ``tx``, and the lease protocol's writes made through
+        it (:meth:`Leases.within`)."""
+        bound = copy.copy(self)
+        bound.store, bound.leases = tx.store, self.leases.within(tx)
+        return bound
 
     def check(
         self,

@@ -9,6 +9,7 @@ come from the one table in :mod:`gpufleet.domain.lifecycle`.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -22,7 +23,7 @@ from gpufleet.server.fleet import Fleet, OnEvent
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.notices import Notices
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import JobRow, Store, WorkerRow
+from gpufleet.store import JobRow, JobStore, Transaction, WorkerRow
 from gpufleet.wire import (
     EnvUsed,
     HeartbeatRequest,
@@ -46,7 +47,7 @@ class Leases:
 
     def __init__(
         self,
-        store: Store,
+        store: JobStore,
         settings: QueueSettings,
         fleet: Fleet,
         dispatch: Dispatch,
@@ -63,6 +64,12 @@ class Leases:
         self.clock = clock
         self.on_event = on_event
         self.metrics = metrics
+
+    def within(self, tx: Transaction) -> Leases:
+        """These writes made through ``tx``: their notices given once it has committed."""
+        bound = copy.copy(self)
+        bound.store, bound.notices = tx.store, self.notices.within(tx)
+        return bound
 
     def _job(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)

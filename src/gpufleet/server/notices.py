@@ -1,39 +1,31 @@
 """Who is told of a write, and when: a job's followers (its event log has new records)
 and the waiting polls (the queue changed, a job may be claimable).
 
-A write made inside :meth:`Notices.together` is told only once its transaction has
-committed, so no follower or poll reads before the change is there; outside one, at once.
+A write made through a transaction is told only once the transaction has committed
+(:meth:`Notices.within` gives the notices of one), so no follower or poll reads before the
+change is there; any other write is told at once.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 
-from gpufleet.store import Store
-
-log = logging.getLogger("gpufleet.server")
+from gpufleet.store import Transaction
 
 
 class Notices:
-    """The followers' and polls' signals, held back inside a transaction; one per server
-    process, shared by the services of the worker protocol."""
+    """The followers' and polls' signals; one per server process, shared by the services
+    of the worker protocol, and one per transaction (:meth:`within`)."""
 
     def __init__(
         self,
-        store: Store,
         on_change: Callable[[], None],
         on_written: Callable[[str], None] = lambda _job_id: None,
+        tell: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
-        self.store = store
         self._on_change = on_change
         self._on_written = on_written
-        # Inside ``together``: what to tell once its transaction has committed.
-        self._told: ContextVar[list[Callable[[], None]] | None] = ContextVar(
-            f"notices{id(self)}", default=None
-        )
+        self._tell: Callable[[Callable[[], None]], None] = tell or _now
 
     def written(self, job_id: str) -> None:
         """The job's event log has new records: its followers read now."""
@@ -43,32 +35,10 @@ class Notices:
         """The queue changed: waiting polls try to claim again."""
         self._tell(self._on_change)
 
-    def _tell(self, call: Callable[[], None]) -> None:
-        later = self._told.get()
-        if later is None:
-            call()
-        else:
-            later.append(call)
+    def within(self, tx: Transaction) -> Notices:
+        """The same signals, given once ``tx`` has committed (never, if it rolls back)."""
+        return Notices(self._on_change, self._on_written, tx.after_commit)
 
-    @contextmanager
-    def together(
-        self, job_ids: Sequence[str] = ()
-    ) -> Iterator[Callable[[], AbstractContextManager[object]]]:
-        """The writes made inside go in one transaction (:meth:`Store.together`, whose
-        ``part`` it gives; ``job_ids``: the jobs it will change, locked first in one
-        order); followers and waiting polls are told once it has committed, so none reads
-        before the change is there. Nothing is told if it fails, and a failure to tell
-        one is logged: the writes stand."""
-        told: list[Callable[[], None]] = []  # stays empty inside another: its end tells
-        token = self._told.set(told) if self._told.get() is None else None
-        try:
-            with self.store.together(job_ids) as part:
-                yield part
-        finally:
-            if token is not None:
-                self._told.reset(token)
-        for call in told:
-            try:
-                call()
-            except Exception:  # committed: the others are still told
-                log.exception("telling followers or polls of a change failed")
+
+def _now(call: Callable[[], None]) -> None:
+    call()

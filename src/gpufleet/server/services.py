@@ -8,8 +8,8 @@
   the worker holding the attempt (its token, the attempt's secret);
 - :class:`~gpufleet.server.upkeep.Upkeep`: the sweep, and the leases a worker gives up as
   it leaves, registers again or loses its token;
-- :class:`~gpufleet.server.notices.Notices`: followers and polls told of a write once its
-  transaction has committed;
+- :class:`~gpufleet.server.notices.Notices`: followers and polls told of a write (once
+  its transaction has committed, for one made through a transaction);
 - :class:`~gpufleet.server.fleet.Fleet`: workers' lives, host policies, drain;
 - :class:`~gpufleet.server.steering.Steering`: cancel, stop, requeue;
 - :class:`~gpufleet.server.dataflow.DataFlow`: inputs, dependencies, artifacts;
@@ -27,7 +27,8 @@ policy is testable without sleeping.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.dataflow import DataFlow
@@ -46,7 +47,7 @@ from gpufleet.server.settings import QueueSettings
 from gpufleet.server.steering import Steering
 from gpufleet.server.submission import Submission
 from gpufleet.server.upkeep import Upkeep
-from gpufleet.store import Store
+from gpufleet.store import Store, Transaction
 
 
 class Services:
@@ -79,7 +80,7 @@ class Services:
             store, self.reads, self.flow, clock, on_change, self.metrics, on_written
         )
         self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
-        self.notices = Notices(store, on_change, on_written)
+        self.notices = Notices(on_change, on_written)
         self.dispatch = Dispatch(
             store,
             settings,
@@ -97,3 +98,9 @@ class Services:
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
         self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)
+
+    def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
+        """A unit of work (:meth:`Store.transaction`): the services bound to it
+        (``holders.within(tx)``, ``leases.within(tx)``) write through it, and tell of
+        their writes once it has committed. ``job_ids``: the jobs it will change."""
+        return self.store.transaction(job_ids)

@@ -24,7 +24,7 @@ from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
-from gpufleet.store import Batch, Hold, Hosts, JobRow, Store, WorkerRow, Written, stored
+from gpufleet.store import Batch, Hosts, JobRow, Store, Submitted, WorkerRow, stored
 from gpufleet.wire import ApplyResult, ManifestApply
 
 
@@ -107,7 +107,7 @@ class Submission:
         ``readable`` may read (None: any); the job's pool may read them from then on."""
         spec = replace(spec, pool=pool or spec.pool)
         check_python(spec, self.store.list_workers([spec.pool]))
-        hold = self._target(spec, wait_for_target) if spec.requirements.worker else None
+        target = self._target(spec) if spec.requirements.worker else None
         job_id = new_job_id()
         spec = self.flow.resolve(spec, readable=readable)
         batch = Batch(
@@ -115,17 +115,22 @@ class Submission:
             deps={job_id: spec.dependencies},
             submitted_by=submitted_by,
             by=by,
-            hold=hold,
             grants=self.flow.package_grants([spec]),
         )
-        self.store.submit(batch, self.clock())
+        if target is None or wait_for_target:
+            self.store.submit(batch, self.clock())
+        else:
+            # Judged in the insert's own transaction, the worker held: two submits aimed
+            # at one worker cannot both find it free.
+            with self.store.transaction() as tx:
+                self._check_free(spec, target, tx.store.hold_worker(target))
+                tx.store.submit(batch, self.clock())
         self.metrics.submitted.inc()
         self.on_change()
         return self.reads.job(job_id)
 
-    def _target(self, spec: JobSpec, wait: bool) -> Hold | None:
-        """The worker ``spec`` is aimed at must exist in its pool; unless ``wait``, it
-        must be able to start the job now, judged in the insert's own transaction."""
+    def _target(self, spec: JobSpec) -> WorkerRow:
+        """The worker ``spec`` is aimed at: it must exist in the job's pool."""
         ref = spec.requirements.worker
         assert ref is not None
         w = self.store.get_worker(ref)
@@ -133,21 +138,19 @@ class Submission:
             raise NotFound(
                 _no_worker(ref, spec.pool), detail={"worker": ref, "field": "requirements.worker"}
             )
-        if wait:
-            return None
+        return w
 
-        def check(holding: list[JobRow]) -> None:
-            state = self.fleet.state(w, holding)
-            now = self.clock()
-            verdict = now_reason(JobView("(new)", spec, now), state.view, state.free, now, 0.0)
-            if isinstance(verdict, Assignment) and state.view.status in (
-                WorkerStatus.AVAILABLE,
-                WorkerStatus.CONNECTING,
-            ):
-                return
-            raise _not_now(state, verdict)
-
-        return Hold(w, check)
+    def _check_free(self, spec: JobSpec, w: WorkerRow, holding: list[JobRow]) -> None:
+        """Refuse (409) ``spec`` unless ``w``, holding ``holding``, can start it now."""
+        state = self.fleet.state(w, holding)
+        now = self.clock()
+        verdict = now_reason(JobView("(new)", spec, now), state.view, state.free, now, 0.0)
+        if isinstance(verdict, Assignment) and state.view.status in (
+            WorkerStatus.AVAILABLE,
+            WorkerStatus.CONNECTING,
+        ):
+            return
+        raise _not_now(state, verdict)
 
     def apply(
         self,
@@ -193,7 +196,7 @@ class Submission:
         req: ManifestApply,
         pools: Sequence[str] | None,
         ids: list[str],
-        written: Written,
+        written: Submitted,
         hosts: Hosts,
         views: list[WorkerView],
         unrunnable: dict[str, str | None],

@@ -10,12 +10,12 @@ stale lease changes nothing and the caller answers 409.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,10 +48,11 @@ from gpufleet.store._values import (
     stop_event,
     submit_events,
 )
-from gpufleet.store.api import Appended, Batch, Hold, Offers, QueueGauges, Written
+from gpufleet.store.api import Appended, Batch, Offers, QueueGauges, Submitted
 from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, log_offsets
 from gpufleet.store.space import SpaceWatch, watch_engine
 from gpufleet.store.stored import spec_json
+from gpufleet.store.unit import UnitOfWork
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 POOL_SIZE = 40  # the server's worker threads (anyio's default limiter)
@@ -111,8 +112,9 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         self.space = SpaceWatch()
         watch_engine(self.engine, self.space)
         self.page_q = page_statements()
-        # The transaction calls share inside ``together`` (this store's, this thread's).
-        self._shared: ContextVar[Connection | None] = ContextVar(f"store{id(self)}", default=None)
+        #: The transaction this store is bound to (:meth:`transaction` gives a copy bound
+        #: to its own); None: each call opens its own.
+        self._conn: Connection | None = None
 
     # ---- what each backend does its own way ------------------------------------------
 
@@ -121,8 +123,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         """The engine, its pool sized for the server's threads."""
 
     @abstractmethod
-    def _begin_together(self, conn: Connection, job_ids: Sequence[str]) -> None:
-        """Begin :meth:`together`'s transaction on ``conn``, holding what its calls
+    def _begin_transaction(self, conn: Connection, job_ids: Sequence[str]) -> None:
+        """Begin :meth:`transaction`'s transaction on ``conn``, holding what its calls
         will change (``job_ids``) as this backend must."""
 
     @abstractmethod
@@ -212,32 +214,45 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
         self.engine.dispose()
 
     @contextmanager
-    def together(
-        self, job_ids: Sequence[str] = ()
-    ) -> Iterator[Callable[[], AbstractContextManager[object]]]:
-        """The calls made inside (in this thread) share one transaction, committed as it
-        ends, and read what the ones before them wrote. Each part (``with part():``) is a
-        savepoint: a part that raises leaves nothing behind, and the other parts stand.
-        ``job_ids``: the jobs the calls will change, held first as the backend must
-        (:meth:`_begin_together`). Claims must not run inside."""
-        if self._shared.get() is not None:
-            yield nullcontext
-            return
+    def transaction(self, job_ids: Sequence[str] = ()) -> Iterator[UnitOfWork]:
+        """One transaction (:class:`~gpufleet.store.api.Transaction`): its store is a copy
+        of this one bound to it, its savepoints are the database's, and its after-commit
+        calls run once it has committed. ``job_ids``: the jobs its calls will change, held
+        first as the backend must (:meth:`_begin_transaction`)."""
+        self._outside_transaction("a transaction")
         began = self.space.mark()
         with self._lock or nullcontext(), self.engine.begin() as conn:
-            self._begin_together(conn, job_ids)
-            token = self._shared.set(conn)
-            try:
-                yield conn.begin_nested
-            finally:
-                self._shared.reset(token)
+            self._begin_transaction(conn, job_ids)
+            unit = UnitOfWork(self._bound(conn), conn.begin_nested)
+            yield unit
         self.space.wrote(began)  # committed: a full disk (if one was seen) has room again
+        unit.committed()
+
+    def _bound(self, conn: Connection) -> SqlStore:
+        """This store with every call made on ``conn``, in its transaction."""
+        bound = copy.copy(self)
+        bound._conn = conn
+        return bound
+
+    def _outside_transaction(self, what: str) -> None:
+        """Refuse ``what`` (a claim, a transaction) on a store bound to a transaction: it
+        runs in a transaction of its own, which would wait for this one's writer (the
+        types of :class:`~gpufleet.store.api.Transaction` rule this out already)."""
+        if self._conn is not None:
+            raise RuntimeError(f"{what} cannot run inside a transaction")
+
+    def hold_worker(self, worker: WorkerRow) -> list[JobRow]:
+        with self._write() as conn:
+            self._lock_worker(conn, worker.id)
+            # a claim ranked before this call was made ranks again
+            w = t.workers.c
+            conn.execute(update(t.workers).where(w.id == worker.id).values(claims=w.claims + 1))
+            return self._holding(conn, worker)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        shared = self._shared.get()
-        if shared is not None:
-            yield shared
+        if self._conn is not None:
+            yield self._conn
             return
         began = self.space.mark()
         with self._lock or nullcontext(), self.engine.begin() as conn:
@@ -246,9 +261,8 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        shared = self._shared.get()
-        if shared is not None:
-            yield shared
+        if self._conn is not None:
+            yield self._conn
             return
         with self.engine.connect() as conn:
             yield conn
@@ -260,13 +274,11 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
 
     # ---- jobs -------------------------------------------------------------------------
 
-    def submit(self, batch: Batch, now: float) -> Written:
+    def submit(self, batch: Batch, now: float) -> Submitted:
         """Write a submit or a manifest apply in one transaction (see :class:`Batch`).
         A new job's dependencies are counted in it, so it is never claimable before they
         are met, and a dependency that failed already fails it at once."""
         with self._write() as conn:
-            if batch.hold is not None:
-                self._hold(conn, batch.hold)
             self._grant(conn, batch.grants)
             if batch.hosts is not None:
                 write_hosts(conn, batch.hosts, now, self._insert(t.hosts))
@@ -277,14 +289,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
                 if batch.update
                 else []
             )
-        return Written(created, updated)
-
-    def _hold(self, conn: Connection, hold: Hold) -> None:
-        self._lock_worker(conn, hold.worker.id)
-        hold.check(self._holding(conn, hold.worker))
-        # a claim ranked before this job was aimed at the worker ranks again
-        w = t.workers.c
-        conn.execute(update(t.workers).where(w.id == hold.worker.id).values(claims=w.claims + 1))
+        return Submitted(created, updated)
 
     def _insert_new(self, conn: Connection, batch: Batch, now: float) -> list[str]:
         """Insert the batch's jobs whose id is new, with their dependencies; their ids."""
@@ -543,7 +548,7 @@ class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps):
             return held
         used = gpu_mib or {}
         with self._write() as conn:
-            for job_id, lease in sorted(leases):  # rows locked in id order, as by `together`
+            for job_id, lease in sorted(leases):  # rows locked in id order, as by `transaction`
                 where = self._lease_where(job_id, lease, ACTIVE) & (t.jobs.c.worker_id == worker_id)
                 values: dict[str, Any] = {"lease_expires_at": expires}
                 if (job_id, lease) in used:

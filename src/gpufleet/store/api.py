@@ -36,16 +36,6 @@ from gpufleet.store.space import SpaceWatch
 
 
 @dataclass(frozen=True)
-class Hold:
-    """Insert only if ``check`` accepts ``worker``'s jobs (those it runs and those aimed at
-    it that wait), read in the insert's own transaction with the worker's row locked: two
-    submits aimed at one worker cannot both find it free. ``check`` raises to refuse."""
-
-    worker: WorkerRow
-    check: Callable[[list[JobRow]], None]
-
-
-@dataclass(frozen=True)
 class Hosts:
     """A manifest's ``hosts`` entries (host name -> policy JSON). They replace what that
     manifest said before, about every host or, with ``within``, only about those hosts
@@ -72,20 +62,19 @@ class Batch:
     (id, spec, unrunnable verdict) with the jobs each waits for, the blobs their pools may
     read from now on, a manifest's hosts, and (``update``) a new spec for each listed job
     that exists already and is still pending. A job whose id exists is never inserted
-    twice. ``hold`` is a check made first, in the same transaction."""
+    twice."""
 
     jobs: Sequence[tuple[str, JobSpec, str | None]]
     deps: Mapping[str, Sequence[str]] = field(default_factory=dict)
     submitted_by: str | None = None
     by: str | None = None  # the submitting token's name, for the jobs' event logs
-    hold: Hold | None = None
     grants: Collection[tuple[str, str]] = ()
     hosts: Hosts | None = None
     update: bool = False
 
 
 @dataclass(frozen=True)
-class Written:
+class Submitted:
     """What a :class:`Batch` did: the jobs it created and the pending ones it changed."""
 
     created: list[str]
@@ -155,15 +144,7 @@ class JobStore(Protocol):
     """Jobs: submit and apply, claim with a lease, start, extend, finish, release, lose,
     cancel, requeue, stop, and their output."""
 
-    def submit(self, batch: Batch, now: float) -> Written: ...
-    def claiming(self) -> AbstractContextManager[ClaimSession]: ...
-    def together(
-        self, job_ids: Sequence[str] = ()
-    ) -> AbstractContextManager[Callable[[], AbstractContextManager[object]]]:
-        """Calls inside share one transaction; each ``part()`` is all or nothing;
-        ``job_ids``: the jobs they will change, locked first."""
-        ...
-
+    def submit(self, batch: Batch, now: float) -> Submitted: ...
     def start(self, change: Change) -> Applied | None: ...
     def finish(self, change: Change) -> Applied | None: ...
     def release(self, change: Change) -> Applied | None: ...
@@ -312,8 +293,52 @@ class Offers:
     listens: bool = False
 
 
-class Store(JobStore, FleetStore, DataStore, EnvironmentStore, Protocol):
+class ClaimStore(Protocol):
+    """Claims: each runs in a transaction of its own (:class:`ClaimSession`), so none can be
+    asked of a :class:`Transaction`'s store."""
+
+    def claiming(self) -> AbstractContextManager[ClaimSession]: ...
+
+
+class InTransaction(JobStore, FleetStore, DataStore, EnvironmentStore, Protocol):
+    """The store as a :class:`Transaction` gives it: every call made through it is part of
+    that transaction, and reads what the calls before it wrote. It has no claims and no
+    transaction of its own (its type has neither)."""
+
+    def hold_worker(self, worker: WorkerRow) -> list[JobRow]:
+        """Hold ``worker`` until the transaction ends (two transactions about one worker
+        run one after the other) and rank any claim it has open again (its claim count
+        moves); the jobs it runs or has claimed, and the pending ones aimed at it, the
+        pending ones in claim order."""
+        ...
+
+
+class Transaction(Protocol):
+    """One unit of work, passed where a transaction is meant: its :attr:`store` makes
+    every call part of it; it commits as its ``with`` block ends and is rolled back if the
+    block raises. Work to do only once it has committed (telling followers and waiting
+    polls) is given to :meth:`after_commit`."""
+
+    @property
+    def store(self) -> InTransaction: ...
+    def savepoint(self) -> AbstractContextManager[object]:
+        """A part of the transaction that is all or nothing: if its block raises, what it
+        wrote is undone and the rest of the transaction stands."""
+        ...
+
+    def after_commit(self, call: Callable[[], None]) -> None:
+        """Run ``call`` once the transaction has committed (never, if it does not); a
+        call that fails is logged and the others still run."""
+        ...
+
+
+class Store(JobStore, ClaimStore, FleetStore, DataStore, EnvironmentStore, Protocol):
     """Everything the server keeps, and the plumbing around it."""
+
+    def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
+        """Begin a :class:`Transaction`. ``job_ids``: the jobs its calls will change,
+        held first, in one order, as the backend must (so two cannot deadlock)."""
+        ...
 
     dialect: ClassVar[str]  # its name, for the server's log ("sqlite", "postgresql", "memory")
     space: SpaceWatch  # whether its writes fail for lack of disk now

@@ -26,6 +26,7 @@ from gpufleet.server import deps, views
 from gpufleet.server.access import Caller
 from gpufleet.server.deps import note, state
 from gpufleet.server.fleet import WorkerRecord
+from gpufleet.server.holders import Holders
 from gpufleet.server.polls import Poll, Polls, wait_either
 from gpufleet.server.responses import error_info, error_response, internal_error
 from gpufleet.server.shortage import noted
@@ -303,14 +304,13 @@ def _holder(
 def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker) -> None:
     """The job's process runs (since ``started_at`` by the worker's clock, when given),
     in the Python ``environment`` its worker reports, when its spec names one."""
-    _start(request, caller, job_id, body)
+    _start(state(request).services.holders, caller, job_id, body)
 
 
-def _start(request: Request, caller: Caller, job_id: str, body: StartRequest) -> None:
-    q = state(request).services
-    job = q.holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
+def _start(holders: Holders, caller: Caller, job_id: str, body: StartRequest) -> None:
+    job = holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
     said = body.started_at.timestamp() if body.started_at is not None else None
-    q.leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
+    holders.leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
@@ -334,19 +334,18 @@ def finish_job(job_id: str, body: FinishRequest, request: Request, caller: Worke
     ``final`` it cannot be built on any worker, and the job fails now instead of being
     retried. A result for an attempt that has ended is refused (409) and kept in that
     attempt's history (``late_result``)."""
-    return _finish(request, caller, job_id, body)
+    return _finish(state(request).services.holders, caller, job_id, body)
 
 
-def _finish(request: Request, caller: Caller, job_id: str, body: FinishRequest) -> JobOut:
-    q = state(request).services
+def _finish(holders: Holders, caller: Caller, job_id: str, body: FinishRequest) -> JobOut:
     try:
-        held = q.holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
+        held = holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
     except Conflict:
-        q.holders.refused_result(
+        holders.refused_result(
             job_id, body.attempt, caller.id, body.exit_code, body.error, body.secret
         )
         raise
-    job = q.leases.finish(
+    job = holders.leases.finish(
         job_id,
         body.attempt,
         body.exit_code,
@@ -365,23 +364,26 @@ def reports(body: ReportBatch, request: Request, caller: Worker) -> Response:
     (``/jobs/{job_id}/start``, ``/jobs/{job_id}/finish``) would be: each has its own
     answer (the status that call would have had, a finish's job, or the error) and its
     own audit record. A worker sends the reports that came while one call was on its way
-    together in the next. They are written in one transaction, each report a part of it:
-    a failure of the server's own in one report (a database error) undoes that report
+    together in the next. They are written in one transaction, each report a savepoint of
+    it: a failure of the server's own in one report (a database error) undoes that report
     alone and is its 500, logged; the others are applied and answered as before. If the
-    transaction cannot commit, the call fails as a whole and nothing of it is recorded."""
+    transaction cannot commit, the call fails as a whole and nothing of it is recorded;
+    followers and waiting polls are told once it has committed."""
     results: list[ReportResult] = []
     audited: list[tuple[str, int]] = []
-    with state(request).services.notices.together([r.job_id for r in body.reports]) as part:
+    q = state(request).services
+    with q.transaction([r.job_id for r in body.reports]) as tx:
+        holders = q.holders.within(tx)
         for r in body.reports:
             shown = redact(r.job_id)
             try:
-                with part():
+                with tx.savepoint():
                     try:
                         if isinstance(r, StartReport):
-                            _start(request, caller, r.job_id, r)
+                            _start(holders, caller, r.job_id, r)
                             done = ReportResult(job_id=shown, status=204)
                         else:
-                            job = _finish(request, caller, r.job_id, r)
+                            job = _finish(holders, caller, r.job_id, r)
                             done = ReportResult(job_id=shown, status=200, job=job)
                     except GpufleetError as exc:  # answered; what it wrote stands
                         done = ReportResult(job_id=shown, status=exc.status, error=error_info(exc))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from gpufleet.domain import lifecycle
@@ -42,12 +42,13 @@ from gpufleet.store.api import (
     QueueGauges,
     StaleClaim,
     Store,
-    Written,
+    Submitted,
 )
 from gpufleet.store.memory.records import MemoryRecords, defaults
-from gpufleet.store.rows import AttemptRow, JobRow, LogRow, line_bytes, log_offsets
+from gpufleet.store.rows import AttemptRow, JobRow, LogRow, WorkerRow, line_bytes, log_offsets
 from gpufleet.store.space import SpaceWatch
 from gpufleet.store.stored import spec_json
+from gpufleet.store.unit import UnitOfWork
 
 _ACTIVE = {s.value for s in ACTIVE}
 _TERMINAL = {s.value for s in TERMINAL}
@@ -200,13 +201,8 @@ class MemoryStore(MemoryRecords, NamedChanges):
 
     # ---- submitting -------------------------------------------------------------------
 
-    def submit(self, batch: Batch, now: float) -> Written:
+    def submit(self, batch: Batch, now: float) -> Submitted:
         with self._transaction():
-            if batch.hold is not None:
-                hold = batch.hold
-                hold.check(self._holding(hold.worker.id, hold.worker.name))
-                if hold.worker.id in self.workers:  # a claim ranked before ranks again
-                    self.workers[hold.worker.id]["claims"] += 1
             self.blob_pools.update(batch.grants)
             if batch.hosts is not None:
                 self._write_hosts(batch.hosts, now)
@@ -217,7 +213,7 @@ class MemoryStore(MemoryRecords, NamedChanges):
                 if batch.update
                 else []
             )
-            return Written(created, updated)
+            return Submitted(created, updated)
 
     def _insert_new(self, batch: Batch, now: float) -> list[str]:
         created = []
@@ -434,11 +430,20 @@ class MemoryStore(MemoryRecords, NamedChanges):
         yield MemoryClaimSession(self)
 
     @contextmanager
-    def together(
-        self, job_ids: Sequence[str] = ()
-    ) -> Iterator[Callable[[], AbstractContextManager[object]]]:
-        """Each call here is all or nothing already, and seen by the next at once."""
-        yield nullcontext
+    def transaction(self, job_ids: Sequence[str] = ()) -> Iterator[UnitOfWork]:
+        """The store's lock, held until the ``with`` block ends, and everything restored
+        if the block raises; each savepoint restores what it wrote likewise. Its store
+        is this one: every call inside runs in the lock this thread holds."""
+        unit = UnitOfWork(self, self._transaction)
+        with self._transaction():
+            yield unit
+        unit.committed()
+
+    def hold_worker(self, worker: WorkerRow) -> list[JobRow]:
+        with self._lock:
+            if worker.id in self.workers:  # a claim ranked before this call ranks again
+                self.workers[worker.id]["claims"] += 1
+            return self._holding(worker.id, worker.name)
 
     def extend_leases(
         self,

@@ -68,7 +68,7 @@ class PostgresStore(SqlStore):
         event.listen(engine, "checkout", _ping_if_idle)
         return engine
 
-    def _begin_together(self, conn: Connection, job_ids: Sequence[str]) -> None:
+    def _begin_transaction(self, conn: Connection, job_ids: Sequence[str]) -> None:
         # The rows of the jobs the calls will change are locked first, in id order, as
         # every write of several jobs takes them: a transaction that holds some while it
         # waits for others cannot deadlock.
@@ -110,6 +110,7 @@ class PostgresStore(SqlStore):
     @contextmanager
     def claiming(self) -> Iterator[PostgresClaims]:
         """One transaction: the reads and the write of one claim."""
+        self._outside_transaction("a claim")
         with self.engine.begin() as conn:
             yield PostgresClaims(self, conn)
 

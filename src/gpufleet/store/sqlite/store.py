@@ -97,7 +97,7 @@ class SqliteStore(SqlStore):
         event.listen(engine, "connect", _pragmas)
         return engine
 
-    def _begin_together(self, conn: Connection, job_ids: Sequence[str]) -> None:
+    def _begin_transaction(self, conn: Connection, job_ids: Sequence[str]) -> None:
         # pysqlite opens a transaction only before a write, and SQLite commits the one a
         # first SAVEPOINT opened when that savepoint is released: begin here, as the
         # writer at once (a deferred one could not become it later). The one writer's
@@ -118,6 +118,7 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def claiming(self) -> Iterator[SqliteClaims]:
+        self._outside_transaction("a claim")
         with self._read() as conn:
             yield SqliteClaims(self, conn)
 
