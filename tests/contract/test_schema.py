@@ -16,8 +16,8 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 
 from gpufleet.domain.models import JobStatus, WorkerStatus
-from gpufleet.store import SqlStore, open_store, schema, stored
-from gpufleet.store._sql import _MIGRATIONS
+from gpufleet.store import SqlStore, json_columns, open_store, schema
+from gpufleet.store.sql.store import _MIGRATIONS
 
 T0 = 1_700_000_000.0
 EARLIER = sorted(p.name[:4] for p in (_MIGRATIONS / "versions").glob("0*.py"))[:-1]
@@ -184,7 +184,7 @@ def test_rows_written_at_an_earlier_revision_read_back_after_upgrading(
     assert worker is not None and worker.status is WorkerStatus.AVAILABLE
     assert [g.name for g in worker.capability.gpus] == ["A100"]
     assert worker.gpu_stats[0].free_mib == 40960
-    assert stored.host_policy({h.name: h.policy for h in store.hosts()}["box"]).priority == 2
+    assert json_columns.host_policy({h.name: h.policy for h in store.hosts()}["box"]).priority == 2
     assert [r.line for r in store.logs("j-old", 0, 10, ("stdout",))] == ["hi"]
     if "tokens" in written:
         assert [t.name for t in store.list_tokens()] == ["ci"]

@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 
 from gpufleet.store import SqlStore, open_store
-from gpufleet.store._sql import _MIGRATIONS
+from gpufleet.store.sql.store import _MIGRATIONS
 
 T0 = 1_700_000_000.0
 

@@ -22,7 +22,7 @@ from gpufleet.server.pump import pump
 from gpufleet.server.uploads import SESSION_TTL, UploadSessions
 from gpufleet.store import Store
 from gpufleet.store.blobbytes import BlobBytes
-from gpufleet.store.rows import BlobRow
+from gpufleet.store.rows_read import BlobRow
 
 # BlobSettings is built with the service, so callers take both from here.
 __all__ = ["BlobService", "BlobSettings"]

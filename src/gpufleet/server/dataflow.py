@@ -23,7 +23,7 @@ from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
 from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
 from gpufleet.server.blobs import BlobService
 from gpufleet.store import JobRow, Store
-from gpufleet.store.rows import ArtifactRow
+from gpufleet.store.rows_read import ArtifactRow
 from gpufleet.wire import MOST_ENV_FILE, StagedInput
 
 FAILED_DEP = (JobStatus.FAILED, JobStatus.CANCELLED)

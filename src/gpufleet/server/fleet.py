@@ -35,7 +35,7 @@ from gpufleet.scheduling.matching import (
     ever_reason,
     reserve,
 )
-from gpufleet.store import HostRow, Hosts, JobRow, Store, TokenRow, WorkerRow, stored
+from gpufleet.store import HostRow, Hosts, JobRow, Store, TokenRow, WorkerRow, json_columns
 from gpufleet.wire import CapabilityModel, WorkerRegister
 
 Clock = Callable[[], float]
@@ -67,9 +67,9 @@ class HostDeclaration:
 
     @classmethod
     def of(cls, row: HostRow) -> HostDeclaration:
-        origin = stored.host_origin(row.policy)
+        origin = json_columns.host_origin(row.policy)
         return cls(
-            stored.host_policy(row.policy),
+            json_columns.host_policy(row.policy),
             row.manifest,
             row.updated_at,
             origin.file,
@@ -175,7 +175,7 @@ class Fleet:
     def policies_after(self, hosts: Hosts) -> dict[str, HostPolicy]:
         """The host policies once a manifest's ``hosts`` are written (read fresh)."""
         after = hosts.after(self.store.hosts())
-        return {name: stored.host_policy(raw) for name, raw in after.items()}
+        return {name: json_columns.host_policy(raw) for name, raw in after.items()}
 
     def policies_changed(self) -> None:
         self._hosts = (0.0, {}, {})

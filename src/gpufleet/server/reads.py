@@ -19,7 +19,7 @@ from gpufleet.store import (
     TokenRow,
     line_bytes,
 )
-from gpufleet.store.rows import ArtifactRow
+from gpufleet.store.rows_read import ArtifactRow
 
 #: A job's output: the records of its event log that are lines it wrote.
 OUTPUT = frozenset({"stdout", "stderr"})

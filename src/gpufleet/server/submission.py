@@ -24,7 +24,7 @@ from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
-from gpufleet.store import Batch, Hosts, JobRow, Store, Submitted, WorkerRow, stored
+from gpufleet.store import Batch, Hosts, JobRow, Store, Submitted, WorkerRow, json_columns
 from gpufleet.wire import ApplyResult, ManifestApply
 
 
@@ -298,8 +298,10 @@ def _manifest_hosts(
     """The manifest's hosts entries; a pool's operator replaces only what the manifest
     said about its own workers."""
     mine = None if pools is None else [w.name for w in workers if w.pool in pools]
-    origin = stored.HostOrigin(file=req.file, applied_by=by)
-    entries = {h.name: stored.host_entry(h.model_dump(mode="json"), origin) for h in req.hosts}
+    origin = json_columns.HostOrigin(file=req.file, applied_by=by)
+    entries = {
+        h.name: json_columns.host_entry(h.model_dump(mode="json"), origin) for h in req.hosts
+    }
     return Hosts(req.name, entries, within=mine)
 
 

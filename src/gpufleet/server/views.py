@@ -11,7 +11,7 @@ from gpufleet.domain.models import GpuInfo, JobSpec, JobStatus, WorkerStatus
 from gpufleet.scheduling.matching import WorkerView, effective_gpus, warm
 from gpufleet.server.fleet import HostDeclaration, WorkerState
 from gpufleet.store import AttemptRow, AuditRow, JobRow, LogRow, TokenRow
-from gpufleet.store.rows import ArtifactRow, BlobRow, EnvLockRow
+from gpufleet.store.rows_read import ArtifactRow, BlobRow, EnvLockRow
 from gpufleet.wire import (
     ArtifactFile,
     ArtifactOut,

@@ -1,8 +1,6 @@
 """Persistence: the queue's operations (:class:`Store`) in memory, or over SQLite (the
 default) or PostgreSQL, chosen by URL."""
 
-from gpufleet.store._pages import within
-from gpufleet.store._sql import SqlStore, normalize_url
 from gpufleet.store.api import (
     Appended,
     Applied,
@@ -22,8 +20,9 @@ from gpufleet.store.api import (
     Submitted,
     Transaction,
 )
+from gpufleet.store.pages import within
 from gpufleet.store.postgres import PostgresStore
-from gpufleet.store.rows import (
+from gpufleet.store.rows_read import (
     AttemptRow,
     AuditRow,
     BuiltEnv,
@@ -35,6 +34,7 @@ from gpufleet.store.rows import (
     WorkerRow,
     line_bytes,
 )
+from gpufleet.store.sql.store import SqlStore, normalize_url
 from gpufleet.store.sqlite import SqliteStore
 
 

@@ -20,7 +20,7 @@ from gpufleet.domain.lifecycle import Change
 from gpufleet.domain.models import JobSpec
 from gpufleet.domain.quota import OutputQuota
 from gpufleet.domain.worker_lifecycle import WorkerChange
-from gpufleet.store.rows import (
+from gpufleet.store.rows_read import (
     ArtifactRow,
     AttemptRow,
     AuditRow,

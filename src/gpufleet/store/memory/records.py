@@ -16,7 +16,7 @@ from gpufleet.domain.models import ACTIVE, WorkerStatus
 from gpufleet.domain.worker_lifecycle import WorkerChange, WorkerEvent, sources, status_after
 from gpufleet.store import schema as t
 from gpufleet.store.api import Hosts
-from gpufleet.store.rows import (
+from gpufleet.store.rows_read import (
     ArtifactRow,
     AuditRow,
     BlobRow,

@@ -13,9 +13,9 @@ from sqlalchemy import Connection
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
-from gpufleet.store._claims import HELD_SQL, PENDING, ClaimSession, claims_only, driver_rows
-from gpufleet.store._values import state_rows
 from gpufleet.store.api import StaleClaim
+from gpufleet.store.rows_written import state_rows
+from gpufleet.store.sql.claims import HELD_SQL, PENDING, ClaimSession, claims_only, driver_rows
 
 # PostgreSQL would walk the pool's whole queue in claim order (ix_jobs_queue) and filter
 # it for the few aimed jobs: O(pending jobs) a claim. Reading the aimed jobs first (OFFSET

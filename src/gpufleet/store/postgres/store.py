@@ -16,10 +16,12 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DisconnectionError
 
 from gpufleet.store import schema as t
-from gpufleet.store._sql import AIMED_WHERE, JOB_COLUMNS, LINE_COLUMNS, POOL_SIZE, SqlStore
 from gpufleet.store.api import Offers
 from gpufleet.store.postgres.claims import PostgresClaims
 from gpufleet.store.postgres.pages import fitted
+from gpufleet.store.sql.events import LINE_COLUMNS
+from gpufleet.store.sql.jobs import AIMED_WHERE, JOB_COLUMNS
+from gpufleet.store.sql.store import POOL_SIZE, SqlStore
 
 IDLE_PING = 5.0  # seconds a pooled PostgreSQL connection may sit before it is checked
 CHANNEL = "gpufleet_claimable"

@@ -15,9 +15,11 @@ from sqlalchemy.dialects import sqlite
 
 from gpufleet.domain.lifecycle import Change
 from gpufleet.store import schema as t
-from gpufleet.store._claims import AIMED_SQL, HELD_SQL, ClaimSession, claims_only, driver_rows
-from gpufleet.store._sql import AIMED_WHERE, JOB_COLUMNS, LINE_COLUMNS, POOL_SIZE, SqlStore
 from gpufleet.store.api import Offers, StaleClaim
+from gpufleet.store.sql.claims import AIMED_SQL, HELD_SQL, ClaimSession, claims_only, driver_rows
+from gpufleet.store.sql.events import LINE_COLUMNS
+from gpufleet.store.sql.jobs import AIMED_WHERE, JOB_COLUMNS
+from gpufleet.store.sql.store import POOL_SIZE, SqlStore
 
 _W = t.workers.c
 # The worker's snapshot in one statement; the aimed jobs from the small partial index (left

@@ -7,16 +7,15 @@ A mixin of :class:`gpufleet.store.SqlStore`: same connections, same writer lock.
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.store import schema as t
-from gpufleet.store.rows import ArtifactRow, BlobRow, JobRow
+from gpufleet.store.rows_read import ArtifactRow, BlobRow, JobRow
+from gpufleet.store.sql.base import SqlParts
 
 _D, _DJ = t.job_deps.alias("d"), t.jobs.alias("dj")
 # A pending job's unmet dependencies, counted (built once: aliases cost to build).
@@ -28,20 +27,8 @@ _UNMET = (
 )
 
 
-class DataOps(ABC):
+class DataOps(SqlParts):
     """Record operations of the data plane."""
-
-    @abstractmethod
-    def _write(self) -> AbstractContextManager[Connection]:
-        """A connection in a write transaction (the store's one writer on SQLite)."""
-
-    @abstractmethod
-    def _read(self) -> AbstractContextManager[Connection]:
-        """A connection for reading."""
-
-    @abstractmethod
-    def _insert(self, table: Any) -> Any:
-        """The backend's INSERT (with ON CONFLICT) for ``table``."""
 
     # ---- blobs ------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE
 from gpufleet.store import schema as t
 from gpufleet.store.api import ClaimView
-from gpufleet.store.rows import JobRow
+from gpufleet.store.rows_read import JobRow
 
 _J, _W = t.jobs.c, t.workers.c
 PENDING = lifecycle.INITIAL.value

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Select
 
-from gpufleet.store.rows import line_bytes
+from gpufleet.store.rows_read import line_bytes
 
 T = TypeVar("T")
 

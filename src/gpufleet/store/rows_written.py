@@ -11,7 +11,7 @@ from gpufleet.domain import lifecycle, progress
 from gpufleet.domain.lifecycle import Change
 from gpufleet.domain.models import JobSpec
 from gpufleet.domain.quota import MARKER, Account, Admitted, OutputQuota, admit
-from gpufleet.store.stored import spec_json
+from gpufleet.store.json_columns import spec_json
 
 
 def job_values(

@@ -7,9 +7,7 @@ once do it once.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
@@ -20,7 +18,8 @@ from gpufleet.domain.worker_lifecycle import WorkerChange, WorkerEvent, sources,
 from gpufleet.errors import Conflict
 from gpufleet.store import schema as t
 from gpufleet.store.api import Hosts
-from gpufleet.store.rows import AuditRow, HostRow, TokenRow, WorkerRow
+from gpufleet.store.rows_read import AuditRow, HostRow, TokenRow, WorkerRow
+from gpufleet.store.sql.base import SqlParts
 
 _W = t.workers.c
 _OFFLINE = WorkerStatus.OFFLINE.value
@@ -28,20 +27,8 @@ _SILENT_TO = status_after(WorkerEvent.SILENT).value
 _REMOVABLE = [s.value for s in sources(WorkerEvent.REMOVE)]
 
 
-class FleetOps(ABC):
+class FleetOps(SqlParts):
     """Record operations of the fleet: workers, hosts, tokens, audit."""
-
-    @abstractmethod
-    def _write(self) -> AbstractContextManager[Connection]:
-        """A connection in a write transaction (the store's one writer on SQLite)."""
-
-    @abstractmethod
-    def _read(self) -> AbstractContextManager[Connection]:
-        """A connection for reading."""
-
-    @abstractmethod
-    def _insert(self, table: Any) -> Any:
-        """The backend's INSERT (with ON CONFLICT) for ``table``."""
 
     # ---- workers ----------------------------------------------------------------------
 

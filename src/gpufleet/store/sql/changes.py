@@ -2,7 +2,7 @@
 one conditional update on (status, lease), with every consequence in the same
 transaction.
 
-A mixin of :class:`gpufleet.store.SqlStore`. The store decides no status: a
+A mixin of :class:`~gpufleet.store.sql.store.SqlStore`. The store decides no status: a
 :class:`~gpufleet.domain.lifecycle.Change` names the statuses and lease it may come from,
 the status it goes to and the fields it sets. What follows from a job ending is part of
 the same transaction: the jobs waiting on a job that succeeded are recounted (and become
@@ -12,10 +12,8 @@ down the chain iteratively, each naming its dependency's final status.
 
 from __future__ import annotations
 
-import json
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from abc import abstractmethod
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -25,26 +23,15 @@ from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import JobStatus
 from gpufleet.store import schema as t
-from gpufleet.store._values import state_rows
 from gpufleet.store.api import Applied
-from gpufleet.store.rows import JobRow
+from gpufleet.store.changes import FAILS_DEPENDENTS, NamedChanges, encode
+from gpufleet.store.rows_read import JobRow
+from gpufleet.store.rows_written import state_rows
+from gpufleet.store.sql.base import SqlParts
 
 _J, _A, _D = t.jobs.c, t.attempts.c, t.job_deps.c
-#: Fields kept as JSON text.
-_JSON = frozenset({"gpus", "stderr_tail"})
-_FAILS_DEPENDENTS = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 _OPEN_ATTEMPT = t.attempts.insert()  # built once: its cache key is then computed once
 _EVENT = t.job_logs.insert()
-
-
-def encode(values: Mapping[str, object]) -> dict[str, Any]:
-    """Field values as columns hold them (tuples of GPUs or lines as JSON text)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if key in _JSON and value is not None:
-            value = json.dumps(list(value))  # type: ignore[call-overload]
-        out[key] = value
-    return out
 
 
 @cache
@@ -81,52 +68,9 @@ def _record_statement(keys: tuple[str, ...]) -> Any:
     return update(t.attempts).where(where).values({k: bindparam(k) for k in keys})
 
 
-class NamedChanges(ABC):
-    """The store's status-changing operations, each named for what it does and taking only
-    its own events; both stores apply them through ``_commit``."""
-
-    # ---- the operations, each one named for what it does ------------------------------
-
-    def start(self, change: Change) -> Applied | None:
-        """The claimed job's process started (``lifecycle.start``)."""
-        return self._checked(change, {Event.START})
-
-    def finish(self, change: Change) -> Applied | None:
-        """The worker says how the attempt ended (``lifecycle.finish``)."""
-        return self._checked(change, {Event.SUCCEED, Event.RETRY, Event.FAIL})
-
-    def release(self, change: Change) -> Applied | None:
-        """The worker hands the job back (``lifecycle.release``)."""
-        return self._checked(change, {Event.RELEASE, Event.FAIL})
-
-    def lose(self, change: Change) -> Applied | None:
-        """An expired lease is lost (``lifecycle.lose``): only if it is expired still."""
-        return self._checked(change, {Event.LOSE, Event.LOSE_FINAL})
-
-    def cancel(self, change: Change) -> Applied | None:
-        return self._checked(change, {Event.CANCEL})
-
-    def requeue(self, change: Change) -> Applied | None:
-        return self._checked(change, {Event.REQUEUE})
-
-    def _checked(self, change: Change, allowed: set[Event]) -> Applied | None:
-        if change.event not in allowed:
-            raise ValueError(f"{change.event.value} is not this operation's change")
-        return self._commit(change)
-
-    @abstractmethod
-    def _commit(self, change: Change) -> Applied | None:
-        """Apply ``change`` and what follows from it, all or nothing; None if it did not
-        take."""
-
-
-class ChangeOps(NamedChanges):
+class ChangeOps(NamedChanges, SqlParts):
     """Applies the lifecycle's changes: claim, start, finish, release, lose, cancel,
     requeue, and the dependency failures they cause."""
-
-    @abstractmethod
-    def _write(self) -> AbstractContextManager[Connection]:
-        """A connection in a write transaction (the store's one writer on SQLite)."""
 
     @abstractmethod
     def recount_waiting(self, conn: Connection, job_ids: Sequence[str] | None) -> int:
@@ -176,7 +120,7 @@ class ChangeOps(NamedChanges):
         status = change.status
         if status == JobStatus.SUCCEEDED:
             return Applied(job, released=self.recount_waiting(conn, _dependents(conn, job.id)))
-        if status in _FAILS_DEPENDENTS:
+        if status in FAILS_DEPENDENTS:
             return Applied(job, failed=self.fail_dependents(conn, job, job.finished_at or 0.0))
         if change.event == Event.REQUEUE:
             self.recount_waiting(conn, [job.id])
@@ -220,7 +164,7 @@ class ChangeOps(NamedChanges):
             .join(dep, dep.c.id == _D.dep_id)
             .where(
                 _D.job_id.in_(list(job_ids)),
-                dep.c.status.in_(sorted(s.value for s in _FAILS_DEPENDENTS)),
+                dep.c.status.in_(sorted(s.value for s in FAILS_DEPENDENTS)),
             )
             .order_by(_D.job_id, dep.c.id)
         )

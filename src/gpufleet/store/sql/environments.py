@@ -8,34 +8,20 @@ two workers whose first builds of one spec end at once record one lock between t
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import asdict
-from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import select, update
 
 from gpufleet.store import schema as t
-from gpufleet.store.rows import EnvLockRow, WorkerRow
+from gpufleet.store.rows_read import EnvLockRow, WorkerRow
+from gpufleet.store.sql.base import SqlParts
 
 _L, _W = t.environment_locks.c, t.workers.c
 
 
-class EnvironmentOps(ABC):
+class EnvironmentOps(SqlParts):
     """Record operations of job environments."""
-
-    @abstractmethod
-    def _write(self) -> AbstractContextManager[Connection]:
-        """A connection in a write transaction (the store's one writer on SQLite)."""
-
-    @abstractmethod
-    def _read(self) -> AbstractContextManager[Connection]:
-        """A connection for reading."""
-
-    @abstractmethod
-    def _insert(self, table: Any) -> Any:
-        """The backend's INSERT (with ON CONFLICT) for ``table``."""
 
     def get_env_lock(self, pool: str, key: str) -> EnvLockRow | None:
         """The lock ``pool`` recorded under ``key`` (a ``lock_key``), if any."""

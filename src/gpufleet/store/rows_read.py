@@ -1,5 +1,5 @@
 """Rows the store returns: plain dataclasses, parsed from the tables (the JSON they hold
-by the tolerant models of :mod:`gpufleet.store.stored`)."""
+by the tolerant models of :mod:`gpufleet.store.json_columns`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any, Self
 
 from gpufleet.domain.models import Capability, GpuInfo, JobSpec, JobStatus, WorkerStatus
-from gpufleet.store import stored
+from gpufleet.store import json_columns
 
 
 def _lines(text: str | None) -> tuple[str, ...]:
@@ -68,7 +68,7 @@ class JobRow:
     @cached_property
     def spec(self) -> JobSpec:
         """Parsed on first use: a claim looks at many rows and reads few specs."""
-        return stored.spec(self.spec_json)
+        return json_columns.spec(self.spec_json)
 
     @classmethod
     def from_row(cls, r: Any) -> JobRow:
@@ -162,12 +162,12 @@ class WorkerRow:
             name=m["name"],
             pool=m["pool"],
             labels=json.loads(m["labels"]),
-            capability=stored.capability(m["capability"]),
+            capability=json_columns.capability(m["capability"]),
             cpu_slots=m["cpu_slots"],
             ephemeral=bool(m["ephemeral"]),
             status=WorkerStatus(m["status"]),
             drain=bool(m["drain"]),
-            gpu_stats=stored.gpus(m["gpu_stats"]),
+            gpu_stats=json_columns.gpus(m["gpu_stats"]),
             registered_at=m["registered_at"],
             last_heartbeat=m["last_heartbeat"],
             token_id=m["token_id"],
@@ -304,7 +304,7 @@ class LogRow(_Columns):
 class HostRow(_Columns):
     name: str
     manifest: str
-    policy: str  # a HostPolicy as JSON; read with stored.host_policy
+    policy: str  # a HostPolicy as JSON; read with json_columns.host_policy
     updated_at: float
 
 
