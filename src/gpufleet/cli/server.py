@@ -8,13 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from gpufleet.cli._common import (
-    DAY,
-    fields_signature,
-    resolve,
-    retention_seconds,
-    setting_option,
-)
+from gpufleet.cli._common import DAY, retention_seconds, setting_option
+from gpufleet.cli._flags import SettingFlags
 from gpufleet.errors import ConfigError
 
 
@@ -23,9 +18,8 @@ def register(app: typer.Typer) -> None:
 
 
 @dataclass(frozen=True)
-class ServerFlags:
-    """The options of ``gpufleet server``, declared once: the command's signature is made
-    from these fields. Each is a setting of the same name, None unless given."""
+class ServerFlags(SettingFlags):
+    """The options of ``gpufleet server``: each a setting of the same name."""
 
     host: Annotated[str | None, setting_option("host")] = None
     port: Annotated[int | None, setting_option("port")] = None
@@ -51,13 +45,14 @@ class ServerFlags:
     trusted_proxies: Annotated[str | None, setting_option("trusted_proxies")] = None
 
 
+@ServerFlags.command
 def server(**given: Any) -> None:
     """Run the server (queue, fleet state, API) until SIGINT or SIGTERM."""
     from gpufleet.domain.quota import OutputQuota
     from gpufleet.server import QueueSettings, ServerOptions, serve
     from gpufleet.server.limits import Limits
 
-    s = resolve(**vars(ServerFlags(**given)))  # in the fields' order, as given or not
+    s = ServerFlags(**given).resolved()
     queue = QueueSettings(
         lease_timeout=s["lease_timeout"],
         prefer_cuda_grace=s["prefer_cuda_grace"],
@@ -85,9 +80,6 @@ def server(**given: Any) -> None:
             limits=Limits(trusted_proxies=proxies(s["trusted_proxies"])),
         )
     )
-
-
-server.__signature__ = fields_signature(ServerFlags)  # type: ignore[attr-defined]
 
 
 def proxies(given: str | None) -> tuple[str, ...]:

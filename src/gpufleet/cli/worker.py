@@ -19,7 +19,6 @@ from gpufleet.cli._common import (
     CaOpt,
     ServerOpt,
     err,
-    fields_signature,
     parse_pairs,
     resolve,
     retention_seconds,
@@ -27,6 +26,7 @@ from gpufleet.cli._common import (
     setting_option,
     shown,
 )
+from gpufleet.cli._flags import SettingFlags
 from gpufleet.errors import ConfigError, GpufleetError
 
 if TYPE_CHECKING:
@@ -67,10 +67,11 @@ Mounts = Annotated[list[str] | None, setting_option("mount", extra="; repeatable
 
 
 @dataclass(frozen=True)
-class WorkerFlags:
-    """The options of ``gpufleet worker``, declared once: the command's signature is made
-    from these fields. All but ``share_token`` are settings of the same name, None unless
-    given."""
+class WorkerFlags(SettingFlags):
+    """The options of ``gpufleet worker``: all but ``share_token`` are settings of the
+    same name."""
+
+    not_settings = frozenset({"share_token"})
 
     server: ServerOpt = None
     name: Annotated[str | None, setting_option("name")] = None
@@ -99,14 +100,12 @@ class WorkerFlags:
     share_token: ShareToken = False
     run_as: Annotated[str | None, setting_option("run_as")] = None
 
-    def resolved(self) -> config.Resolved:
-        """The settings: each flag given, else the environment's, a config file's or the
-        default (in the fields' order; ``--mount`` repeated becomes one list)."""
-        given = {k: v for k, v in vars(self).items() if k != "share_token"}
-        given["mount"] = ",".join(self.mount) if self.mount else None
-        return resolve(**given)
+    def given(self) -> dict[str, Any]:
+        """As :meth:`SettingFlags.given`, with ``--mount`` repeated as one list."""
+        return super().given() | {"mount": ",".join(self.mount) if self.mount else None}
 
 
+@WorkerFlags.command
 def worker(**given: Any) -> None:
     """Run a worker: detect this machine, claim jobs that fit, run them, report back.
     It prints a session string; `gpufleet submit --session STRING` sends a job to it.
@@ -119,9 +118,6 @@ def worker(**given: Any) -> None:
     s = flags.resolved()
     cap = _detect(s["simulate_gpus"])
     raise typer.Exit(run_worker(_worker_options(s, flags.share_token), cap))
-
-
-worker.__signature__ = fields_signature(WorkerFlags)  # type: ignore[attr-defined]
 
 
 def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:

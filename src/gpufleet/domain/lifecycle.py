@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.errors import InvalidTransition
+from gpufleet.domain.transitions import Table
 
 P, C, R = JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING
 S, F, X = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
@@ -67,20 +67,11 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
 COUNTED = frozenset({Event.RETRY, Event.FAIL, Event.LOSE, Event.LOSE_FINAL, Event.SUCCEED})
 
 
-def transition(status: JobStatus, event: Event) -> JobStatus:
-    """The state after ``event`` in ``status``, or :class:`InvalidTransition`."""
-    try:
-        return TRANSITIONS[(status, event)]
-    except KeyError:
-        raise InvalidTransition(
-            f"a {status.value} job cannot {event.value}",
-            detail={"status": status.value, "event": event.value},
-        ) from None
-
-
-def sources(event: Event) -> frozenset[JobStatus]:
-    """Every status from which ``event`` is allowed; stores use it in conditional updates."""
-    return frozenset(src for (src, ev) in TRANSITIONS if ev == event)
+#: The lookups on :data:`TRANSITIONS`, worked out once.
+TABLE: Table[JobStatus, Event, JobStatus] = Table("job", TRANSITIONS)
+transition = TABLE.transition
+sources = TABLE.sources
+target = TABLE.target
 
 
 def failure_event(attempts_used: int, max_attempts: int, *, lost: bool = False) -> Event:
@@ -153,12 +144,6 @@ def backoff_seconds(attempts_used: int, base: float, cap: float = 600.0) -> floa
     if attempts_used <= 0 or base <= 0:
         return 0.0
     return float(min(cap, base * (2 ** (attempts_used - 1))))
-
-
-def target(event: Event) -> JobStatus:
-    """The one status ``event`` leads to, from whichever status it is allowed in."""
-    (found,) = {dst for (_, ev), dst in TRANSITIONS.items() if ev == event}
-    return found
 
 
 class Ended(Protocol):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpufleet.domain.models import WorkerStatus
-from gpufleet.errors import InvalidTransition
+from gpufleet.domain.transitions import Table
 
 C, A = WorkerStatus.CONNECTING, WorkerStatus.AVAILABLE
 D, OFF = WorkerStatus.DRAINING, WorkerStatus.OFFLINE
@@ -72,27 +72,11 @@ TRANSITIONS: dict[tuple[WorkerStatus, WorkerEvent], WorkerStatus | None] = {
 }
 
 
-def transition(status: WorkerStatus, event: WorkerEvent) -> WorkerStatus | None:
-    """The status after ``event`` in ``status`` (None: removed), or
-    :class:`InvalidTransition`."""
-    try:
-        return TRANSITIONS[(status, event)]
-    except KeyError:
-        raise InvalidTransition(
-            f"a {status.value} worker cannot {event.value}",
-            detail={"status": status.value, "event": event.value},
-        ) from None
-
-
-def sources(event: WorkerEvent) -> frozenset[WorkerStatus]:
-    """Every status from which ``event`` is allowed; stores use it in conditional updates."""
-    return frozenset(src for (src, ev) in TRANSITIONS if ev == event)
-
-
-def target(event: WorkerEvent) -> WorkerStatus | None:
-    """The one status ``event`` leads to (None: the row goes)."""
-    [to] = {dst for (_, ev), dst in TRANSITIONS.items() if ev == event}
-    return to
+#: The lookups on :data:`TRANSITIONS`, worked out once.
+TABLE: Table[WorkerStatus, WorkerEvent, WorkerStatus | None] = Table("worker", TRANSITIONS)
+transition = TABLE.transition
+sources = TABLE.sources
+target = TABLE.target
 
 
 def status_after(event: WorkerEvent) -> WorkerStatus:
@@ -125,22 +109,24 @@ class WorkerChange:
         return {"status": self.status.value, **self.fields}
 
 
-def _stored(status: str | WorkerStatus) -> WorkerStatus:
-    return WorkerStatus(status)
-
-
 def poll(worker_id: str, status: str | WorkerStatus, now: float) -> WorkerChange | None:
     """A worker asked for work: one connecting or offline is available now (heartbeat or
     not); any other status stays."""
-    if _stored(status) not in sources(WorkerEvent.POLL):
+    if WorkerStatus(status) not in sources(WorkerEvent.POLL):
         return None
     return WorkerChange(worker_id, WorkerEvent.POLL, {"last_heartbeat": now, "offline_since": None})
 
 
+def _heartbeat_event(drain: bool, draining: bool) -> WorkerEvent:
+    """A heartbeat drains a worker asked to (``drain``, the server's flag) or that says it
+    is draining (``draining``); any other heartbeat is a plain one."""
+    return WorkerEvent.DRAIN if (drain or draining) else WorkerEvent.HEARTBEAT
+
+
 def heartbeat_status(drain: bool, draining: bool) -> WorkerStatus:
-    """The status a heartbeat puts a worker in: draining when it was asked to (``drain``,
-    the server's flag) or says it is (``draining``), else available."""
-    return status_after(WorkerEvent.DRAIN if (drain or draining) else WorkerEvent.HEARTBEAT)
+    """The status a heartbeat puts a worker in: draining when it was asked to or says it
+    is, else available."""
+    return status_after(_heartbeat_event(drain, draining))
 
 
 def heartbeat(
@@ -153,13 +139,12 @@ def heartbeat(
 ) -> WorkerChange | None:
     """A heartbeat: the change it makes to the worker's status, or None when its status
     stays (the usual heartbeat, which only says the worker is alive)."""
-    event = WorkerEvent.DRAIN if (drain or draining) else WorkerEvent.HEARTBEAT
-    if _stored(status) == target(event):
+    if WorkerStatus(status) == heartbeat_status(drain, draining):
         return None
     fields: dict[str, object] = {"last_heartbeat": now, "offline_since": None}
     if gpu_stats is not None:
         fields["gpu_stats"] = gpu_stats
-    return WorkerChange(worker_id, event, fields)
+    return WorkerChange(worker_id, _heartbeat_event(drain, draining), fields)
 
 
 def leave(worker_id: str, now: float) -> WorkerChange:

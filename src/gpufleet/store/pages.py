@@ -6,7 +6,8 @@ takes its lines to ``budget`` bytes or more (it always holds one record, however
 and the records past it are never read from the database: PostgreSQL sums the lines'
 sizes in the query (``octet_length`` reads a long value's stored size, not the value)
 and returns only the records that fit; SQLite (in process, each row read as it is
-fetched) stops fetching.
+fetched) stops fetching. The order and the limit are applied once, in :func:`read_page`;
+a backend differs only in the :data:`Fitter` it passes.
 """
 
 from __future__ import annotations
@@ -33,19 +34,34 @@ def within(rows: Iterable[T], budget: int, size: Callable[[T], int]) -> Iterator
             return
 
 
+Fitter = Callable[[Connection, Select[Any], int, bool], list[Any]]
+"""How a page is cut to its byte budget: ``(conn, page, budget, newest_first)``, with
+``page`` already ordered and limited, gives the rows of ``page`` within ``budget``."""
+
+
+def summed_as_read(
+    conn: Connection, page: Select[Any], budget: int, newest_first: bool
+) -> list[Any]:
+    """The default :data:`Fitter`: the lines' sizes summed in Python as rows are fetched,
+    and fetching stops at the budget (``newest_first`` is in the page's order already)."""
+    with contextlib.closing(conn.execute(page)) as result:
+        return list(within(result, budget, lambda r: line_bytes(r.line)))
+
+
 def read_page(
     conn: Connection,
     q: Select[Any],
     limit: int,
     budget: int | None,
     newest_first: bool = False,
+    *,
+    fitter: Fitter = summed_as_read,
 ) -> list[Any]:
     """The rows of ``q`` (whose columns include ``seq`` and ``line``) in ``seq`` order
     (``newest_first``: descending), at most ``limit``, and with ``budget`` only those
-    within it (see the module)."""
+    within it, as ``fitter`` cuts them (see the module)."""
     seq = q.selected_columns.seq
     page = q.order_by(seq.desc() if newest_first else seq).limit(limit)
     if budget is None:
         return list(conn.execute(page).all())
-    with contextlib.closing(conn.execute(page)) as result:
-        return list(within(result, budget, lambda r: line_bytes(r.line)))
+    return fitter(conn, page, budget, newest_first)

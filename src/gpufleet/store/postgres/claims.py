@@ -122,10 +122,23 @@ def _claim_in_one(
 ) -> tuple[str | None, int, str | None]:
     """PostgreSQL: the whole claim in one statement (``_CLAIM_IN_ONE``). Returns the job
     picked, whether the claim was counted, and the job claimed (None if its lease moved)."""
+    _check_settable(changes)
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(_CLAIM_IN_ONE, _claim_params(seen, changes))
+        picked, counted, taken = cursor.fetchone()
+    finally:
+        cursor.close()
+    return picked, int(counted), taken
+
+
+def _check_settable(changes: Sequence[Change]) -> None:
+    """Refuse claims the one statement would apply only in part: each must set exactly
+    the fields it sets (for the first claim's worker and time), open its attempt with
+    the fields it inserts, and guard at most the spec."""
     first = changes[0]
     for c in changes:
-        f = c.fields
-        said = {**f, "gpus": None, "lease_expires_at": None}
+        said = {**c.fields, "gpus": None, "lease_expires_at": None}
         meant = {k: None for k in _CLAIM_FIELDS} | {
             "worker_id": first.fields["worker_id"],
             "lease": c.lease + 1,
@@ -138,8 +151,14 @@ def _claim_in_one(
             or not set(c.guard) <= {"spec"}
         ):
             raise ValueError("a claim changes other fields than the one statement sets")
-    # Each choice's values go as one JSON text: psycopg dumps a text in C, but a Python
-    # list into an array element by element (15 % of the server's time in a claim).
+
+
+def _claim_params(seen: int, changes: Sequence[Change]) -> dict[str, Any]:
+    """``_CLAIM_IN_ONE``'s parameters: the worker, the time and the claim count the
+    ranking saw, with each choice's values (its old lease, GPUs, lease expiry, guarded
+    spec and state record) as one JSON text: psycopg dumps a text in C, but a Python list
+    into an array element by element (15 % of the server's time in a claim)."""
+    first = changes[0]
     records = state_rows(changes)  # each claim's state record, as the job's log keeps it
     choices = [
         {
@@ -152,7 +171,7 @@ def _claim_in_one(
         }
         for c, record in zip(changes, records, strict=True)
     ]
-    params = {
+    return {
         "ids": [c.job_id for c in changes],
         "choices": json.dumps(choices),
         "wid": first.fields["worker_id"],
@@ -161,10 +180,3 @@ def _claim_in_one(
         "ts": records[0]["ts"],
         "seen": seen,
     }
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.execute(_CLAIM_IN_ONE, params)
-        picked, counted, taken = cursor.fetchone()
-    finally:
-        cursor.close()
-    return picked, int(counted), taken

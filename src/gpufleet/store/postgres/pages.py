@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Connection, Select, func, select
 
 
 def fitted(page: Select[Any], budget: int, newest_first: bool) -> Select[Any]:
@@ -22,3 +22,11 @@ def fitted(page: Select[Any], budget: int, newest_first: bool) -> Select[Any]:
         .where(sized.c.ahead < budget)
         .order_by(sized.c.seq.desc() if newest_first else sized.c.seq)
     )
+
+
+def summed_in_sql(
+    conn: Connection, page: Select[Any], budget: int, newest_first: bool
+) -> list[Any]:
+    """PostgreSQL's :data:`~gpufleet.store.pages.Fitter`: the page :func:`fitted` to
+    ``budget`` in the query, so the rows past it are never read whole."""
+    return list(conn.execute(fitted(page, budget, newest_first)).all())

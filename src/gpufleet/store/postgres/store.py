@@ -17,8 +17,9 @@ from sqlalchemy.exc import DisconnectionError
 
 from gpufleet.store import schema as t
 from gpufleet.store.api import Offers
+from gpufleet.store.pages import read_page
 from gpufleet.store.postgres.claims import PostgresClaims
-from gpufleet.store.postgres.pages import fitted
+from gpufleet.store.postgres.pages import summed_in_sql
 from gpufleet.store.sql.events import LINE_COLUMNS
 from gpufleet.store.sql.jobs import AIMED_WHERE, JOB_COLUMNS
 from gpufleet.store.sql.store import POOL_SIZE, SqlStore
@@ -103,11 +104,7 @@ class PostgresStore(SqlStore):
         newest_first: bool = False,
     ) -> list[Any]:
         """The page with its byte budget summed in SQL: only the rows within it are read."""
-        if budget is None:
-            return super()._read_page(conn, q, limit, budget, newest_first)
-        seq = q.selected_columns.seq
-        page = q.order_by(seq.desc() if newest_first else seq).limit(limit)
-        return list(conn.execute(fitted(page, budget, newest_first)).all())
+        return read_page(conn, q, limit, budget, newest_first, fitter=summed_in_sql)
 
     @contextmanager
     def claiming(self) -> Iterator[PostgresClaims]:

@@ -14,7 +14,6 @@ could have taken the slot the ranking counted on (:class:`StaleClaim`: rank agai
 from __future__ import annotations
 
 import json
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -123,7 +122,6 @@ class ClaimOps(ABC):
 
     engine: Any
     page_q: tuple[Any, Any]  # page_statements()
-    _lock: threading.Lock | None  # SQLite's one writer
 
     @abstractmethod
     def _read(self) -> AbstractContextManager[Connection]:

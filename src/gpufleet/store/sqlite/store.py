@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, bindparam, create_engine, event, make_url, update
@@ -54,6 +54,7 @@ class SqliteClaims(ClaimSession):
     the other, so the first choice is still there: one offered at a time."""
 
     page_size, choices = 4, 1
+    store: SqliteStore  # whose writer's lock the write takes
 
     def _snapshot(self, worker_id: str, name: str, pool: str, now: float) -> list[Any]:
         return driver_rows(self.conn, _VIEW, (worker_id, worker_id, name, pool, now, worker_id))
@@ -64,7 +65,7 @@ class SqliteClaims(ClaimSession):
             return None
         conn = self.conn
         conn.commit()  # the reads' implicit transaction; SQLite took no lock for them
-        with self.store._lock or nullcontext(), conn.begin():
+        with self.store._lock, conn.begin():
             for change in changes:
                 if self.store.apply_change(conn, change):
                     counted = conn.execute(_COUNT_CLAIM, {"wid": worker_id, "seen": seen})
@@ -78,6 +79,7 @@ class SqliteStore(SqlStore):
     """The SQL store on SQLite (a file, or ``sqlite://`` in memory)."""
 
     dialect = "sqlite"
+    _lock: threading.Lock  # always: SQLite has one writer
     aimed_jobs_sql = (
         f"SELECT {JOB_COLUMNS} FROM jobs INDEXED BY ix_jobs_target "
         f"WHERE {AIMED_WHERE} ORDER BY priority DESC, created_at, id"
