@@ -4,6 +4,7 @@ no 5xx, an error answer in the error shape, and a refused call (or a read) chang
 table row and no blob file. Prints how many calls were made, by status class.
 
     .venv/bin/python bench/fuzz.py [--examples 1000] [--backend sqlite|postgresql] [--seed 1]
+                                   [--stream-seconds 10]
 
 About 110,000 calls at --examples 1000 (89,000 at 800: the coverage phase's boundary
 values, some 2,400, plus the random phase, per operation and role; some operations run
@@ -28,9 +29,13 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=1000)
     parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--stream-seconds", type=float, default=10.0, help="how long an event stream is read"
+    )
     args = parser.parse_args()
     os.environ["GPUFLEET_FUZZ_EXAMPLES"] = str(args.examples)
     os.environ["GPUFLEET_FUZZ_SEED"] = str(args.seed)
+    os.environ["GPUFLEET_FUZZ_STREAM_SECONDS"] = str(args.stream_seconds)
     os.environ["GPUFLEET_TEST_BACKENDS"] = args.backend
     os.chdir(ROOT)
     started = time.monotonic()

@@ -15,7 +15,7 @@ PG_URL = os.environ.get("GPUFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:543
 # The databases the integration and e2e suites run on, each a parameter of their tests:
 # `make test` runs them on SQLite, `make test-postgresql` (in CI) on PostgreSQL.
 BACKENDS = os.environ.get("GPUFLEET_TEST_BACKENDS", "sqlite").replace(" ", "").split(",")
-FOLDER_MARKS = {"unit", "contract", "integration", "e2e"}
+FOLDER_MARKS = {"unit", "service", "contract", "backends", "integration", "e2e"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

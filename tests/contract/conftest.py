@@ -1,4 +1,5 @@
-"""The store suite runs every test against SQLite and against a real PostgreSQL server."""
+"""The store suite runs every test against the memory store, SQLite and a real PostgreSQL
+server: each test takes the ``store`` fixture, and the queue (``Services``) over it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.server.blobs import BlobService
+from gpufleet.server.services import Services
 from gpufleet.store import Store, open_store
 from gpufleet.store.memory import MemoryStore
+from tests.queue_steps import FakeClock, blob_service, service
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
@@ -28,3 +32,18 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def blobs(store: Store, tmp_path: Path) -> BlobService:
+    return blob_service(store, tmp_path)
+
+
+@pytest.fixture
+def queue(store: Store, clock: FakeClock, blobs: BlobService) -> Services:
+    return service(store, clock, blobs)

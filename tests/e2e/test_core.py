@@ -7,14 +7,9 @@ import signal
 import threading
 from pathlib import Path
 
-import pytest
-
-from gpufleet.errors import Conflict
 from gpufleet.wire import (
     CapabilityModel,
     ClaimRequest,
-    FinishRequest,
-    StartRequest,
     WorkerRegister,
 )
 from tests.e2e.conftest import Fleet, alive, wait_for
@@ -106,27 +101,6 @@ def test_sigkilled_worker_job_is_finished_elsewhere_exactly_once(
     assert "lease lost" in job["history"][0]["error"]
     # The orphan of the dead worker was killed with it, so it never finished a second run.
     assert marker.read_text().count("run") == 2
-
-
-def test_stale_lease_is_refused_with_409(fleet: Fleet) -> None:
-    fleet.start_server(lease_timeout=1.0)
-    cap = CapabilityModel(hostname="h", cores=2, ram_mib=4096)
-    with fleet.client() as c:
-        a = c.register(WorkerRegister(name="a", capability=cap))
-        b = c.register(WorkerRegister(name="b", capability=cap))
-        job_id = fleet.cli("submit", "--", "true").stdout.split()[-1]
-        lease_a = c.claim(a.id, ClaimRequest(cpu_slots=1, wait=5))
-        assert lease_a is not None and lease_a.attempt == 1
-        c.start(job_id, StartRequest(attempt=1, secret=lease_a.secret))
-        # a goes silent; the sweep hands the job to b with a new attempt number.
-        lease_b = wait_for(lambda: c.claim(b.id, ClaimRequest(cpu_slots=1, wait=1)), 20, "requeue")
-        assert lease_b.attempt == 2
-        with pytest.raises(Conflict) as stale:
-            c.finish(job_id, FinishRequest(attempt=1, secret=lease_a.secret, exit_code=0))
-        assert stale.value.status == 409 and "stale lease" in stale.value.message
-        assert c.job(job_id).status == "claimed"
-        c.finish(job_id, FinishRequest(attempt=2, secret=lease_b.secret, exit_code=0))
-        assert c.job(job_id).status == "succeeded"
 
 
 def test_cancel_kills_the_whole_process_group(fleet: Fleet, tmp_path: Path) -> None:

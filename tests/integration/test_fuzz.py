@@ -23,6 +23,13 @@ The schema is loaded at import from an app that is never served (the OpenAPI doc
 not depend on the store). ``schemathesis.pytest.from_fixture`` would load it per test, but
 4.32.5's lazy loader sets ``Node._nodeid``, which pytest 9.2 no longer has.
 
+An event stream (``/v1/events``, and ``/v1/jobs/{ref}/events`` as SSE) does not end while
+the fleet or its job lives, and schemathesis reads one until its timeout: 10 s by
+default, which made the two streams' calls most of the module's time (``GET /v1/events``
+alone took 70 s). The check needs only the answer's status and the state around it, both
+known as the stream opens, so streams are read for ``GPUFLEET_FUZZ_STREAM_SECONDS`` (2 by
+default; ``bench/fuzz.py`` reads them for 10).
+
 The seed is fixed so a CI failure replays exactly; to explore, set ``GPUFLEET_FUZZ_SEED``
 and raise ``GPUFLEET_FUZZ_EXAMPLES`` (``bench/fuzz.py`` does, and counts the calls in
 ``CALLS``). The examples bound the random phase, per operation and role: at 5 the module
@@ -62,6 +69,7 @@ pytestmark = TESTCLIENT_ON_HTTPX
 CLAIM = "/v1/workers/{worker_id}/claim"
 SEED = int(os.environ.get("GPUFLEET_FUZZ_SEED", "0"))
 EXAMPLES = int(os.environ.get("GPUFLEET_FUZZ_EXAMPLES", "5"))
+STREAM_SECONDS = float(os.environ.get("GPUFLEET_FUZZ_STREAM_SECONDS", "2"))
 CALLS: Counter[str] = Counter()  # calls made, by status class ("2xx", "4xx", "5xx")
 ROLES = ("admin", "submitter", "worker")
 # Tables a refused call may write to: the audit log records refused calls too. The job
@@ -306,8 +314,10 @@ def test_no_request_gets_a_server_error_and_a_refused_one_changes_nothing(
     if case.operation.path == CLAIM and isinstance(case.body, dict):
         case.body["wait"] = 0
     before = served.snapshot()
+    # A stream is read for STREAM_SECONDS (the module docstring says why).
+    stream = {"timeout": STREAM_SECONDS} if case.operation.path.endswith("/events") else {}
     # call() adds to the dict it gets, so it gets a copy.
-    response = case.call(headers=dict(served.callers[role]), app=served.app)
+    response = case.call(headers=dict(served.callers[role]), app=served.app, **stream)
     CALLS[f"{response.status_code // 100}xx"] += 1
     case.validate_response(response, checks=[not_a_server_error])
     status = response.status_code
