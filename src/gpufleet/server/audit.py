@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpufleet.server.asgi import StatusWatch
 from gpufleet.server.requests import loggable
 from gpufleet.server.shortage import log_failure
-from gpufleet.store import Store, TokenRow
+from gpufleet.store import AccessStore, TokenRow
 
 log = logging.getLogger("gpufleet.audit")
 CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -48,7 +48,7 @@ class AuditWriter:
     """Collects audit records and writes them in batches, off the event loop."""
 
     def __init__(
-        self, store: Store, delay: float = 0.25, clock: Callable[[], float] = time.time
+        self, store: AccessStore, delay: float = 0.25, clock: Callable[[], float] = time.time
     ) -> None:
         self.store = store
         self.delay = delay

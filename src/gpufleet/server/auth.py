@@ -22,7 +22,7 @@ from gpufleet.domain.models import Role
 from gpufleet.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 from gpufleet.server.access import DEFAULT_POOL, check_pools
 from gpufleet.server.holds import Credential
-from gpufleet.store import Store, TokenRow
+from gpufleet.store import AccessStore, TokenRow
 
 log = logging.getLogger("gpufleet.server")
 TOKEN_PREFIX = "gf_"
@@ -43,7 +43,7 @@ class Auth:
 
     def __init__(
         self,
-        store: Store,
+        store: AccessStore,
         clock: Callable[[], float] = time.time,
         cache_seconds: float = CACHE_SECONDS,
     ) -> None:

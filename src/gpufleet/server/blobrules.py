@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from gpufleet import archive
 from gpufleet.errors import HashMismatch, TooLarge
-from gpufleet.store import Store
+from gpufleet.store import DataStore
 from gpufleet.store.blobbytes import BlobBytes
 
 
@@ -29,7 +29,7 @@ class BlobRules:
 
     def __init__(
         self,
-        store: Store,
+        store: DataStore,
         storage: BlobBytes,
         settings: BlobSettings,
         clock: Callable[[], float] = time.time,

@@ -20,7 +20,7 @@ from gpufleet.errors import NotFound, UnsafeArchive
 from gpufleet.server.blobrules import BlobRules, BlobSettings
 from gpufleet.server.pump import pump
 from gpufleet.server.uploads import SESSION_TTL, UploadSessions
-from gpufleet.store import Store
+from gpufleet.store import DataStore
 from gpufleet.store.blobbytes import BlobBytes
 from gpufleet.store.rows_read import BlobRow
 
@@ -34,7 +34,7 @@ class BlobService(BlobRules):
 
     def __init__(
         self,
-        store: Store,
+        store: DataStore,
         storage: BlobBytes,
         settings: BlobSettings,
         clock: Callable[[], float] = time.time,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from gpufleet.domain.environments import (
     EnvFile,
@@ -22,7 +23,7 @@ from gpufleet.domain.environments import (
 from gpufleet.domain.models import InputKind, JobInput, JobSpec, JobStatus
 from gpufleet.errors import Conflict, GpufleetError, NotFound, UnsafeArchive, ValidationFailed
 from gpufleet.server.blobs import BlobService
-from gpufleet.store import JobRow, Store
+from gpufleet.store import DataStore, JobRow, JobStore
 from gpufleet.store.rows_read import ArtifactRow
 from gpufleet.wire import MOST_ENV_FILE, StagedInput
 
@@ -50,12 +51,16 @@ def _field(index: int) -> str:
     return f"inputs[{index}]"
 
 
+class FlowStore(JobStore, DataStore, Protocol):
+    """What data flow reads and writes: jobs (their dependencies) and blobs and artifacts."""
+
+
 class DataFlow:
     """Inputs, dependencies and artifacts; one per server, used by the queue."""
 
     def __init__(
         self,
-        store: Store,
+        store: FlowStore,
         blobs: BlobService,
         clock: Callable[[], float],
         on_change: Callable[[], None],

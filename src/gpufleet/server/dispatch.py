@@ -31,7 +31,7 @@ from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.notices import Notices
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow
+from gpufleet.store import ClaimStore, JobRow, StaleClaim, WorkerRow
 from gpufleet.wire import JobSpecModel, Lease
 
 log = logging.getLogger("gpufleet.server")
@@ -44,7 +44,7 @@ class Dispatch:
 
     def __init__(
         self,
-        store: Store,
+        store: ClaimStore,
         settings: QueueSettings,
         fleet: Fleet,
         flow: DataFlow,

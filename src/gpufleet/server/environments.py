@@ -22,7 +22,7 @@ from gpufleet.server.access import Caller
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.fleet import OnEvent
 from gpufleet.server.holders import Holders
-from gpufleet.store import EnvLockRow, JobRow, Store
+from gpufleet.store import EnvironmentStore, EnvLockRow, JobRow
 from gpufleet.wire import EnvLockPut
 
 
@@ -31,7 +31,7 @@ class EnvLocks:
 
     def __init__(
         self,
-        store: Store,
+        store: EnvironmentStore,
         blobs: BlobService,
         holders: Holders,
         clock: Callable[[], float],

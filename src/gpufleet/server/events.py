@@ -35,7 +35,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
@@ -43,7 +43,7 @@ from gpufleet.domain.models import JobStatus
 from gpufleet.server.event_ids import MAX_SEQ, PLAIN, EventIds
 from gpufleet.server.polls import wait_either
 from gpufleet.server.reads import PAGE_BYTES, full
-from gpufleet.store import LogRow, Store, WorkerRow, within
+from gpufleet.store import EventStore, FleetStore, LogRow, WorkerRow, within
 
 log = logging.getLogger("gpufleet.server")
 
@@ -75,6 +75,10 @@ def frame(seq: int | None, kind: str, data: dict[str, Any]) -> bytes:
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     head = f"id: {seq}\n" if seq is not None else ""
     return f"{head}event: {kind}\ndata: {text}\n\n".encode()
+
+
+class FeedStore(EventStore, FleetStore, Protocol):
+    """What the feeds read: jobs' event logs, and the workers (for the fleet's stream)."""
 
 
 @dataclass
@@ -164,7 +168,9 @@ class _Reader(Generic[T]):
 class Feed(_Reader[list[LogRow]]):
     """The records of one job, read once for all of this server's followers of it."""
 
-    def __init__(self, store: Store, job_id: str, floor: int, seed: Sequence[Encoded] = ()) -> None:
+    def __init__(
+        self, store: FeedStore, job_id: str, floor: int, seed: Sequence[Encoded] = ()
+    ) -> None:
         super().__init__()
         self.store = store
         self.job_id = job_id
@@ -210,7 +216,7 @@ class Counters:
 class Hub:
     """This server's feeds, and the streams that read them."""
 
-    def __init__(self, store: Store, ping: float = 15.0, linger: float = LINGER) -> None:
+    def __init__(self, store: FeedStore, ping: float = 15.0, linger: float = LINGER) -> None:
         self.store = store
         self.ping = ping
         self.linger = linger
@@ -361,7 +367,7 @@ class FleetFeed(_Reader[tuple[list[tuple[LogRow, str]], list[WorkerRow]]]):
 
     what = "the fleet's events"
 
-    def __init__(self, store: Store, last: int) -> None:
+    def __init__(self, store: FeedStore, last: int) -> None:
         super().__init__()
         self.store = store
         self.last = last

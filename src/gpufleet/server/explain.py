@@ -9,7 +9,7 @@ from gpufleet.domain.models import JobStatus
 from gpufleet.scheduling.matching import JobView, WorkerView, ever_reason, explain
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
-from gpufleet.store import JobRow, Store
+from gpufleet.store import JobRow, JobStore
 
 # Jobs ahead a position counts, at most: each is read and matched, so a job deep in a
 # long queue would cost ``why`` time in proportion (bench/growth.py).
@@ -21,7 +21,7 @@ class Explain:
 
     def __init__(
         self,
-        store: Store,
+        store: JobStore,
         reads: Reads,
         fleet: Fleet,
         prefer_cuda_grace: float,

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from gpufleet.domain import worker_lifecycle
 from gpufleet.domain.ids import new_worker_id
@@ -35,7 +36,17 @@ from gpufleet.scheduling.matching import (
     ever_reason,
     reserve,
 )
-from gpufleet.store import HostRow, Hosts, JobRow, Store, TokenRow, WorkerRow, json_columns
+from gpufleet.store import (
+    AccessStore,
+    FleetStore,
+    HostRow,
+    Hosts,
+    JobRow,
+    JobStore,
+    TokenRow,
+    WorkerRow,
+    json_columns,
+)
 from gpufleet.wire import CapabilityModel, WorkerRegister
 
 Clock = Callable[[], float]
@@ -48,6 +59,11 @@ OnEvent = Callable[[str, str, str, TokenRow | None], None]
 
 def no_event(event: str, target: str, detail: str, token: TokenRow | None) -> None:
     return None
+
+
+class FleetServiceStore(FleetStore, JobStore, AccessStore, Protocol):
+    """What the fleet reads and writes: workers and hosts, the jobs they hold, and the
+    tokens they enrolled with."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +112,7 @@ class Fleet:
 
     def __init__(
         self,
-        store: Store,
+        store: FleetServiceStore,
         lease_timeout: float,
         ephemeral_ttl: float,
         clock: Clock = time.time,

@@ -18,14 +18,14 @@ import hmac
 import secrets
 import threading
 
-from gpufleet.store import Store
+from gpufleet.store import AccessStore
 
 PREFIX = "gl_"  # cut from logs and answers like a token (gpufleet.tokens.redact)
 KEY = "lease"
 
 
 class LeaseSecrets:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: AccessStore) -> None:
         self.store = store
         self._key: bytes | None = None
         self._lock = threading.Lock()

@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Protocol
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import JobStatus
@@ -23,7 +24,7 @@ from gpufleet.server.fleet import Fleet, OnEvent
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.notices import Notices
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import JobRow, JobStore, Transaction, WorkerRow
+from gpufleet.store import EventStore, JobRow, JobStore, Transaction, WorkerRow
 from gpufleet.wire import (
     EnvUsed,
     HeartbeatRequest,
@@ -42,12 +43,16 @@ def printable(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
+class LeaseStore(JobStore, EventStore, Protocol):
+    """What the lease protocol writes: jobs and their attempts, and their event logs."""
+
+
 class Leases:
     """Every lease-carrying write, and a lease lost; one per server process."""
 
     def __init__(
         self,
-        store: JobStore,
+        store: LeaseStore,
         settings: QueueSettings,
         fleet: Fleet,
         dispatch: Dispatch,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import Store
+from gpufleet.store import EventStore
 
 BATCH = 5000
 MOST_BATCHES = 200  # per run: a backlog of a million rows goes over a few runs
@@ -21,7 +21,7 @@ MOST_BATCHES = 200  # per run: a backlog of a million rows goes over a few runs
 
 class Retention:
     def __init__(
-        self, store: Store, settings: QueueSettings, clock: Callable[[], float] = time.time
+        self, store: EventStore, settings: QueueSettings, clock: Callable[[], float] = time.time
     ) -> None:
         self.store = store
         self.settings = settings

@@ -13,7 +13,7 @@ from gpufleet.errors import Conflict, Forbidden
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.reads import Reads
-from gpufleet.store import JobRow, Store
+from gpufleet.store import JobRow, JobStore
 
 
 class Steering:
@@ -21,7 +21,7 @@ class Steering:
 
     def __init__(
         self,
-        store: Store,
+        store: JobStore,
         reads: Reads,
         flow: DataFlow,
         clock: Callable[[], float],

@@ -10,13 +10,18 @@ may run the sweep at once. Old output and audit records go by
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from gpufleet.domain import worker_lifecycle
 from gpufleet.domain.models import WorkerStatus
 from gpufleet.server.fleet import Fleet, OnEvent
 from gpufleet.server.leases import Leases
 from gpufleet.server.notices import Notices
-from gpufleet.store import Store
+from gpufleet.store import FleetStore, JobStore
+
+
+class UpkeepStore(JobStore, FleetStore, Protocol):
+    """What upkeep sweeps: leases lost, and workers gone silent."""
 
 
 class Upkeep:
@@ -24,7 +29,7 @@ class Upkeep:
 
     def __init__(
         self,
-        store: Store,
+        store: UpkeepStore,
         fleet: Fleet,
         leases: Leases,
         notices: Notices,

@@ -2,6 +2,7 @@
 default) or PostgreSQL, chosen by URL."""
 
 from gpufleet.store.api import (
+    AccessStore,
     Appended,
     Applied,
     Batch,
@@ -9,6 +10,7 @@ from gpufleet.store.api import (
     ClaimView,
     DataStore,
     EnvironmentStore,
+    EventStore,
     FleetStore,
     Hosts,
     InTransaction,
@@ -48,6 +50,7 @@ def open_store(url: str) -> SqlStore:
 
 
 __all__ = [
+    "AccessStore",
     "Appended",
     "Applied",
     "AttemptRow",
@@ -59,6 +62,7 @@ __all__ = [
     "DataStore",
     "EnvLockRow",
     "EnvironmentStore",
+    "EventStore",
     "FleetStore",
     "HostRow",
     "Hosts",

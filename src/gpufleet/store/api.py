@@ -141,8 +141,8 @@ class ClaimSession(Protocol):
 
 
 class JobStore(Protocol):
-    """Jobs: submit and apply, claim with a lease, start, extend, finish, release, lose,
-    cancel, requeue, stop, and their output."""
+    """Jobs and leases: submit and apply, start, extend, finish, release, lose, cancel,
+    requeue, stop, and what is read of jobs and attempts (a claim is :class:`ClaimStore`'s)."""
 
     def submit(self, batch: Batch, now: float) -> Submitted: ...
     def start(self, change: Change) -> Applied | None: ...
@@ -192,6 +192,12 @@ class JobStore(Protocol):
     def attempts(self, job_id: str) -> list[AttemptRow]: ...
     def late_result(self, job_id: str, attempt: int, text: str) -> None: ...
     def dependencies(self, job_id: str) -> list[JobRow]: ...
+
+
+class EventStore(Protocol):
+    """A job's event log (its output, progress and status changes), the fleet-wide stream
+    of status changes, and the pruning of old records."""
+
     def append_logs(
         self,
         job_id: str,
@@ -222,7 +228,7 @@ class JobStore(Protocol):
 
 
 class FleetStore(Protocol):
-    """Workers, host policies, tokens and the audit log."""
+    """Workers and host policies."""
 
     def upsert_worker(self, worker_id: str, values: dict[str, Any]) -> tuple[str, bool]: ...
     def get_worker(self, worker_id: str) -> WorkerRow | None: ...
@@ -237,6 +243,12 @@ class FleetStore(Protocol):
     def delete_worker(self, worker_id: str) -> bool: ...
     def delete_gone_ephemeral(self, before: float) -> list[str]: ...
     def hosts(self) -> list[HostRow]: ...
+
+
+class AccessStore(Protocol):
+    """Who may call: tokens (stored hashed), dashboard sessions, the server's own keys, and
+    the audit log of what each caller did."""
+
     def server_key(self, name: str, fresh: str) -> str: ...
     def insert_token(self, values: dict[str, Any]) -> None: ...
     def token_by_hash(self, digest: str) -> TokenRow | None: ...
@@ -250,6 +262,9 @@ class FleetStore(Protocol):
     def delete_session(self, digest: str) -> bool: ...
     def insert_audit(self, rows: list[dict[str, Any]]) -> None: ...
     def audit(self, since: float, limit: int, after: int = 0) -> list[AuditRow]: ...
+    def publish_tokens_changed(self) -> None:
+        """Tell other server replicas that a token was rotated or revoked."""
+        ...
 
 
 class DataStore(Protocol):
@@ -298,9 +313,18 @@ class ClaimStore(Protocol):
     asked of a :class:`Transaction`'s store."""
 
     def claiming(self) -> AbstractContextManager[ClaimSession]: ...
+    def publish_claimable(self) -> None:
+        """Tell other server replicas that a job may have become claimable."""
+        ...
+
+    def publish_superseded(self, worker_id: str, replica: str) -> None:
+        """Tell other replicas that ``worker_id`` sent a poll replacing its open one."""
+        ...
 
 
-class InTransaction(JobStore, FleetStore, DataStore, EnvironmentStore, Protocol):
+class InTransaction(
+    JobStore, EventStore, FleetStore, AccessStore, DataStore, EnvironmentStore, Protocol
+):
     """The store as a :class:`Transaction` gives it: every call made through it is part of
     that transaction, and reads what the calls before it wrote. It has no claims and no
     transaction of its own (its type has neither)."""
@@ -332,7 +356,16 @@ class Transaction(Protocol):
         ...
 
 
-class Store(JobStore, ClaimStore, FleetStore, DataStore, EnvironmentStore, Protocol):
+class Store(
+    JobStore,
+    ClaimStore,
+    EventStore,
+    FleetStore,
+    AccessStore,
+    DataStore,
+    EnvironmentStore,
+    Protocol,
+):
     """Everything the server keeps, and the plumbing around it."""
 
     def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
@@ -356,6 +389,3 @@ class Store(JobStore, ClaimStore, FleetStore, DataStore, EnvironmentStore, Proto
     def migrate(self) -> None: ...
     def close(self) -> None: ...
     def ping(self) -> str: ...
-    def publish_claimable(self) -> None: ...
-    def publish_tokens_changed(self) -> None: ...
-    def publish_superseded(self, worker_id: str, replica: str) -> None: ...
