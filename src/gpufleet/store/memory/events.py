@@ -5,13 +5,13 @@ back, the fleet-wide stream of status changes, and the pruning of old records. A
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from gpufleet.domain.models import ACTIVE, TERMINAL
 from gpufleet.domain.quota import OutputQuota
 from gpufleet.store.api import Appended
+from gpufleet.store.memory.tables import MemoryTables
 from gpufleet.store.pages import within
 from gpufleet.store.rows_read import LogRow, line_bytes, log_offsets
 from gpufleet.store.rows_written import account_columns, cut_event, metered, progress_columns
@@ -20,15 +20,8 @@ _ACTIVE = {s.value for s in ACTIVE}
 _TERMINAL = {s.value for s in TERMINAL}
 
 
-class MemoryEvents:
+class MemoryEvents(MemoryTables):
     """The event log: rows numbered as they are appended, never a number twice."""
-
-    _lock: threading.RLock
-    jobs: dict[str, dict[str, Any]]
-    attempt_rows: dict[tuple[str, int], dict[str, Any]]
-    log_rows: list[dict[str, Any]]
-    log_seq: int
-    audit_rows: list[dict[str, Any]]
 
     def prune(self, logs_before: float | None, audit_before: float | None, batch: int) -> int:
         with self._lock:

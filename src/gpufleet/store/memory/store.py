@@ -11,7 +11,6 @@ suite (``tests/contract``) runs the same tests over this store, SQLite and Postg
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -20,11 +19,11 @@ from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.store import schema as t
+from gpufleet.store.alone import OneServer
 from gpufleet.store.api import (
     Applied,
     Batch,
     ClaimView,
-    Offers,
     QueueGauges,
     StaleClaim,
     Store,
@@ -32,8 +31,11 @@ from gpufleet.store.api import (
 )
 from gpufleet.store.changes import FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store.json_columns import spec_json
+from gpufleet.store.memory.access import MemoryAccess
+from gpufleet.store.memory.data import MemoryData
 from gpufleet.store.memory.events import MemoryEvents
-from gpufleet.store.memory.records import MemoryRecords, defaults
+from gpufleet.store.memory.fleet import MemoryFleet
+from gpufleet.store.memory.tables import defaults
 from gpufleet.store.rows_read import AttemptRow, JobRow, WorkerRow
 from gpufleet.store.rows_written import (
     job_values,
@@ -116,20 +118,14 @@ class MemoryClaimSession:
         return None
 
 
-class MemoryStore(MemoryRecords, MemoryEvents, NamedChanges):
+class MemoryStore(OneServer, MemoryFleet, MemoryAccess, MemoryData, MemoryEvents, NamedChanges):
     """Every operation of the store, held in memory by one process."""
 
     dialect: ClassVar[str] = "memory"
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.attempt_rows: dict[tuple[str, int], dict[str, Any]] = {}
-        self.log_rows: list[dict[str, Any]] = []
-        self.log_seq = 0  # the last log line number given (numbers never repeat, as in SQL)
-        self.deps: dict[str, list[str]] = {}  # job id -> the jobs it needs
+        self._init_tables()
         self.space = SpaceWatch()  # never full: it has no disk
-        self._init_records()
 
     # ---- plumbing ---------------------------------------------------------------------
 
@@ -141,29 +137,6 @@ class MemoryStore(MemoryRecords, MemoryEvents, NamedChanges):
 
     def ping(self) -> str:
         return self.dialect
-
-    @property
-    def offers(self) -> Offers:
-        """One process's store: one claim at a time, and no other server to hear."""
-        return Offers()
-
-    def listen(
-        self,
-        on_notify: Callable[[], None],
-        stop: threading.Event,
-        on_tokens: Callable[[], None] | None = None,
-        on_superseded: Callable[[str, str], None] | None = None,
-    ) -> None:
-        """No other server shares a memory store: nothing to hear."""
-
-    def publish_claimable(self) -> None:
-        return None  # one process: its in-process wake-up is all there is
-
-    def publish_tokens_changed(self) -> None:
-        return None
-
-    def publish_superseded(self, worker_id: str, replica: str) -> None:
-        return None
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from gpufleet.store.api import Offers
 from gpufleet.store.pages import read_page
 from gpufleet.store.space import SpaceWatch, watch_engine
+from gpufleet.store.sql.access import AccessOps
 from gpufleet.store.sql.changes import ChangeOps
 from gpufleet.store.sql.claims import ClaimOps, ClaimSession, page_statements
 from gpufleet.store.sql.data import DataOps
@@ -52,7 +53,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-class SqlStore(DataOps, ChangeOps, ClaimOps, FleetOps, EnvironmentOps, JobOps, LeaseOps, EventOps):
+class SqlStore(
+    DataOps, ChangeOps, ClaimOps, FleetOps, AccessOps, EnvironmentOps, JobOps, LeaseOps, EventOps
+):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
     #: The backend's name, for the server's log; never asked by code outside it.

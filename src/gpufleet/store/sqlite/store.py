@@ -6,7 +6,7 @@ locks. One server's alone: there is no other replica to tell or to hear."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,7 +15,8 @@ from sqlalchemy.dialects import sqlite
 
 from gpufleet.domain.lifecycle import Change
 from gpufleet.store import schema as t
-from gpufleet.store.api import Offers, StaleClaim
+from gpufleet.store.alone import OneServer
+from gpufleet.store.api import StaleClaim
 from gpufleet.store.sql.claims import AIMED_SQL, HELD_SQL, ClaimSession, claims_only, driver_rows
 from gpufleet.store.sql.events import LINE_COLUMNS
 from gpufleet.store.sql.jobs import AIMED_WHERE, JOB_COLUMNS
@@ -75,7 +76,7 @@ class SqliteClaims(ClaimSession):
         return None
 
 
-class SqliteStore(SqlStore):
+class SqliteStore(OneServer, SqlStore):
     """The SQL store on SQLite (a file, or ``sqlite://`` in memory)."""
 
     dialect = "sqlite"
@@ -129,26 +130,3 @@ class SqliteStore(SqlStore):
     def fold_job_counts(self) -> int:
         """Nothing to fold: SQLite's trigger counts in place."""
         return 0
-
-    @property
-    def offers(self) -> Offers:
-        """One writer: one claim session at a time; one server's alone."""
-        return Offers(claimers=1, listens=False)
-
-    def publish_claimable(self) -> None:
-        """A single server needs nothing beyond its in-process wake-up."""
-
-    def publish_tokens_changed(self) -> None:
-        """No other server caches this database's tokens."""
-
-    def publish_superseded(self, worker_id: str, replica: str) -> None:
-        """No other server holds this worker's polls."""
-
-    def listen(
-        self,
-        on_notify: Callable[[], None],
-        stop: threading.Event,
-        on_tokens: Callable[[], None] | None = None,
-        on_superseded: Callable[[str, str], None] | None = None,
-    ) -> None:
-        """No other server to hear."""
