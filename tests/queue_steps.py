@@ -1,6 +1,7 @@
 """The queue as tests drive it: Services on a fake clock, and the steps they take with it
 (register a worker, submit, claim). Shared by the contract, service and backend tests,
-whose conftests hold the fixtures (``clock``, ``blobs``, ``queue``) over their own store.
+whose conftests import the fixtures (``clock``, ``blobs``, ``queue``) and give each its
+own ``store``.
 
 Time comes from the fake clock the tests advance; nothing here sleeps.
 """
@@ -11,6 +12,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpufleet.domain.models import JobSpec, Requirements
 from gpufleet.scheduling.matching import FreeResources
@@ -55,6 +58,21 @@ def blob_service(store: Store, tmp_path: Path) -> BlobService:
     blobs = BlobService(store, BlobFiles(tmp_path / "blobs"), BlobSettings())
     blobs.startup()
     return blobs
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def blobs(store: Store, tmp_path: Path) -> BlobService:
+    return blob_service(store, tmp_path)
+
+
+@pytest.fixture
+def queue(store: Store, clock: FakeClock, blobs: BlobService) -> Services:
+    return service(store, clock, blobs)
 
 
 def register(

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.server.blobs import BlobService
-from gpufleet.server.services import Services
 from gpufleet.store import Store, open_store
 from gpufleet.store.memory import MemoryStore
-from tests.queue_steps import FakeClock, blob_service, service
+from tests.queue_steps import blobs, clock, queue
+
+__all__ = ["blobs", "clock", "queue", "store"]
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
@@ -32,18 +32,3 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         yield s
     finally:
         s.close()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def blobs(store: Store, tmp_path: Path) -> BlobService:
-    return blob_service(store, tmp_path)
-
-
-@pytest.fixture
-def queue(store: Store, clock: FakeClock, blobs: BlobService) -> Services:
-    return service(store, clock, blobs)

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DisconnectionError
 
 from gpufleet.store import schema as t
 from gpufleet.store.api import Offers
-from gpufleet.store.pages import read_page
+from gpufleet.store.pages import Fitter
 from gpufleet.store.postgres.claims import PostgresClaims
 from gpufleet.store.postgres.pages import summed_in_sql
 from gpufleet.store.sql.events import LINE_COLUMNS
@@ -95,16 +95,10 @@ class PostgresStore(SqlStore):
             for row in rows:
                 copy.write_row(row)
 
-    def _read_page(
-        self,
-        conn: Connection,
-        q: Select[Any],
-        limit: int,
-        budget: int | None,
-        newest_first: bool = False,
-    ) -> list[Any]:
-        """The page with its byte budget summed in SQL: only the rows within it are read."""
-        return read_page(conn, q, limit, budget, newest_first, fitter=summed_in_sql)
+    @property
+    def page_fitter(self) -> Fitter:
+        """A page of records read only as far as its byte budget: summed in the query."""
+        return summed_in_sql
 
     @contextmanager
     def claiming(self) -> Iterator[PostgresClaims]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Collection, Sequence
-from typing import Any
 
-from sqlalchemy import Connection, Select, func, select, update
+from sqlalchemy import Connection, func, select, update
 
 from gpufleet.domain.models import ACTIVE, TERMINAL
 from gpufleet.domain.quota import OutputQuota
 from gpufleet.store import schema as t
 from gpufleet.store.api import Appended
+from gpufleet.store.pages import Fitter, read_page, summed_as_read
 from gpufleet.store.rows_read import LogRow, log_offsets
 from gpufleet.store.rows_written import (
     account_columns,
@@ -33,20 +33,19 @@ LINE_COLUMNS = ("job_id", "attempt", "stream", "line", "ts")
 class EventOps(SqlParts):
     """A job's event log, and the audit log's pruning."""
 
-    @abstractmethod
-    def _insert_lines(self, conn: Connection, rows: list[tuple[str, int, str, str, float]]) -> None:
-        """Insert a batch of a job's log rows (:data:`LINE_COLUMNS`), in order."""
+    @property
+    def page_fitter(self) -> Fitter:
+        """How a page of records is cut to its byte budget
+        (:data:`gpufleet.store.pages.Fitter`): summed as rows are read; a backend may sum
+        it in SQL instead."""
+        return summed_as_read
 
     @abstractmethod
-    def _read_page(
-        self,
-        conn: Connection,
-        q: Select[Any],
-        limit: int,
-        budget: int | None,
-        newest_first: bool = False,
-    ) -> list[Any]:
-        """A page of ``q``'s records within ``budget`` bytes (:mod:`gpufleet.store.pages`)."""
+    def _insert_lines(self, conn: Connection, rows: list[tuple[str, int, str, str, float]]) -> None:
+        """Insert a batch of a job's log rows (:data:`LINE_COLUMNS`) through the driver,
+        in the write's transaction. A flooding job sends thousands of lines a second, and
+        SQLAlchemy's per-row parameter handling cost more than the insert itself. Each row
+        takes the next ``seq`` as it goes in, so the order is kept."""
 
     def append_logs(
         self,
@@ -138,7 +137,7 @@ class EventOps(SqlParts):
         if before is not None:
             q = q.where(c.seq < before)
         with self._read() as conn:
-            rows = self._read_page(conn, q, limit, budget, newest_first=before is not None)
+            rows = read_page(conn, q, limit, budget, before is not None, fitter=self.page_fitter)
         found = [LogRow.from_row(r) for r in rows]
         return found[::-1] if before is not None else found
 
@@ -161,7 +160,7 @@ class EventOps(SqlParts):
         if pools is not None:
             q = q.where(j.pool.in_(list(pools)))
         with self._read() as conn:
-            rows = self._read_page(conn, q, limit, budget)
+            rows = read_page(conn, q, limit, budget, fitter=self.page_fitter)
         out = []
         for r in rows:
             m = dict(r._mapping)

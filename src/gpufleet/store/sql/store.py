@@ -27,7 +27,6 @@ from sqlalchemy import (
 )
 
 from gpufleet.store.api import Offers
-from gpufleet.store.pages import read_page
 from gpufleet.store.space import SpaceWatch, watch_engine
 from gpufleet.store.sql.access import AccessOps
 from gpufleet.store.sql.changes import ChangeOps
@@ -95,13 +94,6 @@ class SqlStore(
         the backend has row locks; where one writer holds everything, nothing."""
 
     @abstractmethod
-    def _insert_lines(self, conn: Connection, rows: list[tuple[str, int, str, str, float]]) -> None:
-        """Insert a batch of a job's log rows (:data:`LINE_COLUMNS`) through the driver,
-        in the write's transaction. A flooding job sends thousands of lines a second, and
-        SQLAlchemy's per-row parameter handling cost more than the insert itself. Each row
-        takes the next ``seq`` as it goes in, so the order is kept."""
-
-    @abstractmethod
     def claiming(self) -> AbstractContextManager[ClaimSession]:
         """A claim session (:mod:`gpufleet.store.sql.claims`)."""
 
@@ -135,18 +127,6 @@ class SqlStore(
         on_superseded: Callable[[str, str], None] | None = None,
     ) -> None:
         """Hear other servers' changes until ``stop`` is set (see :class:`Offers`)."""
-
-    def _read_page(
-        self,
-        conn: Connection,
-        q: Select[Any],
-        limit: int,
-        budget: int | None,
-        newest_first: bool = False,
-    ) -> list[Any]:
-        """:func:`read_page`: the budget summed as rows are read; a backend may sum it in
-        SQL instead."""
-        return read_page(conn, q, limit, budget, newest_first)
 
     # ---- plumbing ---------------------------------------------------------------------
 
