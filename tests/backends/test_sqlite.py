@@ -1,15 +1,17 @@
-"""SQLite's own SQL: the plans of a claim's reads and of the jobs list."""
+"""SQLite's own SQL: the plans of a claim's reads and of the jobs list, and its one writer."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from gpufleet.store import SqliteStore, open_store
 from gpufleet.store.sqlite.store import _VIEW as _VIEW_SQLITE
-from tests.queue_steps import T0
+from tests.queue_steps import T0, FakeClock, blob_service, service
 
 
 def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None:
@@ -67,3 +69,47 @@ def test_claims_read_the_queue_in_the_order_of_its_index(tmp_path: Path) -> None
     steps = " | ".join(str(row[-1]) for row in newest)
     assert "ix_jobs_created" in steps and "TEMP B-TREE" not in steps, steps
     store.close()
+
+
+def test_a_write_outside_the_transaction_its_thread_is_in_is_refused_not_a_hang(
+    tmp_path: Path,
+) -> None:
+    """SQLite has one writer, and a transaction holds it. A write the same thread makes
+    through the store itself rather than through the transaction's store would wait for
+    its own transaction forever (the server's thread hung); it is refused at once, the
+    transaction rolls back, and the store works on. Another thread's write still waits
+    its turn and goes in."""
+    store = open_store(f"sqlite:///{tmp_path}/one.db")
+    try:
+        store.migrate()
+        done: list[str] = []
+        refused = pytest.raises(RuntimeError, match="holds SQLite's writer already")
+        with refused, store.transaction() as tx:
+            tx.store.record_blob("a" * 64, 1, T0)
+            waiting = threading.Thread(target=lambda: done.append(store.server_key("k", "v")))
+            waiting.start()
+            store.record_blob("b" * 64, 1, T0)  # not through tx.store
+        waiting.join(10)
+        assert done == ["v"]  # the other thread's write went in once the writer was free
+        assert store.get_blob("a" * 64) is None  # the transaction rolled back
+        store.record_blob("c" * 64, 1, T0)
+        assert store.get_blob("c" * 64) is not None
+    finally:
+        store.close()
+
+
+def test_the_lease_key_is_made_before_a_transaction_never_inside_one(tmp_path: Path) -> None:
+    """The fleet's lease key is made by the first server to need it: a batch of reports
+    checking attempts' secrets on a database that has none yet (one upgraded with jobs
+    running) makes it before its transaction begins, not inside it."""
+    store = open_store(f"sqlite:///{tmp_path}/keys.db")
+    try:
+        store.migrate()
+        blobs = blob_service(store, tmp_path)
+        q = service(store, FakeClock(), blobs)
+        with q.transaction() as tx:
+            holders = q.holders.within(tx)
+            assert not holders.secrets.holds("gl_forged", "j-1", 1, T0)
+        assert store.server_key("lease", "another") != "another"  # made, and kept
+    finally:
+        store.close()

@@ -30,6 +30,11 @@ class LeaseSecrets:
         self._key: bytes | None = None
         self._lock = threading.Lock()
 
+    def ready(self) -> None:
+        """Read the fleet's lease key now (making it if no server has): later checks
+        only compute."""
+        self._keyed()
+
     def _keyed(self) -> bytes:
         if self._key is None:
             with self._lock:

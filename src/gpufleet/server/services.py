@@ -102,5 +102,10 @@ class Services:
     def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
         """A unit of work (:meth:`Store.transaction`): the services bound to it
         (``holders.within(tx)``, ``leases.within(tx)``) write through it, and tell of
-        their writes once it has committed. ``job_ids``: the jobs it will change."""
+        their writes once it has committed. ``job_ids``: the jobs it will change.
+
+        What those services read from outside it is made first: the fleet's lease key is
+        written once, by the first server to need it, and never from inside a
+        transaction (on SQLite, the transaction holds the one writer)."""
+        self.dispatch.secrets.ready()
         return self.store.transaction(job_ids)

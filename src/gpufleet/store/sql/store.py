@@ -61,7 +61,7 @@ class SqlStore(
     dialect: ClassVar[str]
     #: SQLite's one writer: writes take it, so they queue here rather than spin on
     #: ``SQLITE_BUSY`` (None: the database orders its writers itself).
-    _lock: threading.Lock | None = None
+    _lock: AbstractContextManager[None] | None = None
 
     def __init__(self, url: str) -> None:
         self.url = normalize_url(url)

@@ -76,18 +76,43 @@ class SqliteClaims(ClaimSession):
         return None
 
 
+class WriterLock:
+    """SQLite's one writer, as a lock that knows which thread holds it. A thread that asks
+    for it again while it holds it (a write made outside the transaction it is inside:
+    the transaction's store is the one to write through) is refused at once, where a plain
+    lock would wait for itself forever."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        if self._holder == me:
+            raise RuntimeError(
+                "this thread holds SQLite's writer already: a write outside the transaction "
+                "it is inside (write through the transaction's store)"
+            )
+        self._lock.acquire()
+        self._holder = me
+
+    def __exit__(self, *exc: object) -> None:
+        self._holder = None
+        self._lock.release()
+
+
 class SqliteStore(OneServer, SqlStore):
     """The SQL store on SQLite (a file, or ``sqlite://`` in memory)."""
 
     dialect = "sqlite"
-    _lock: threading.Lock  # always: SQLite has one writer
+    _lock: WriterLock  # always: SQLite has one writer
     aimed_jobs_sql = (
         f"SELECT {JOB_COLUMNS} FROM jobs INDEXED BY ix_jobs_target "
         f"WHERE {AIMED_WHERE} ORDER BY priority DESC, created_at, id"
     )
 
     def __init__(self, url: str) -> None:
-        self._lock = threading.Lock()
+        self._lock = WriterLock()
         super().__init__(url)
 
     def _make_engine(self, url: str) -> Engine:
