@@ -1,6 +1,6 @@
-"""PostgreSQL's own SQL: the plans of a claim's reads, the row locks a batch takes, and
-connections made again after a restart. Skips where no PostgreSQL answers (CI requires
-one).
+"""PostgreSQL's own SQL: the plans of a claim's reads, the row locks a batch takes, the
+one connection a batch holds, and connections made again after a restart. Skips where no
+PostgreSQL answers (CI requires one).
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from gpufleet.errors import Forbidden
 from gpufleet.server.services import Services
 from gpufleet.store import Batch, PostgresStore, open_store
 from gpufleet.store.postgres.claims import _FIRST_FREE
 from gpufleet.store.postgres.claims import _VIEW as _VIEW_POSTGRES
-from tests.queue_steps import T0, FakeClock, blob_service, register, service, spec
+from tests.queue_steps import T0, FakeClock, blob_service, claim, register, service, spec
 
 
 @pytest.fixture
@@ -97,3 +98,34 @@ def test_a_postgresql_store_reconnects_after_its_connections_were_closed(
     monkeypatch.setattr(sql, "IDLE_PING", 0.0)  # as if it had sat idle
     job = store.get_job(made.id)
     assert job is not None and job.name == "kept"
+
+
+def test_a_batch_of_reports_takes_one_connection_however_cold_the_caches(
+    store: PostgresStore, queue: Services
+) -> None:
+    """Each report of a batch is checked (the job, the worker holding it) and written
+    through the batch's transaction, on its connection: no second one is taken while it
+    is held. Forty batches at once taking a second each would fill the pool (40) and
+    wait on each other until the pool's timeout."""
+    store.submit(Batch([("j-1", spec("one"), None)]), T0)
+    w = register(queue, "box")
+    lease = claim(queue, w)
+    worker = store.get_worker(w.id)
+    assert worker is not None and worker.token_id is None
+    taken: list[object] = []
+
+    def counted(*_: object) -> None:
+        taken.append(1)
+
+    sa.event.listen(store.engine, "checkout", counted)
+    try:
+        queue.fleet.forget(w.id)  # the worker's row is read, not found in the cache
+        with queue.transaction(["j-1"]) as tx:
+            held = len(taken)
+            holders = queue.holders.within(tx)
+            with pytest.raises(Forbidden):  # its token is not the caller's
+                holders.check("j-1", lease.attempt, "another-token", None, lease.secret)
+            holders.refused_result("j-1", lease.attempt, "another-token", 1, None, lease.secret)
+            assert len(taken) == held, "a second connection was taken inside the batch"
+    finally:
+        sa.event.remove(store.engine, "checkout", counted)

@@ -64,6 +64,7 @@ def test_a_transaction_that_raises_leaves_nothing_and_tells_nothing(store: Store
         tx.after_commit(lambda: seen.append("told"))
         raise RuntimeError("half way")
     assert store.get_job("j-1") is None
+    assert store.logs("j-1", 0, 10) == []  # nor its event log's records
     assert seen == []
     assert store.submit(batch("j-1"), T0).created == ["j-1"]  # and the store works on
 

@@ -235,10 +235,16 @@ class Fleet:
         )
         return FreeResources(cpu_slots=max(0, w.cpu_slots - cpu_used), gpus=gpus)
 
-    def state(self, w: WorkerRow, holding: list[JobRow]) -> WorkerState:
+    def state(
+        self,
+        w: WorkerRow,
+        holding: list[JobRow],
+        policies: Mapping[str, HostPolicy] | None = None,
+    ) -> WorkerState:
         """``w``'s state, given the jobs it holds: those claimed or running on it, and the
-        pending jobs aimed at it (which hold their slot before it claims them)."""
-        view = self.view(w)
+        pending jobs aimed at it (which hold their slot before it claims them); with the
+        host ``policies`` given, or else the applied ones."""
+        view = self.view(w, policies)
         running = [j for j in holding if j.status in ACTIVE and j.worker_id == w.id]
         waiting = [j for j in holding if self._holds_slot(j, view)]
         free = reserve([j.spec for j in waiting], view, self.free_resources(w, running))
@@ -291,19 +297,24 @@ class Fleet:
 
     # ---- lookups ----------------------------------------------------------------------
 
-    def worker(self, ref: str, pools: Sequence[str] | None = None) -> WorkerRow:
-        w = self.store.get_worker(ref)
+    def worker(
+        self, ref: str, pools: Sequence[str] | None = None, store: FleetStore | None = None
+    ) -> WorkerRow:
+        """The worker ``ref`` names (of ``pools``), read through ``store`` (a transaction's:
+        a read made inside one takes no second connection), else this service's."""
+        w = (store or self.store).get_worker(ref)
         if w is None or (pools is not None and w.pool not in pools):
             raise NotFound(f"no worker {ref!r}", detail={"worker": ref})
         return w
 
-    def claimer(self, worker_id: str) -> WorkerRow:
+    def claimer(self, worker_id: str, store: FleetStore | None = None) -> WorkerRow:
         """A polling worker's row, cached for a second: claims are the hot path. Changes
-        made through this service (register, heartbeat, drain) drop the cached row."""
+        made through this service (register, heartbeat, drain) drop the cached row.
+        ``store``: read through it on a miss (a transaction's, as :meth:`worker`)."""
         hit = self._claimers.get(worker_id)
         if hit and time.monotonic() - hit[0] < CLAIMER_TTL:
             return hit[1]
-        w = self.worker(worker_id)
+        w = self.worker(worker_id, store=store)
         self._cache_claimer(worker_id, w)
         return w
 

@@ -9,12 +9,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 from gpufleet.errors import Forbidden
 from gpufleet.server.fleet import Fleet
 from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.leases import Leases, printable
-from gpufleet.store import JobRow, JobStore, Transaction
+from gpufleet.store import FleetStore, JobRow, JobStore, Transaction
+
+
+class HolderStore(JobStore, FleetStore, Protocol):
+    """What the check reads: the job and its attempts, and the worker holding it."""
 
 
 class Holders:
@@ -22,7 +27,7 @@ class Holders:
 
     def __init__(
         self,
-        store: JobStore,
+        store: HolderStore,
         fleet: Fleet,
         leases: Leases,
         secrets: LeaseSecrets,
@@ -54,7 +59,7 @@ class Holders:
         of a pool the caller cannot see, 409 for a stale lease, 403 for a lease another
         token's worker holds or a wrong secret."""
         job = self.leases.held(job_id, attempt, pools)
-        holder = self.fleet.claimer(job.worker_id) if job.worker_id else None
+        holder = self.fleet.claimer(job.worker_id, self.store) if job.worker_id else None
         if holder is None or holder.token_id != token_id:
             raise Forbidden(
                 f"job {job_id} attempt {attempt} is held by worker "
@@ -85,7 +90,7 @@ class Holders:
         refused with 409; keep what it said in that attempt's history, if a worker of
         ``token_id`` ran the attempt."""
         ran = next((a for a in self.store.attempts(job_id) if a.attempt == attempt), None)
-        holder = self.fleet.claimer(ran.worker_id) if ran and ran.worker_id else None
+        holder = self.fleet.claimer(ran.worker_id, self.store) if ran and ran.worker_id else None
         if holder is None or holder.token_id != token_id:
             return
         if ran is None or not self.secrets.holds(secret, job_id, attempt, ran.claimed_at):

@@ -5,12 +5,12 @@ dependencies; a manifest's new jobs, its changes to pending ones and its host po
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.ids import manifest_job_id, new_job_id
-from gpufleet.domain.models import JobSpec, WorkerStatus
+from gpufleet.domain.models import HostPolicy, JobSpec, WorkerStatus
 from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from gpufleet.scheduling.matching import (
     Assignment,
@@ -121,9 +121,10 @@ class Submission:
             self.store.submit(batch, self.clock())
         else:
             # Judged in the insert's own transaction, the worker held: two submits aimed
-            # at one worker cannot both find it free.
+            # at one worker cannot both find it free. (The host policies are read before.)
+            policies = self.fleet.policies()
             with self.store.transaction() as tx:
-                self._check_free(spec, target, tx.store.hold_worker(target))
+                self._check_free(spec, target, tx.store.hold_worker(target), policies)
                 tx.store.submit(batch, self.clock())
         self.metrics.submitted.inc()
         self.on_change()
@@ -140,9 +141,16 @@ class Submission:
             )
         return w
 
-    def _check_free(self, spec: JobSpec, w: WorkerRow, holding: list[JobRow]) -> None:
-        """Refuse (409) ``spec`` unless ``w``, holding ``holding``, can start it now."""
-        state = self.fleet.state(w, holding)
+    def _check_free(
+        self,
+        spec: JobSpec,
+        w: WorkerRow,
+        holding: list[JobRow],
+        policies: Mapping[str, HostPolicy],
+    ) -> None:
+        """Refuse (409) ``spec`` unless ``w``, holding ``holding``, can start it now under
+        the host ``policies``."""
+        state = self.fleet.state(w, holding, policies)
         now = self.clock()
         verdict = now_reason(JobView("(new)", spec, now), state.view, state.free, now, 0.0)
         if isinstance(verdict, Assignment) and state.view.status in (

@@ -141,18 +141,21 @@ class MemoryStore(OneServer, MemoryFleet, MemoryAccess, MemoryData, MemoryEvents
     @contextmanager
     def _transaction(self) -> Iterator[None]:
         """All or nothing, as one SQL transaction: on an exception the jobs, their
-        attempts and dependencies are as they were."""
+        attempts and dependencies, the workers, hosts and grants, and the event log are as
+        they were (its numbers are not given again, as in SQL)."""
         with self._lock:
             jobs = {k: dict(v) for k, v in self.jobs.items()}
             attempts = {k: dict(v) for k, v in self.attempt_rows.items()}
             deps = dict(self.deps)
             workers = {k: dict(v) for k, v in self.workers.items()}
             hosts, grants = dict(self.host_entries), set(self.blob_pools)
+            logged = len(self.log_rows)  # the event log only grows inside one
             try:
                 yield
             except BaseException:
                 self.jobs, self.attempt_rows, self.deps = jobs, attempts, deps
                 self.workers, self.host_entries, self.blob_pools = workers, hosts, grants
+                del self.log_rows[logged:]
                 raise
 
     def _row(self, job: Mapping[str, Any]) -> JobRow:
