@@ -20,13 +20,9 @@ class UnitOfWork:
     def __init__(
         self, store: InTransaction, savepoint: Callable[[], AbstractContextManager[object]]
     ) -> None:
-        self._store = store
+        self.store = store
         self._savepoint = savepoint
         self._after: list[Callable[[], None]] = []
-
-    @property
-    def store(self) -> InTransaction:
-        return self._store
 
     def savepoint(self) -> AbstractContextManager[object]:
         return self._savepoint()
