@@ -19,3 +19,11 @@ def report(**values: object) -> None:
     if path := os.environ.get("GPUFLEET_PROGRESS_FILE"):
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(values) + "\n")
+
+
+def checkpoint(**values: object) -> None:
+    """Ask the worker to keep the job's checkpoint folder on the server now (a sync that
+    does not wait for its files to settle), with an optional progress record
+    (``epoch=5``) to keep with the snapshot. Call it once a checkpoint is written. Outside
+    a gpufleet job it does nothing."""
+    report(checkpoint=True, **values)

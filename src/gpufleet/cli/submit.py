@@ -27,6 +27,7 @@ from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
 from gpufleet.cli.environments import environment_model, spec_hint
 from gpufleet.cli.jobs import default_name, follow
 from gpufleet.client import Client
+from gpufleet.domain.checkpoints import grace_signal
 from gpufleet.domain.environments import EnvRequest
 from gpufleet.errors import ConfigError, NotFound
 from gpufleet.terminal import visible
@@ -156,6 +157,34 @@ Output = Annotated[
         "(default: outputs; repeatable)."
     ),
 ]
+CheckpointDir = Annotated[
+    str | None,
+    _Opt(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="A folder (relative to the job directory) kept on the server while the job "
+        "runs and restored into every later attempt (GPUFLEET_CHECKPOINT_DIR).",
+    ),
+]
+GraceSignal = Annotated[
+    str,
+    _Opt(
+        "--grace-signal",
+        metavar="SIGNAL",
+        help="What the job gets when gpufleet ends it to free its slot (a drain, a pause, "
+        "its worker's SIGTERM): SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP or SIGQUIT.",
+    ),
+]
+GracePeriod = Annotated[
+    float,
+    _Opt(
+        "--grace-period",
+        metavar="SECONDS",
+        min=0,
+        max=3600,
+        help="Seconds the job has after its grace signal to save, before SIGKILL.",
+    ),
+]
 Wait = Annotated[bool, _Opt("--wait", help="Follow the job to its end, then download its results.")]
 Results = Annotated[
     Path | None, _Opt(help="With --wait: where to unpack the results (default: ./JOB_ID).")
@@ -226,6 +255,8 @@ class Placement:
     with_: With = None
     python: Python = None
     upgrade: Upgrade = False
+    grace_signal: GraceSignal = "SIGTERM"
+    grace_period: GracePeriod = 30.0
     as_json: Json = False
     # the session taken (its server, pool and worker are then these options'): not an option
     _taken: Any = field(default=None, init=False, repr=False)
@@ -342,6 +373,8 @@ class Placement:
             "retry_on": exit_codes(self.retry_on, "--retry-on"),
             "timeout": self.timeout,
             "pool": self.pool,
+            "grace_signal": grace_signal_name(self.grace_signal),
+            "grace_period": self.grace_period,
         }
 
 
@@ -357,6 +390,7 @@ class SubmitRequest(Placement):
     package: Package = None
     input: Input = None
     output: Output = None
+    checkpoint_dir: CheckpointDir = None
     wait: Wait = False
     results: Results = None
 
@@ -394,10 +428,19 @@ class SubmitRequest(Placement):
             inputs=inputs,
             **self.queued(),
             outputs=self.output or ["outputs"],
+            checkpoint_dir=self.checkpoint_dir,
         )
 
 
 _EXIT_CODE = re.compile(r"-?[0-9]+")
+
+
+def grace_signal_name(given: str) -> str:
+    """``TERM``, ``sigusr1`` or ``15`` as the signal's name (SIGTERM, SIGUSR1)."""
+    try:
+        return grace_signal(given).name
+    except ValueError as exc:
+        raise ConfigError(f"--grace-signal: {visible(str(exc))}") from None
 
 
 def exit_codes(given: list[str] | None, flag: str) -> list[int]:

@@ -27,6 +27,8 @@ from gpufleet.wire import (
     AuditOut,
     BlobOut,
     Candidate,
+    CheckpointIn,
+    CheckpointOut,
     ClaimRequest,
     EnvLockOut,
     EnvLockPut,
@@ -325,6 +327,10 @@ class Client:
     def attach_artifact(self, job_id: str, body: ArtifactAttach) -> None:
         self.call(ops.attach_artifact(job_id, body))
 
+    def checkpoints(self, ref: str) -> list[CheckpointOut]:
+        """The job's checkpoint snapshots kept on the server, newest first."""
+        return self.call(ops.checkpoints(ref))
+
     # The worker protocol, for tests and tools that act as a worker.
     def register(self, body: WorkerRegister) -> WorkerOut:
         return self.call(ops.register(body))
@@ -449,6 +455,9 @@ class AsyncClient:
 
     async def attach_artifact(self, job_id: str, body: ArtifactAttach) -> None:
         await self.call(ops.attach_artifact(job_id, body))
+
+    async def record_checkpoint(self, job_id: str, body: CheckpointIn) -> CheckpointOut:
+        return await self.call(ops.record_checkpoint(job_id, body))
 
     async def submit(self, spec: JobSpecModel, queue: bool = False) -> SubmitResult:
         return await self.call(ops.submit(spec, queue))

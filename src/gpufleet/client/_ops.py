@@ -14,6 +14,8 @@ from gpufleet.wire import (
     AuditOut,
     BlobOut,
     Candidate,
+    CheckpointIn,
+    CheckpointOut,
     ClaimRequest,
     EnvLockOut,
     EnvLockPut,
@@ -227,6 +229,14 @@ def blobs(limit: int = 1000) -> Call[list[BlobOut]]:
 
 def artifact(ref: str) -> Call[ArtifactOut]:
     return Call("GET", f"/v1/jobs/{_q(ref)}/artifact", model(ArtifactOut))
+
+
+def checkpoints(ref: str) -> Call[list[CheckpointOut]]:
+    return Call("GET", f"/v1/jobs/{_q(ref)}/checkpoints", model(list[CheckpointOut]))
+
+
+def record_checkpoint(job_id: str, body: CheckpointIn) -> Call[CheckpointOut]:
+    return Call("POST", f"/v1/jobs/{_q(job_id)}/checkpoints", model(CheckpointOut), body=body)
 
 
 def attach_artifact(job_id: str, body: ArtifactAttach) -> Call[None]:

@@ -10,6 +10,7 @@ sets. A store applies a change as one conditional update and decides nothing its
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -295,15 +296,26 @@ def claim(
 
 
 def start(
-    job_id: str, lease: int, started: float, expires: float, environment: str | None = None
+    job_id: str,
+    lease: int,
+    started: float,
+    expires: float,
+    environment: str | None = None,
+    restored: Mapping[str, object] | None = None,
 ) -> Change:
     """The worker started the claimed job's process at ``started``; ``environment``: the
-    Python environment it runs in, as the worker reported it (JSON), kept on the attempt."""
+    Python environment it runs in, as the worker reported it (JSON), kept on the attempt;
+    ``restored``: the checkpoint snapshot restored before it started (snapshot, files,
+    bytes, seconds), kept on the attempt and said in the job's event log."""
     fields = {"started_at": started, "lease_expires_at": expires}
     record: dict[str, object] = {"started_at": started}
     if environment is not None:
         record["environment"] = environment
-    return Change(job_id, Event.START, lease, fields, record=record)
+    said: dict[str, object] = {}
+    if restored is not None:
+        record["restored"] = json.dumps(dict(restored), separators=(",", ":"))
+        said["restored"] = dict(restored)
+    return Change(job_id, Event.START, lease, fields, record=record, said=said)
 
 
 def _ended(

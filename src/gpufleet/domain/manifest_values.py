@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from gpufleet.domain.checkpoints import MOST_GRACE, grace_signal
 from gpufleet.domain.environments import MOST_WITH, PYTHON_PATTERN, requirement_problem
 from gpufleet.domain.lifecycle import exit_codes_problem
 from gpufleet.domain.limits import (
@@ -277,6 +278,19 @@ def _exit_codes(value: Any, where: _Where, field: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _checkpoint_dir(value: Any, where: _Where, field: str) -> str:
+    """A folder inside the job directory, kept on the server as checkpoints."""
+    return _rel_path(_str(value, where, field), where, field)
+
+
+def _grace_signal(value: Any, where: _Where, field: str) -> str:
+    """The signal gpufleet sends before it ends the job to free its slot, by name."""
+    try:
+        return grace_signal(_str(value, where, field)).name
+    except ValueError as exc:
+        where.fail(field, str(exc))
+
+
 def _hyper_style(value: Any, where: _Where, field: str) -> HyperStyle:
     text = _str(value, where, field)
     styles = [s.value for s in HyperStyle]
@@ -353,6 +367,9 @@ _SPEC_FIELDS: dict[str, _Check] = {
     "hyper_style": _hyper_style,
     "retry_on": _exit_codes,
     "no_retry_on": _exit_codes,
+    "checkpoint_dir": _checkpoint_dir,
+    "grace_signal": _grace_signal,
+    "grace_period": _number_in(0, MOST_GRACE),
 }
 _JOB_FIELDS: dict[str, _Check] = {
     "name": _name,

@@ -229,6 +229,13 @@ class JobSpec:
     # The Python environment its worker builds for it with uv; None: the worker's own.
     # An EnvRequest (local paths, as a manifest wrote it) only on the client's side.
     environment: EnvSpec | EnvRequest | None = None
+    # The folder (relative to the job directory) its worker keeps on the server as
+    # checkpoints, restored into every later attempt (gpufleet.domain.checkpoints).
+    checkpoint_dir: str | None = None
+    # What gpufleet sends it when it ends the job to free its slot (drain, pause, a
+    # worker's SIGTERM), and the seconds it has to save before SIGKILL.
+    grace_signal: str = "SIGTERM"
+    grace_period: float = 30.0
 
     @property
     def dependencies(self) -> tuple[str, ...]:

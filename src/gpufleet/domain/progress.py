@@ -22,7 +22,10 @@ MARK = "::gpufleet::"
 #: The environment variable naming the job's progress file.
 ENV = "GPUFLEET_PROGRESS_FILE"
 COUNTS = ("epoch", "epochs", "step", "steps", "bytes", "bytes_total", "bytes_per_s")
-KNOWN = frozenset({*COUNTS, "progress", "eta_s", "message"})
+#: A record with ``"checkpoint": true`` asks the worker to sync the job's checkpoint
+#: folder now (``gpufleet.checkpoint()`` writes one).
+CHECKPOINT = "checkpoint"
+KNOWN = frozenset({*COUNTS, "progress", "eta_s", "message", CHECKPOINT})
 MAX_LINE = 16_384  # characters of one record
 MAX_MESSAGE = 500
 MAX_METRICS = 64  # metric keys in one record
@@ -80,6 +83,11 @@ def check(value: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(value["message"], str):
             raise BadProgress(f"'message' must be text, not {value['message']!r}")
         out["message"] = value["message"][:MAX_MESSAGE]
+    if value.get(CHECKPOINT) is not None:
+        if not isinstance(value[CHECKPOINT], bool):
+            raise BadProgress(f"'checkpoint' must be true or false, not {value[CHECKPOINT]!r}")
+        if value[CHECKPOINT]:
+            out[CHECKPOINT] = True
     metrics = 0
     for key, n in value.items():
         if key in KNOWN or not isinstance(key, str) or not is_number(n):

@@ -25,14 +25,16 @@ from gpufleet.scheduling.matching import (
     rank_key,
     unheld,
 )
+from gpufleet.server.checkpoints import Checkpoints
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fleet import Fleet
 from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.notices import Notices
 from gpufleet.server.settings import QueueSettings
+from gpufleet.server.views import checkpoint_out
 from gpufleet.store import ClaimStore, JobRow, StaleClaim, WorkerRow
-from gpufleet.wire import JobSpecModel, Lease
+from gpufleet.wire import CheckpointOut, JobSpecModel, Lease
 
 log = logging.getLogger("gpufleet.server")
 
@@ -52,7 +54,9 @@ class Dispatch:
         notices: Notices,
         clock: Callable[[], float],
         metrics: Metrics,
+        checkpoints: Checkpoints,
     ) -> None:
+        self.checkpoints = checkpoints
         self.store = store
         self.settings = settings
         self.fleet = fleet
@@ -163,7 +167,16 @@ class Dispatch:
             gpus=list(change.fields["gpus"]),  # type: ignore[call-overload]
             lease_timeout=self.settings.lease_timeout,
             inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
+            checkpoint=self._snapshot(job),
         )
+
+    def _snapshot(self, job: JobRow) -> CheckpointOut | None:
+        """The snapshot a new attempt of ``job`` restores: its latest (the first attempt
+        and a job that keeps none have none)."""
+        if job.spec.checkpoint_dir is None or job.lease == 0:
+            return None
+        snap = self.checkpoints.latest(job.id)
+        return None if snap is None else checkpoint_out(snap)
 
     def claim_more(self, worker_id: str, free: FreeResources, most: int) -> list[Lease]:
         """Up to ``most`` further claims for a worker that just got a lease, with no wait:

@@ -31,6 +31,7 @@ from gpufleet.wire import (
     HeartbeatResponse,
     LeaseOrder,
     LeaseRef,
+    Restored,
 )
 
 log = logging.getLogger("gpufleet.server")
@@ -103,6 +104,7 @@ class Leases:
         said: float | None = None,
         claimed_at: float | None = None,
         environment: EnvUsed | None = None,
+        restored: Restored | None = None,
     ) -> None:
         """The worker started the job's process. The change takes only on the current
         lease of a claimed job; else the job says why (404, 409, or a retried start).
@@ -110,18 +112,24 @@ class Leases:
         claim and now, else the nearer of the two (with nothing said, now): a report that
         waited out a server outage, or the round trip of any report, does not make the job
         look started later than it was. ``environment``: the Python environment the job
-        runs in, kept on the attempt (and counted in the metrics, once)."""
+        runs in, kept on the attempt (and counted in the metrics, once); ``restored``: the
+        checkpoint snapshot restored before it started, kept on the attempt and told in the
+        job's event log."""
         now = self.clock()
         started = now
         if said is not None:
             started = min(now, said if claimed_at is None else max(said, claimed_at))
         env = None if environment is None else environment.model_dump_json()
-        change = lifecycle.start(job_id, attempt, started, now + self.settings.lease_timeout, env)
+        back = None if restored is None else restored.model_dump()
+        expires = now + self.settings.lease_timeout
+        change = lifecycle.start(job_id, attempt, started, expires, env, back)
         done = self.store.start(change)
         if done is not None:
             self.metrics.started(done.job.claimed_at, started)
             if environment is not None:
                 self.metrics.environment(environment.built, environment.seconds)
+            if restored is not None:
+                self.metrics.restored(restored.bytes, restored.seconds)
             self.notices.written(job_id)
         else:
             job = self.held(job_id, attempt)

@@ -51,6 +51,7 @@ class Metrics:
         self._count_jobs(self.registry)
         self._time_jobs(self.registry)
         self._watch_environments(self.registry)
+        self._count_checkpoints(self.registry)
 
     def _count_jobs(self, r: CollectorRegistry) -> None:
         """The counters of jobs submitted, finished, claimed, lost and requeued."""
@@ -110,6 +111,31 @@ class Metrics:
             ["result"],
             registry=r,
         )
+
+    def _count_checkpoints(self, r: CollectorRegistry) -> None:
+        """Checkpoint snapshots recorded and restored through this server."""
+        self.snapshots = Counter(
+            "gpufleet_checkpoints", "Checkpoint snapshots recorded through this server", registry=r
+        )
+        self.snapshot_bytes = Counter(
+            "gpufleet_checkpoint_bytes",
+            "Bytes the checkpoint snapshots recorded through this server list",
+            registry=r,
+        )
+        self.restores = Histogram(
+            "gpufleet_checkpoint_restore_seconds",
+            "Seconds a worker took to restore a job's checkpoint snapshot before its start",
+            buckets=WAITS,
+            registry=r,
+        )
+
+    def checkpointed(self, size: int) -> None:
+        self.snapshots.inc()
+        self.snapshot_bytes.inc(size)
+
+    def restored(self, size: int, seconds: float) -> None:
+        del size  # the snapshot's bytes are counted once, when it is recorded
+        self.restores.observe(seconds)
 
     def environment(self, built: bool, seconds: float) -> None:
         """A job started in an environment its worker built for it, or reused."""
@@ -185,6 +211,19 @@ class _Gauges(Collector):
         stored.add_metric(["artifact"], q.artifact_bytes)
         stored.add_metric(["package"], q.package_bytes)
         yield stored
+        kept, listed = self.reads.checkpoint_totals()
+        snaps = GaugeMetricFamily(
+            "gpufleet_checkpoint_snapshots_kept", "Checkpoint snapshots kept for jobs"
+        )
+        snaps.add_metric([], kept)
+        yield snaps
+        snap_bytes = GaugeMetricFamily(
+            "gpufleet_checkpoint_snapshot_bytes",
+            "Bytes the kept snapshots list (a file in two snapshots counts twice; it is "
+            "stored once)",
+        )
+        snap_bytes.add_metric([], listed)
+        yield snap_bytes
 
 
 def _queue_gauges(q: QueueGauges, now: float) -> Iterator[Metric]:

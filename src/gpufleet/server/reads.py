@@ -127,6 +127,10 @@ class Reads:
         """How many jobs of ``pools`` are in each status."""
         return self.store.job_counts(pools)
 
+    def checkpoint_totals(self) -> tuple[int, int]:
+        """Snapshots kept, and the bytes they list."""
+        return self.store.checkpoint_totals()
+
     def gauges(self) -> QueueGauges:
         """The queue as ``/metrics`` shows it, read at each scrape: jobs by status and
         pool, each pool's oldest pending job, and the bytes of blobs kept."""

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 from gpufleet.server.blobs import BlobService
+from gpufleet.server.checkpoints import Checkpoints
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.dispatch import Dispatch
 from gpufleet.server.environments import EnvLocks
@@ -72,6 +73,7 @@ class Services:
             store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
         )
         self.flow = DataFlow(store, blobs, clock, on_change)
+        self.checkpoints = Checkpoints(store, blobs, settings.checkpoint_keep, clock)
         self.reads = Reads(store)
         self.submission = Submission(
             store, self.reads, self.fleet, self.flow, clock, on_change, self.metrics
@@ -90,6 +92,7 @@ class Services:
             self.notices,
             clock,
             self.metrics,
+            self.checkpoints,
         )
         self.leases = Leases(
             store, settings, self.fleet, self.dispatch, self.notices, clock, on_event, self.metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpufleet.domain.checkpoints import KEEP
 from gpufleet.domain.quota import OutputQuota
 
 
@@ -25,3 +26,5 @@ class QueueSettings:
     log_retention: float | None = 30 * 86400.0
     audit_retention: float | None = 90 * 86400.0
     output_quota: OutputQuota = field(default_factory=OutputQuota)
+    # The newest checkpoint snapshots kept of each job (gpufleet.domain.checkpoints).
+    checkpoint_keep: int = KEEP

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from datetime import UTC, datetime
 
+from gpufleet.domain.checkpoints import Snapshot
 from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.models import GpuInfo, JobSpec, JobStatus, WorkerStatus
 from gpufleet.scheduling.matching import WorkerView, effective_gpus, warm
@@ -19,6 +20,8 @@ from gpufleet.wire import (
     AuditOut,
     BlobOut,
     CapabilityModel,
+    CheckpointFile,
+    CheckpointOut,
     DependencyOut,
     EnvBuiltModel,
     EnvLockOut,
@@ -148,6 +151,19 @@ def artifact_out(a: ArtifactRow) -> ArtifactOut:
         file_count=a.file_count,
         bytes=a.bytes,
         created_at=ts(a.created_at),
+    )
+
+
+def checkpoint_out(s: Snapshot) -> CheckpointOut:
+    return CheckpointOut(
+        id=s.id,
+        job_id=s.job_id,
+        attempt=s.attempt,
+        created_at=ts(s.created_at),
+        files=[CheckpointFile(path=f.path, sha256=f.sha256, size=f.size) for f in s.files],
+        file_count=len(s.files),
+        bytes=s.bytes,
+        progress=dict(s.progress),
     )
 
 

@@ -25,6 +25,7 @@ from gpufleet.store.rows_read import (
     AttemptRow,
     AuditRow,
     BlobRow,
+    CheckpointRow,
     EnvLockRow,
     HostRow,
     JobRow,
@@ -288,6 +289,17 @@ class DataStore(Protocol):
     def artifact(self, job_id: str, attempt: int | None = None) -> ArtifactRow | None: ...
 
 
+class CheckpointStore(Protocol):
+    """The snapshots of jobs' checkpoint folders (gpufleet.domain.checkpoints)."""
+
+    def add_checkpoint(
+        self, job_id: str, lease: int, values: dict[str, Any], keep: int
+    ) -> int | None: ...
+    def checkpoints(self, job_id: str, limit: int = 100) -> list[CheckpointRow]: ...
+    def checkpoint_totals(self) -> tuple[int, int]: ...
+    def prune_checkpoints(self, before: float, batch: int) -> int: ...
+
+
 class EnvironmentStore(Protocol):
     """Job environments: the fleet-wide locks of unlocked specs, and which workers have
     a spec built."""
@@ -323,7 +335,14 @@ class ClaimStore(Protocol):
 
 
 class InTransaction(
-    JobStore, EventStore, FleetStore, AccessStore, DataStore, EnvironmentStore, Protocol
+    JobStore,
+    EventStore,
+    FleetStore,
+    AccessStore,
+    DataStore,
+    CheckpointStore,
+    EnvironmentStore,
+    Protocol,
 ):
     """The store as a :class:`Transaction` gives it: every call made through it is part of
     that transaction, and reads what the calls before it wrote. It has no claims and no
@@ -363,6 +382,7 @@ class Store(
     FleetStore,
     AccessStore,
     DataStore,
+    CheckpointStore,
     EnvironmentStore,
     Protocol,
 ):

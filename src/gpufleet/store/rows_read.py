@@ -9,6 +9,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Self
 
+from gpufleet.domain.checkpoints import SnapFile, Snapshot
 from gpufleet.domain.models import Capability, GpuInfo, JobSpec, JobStatus, WorkerStatus
 from gpufleet.store import json_columns
 
@@ -64,6 +65,9 @@ class JobRow:
     metrics: str | None = None  # the last value of each metric, a JSON object
     gpu_mib: int | None = None  # GPU memory its processes used, at the last heartbeat
     failure: str | None = None  # the latest attempt's failure class ("environment")
+    losses: int = 0  # attempts its machines lost (not counted against max_attempts)
+    pause_requested_at: float | None = None  # `gpufleet pause`, while it is carried out
+    raised: str | None = None  # why a requirement was raised after an out-of-memory, JSON
 
     @cached_property
     def spec(self) -> JobSpec:
@@ -119,6 +123,8 @@ class AttemptRow:
     output_cut: bool = False
     failure: str | None = None  # the class of its failure ("environment"), if named
     environment: str | None = None  # the environment it ran in, JSON (its start report)
+    cause: str | None = None  # why it ended: the job's own or its machine's (lifecycle)
+    restored: str | None = None  # the snapshot restored before it started, JSON
 
     @classmethod
     def from_row(cls, r: Any) -> AttemptRow:
@@ -326,6 +332,25 @@ class ArtifactRow(_Columns):
     file_count: int
     bytes: int
     created_at: float
+
+
+@dataclass(frozen=True)
+class CheckpointRow(_Columns):
+    """A snapshot of a job's checkpoint folder (gpufleet.domain.checkpoints)."""
+
+    id: int
+    job_id: str
+    attempt: int
+    created_at: float
+    files: str  # JSON: [[path, sha256, size], ...]
+    file_count: int
+    bytes: int
+    progress: str = "{}"
+
+    def snapshot(self) -> Snapshot:
+        files = tuple(SnapFile(str(p), str(h), int(n)) for p, h, n in json.loads(self.files))
+        progress = json.loads(self.progress or "{}")
+        return Snapshot(self.id, self.job_id, self.attempt, self.created_at, files, progress)
 
 
 @dataclass(frozen=True)

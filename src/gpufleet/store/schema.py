@@ -71,6 +71,13 @@ jobs = Table(
     # The class of the latest attempt's failure, when the worker named one ("environment":
     # its environment could not be built); None otherwise. Cleared as ``error`` is.
     Column("failure", String(32)),
+    # Attempts that ended because of the machine (worker lost, drained, paused): counted
+    # apart from ``attempts`` (the job's own failures), against a larger limit (0017).
+    Column("losses", Integer, nullable=False, default=0, server_default="0"),
+    # `gpufleet pause`: when it was asked (the running job is checkpointed, then held).
+    Column("pause_requested_at", Float),
+    # Why a requirement was raised after an attempt ran out of memory (JSON), for `why`.
+    Column("raised", Text),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -126,6 +133,11 @@ attempts = Table(
     # The Python environment it ran in, as its worker reported it at the start (JSON: build
     # key, spec key, Python, built or found, seconds, package versions, torch build).
     Column("environment", Text),
+    # Why it ended, by whose fault: the job's ("exit", "timeout", "gpu_oom", "host_oom",
+    # "environment") or the machine's ("lost", "drained", "paused") (0017).
+    Column("cause", String(32)),
+    # The snapshot restored before it started (JSON: id, files, bytes, seconds), if any.
+    Column("restored", Text),
 )
 
 workers = Table(
@@ -337,6 +349,24 @@ artifacts = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
 )
+
+# A job's checkpoint folder at one moment (gpufleet.domain.checkpoints): a row exists
+# only once every file it lists is a blob on the server (0017).
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("id", SEQ, primary_key=True, autoincrement=True),
+    Column("job_id", String(64), ForeignKey("jobs.id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    # JSON: [[path, sha256, size], ...]
+    Column("files", Text, nullable=False),
+    Column("file_count", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    # JSON: the job's last epoch and step (and their totals) when it was taken
+    Column("progress", Text, nullable=False, default="{}"),
+)
+Index("ix_checkpoints_job", checkpoints.c.job_id, checkpoints.c.id)
 
 job_deps = Table(
     "job_deps",

@@ -20,6 +20,9 @@ from gpufleet.wire._base import (
     LeaseSecret,
     Name,
     PoolName,
+    RelPath,
+    Sha256,
+    Size,
     Strict,
     Wire,
     _no_nul,
@@ -250,6 +253,53 @@ class StagedInput(Wire):
     label: str = ""
 
 
+class CheckpointFile(Wire):
+    """One file of a checkpoint snapshot: its path in the job's checkpoint folder, and the
+    blob holding its bytes."""
+
+    path: RelPath
+    sha256: Sha256
+    size: Size
+
+
+class CheckpointIn(Strict):
+    """A snapshot of a running job's checkpoint folder, every file of it a blob on the
+    server already; ``progress``: how far the job was (its last epoch and step)."""
+
+    attempt: Attempt
+    secret: LeaseSecret = None
+    files: list[CheckpointFile] = Field(max_length=10_000)
+    progress: dict[
+        Annotated[str, Field(pattern="^(epoch|epochs|step|steps)$")],
+        Annotated[int, Field(ge=0, le=2**53)],
+    ] = Field(default_factory=dict)
+
+
+class CheckpointOut(Wire):
+    """A snapshot of a job's checkpoint folder, complete on the server."""
+
+    id: int
+    job_id: str
+    attempt: int = Field(description="the attempt that took it")
+    created_at: datetime
+    files: list[CheckpointFile]
+    file_count: int
+    bytes: int
+    progress: dict[str, int] = Field(
+        default_factory=dict, description="how far the job was: its last epoch and step"
+    )
+
+
+class Restored(Wire):
+    """The snapshot a worker restored into a job's checkpoint folder before its command
+    started: which, how many files and bytes, and how long it took."""
+
+    snapshot: int
+    files: int
+    bytes: int
+    seconds: float = Field(ge=0)
+
+
 class Lease(Wire):
     """A claim's answer: run ``spec`` on ``gpus``; every later write carries (job_id,
     attempt) and the attempt's ``secret``."""
@@ -268,6 +318,12 @@ class Lease(Wire):
     more: list[Lease] = Field(
         default_factory=list,
         description="further leases of the same poll, when the claim asked for `most` > 1",
+    )
+    checkpoint: CheckpointOut | None = Field(
+        None,
+        description="the job's latest checkpoint snapshot, to restore into its checkpoint "
+        "folder before its command starts (None: it has none)",
+        exclude_if=lambda c: c is None,
     )
 
 
@@ -336,6 +392,11 @@ class StartRequest(Strict):
         description="the Python environment the job runs in, when its spec names one",
         # left out when None, so a server from before environments takes the report
         exclude_if=lambda env: env is None,
+    )
+    restored: Restored | None = Field(
+        None,
+        description="the checkpoint snapshot restored before the job's command started",
+        exclude_if=lambda r: r is None,
     )
 
 

@@ -270,6 +270,13 @@ class JobSpecModel(Strict):
     environment: EnvironmentModel | None = Field(
         None, description="the Python environment the worker builds for it with uv"
     )
+    checkpoint_dir: RelPath | None = Field(
+        None, description="a folder kept on the server as checkpoints, restored on a retry"
+    )
+    grace_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"] = Field(
+        "SIGTERM", description="sent when gpufleet ends the job to free its slot"
+    )
+    grace_period: float = Field(30.0, ge=0, le=3600, description="seconds from it to SIGKILL")
 
     @model_validator(mode="after")
     def _exit_codes(self) -> JobSpecModel:

@@ -44,6 +44,7 @@ from gpufleet.worker.isolation import (
     set_up_run_as,
     slot_users,
 )
+from gpufleet.worker.keeping import Keeping
 from gpufleet.worker.log import say
 from gpufleet.worker.options import WorkerOptions
 from gpufleet.worker.progress import ProgressFile
@@ -117,6 +118,7 @@ class JobRunner:
         self.retrying = retrying
         self.stopper = Stopper(spawn)
         self.uploads = Uploads(client, data, retrying, self.stopper, opts.work_dir)
+        self.keeping = Keeping(client, data, retrying)  # jobs' checkpoint folders
         # Keyed by lease: a job cancelled and requeued may come back to this worker while
         # its old attempt is still being killed.
         self.running: dict[tuple[str, int], Running] = {}
@@ -234,11 +236,16 @@ class JobRunner:
         env = self._process_env(run, workdir)
         try:
             await self.stager.stage(run.lease.inputs, workdir, run.note, Download(run.downloading))
-            if run.user is not None:  # staged by the worker: the job's to read and change
-                await asyncio.to_thread(give_tree, workdir, run.user)
         except InputError as exc:
             say(f"job {run.lease.job_id}: {exc.message}")
             return exc.message
+        refused = await self.keeping.prepare(run, workdir)
+        if refused is not None:
+            say(f"job {run.lease.job_id}: {refused}")
+            return refused
+        env.update(self.keeping.env(run, workdir))
+        if run.user is not None:  # staged by the worker: the job's to read and change
+            await asyncio.to_thread(give_tree, workdir, run.user)
         if run.stop_reason is not None:  # cancelled while its inputs were fetched
             return f"stopped ({run.stop_reason.value}) before starting"
         if spec.environment is not None:
@@ -314,6 +321,7 @@ class JobRunner:
                     pid=run.proc.pid if run.proc else None,
                     started_at=started,
                     environment=run.env.used if run.env else None,
+                    restored=run.restored,
                 ),
             )
         except Conflict:
@@ -380,15 +388,19 @@ class JobRunner:
         workdir = self.make_workdir(run)
         # sent from the start: the download of its inputs is seen as it goes
         flusher = asyncio.create_task(self.uploads.flush_loop(run))
+        syncer = None
         try:
             refused = await self._launch(run, workdir)
             if refused is not None:
                 return Outcome(None, refused)
+            syncer = self.keeping.start(run)
             code, oom = await self._wait(run)
         finally:
+            await self.keeping.stop(syncer)
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
+        await self.keeping.last(run)
         run.read_progress(final=True)
         if (bad := run.progress.summary()) is not None:
             run.note(bad)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpufleet.domain import progress
 
@@ -50,9 +51,15 @@ class Progress:
     """Turns a job's progress lines into records (``emit``), and says what it refused
     (``note``, once for the first bad line, and :meth:`summary` at the end)."""
 
-    def __init__(self, emit: Callable[[str], None], note: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        emit: Callable[[str], None],
+        note: Callable[[str], None],
+        seen: Callable[[dict[str, Any]], None] = lambda _record: None,
+    ) -> None:
         self.emit = emit
         self.note = note
+        self.seen = seen  # each record taken, as a dict
         self.bad = 0
         self.good = 0
 
@@ -70,6 +77,7 @@ class Progress:
                 )
             return
         self.good += 1
+        self.seen(record)
         self.emit(progress.encode(record))
 
     def marked(self, line: str) -> bool:

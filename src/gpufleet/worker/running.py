@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.domain import progress
-from gpufleet.wire import BAR_END, STDERR_TAIL_CHARS, STDERR_TAIL_LINES, Lease
+from gpufleet.domain.checkpoints import progress_of
+from gpufleet.wire import BAR_END, STDERR_TAIL_CHARS, STDERR_TAIL_LINES, Lease, Restored
 from gpufleet.worker.adapters import Adapter
 from gpufleet.worker.backlog import Backlog
+from gpufleet.worker.checkpoints import FolderSync
 from gpufleet.worker.envphase import ENV_MARK, Prepared
 from gpufleet.worker.isolation import SlotUser
 from gpufleet.worker.log import say
@@ -72,11 +74,24 @@ class Running:
     failure: str | None = None
     final: bool = False
 
+    # its checkpoint folder's sync (None: it names none), the snapshot restored before it
+    # started, and how far it last said it was (kept with each snapshot)
+    sync: FolderSync | None = None
+    restored: Restored | None = None
+    latest: dict[str, int] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         self.progress = Progress(
             lambda record: self.backlog.add("progress", record),
             lambda message: self.backlog.add("stderr", f"[gpufleet] {message}"),
+            self._seen,
         )
+
+    def _seen(self, record: dict[str, Any]) -> None:
+        """A progress record the job wrote: how far it is, and a sync it asks for."""
+        self.latest.update(progress_of([record]))
+        if record.get(progress.CHECKPOINT) and self.sync is not None:
+            self.sync.wanted.set()
 
     def read_progress(self, final: bool = False) -> None:
         """Take what the job appended to its progress file since the last read."""
@@ -86,6 +101,7 @@ class Running:
 
     def record(self, record: dict[str, Any]) -> None:
         """A progress record from the job's adapter."""
+        self.latest.update(progress_of([record]))
         self.backlog.add("progress", progress.encode(record))
 
     def _adapted(self, stream: str, line: str) -> bool:

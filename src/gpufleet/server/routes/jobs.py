@@ -25,6 +25,7 @@ from gpufleet.wire import (
     ApplyResult,
     ArtifactOut,
     AuditOut,
+    CheckpointOut,
     Health,
     JobDetail,
     JobOut,
@@ -164,6 +165,15 @@ def job_artifact(ref: str, request: Request, caller: Reader) -> ArtifactOut:
     if found is None:
         raise NotFound(q.reads.no_result(job), detail={"job": job.id})
     return views.artifact_out(found)
+
+
+@router.get("/jobs/{ref}/checkpoints", response_model=list[CheckpointOut], tags=["jobs"])
+def job_checkpoints(ref: str, request: Request, caller: Reader) -> list[CheckpointOut]:
+    """The snapshots of the job's checkpoint folder kept on the server, newest first. A
+    snapshot's files are blobs its pool may read (``/v1/blobs/{sha256}``)."""
+    q = state(request).services
+    job = q.reads.job(ref, caller.pools)
+    return [views.checkpoint_out(row.snapshot()) for row in q.checkpoints.of(job)]
 
 
 @router.post("/jobs/{ref}/cancel", response_model=JobOut, tags=["jobs"])

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from gpufleet.domain.checkpoints import SnapFile
 from gpufleet.errors import Conflict, GpufleetError, NotFound
 from gpufleet.scheduling.matching import FreeGpu, FreeResources, JobView, free_gpu_mib, selection
 from gpufleet.server import deps, views
@@ -35,6 +36,8 @@ from gpufleet.wire import (
     ERRORS,
     ArtifactAttach,
     Candidate,
+    CheckpointIn,
+    CheckpointOut,
     ClaimRequest,
     ErrorBody,
     FinishRequest,
@@ -310,7 +313,9 @@ def start_job(job_id: str, body: StartRequest, request: Request, caller: Worker)
 def _start(holders: Holders, caller: Caller, job_id: str, body: StartRequest) -> None:
     job = holders.check(job_id, body.attempt, caller.id, caller.pools, body.secret)
     said = body.started_at.timestamp() if body.started_at is not None else None
-    holders.leases.start(job_id, body.attempt, said, job.claimed_at, body.environment)
+    holders.leases.start(
+        job_id, body.attempt, said, job.claimed_at, body.environment, body.restored
+    )
 
 
 @router.post("/jobs/{job_id}/output", status_code=204, tags=["worker protocol"])
@@ -413,6 +418,29 @@ def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Wor
     return views.job_out(
         state(request).services.leases.release(job_id, body.attempt, body.reason), {}
     )
+
+
+@router.post(
+    "/jobs/{job_id}/checkpoints", response_model=CheckpointOut, status_code=201, tags=["workers"]
+)
+def record_checkpoint(
+    job_id: str, body: CheckpointIn, request: Request, caller: Worker
+) -> CheckpointOut:
+    """Record a snapshot of the job's checkpoint folder, taken by the attempt this lease
+    holds. Every file it lists must be a blob on the server already, of the size it says,
+    that this worker may read (422 names the file otherwise): a snapshot on record is
+    complete. The job's pool may read its files from then on; the job's newest few
+    snapshots are kept."""
+    job = state(request).services.holders.check(
+        job_id, body.attempt, caller.id, caller.pools, body.secret
+    )
+    files = [SnapFile(f.path, f.sha256, f.size) for f in body.files]
+    q = state(request).services
+    snap = q.checkpoints.record(
+        job, body.attempt, files, {str(k): v for k, v in body.progress.items()}, caller.pools
+    )
+    q.metrics.checkpointed(snap.bytes)
+    return views.checkpoint_out(snap)
 
 
 @router.post("/jobs/{job_id}/artifact", status_code=204, tags=["workers"])

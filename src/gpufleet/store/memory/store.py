@@ -32,6 +32,7 @@ from gpufleet.store.api import (
 from gpufleet.store.changes import FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store.json_columns import spec_json
 from gpufleet.store.memory.access import MemoryAccess
+from gpufleet.store.memory.checkpoints import MemoryCheckpoints
 from gpufleet.store.memory.data import MemoryData
 from gpufleet.store.memory.events import MemoryEvents
 from gpufleet.store.memory.fleet import MemoryFleet
@@ -118,7 +119,15 @@ class MemoryClaimSession:
         return None
 
 
-class MemoryStore(OneServer, MemoryFleet, MemoryAccess, MemoryData, MemoryEvents, NamedChanges):
+class MemoryStore(
+    OneServer,
+    MemoryFleet,
+    MemoryAccess,
+    MemoryData,
+    MemoryCheckpoints,
+    MemoryEvents,
+    NamedChanges,
+):
     """Every operation of the store, held in memory by one process."""
 
     dialect: ClassVar[str] = "memory"

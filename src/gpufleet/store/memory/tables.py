@@ -50,4 +50,6 @@ class MemoryTables:
         self.blob_pools: set[tuple[str, str]] = set()
         self.uploads: dict[str, dict[str, Any]] = {}
         self.artifacts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.checkpoint_rows: list[dict[str, Any]] = []
+        self.checkpoint_seq = 0  # the last snapshot id given (never twice, as in SQL)
         self.env_locks: dict[tuple[str, str], EnvLockRow] = {}

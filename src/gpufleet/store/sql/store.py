@@ -30,6 +30,7 @@ from gpufleet.store.api import Offers
 from gpufleet.store.space import SpaceWatch, watch_engine
 from gpufleet.store.sql.access import AccessOps
 from gpufleet.store.sql.changes import ChangeOps
+from gpufleet.store.sql.checkpoints import CheckpointOps
 from gpufleet.store.sql.claims import ClaimOps, ClaimSession, page_statements
 from gpufleet.store.sql.data import DataOps
 from gpufleet.store.sql.environments import EnvironmentOps
@@ -53,7 +54,16 @@ def normalize_url(url: str) -> str:
 
 
 class SqlStore(
-    DataOps, ChangeOps, ClaimOps, FleetOps, AccessOps, EnvironmentOps, JobOps, LeaseOps, EventOps
+    DataOps,
+    CheckpointOps,
+    ChangeOps,
+    ClaimOps,
+    FleetOps,
+    AccessOps,
+    EnvironmentOps,
+    JobOps,
+    LeaseOps,
+    EventOps,
 ):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
