@@ -8,7 +8,8 @@ DEMO := $(VENV)/.demo-installed
 # real servers and workers. XDIST= runs them in one.
 XDIST ?= -n 2
 
-.PHONY: demo test test-postgresql chaos browser test-sleap test-registry lint bench docs clean
+.PHONY: demo test test-postgresql chaos browser test-sleap test-registry lint bench docs clean \
+	gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +76,30 @@ bench: $(DEV)
 	$(PY) bench/heartbeats.py --db $(PG_BENCH)
 	$(PY) bench/growth.py
 	$(PY) bench/growth.py --db $(PG_BENCH)
+
+## make gpu-check: a server and a worker of this checkout on a machine with an NVIDIA GPU and
+## PyTorch installed (never in CI): the real NVML, a pinned job, a CUDA out-of-memory. It
+## installs build/gpu-wheels (make gpu-wheels, made here if missing) into a venv over the
+## machine's own torch (GPU_PYTHON), so that machine needs no registry. ARGS=--dry-run
+GPU_WHEELS ?= build/gpu-wheels
+GPU_VENV ?= build/gpu-venv
+GPU_PYTHON ?= python3
+# empty: wheels for this venv's Python and platform; else pip download's target, e.g.
+# --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+GPU_PLATFORM ?=
+gpu-wheels: $(PY)
+	rm -rf $(GPU_WHEELS)
+	$(PY) -m pip wheel -q --no-deps --wheel-dir $(GPU_WHEELS) .
+	$(PY) -m pip download -q --only-binary=:all: $(GPU_PLATFORM) --dest $(GPU_WHEELS) \
+		$(GPU_WHEELS)/gpufleet-*.whl
+
+gpu-check:
+	test -d $(GPU_WHEELS) || $(MAKE) gpu-wheels
+	$(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --no-index --find-links $(GPU_WHEELS) gpufleet
+	$(GPU_VENV)/bin/python -m pip install -q --no-index --find-links $(GPU_WHEELS) \
+		--force-reinstall --no-deps gpufleet
+	$(GPU_VENV)/bin/python bench/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
