@@ -4,7 +4,9 @@ It "trains" for ``--epochs`` epochs of ``--epoch-seconds`` each. After every epo
 writes ``state.json`` in its checkpoint folder, ``$GPUFLEET_CHECKPOINT_DIR`` under
 gpufleet (``./checkpoints`` outside it), the safe way: to ``state.json.tmp`` first,
 flushed to disk, then renamed over ``state.json``. The worker skips ``*.tmp`` names, so
-the fleet only ever keeps a whole checkpoint.
+the fleet only ever keeps a whole checkpoint. Its progress line after each save says
+``"checkpoint": true``: the worker keeps the folder at once, without waiting for it to
+settle.
 
 How it resumes: when it starts and finds ``state.json``, it continues with the epoch
 after the one saved there, and prints ``resumed from epoch X``. gpufleet restores the
@@ -107,7 +109,8 @@ def main() -> None:
         trained.append([epoch, attempt])
         state = {"epoch": epoch, "epochs": args.epochs, "loss": loss, "trained": trained}
         write_state(folder, state)
-        print("::gpufleet:: " + json.dumps({"epoch": epoch, "epochs": args.epochs, "loss": loss}))
+        said = {"epoch": epoch, "epochs": args.epochs, "loss": loss, "checkpoint": True}
+        print("::gpufleet:: " + json.dumps(said))
         sys.stdout.flush()
         if signalled:
             grace_exit(folder, state)

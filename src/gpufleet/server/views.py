@@ -33,6 +33,7 @@ from gpufleet.wire import (
     JobOut,
     JobSpecModel,
     LogEntry,
+    Restored,
     TokenOut,
     WorkerOut,
 )
@@ -91,6 +92,8 @@ def attempt_out(a: AttemptRow) -> AttemptOut:
         late_result=a.late_result,
         output_dropped=a.output_dropped,
         failure=a.failure,
+        cause=a.cause,
+        restored=Restored.model_validate_json(a.restored) if a.restored else None,
         environment=_environment(a.environment),
     )
 

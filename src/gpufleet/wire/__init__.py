@@ -50,9 +50,6 @@ from gpufleet.wire._fleet import (
     WORKER_STATES,
     Candidate,
     CapabilityModel,
-    CheckpointFile,
-    CheckpointIn,
-    CheckpointOut,
     ClaimRequest,
     EventOut,
     EventsOut,
@@ -74,7 +71,6 @@ from gpufleet.wire._fleet import (
     ReportBatch,
     ReportResult,
     ReportResults,
-    Restored,
     SelectRequest,
     StagedInput,
     StartReport,
@@ -92,9 +88,6 @@ from gpufleet.wire._jobs import (
     STDERR_TAIL_CHARS,
     STDERR_TAIL_LINES,
     ApplyResult,
-    ArtifactAttach,
-    ArtifactFile,
-    ArtifactOut,
     AttemptOut,
     DeclaredModel,
     DependencyOut,
@@ -110,6 +103,15 @@ from gpufleet.wire._jobs import (
     RequirementsModel,
     StderrTail,
     SubmitResult,
+)
+from gpufleet.wire._kept import (
+    ArtifactAttach,
+    ArtifactFile,
+    ArtifactOut,
+    CheckpointFile,
+    CheckpointIn,
+    CheckpointOut,
+    Restored,
 )
 
 __all__ = [

@@ -20,15 +20,13 @@ from gpufleet.wire._base import (
     LeaseSecret,
     Name,
     PoolName,
-    RelPath,
-    Sha256,
-    Size,
     Strict,
     Wire,
     _no_nul,
 )
 from gpufleet.wire._environments import MOST_BUILT, EnvBuiltModel, EnvUsed
 from gpufleet.wire._jobs import TOOL_PATTERN, HostOut, JobOut, JobSpecModel, StderrTail
+from gpufleet.wire._kept import CheckpointOut, Restored
 
 # ---- workers ----------------------------------------------------------------------------
 
@@ -251,53 +249,6 @@ class StagedInput(Wire):
     size: int | None = None
     path: str | None = None
     label: str = ""
-
-
-class CheckpointFile(Wire):
-    """One file of a checkpoint snapshot: its path in the job's checkpoint folder, and the
-    blob holding its bytes."""
-
-    path: RelPath
-    sha256: Sha256
-    size: Size
-
-
-class CheckpointIn(Strict):
-    """A snapshot of a running job's checkpoint folder, every file of it a blob on the
-    server already; ``progress``: how far the job was (its last epoch and step)."""
-
-    attempt: Attempt
-    secret: LeaseSecret = None
-    files: list[CheckpointFile] = Field(max_length=10_000)
-    progress: dict[
-        Annotated[str, Field(pattern="^(epoch|epochs|step|steps)$")],
-        Annotated[int, Field(ge=0, le=2**53)],
-    ] = Field(default_factory=dict)
-
-
-class CheckpointOut(Wire):
-    """A snapshot of a job's checkpoint folder, complete on the server."""
-
-    id: int
-    job_id: str
-    attempt: int = Field(description="the attempt that took it")
-    created_at: datetime
-    files: list[CheckpointFile]
-    file_count: int
-    bytes: int
-    progress: dict[str, int] = Field(
-        default_factory=dict, description="how far the job was: its last epoch and step"
-    )
-
-
-class Restored(Wire):
-    """The snapshot a worker restored into a job's checkpoint folder before its command
-    started: which, how many files and bytes, and how long it took."""
-
-    snapshot: int
-    files: int
-    bytes: int
-    seconds: float = Field(ge=0)
 
 
 class Lease(Wire):

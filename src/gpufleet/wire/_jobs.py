@@ -26,10 +26,8 @@ from gpufleet.domain.models import (
     Requirements,
 )
 from gpufleet.wire._base import (
-    Attempt,
     JobState,
     Label,
-    LeaseSecret,
     Name,
     PoolName,
     RelPath,
@@ -40,6 +38,7 @@ from gpufleet.wire._base import (
     _no_nul,
 )
 from gpufleet.wire._environments import EnvUsed
+from gpufleet.wire._kept import ArtifactOut, Restored
 
 # ---- jobs -------------------------------------------------------------------------------
 
@@ -347,30 +346,6 @@ def _env_shown(e: dict[str, Any] | None) -> EnvironmentModel | None:
     return EnvironmentModel.model_construct(**{**e, **files, "with_": list(e["with_"])})
 
 
-class ArtifactFile(Wire):
-    path: str
-    size: int
-
-
-class ArtifactOut(Wire):
-    """A job attempt's outputs, archived: a blob and what it holds."""
-
-    job_id: str
-    attempt: int
-    sha256: str
-    size: int = Field(description="archive bytes")
-    files: list[ArtifactFile] = Field(description="the first files in the archive (at most 1000)")
-    file_count: int
-    bytes: int = Field(description="unpacked bytes")
-    created_at: datetime
-
-
-class ArtifactAttach(Strict):
-    attempt: Attempt
-    sha256: Sha256
-    secret: LeaseSecret = None
-
-
 class DependencyOut(Wire):
     job_id: str
     name: str
@@ -415,6 +390,12 @@ class AttemptOut(Wire):
         description="the class of its failure, when its worker named one ('environment': "
         "its environment could not be built)",
     )
+    cause: str | None = Field(
+        None,
+        description="why it ended: the job's own (exit, timeout, gpu_oom, host_oom, "
+        "environment) or its machine's (lost, drained, paused); machines' are not counted",
+    )
+    restored: Restored | None = Field(None, description="the snapshot restored before it")
     environment: EnvUsed | None = Field(
         None, description="the Python environment it ran in, as its worker reported it"
     )

@@ -1,7 +1,7 @@
 """A running job's checkpoint folder, kept on the server as snapshots, and restored into
 the next attempt's folder before its command starts (gpufleet.domain.checkpoints).
 
-:class:`FolderSync` looks at the folder about once a second. When every file in it has
+:class:`FolderSync` looks at the folder twice a second. When every file in it has
 stayed the same (size and modification time) across two looks, and the set differs from
 the last snapshot's, it hashes the files that changed, uploads those the server lacks
 (each file's bytes are sent once: content-addressed) and records a snapshot. The job may
@@ -31,7 +31,7 @@ from gpufleet.domain.checkpoints import SnapFile, Snapshot, is_temporary, path_p
 from gpufleet.errors import Conflict, GpufleetError
 from gpufleet.wire import CheckpointOut, Restored
 
-LOOK_SECONDS = 1.0  # between two looks at the folder
+LOOK_SECONDS = 0.5  # between two looks at the folder
 MOST_FILES = 10_000
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
