@@ -51,6 +51,8 @@ EXPECTED = {
     ("POST", "/v1/jobs/{job_id}/release"),
     ("POST", "/v1/jobs/{job_id}/artifact"),
     ("GET", "/v1/jobs/{ref}/artifact"),
+    ("POST", "/v1/jobs/{job_id}/checkpoints"),
+    ("GET", "/v1/jobs/{ref}/checkpoints"),
     ("HEAD", "/v1/blobs/{sha256}"),
     ("GET", "/v1/blobs/{sha256}"),
     ("PUT", "/v1/blobs/{sha256}"),

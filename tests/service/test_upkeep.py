@@ -1,6 +1,6 @@
 """``server/upkeep.py``: the sweep. A lease not kept is lost: its job is requeued (or
-failed, its attempts spent, and its dependents with it), its silent worker goes offline,
-and an ephemeral worker gone past its TTL is forgotten.
+failed, once it has lost its machine too often, and its dependents with it), its silent
+worker goes offline, and an ephemeral worker gone past its TTL is forgotten.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_sweep_requeues_an_expired_lease(store: Store, queue: Services, clock: F
     assert offline == [w.id]
     row = job(store, submitted.id)
     assert row.status is JobStatus.PENDING
-    assert row.attempts == 1
+    assert (row.attempts, row.losses) == (0, 1)  # its machine's loss, not its own failure
     assert row.worker_id is None
     assert row.error is not None
     assert "lease lost" in row.error
@@ -48,7 +48,7 @@ def test_sweep_requeues_an_expired_lease(store: Store, queue: Services, clock: F
     assert (again.job_id, again.attempt) == (submitted.id, 2)
 
 
-def test_sweep_fails_the_job_when_no_attempts_are_left(
+def test_a_lost_lease_is_not_counted_against_max_attempts(
     store: Store, queue: Services, clock: FakeClock
 ) -> None:
     w = register(queue, "w1")
@@ -59,16 +59,33 @@ def test_sweep_fails_the_job_when_no_attempts_are_left(
     assert requeued == [submitted.id]
     assert offline == [w.id]
     row = job(store, submitted.id)
+    assert row.status is JobStatus.PENDING, "its machine's loss, not its own failure"
+    assert (row.attempts, row.losses) == (0, 1)
+    [attempt] = store.attempts(submitted.id)
+    assert attempt.cause == "lost"
+
+
+def test_sweep_fails_a_job_that_keeps_losing_its_machines(
+    store: Store, queue: Services, clock: FakeClock
+) -> None:
+    queue.leases.settings = dataclasses.replace(queue.leases.settings, max_losses=2)
+    submitted = queue.submission.submit(spec(max_attempts=5))
+    for n in (1, 2):
+        claim(queue, register(queue, f"w{n}"))
+        clock.advance(LEASE + 1)
+        assert queue.upkeep.sweep()[0] == [submitted.id]
+    row = job(store, submitted.id)
     assert row.status is JobStatus.FAILED
-    assert row.attempts == 1
+    assert (row.attempts, row.losses) == (0, 2)
     assert row.finished_at == clock.now
     assert row.error is not None
-    assert "lease lost" in row.error
+    assert "lease lost" in row.error and "lost its machine 2 times" in row.error
 
 
 def test_a_lost_lease_fails_dependents_naming_the_final_status(
     store: Store, queue: Services, clock: FakeClock
 ) -> None:
+    queue.leases.settings = dataclasses.replace(queue.leases.settings, max_losses=1)
     w = register(queue, "gone-box")
     root = queue.submission.submit(spec("prep", max_attempts=1))
     after = [("after-prep", spec("train"), None)]

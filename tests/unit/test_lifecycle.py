@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.domain import lifecycle
+from gpufleet.domain import lifecycle, retries
 from gpufleet.domain.lifecycle import (
     COUNTED,
     TRANSITIONS,
@@ -119,9 +119,10 @@ def test_sources(event: Event, expected: set[JobStatus]) -> None:
     assert sources(event) == frozenset(expected)
 
 
-def test_release_is_the_only_way_back_that_does_not_count_an_attempt() -> None:
-    assert Event.RELEASE not in COUNTED
-    assert {Event.RETRY, Event.FAIL, Event.LOSE, Event.LOSE_FINAL, Event.SUCCEED} <= COUNTED
+def test_only_the_jobs_own_ends_count_an_attempt() -> None:
+    assert {Event.RETRY, Event.FAIL, Event.SUCCEED} == COUNTED
+    assert Event.RELEASE not in COUNTED  # its worker drained: the machine's
+    assert Event.LOSE not in COUNTED and Event.LOSE_FINAL not in COUNTED  # its worker lost
     assert Event.CANCEL not in COUNTED
     assert Event.REQUEUE not in COUNTED
     assert Event.DEPENDENCY_FAILED not in COUNTED  # the job never ran
@@ -210,6 +211,7 @@ class Job:
     max_attempts: int = 3
     error: str | None = None
     stop_requested_at: float | None = None
+    losses: int = 0
 
 
 def test_a_claim_moves_to_the_next_lease_and_opens_its_attempt() -> None:
@@ -263,13 +265,15 @@ def test_a_finish_is_decided_from_the_exit_and_the_attempts_left(
         assert change.fields["finished_at"] == 100.0
 
 
-def test_a_lost_lease_counts_an_attempt_and_applies_only_while_expired() -> None:
-    change = lifecycle.lose(Job(status=R, lease=2, attempts=1), now=50.0, who="box")
+def test_a_lost_lease_counts_a_loss_not_an_attempt_and_applies_only_while_expired() -> None:
+    change = lifecycle.lose(Job(status=R, lease=2, attempts=2), now=50.0, who="box")
     assert (change.event, change.status, change.lost_before) == (Event.LOSE, P, 50.0)
-    assert change.fields["attempts"] == 2
+    assert change.fields["attempts"] == 2 and change.fields["losses"] == 1
+    assert change.record is not None and change.record["cause"] == "lost"
     assert change.fields["error"] == "lease lost: worker box stopped heartbeating"
-    last = lifecycle.lose(Job(status=R, lease=3, attempts=2), now=50.0, who="box")
+    last = lifecycle.lose(Job(status=R, lease=3, losses=9), now=50.0, who="box", most_losses=10)
     assert last.event is Event.LOSE_FINAL and last.status is F
+    assert "lost its machine 10 times (the most is 10)" in str(last.fields["error"])
     stopped = lifecycle.lose(Job(status=R, lease=1, stop_requested_at=1.0), now=50.0, who="box")
     assert stopped.status is F
 
@@ -278,6 +282,10 @@ def test_a_release_does_not_count_unless_the_job_was_asked_to_stop() -> None:
     change = lifecycle.release(Job(status=R, lease=2, attempts=1, error="old"), 9.0, "drained")
     assert (change.event, change.status) == (Event.RELEASE, P)
     assert change.fields["attempts"] == 1 and change.fields["error"] == "old"
+    assert change.fields["losses"] == 1
+    assert change.record is not None and change.record["cause"] == "drained"
+    worn = lifecycle.release(Job(status=R, lease=2, losses=2), 9.0, "drained", most_losses=3)
+    assert (worn.event, worn.status) == (Event.LOSE_FINAL, F)
     stopped = lifecycle.release(Job(status=R, lease=2, stop_requested_at=1.0), 9.0, "drained")
     assert (stopped.event, stopped.status) == (Event.FAIL, F)
     assert stopped.fields["error"] == "asked to stop; drained before it ended"
@@ -340,7 +348,7 @@ def test_a_chain_of_any_length_is_walked_without_recursion() -> None:
 def test_which_exit_codes_are_retried(
     code: int | None, retry_on: tuple[int, ...], no_retry_on: tuple[int, ...], retried: bool
 ) -> None:
-    assert (lifecycle.not_retried(code, retry_on, no_retry_on) is None) is retried
+    assert (retries.not_retried(code, retry_on, no_retry_on) is None) is retried
 
 
 def test_an_exit_code_not_retried_fails_the_job_at_once_saying_why() -> None:
@@ -369,9 +377,10 @@ def test_a_retried_attempts_record_says_its_exit_code_stderr_and_retry_time() ->
     )
 
 
-def test_a_lost_lease_says_attempts_used_and_no_exit_code() -> None:
+def test_a_lost_lease_says_attempts_and_losses_and_no_exit_code() -> None:
     record = lifecycle.state_event(lifecycle.lose(Job(status=R, lease=1), 100.0, "box"))
-    assert (record["event"], record["attempts"], record["max_attempts"]) == ("lose", 1, 3)
+    assert (record["event"], record["attempts"], record["max_attempts"]) == ("lose", 0, 3)
+    assert record["losses"] == 1
     assert "exit_code" not in record and "retry_at" not in record
 
 
@@ -387,6 +396,6 @@ def test_a_lost_lease_says_attempts_used_and_no_exit_code() -> None:
 def test_wrong_exit_code_lists_are_refused(
     retry_on: tuple[int, ...], no_retry_on: tuple[int, ...], said: str
 ) -> None:
-    problem = lifecycle.exit_codes_problem(retry_on, no_retry_on)
+    problem = retries.exit_codes_problem(retry_on, no_retry_on)
     assert problem is not None and said in problem
-    assert lifecycle.exit_codes_problem((75, -9), (4, 255)) is None
+    assert retries.exit_codes_problem((75, -9), (4, 255)) is None

@@ -28,6 +28,8 @@ class ServerFlags(SettingFlags):
     lease_timeout: Annotated[float | None, setting_option("lease_timeout")] = None
     prefer_cuda_grace: Annotated[float | None, setting_option("prefer_cuda_grace")] = None
     retry_backoff: Annotated[float | None, setting_option("retry_backoff")] = None
+    max_losses: Annotated[int | None, setting_option("max_losses")] = None
+    checkpoint_keep: Annotated[int | None, setting_option("checkpoint_keep")] = None
     ephemeral_ttl: Annotated[float | None, setting_option("ephemeral_ttl")] = None
     log_retention: Annotated[float | None, setting_option("log_retention")] = None
     audit_retention: Annotated[float | None, setting_option("audit_retention")] = None
@@ -57,6 +59,8 @@ def server(**given: Any) -> None:
         lease_timeout=s["lease_timeout"],
         prefer_cuda_grace=s["prefer_cuda_grace"],
         retry_backoff=s["retry_backoff"],
+        max_losses=s["max_losses"],
+        checkpoint_keep=s["checkpoint_keep"],
         ephemeral_ttl=s["ephemeral_ttl"],
         log_retention=retention_seconds(s["log_retention"], DAY),
         audit_retention=retention_seconds(s["audit_retention"], DAY),

@@ -188,6 +188,21 @@ _SERVER: tuple[Setting, ...] = (
         minimum=0,
     ),
     _setting(
+        "max_losses",
+        10,
+        "int",
+        "attempts a job may lose to its machines (worker lost, drained) before it fails; "
+        "they do not count against its max_attempts",
+        minimum=1,
+    ),
+    _setting(
+        "checkpoint_keep",
+        3,
+        "int",
+        "checkpoint snapshots kept of each job (its newest)",
+        minimum=1,
+    ),
+    _setting(
         "ephemeral_ttl",
         3600.0,
         "float",

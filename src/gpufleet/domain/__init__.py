@@ -1,6 +1,6 @@
 """Pure domain: models, the job state machine, ids, manifest parsing. No I/O."""
 
-from gpufleet.domain.lifecycle import Event, backoff_seconds, sources, transition
+from gpufleet.domain.lifecycle import Event, sources, transition
 from gpufleet.domain.models import (
     ACTIVE,
     TERMINAL,
@@ -14,6 +14,7 @@ from gpufleet.domain.models import (
     Role,
     WorkerStatus,
 )
+from gpufleet.domain.retries import backoff_seconds
 
 __all__ = [
     "ACTIVE",

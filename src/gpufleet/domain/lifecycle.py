@@ -1,9 +1,11 @@
 """The job state machine: one table of allowed transitions, and every status change
 computed from it here.
 
-The table is drawn in ``docs/core.md`` (its test reads the drawing). A lost lease counts
-as an attempt (and may fail the job when none are left); a release by a draining worker
-does not. Each function below turns one event into a :class:`Change`: the status it
+The table is drawn in ``docs/core.md`` (its test reads the drawing). Every attempt that
+ends has a cause: the job's own (its exit, its timeout, out of GPU or host memory, its
+environment), counted against ``max_attempts``, or its machine's (its worker lost, or
+drained), counted apart in ``losses`` against a larger limit (``most_losses``). Each
+function below turns one event into a :class:`Change`: the status it
 moves to (from the table), the statuses and lease it may move from, and the fields it
 sets. A store applies a change as one conditional update and decides nothing itself.
 """
@@ -18,6 +20,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from gpufleet.domain.models import JobStatus
+from gpufleet.domain.retries import backoff_seconds, not_retried
 from gpufleet.domain.transitions import Table
 
 P, C, R = JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING
@@ -33,8 +36,8 @@ class Event(StrEnum):
     SUCCEED = "succeed"
     RETRY = "retry"  # failed, attempts left: back to pending after a backoff
     FAIL = "fail"  # failed, no attempts left
-    LOSE = "lose"  # lease expired, attempts left
-    LOSE_FINAL = "lose_final"  # lease expired, no attempts left
+    LOSE = "lose"  # lease expired: its machine's fault, not counted against max_attempts
+    LOSE_FINAL = "lose_final"  # lost, and asked to stop or lost its machine too often
     RELEASE = "release"  # a draining worker hands the job back; attempt not counted
     CANCEL = "cancel"
     REQUEUE = "requeue"
@@ -64,8 +67,14 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
     (P, Event.DEPENDENCY_FAILED): F,
 }
 
-#: Events that count one attempt against ``max_attempts``.
-COUNTED = frozenset({Event.RETRY, Event.FAIL, Event.LOSE, Event.LOSE_FINAL, Event.SUCCEED})
+#: Events that count one attempt against ``max_attempts``: the job's own ends. A lost
+#: lease or a hand back is its machine's, counted in ``losses`` instead.
+COUNTED = frozenset({Event.RETRY, Event.FAIL, Event.SUCCEED})
+#: Attempts a job may lose to its machines (a worker lost or drained) before it fails,
+#: unless the server's settings say otherwise.
+MOST_LOSSES = 10
+#: The causes of an attempt's end that are its machine's, not the job's.
+MACHINE_CAUSES = frozenset({"lost", "drained", "paused"})
 
 
 #: The lookups on :data:`TRANSITIONS`, worked out once.
@@ -82,69 +91,12 @@ def failure_event(attempts_used: int, max_attempts: int, *, lost: bool = False) 
     return Event.LOSE if lost else Event.RETRY
 
 
-#: Exit codes a failed attempt is not retried after unless its job names them in
-#: ``retry_on``: each says the command itself is wrong, so running it again fails the
-#: same way (docs/jobs.md, "Retries").
-NOT_RETRIED: dict[int, str] = {
-    2: "a usage error: the command line was refused (argparse, click and typer exit 2)",
-    126: "the command could not be executed",
-    127: "the command was not found",
-}
 #: Why an attempt whose environment cannot be built on any worker (its worker said so: a
 #: requirement that does not exist, a spec no resolver can satisfy) is not tried again.
 NOT_BUILDABLE = "not retried: the environment cannot be built on any worker"
 #: What a failed attempt's ``state`` record keeps of its stderr: the last lines, each cut.
 SAID_LINES = 5
 SAID_CHARS = 300
-
-
-#: The most exit codes one of a job's lists names.
-MOST_EXIT_CODES = 64
-
-
-def exit_codes_problem(retry_on: Sequence[int], no_retry_on: Sequence[int]) -> str | None:
-    """What is wrong with a job's ``retry_on`` and ``no_retry_on``, or None: each names
-    failing exit codes (1 to 255, or -1 to -64: killed by that signal), at most
-    ``MOST_EXIT_CODES``, and no code is in both."""
-    for name, codes in (("retry_on", retry_on), ("no_retry_on", no_retry_on)):
-        if len(codes) > MOST_EXIT_CODES:
-            return f"{name} names {len(codes)} exit codes; at most {MOST_EXIT_CODES}"
-        for code in codes:
-            if isinstance(code, bool) or not isinstance(code, int) or not _failing(code):
-                return (
-                    f"{name}: {code!r} is not a failing exit code "
-                    "(1 to 255, or -1 to -64 for a process killed by that signal)"
-                )
-    both = sorted(set(retry_on) & set(no_retry_on))
-    if both:
-        return f"exit code {', '.join(map(str, both))} is in both retry_on and no_retry_on"
-    return None
-
-
-def _failing(code: int) -> bool:
-    return 1 <= code <= 255 or -64 <= code <= -1
-
-
-def not_retried(
-    exit_code: int | None, retry_on: Collection[int] = (), no_retry_on: Collection[int] = ()
-) -> str | None:
-    """Why an attempt that failed with ``exit_code`` is not tried again, whatever attempts
-    are left (to follow "exit code N, "); None when it may be. A job's ``no_retry_on``
-    wins over its ``retry_on``."""
-    if exit_code is None:  # it did not start, timed out or was lost: worth another try
-        return None
-    if exit_code in no_retry_on:
-        return "never retried (the job's no_retry_on names it)"
-    if exit_code in NOT_RETRIED and exit_code not in retry_on:
-        return f"not retried by default ({NOT_RETRIED[exit_code]}; retry_on retries it)"
-    return None
-
-
-def backoff_seconds(attempts_used: int, base: float, cap: float = 600.0) -> float:
-    """Exponential backoff before the next attempt: base, 2*base, 4*base ... up to cap."""
-    if attempts_used <= 0 or base <= 0:
-        return 0.0
-    return float(min(cap, base * (2 ** (attempts_used - 1))))
 
 
 class Ended(Protocol):
@@ -171,6 +123,8 @@ class JobState(Ended, Protocol):
     def max_attempts(self) -> int: ...
     @property
     def stop_requested_at(self) -> float | None: ...
+    @property
+    def losses(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -329,10 +283,12 @@ def _ended(
     exit_code: int | None = None,
     stderr_tail: Sequence[str] = (),
     failure: str | None = None,
+    cause: str | None = None,
     **extra: object,
 ) -> Change:
     """An attempt ends with ``event``: the job's fields and the attempt's record (the
-    job's ``failure`` is its latest attempt's class, as its ``error`` is)."""
+    job's ``failure`` is its latest attempt's class, as its ``error`` is; ``cause``, kept
+    on the attempt, says whose fault its end was)."""
     tail = tuple(stderr_tail) or None
     said = {"exit_code": exit_code, "error": error, "stderr_tail": tail, "failure": failure}
     fields: dict[str, object] = {
@@ -347,7 +303,7 @@ def _ended(
         fields["finished_at"] = now
     else:
         fields.update(_UNHELD)
-    record = {**said, "finished_at": now, "outcome": outcome}
+    record = {**said, "finished_at": now, "outcome": outcome, "cause": cause}
     return Change(job.id, event, job.lease, fields, record=record)
 
 
@@ -363,6 +319,8 @@ def finish(
     no_retry_on: Collection[int] = (),
     failure: str | None = None,
     final: bool = False,
+    no_bigger: str | None = None,
+    raised: Mapping[str, object] | None = None,
 ) -> Change:
     """The worker reports how the attempt ended: success, a retry after a backoff while
     attempts are left, or failure. A job asked to stop that did not exit 0 failed and is
@@ -372,13 +330,18 @@ def finish(
     environment could not be built), kept on the attempt and the job; ``final`` says it
     would fail the same way on every worker (a requirement that does not exist), so the
     job fails at once (:data:`NOT_BUILDABLE`); a failure that is not final (the network,
-    a full disk) is retried as any other."""
+    a full disk) is retried as any other. An attempt out of memory ("gpu_oom",
+    "host_oom") is retried with the job's fields ``raised`` sets (its spec, asking for
+    more memory), or, with ``no_bigger`` (why no worker has more), fails at once."""
     event, outcome, error, refused = _outcome(
-        job, exit_code, error, failure, final, retry_on, no_retry_on
+        job, exit_code, error, failure, final or no_bigger, retry_on, no_retry_on
     )
-    return _finished(
+    change = _finished(
         job, event, now, backoff_base, outcome, error, exit_code, stderr_tail, refused, failure
     )
+    if event == Event.RETRY and raised:
+        change = replace(change, fields={**change.fields, **raised})
+    return change
 
 
 def _finished(
@@ -412,6 +375,7 @@ def _finished(
         not_before=not_before,
         stopped_early=stopped and event == Event.SUCCEED,
         failure=None if event == Event.SUCCEED else failure,
+        cause=None if event == Event.SUCCEED else (failure or "exit"),
     )
     if event == Event.SUCCEED:
         return change
@@ -432,7 +396,7 @@ def _outcome(
     exit_code: int | None,
     error: str | None,
     failure: str | None,
-    final: bool,
+    final: bool | str | None,
     retry_on: Collection[int],
     no_retry_on: Collection[int],
 ) -> tuple[Event, str, str | None, str | None]:
@@ -447,6 +411,8 @@ def _outcome(
         refused = not_retried(exit_code, retry_on, no_retry_on)
         if final and failure == "environment":
             refused = NOT_BUILDABLE
+        elif isinstance(final, str):  # why no worker could do better
+            refused = final
     event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)
     error = error or _no_word(exit_code, failure)
     if refused:
@@ -458,36 +424,79 @@ def _no_word(exit_code: int | None, failure: str | None) -> str:
     """A failed attempt's error when its worker sent none."""
     if failure == "environment":
         return "the environment could not be built"
+    if failure == "gpu_oom":
+        return f"out of GPU memory (exit code {exit_code})"
+    if failure == "host_oom":
+        return "out of host memory: the kernel's OOM killer ended it"
     return f"exit code {exit_code}"
 
 
-def lose(job: JobState, now: float, who: str | None, restarted: bool = False) -> Change:
-    """The job's lease expired (its worker went silent): an attempt used, and the job
-    back in the queue while attempts are left (never, when it was asked to stop). Applied
-    only if the lease is still expired at ``now``: a heartbeat may just have landed. With
+def lose(
+    job: JobState,
+    now: float,
+    who: str | None,
+    restarted: bool = False,
+    most_losses: int = MOST_LOSSES,
+) -> Change:
+    """The job's lease expired (its worker went silent): its machine's fault, so not
+    counted against ``max_attempts`` but in ``losses``, and the job back in the queue
+    until it has lost ``most_losses`` (never, when it was asked to stop). Applied only if
+    the lease is still expired at ``now``: a heartbeat may just have landed. With
     ``restarted``, its worker started again and no longer runs it (it died, and the job
     with it): the lease is lost now, as it would be at its expiry, without waiting."""
-    used = job.attempts + 1
-    event = failure_event(used, job.max_attempts, lost=True)
-    if job.stop_requested_at is not None:
-        event = Event.LOSE_FINAL
+    losses = job.losses + 1
     if restarted:
         error = f"lost: worker {who} started again without it"
     else:
         error = f"lease lost: worker {who} stopped heartbeating"
-    change = _ended(job, event, now, attempts=used, outcome="lost", error=error)
-    change = replace(change, said=failed_attempt(job, event, None, ()))
+    event = Event.LOSE
+    if job.stop_requested_at is not None:
+        event = Event.LOSE_FINAL
+    elif losses >= most_losses:
+        event = Event.LOSE_FINAL
+        error = f"{error}; it has lost its machine {losses} times (the most is {most_losses})"
+    change = _ended(
+        job,
+        event,
+        now,
+        attempts=job.attempts,
+        outcome="lost",
+        error=error,
+        cause="lost",
+        losses=losses,
+    )
+    change = replace(change, said={**failed_attempt(job, event, None, ()), "losses": losses})
     return change if restarted else replace(change, lost_before=now)
 
 
-def release(job: JobState, now: float, why: str) -> Change:
+def release(job: JobState, now: float, why: str, most_losses: int = MOST_LOSSES) -> Change:
     """The worker hands the job back (drained, left, its token revoked): back in the
-    queue, the attempt not counted. A job asked to stop ends instead, failed: running it
-    again from the start is not what a stop asked for."""
+    queue, the attempt counted in ``losses``, not against ``max_attempts``; a job that has
+    lost ``most_losses`` attempts so fails. A job asked to stop ends instead, failed:
+    running it again from the start is not what a stop asked for."""
+    losses = job.losses + 1
     if job.stop_requested_at is not None:
         error = f"asked to stop; {why} before it ended"
         return _ended(
-            job, Event.FAIL, now, attempts=job.attempts + 1, outcome="stopped", error=error
+            job,
+            Event.FAIL,
+            now,
+            attempts=job.attempts + 1,
+            outcome="stopped",
+            error=error,
+            cause="drained",
+        )
+    if losses >= most_losses:
+        error = f"{why}; it has lost its machine {losses} times (the most is {most_losses})"
+        return _ended(
+            job,
+            Event.LOSE_FINAL,
+            now,
+            attempts=job.attempts,
+            outcome="released",
+            error=error,
+            cause="drained",
+            losses=losses,
         )
     change = _ended(
         job,
@@ -496,6 +505,8 @@ def release(job: JobState, now: float, why: str) -> Change:
         attempts=job.attempts,
         outcome="released",
         error=job.error,
+        cause="drained",
+        losses=losses,
     )
     # the job keeps its latest counted attempt's class, as it keeps its error
     fields = {k: v for k, v in change.fields.items() if k != "failure"}
@@ -516,11 +527,13 @@ def cancel(job: JobState, now: float) -> Change:
 
 
 def requeue(job: JobState) -> Change:
-    """An operator queues a failed or cancelled job again, with a fresh attempt budget
-    (its attempt number, the lease, goes on counting up; the history keeps every one)."""
+    """An operator queues a failed or cancelled job again, with fresh budgets of attempts
+    and losses (its attempt number, the lease, goes on counting up; the history keeps
+    every one)."""
     fields = {
         **_UNHELD,
         "attempts": 0,
+        "losses": 0,
         "not_before": None,
         "finished_at": None,
         "exit_code": None,

@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from gpufleet.domain.environments import EnvRequest
-from gpufleet.domain.lifecycle import exit_codes_problem
 from gpufleet.domain.limits import MAX_ARG, MAX_NAME, SCHEMA_VERSION
 from gpufleet.domain.manifest_values import (
     _ALIASES,
@@ -75,6 +74,7 @@ from gpufleet.domain.models import (
     Requirements,
     is_gpu_label,
 )
+from gpufleet.domain.retries import exit_codes_problem
 
 _TOP_KEYS = ("schema_version", "name", "hyper_style", "defaults", "hosts", "jobs")
 _MERGED_TABLES = ("hyper", "env", "labels")

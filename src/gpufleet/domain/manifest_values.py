@@ -12,7 +12,6 @@ from typing import Any, NoReturn
 
 from gpufleet.domain.checkpoints import MOST_GRACE, grace_signal
 from gpufleet.domain.environments import MOST_WITH, PYTHON_PATTERN, requirement_problem
-from gpufleet.domain.lifecycle import exit_codes_problem
 from gpufleet.domain.limits import (
     MAX_ATTEMPTS,
     MAX_GIB,
@@ -26,6 +25,7 @@ from gpufleet.domain.models import (
     InputKind,
     JobInput,
 )
+from gpufleet.domain.retries import exit_codes_problem
 from gpufleet.errors import ManifestError
 
 # ---- where a value sits, and the error that names it -----------------------------------

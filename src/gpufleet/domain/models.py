@@ -223,7 +223,7 @@ class JobSpec:
     adapter: str | None = None
     tags: tuple[str, ...] = ()  # words to find and group jobs by ("sleap", "centroid")
     # Exit codes after which a failed attempt is never tried again, and ones after which
-    # it is, where the default would not (gpufleet.domain.lifecycle.not_retried).
+    # it is, where the default would not (gpufleet.domain.retries.not_retried).
     no_retry_on: tuple[int, ...] = ()
     retry_on: tuple[int, ...] = ()
     # The Python environment its worker builds for it with uv; None: the worker's own.

@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 #: The most characters of the framework's line that :func:`gpu_oom` returns.
 MAX_LINE = 300
@@ -126,3 +127,34 @@ def host_oom(exit_code: int | None, oom_kills_seen: bool) -> bool:
     (``oom_kills_seen``: its count of kills grew during the attempt)."""
     killed = exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL)
     return killed and oom_kills_seen
+
+
+#: The classes of failure that ask for more memory on the next attempt.
+GPU_OOM, HOST_OOM = "gpu_oom", "host_oom"
+#: How much more than the memory that was not enough the next attempt asks for (GiB).
+MARGIN_GIB = 0.01
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A requirement raised after an attempt ran out of memory: the field, its new
+    value, and why (for ``why`` and the job's error)."""
+
+    field: str  # "min_vram_gib" or "min_ram_gib"
+    value: float
+    why: str
+
+
+def raised_need(failure: str, attempt: int, had_gib: float | None) -> Raised | None:
+    """What the next attempt of a job whose attempt ``attempt`` failed with ``failure``
+    needs: more GPU memory than the GPU it had (``had_gib``), or more host memory than
+    its machine had; None for another failure, or when the memory it had is not known."""
+    if had_gib is None or failure not in (GPU_OOM, HOST_OOM):
+        return None
+    gpu = failure == GPU_OOM
+    kind = "GPU" if gpu else "host"
+    why = (
+        f"attempt {attempt} ran out of {kind} memory on a {'GPU' if gpu else 'machine'} "
+        f"with {had_gib:g} GiB; the next needs more"
+    )
+    return Raised("min_vram_gib" if gpu else "min_ram_gib", round(had_gib + MARGIN_GIB, 3), why)

@@ -13,10 +13,11 @@ import copy
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
-from gpufleet.domain import lifecycle
-from gpufleet.domain.models import JobStatus
+from gpufleet.domain import lifecycle, oom
+from gpufleet.domain.models import MIB_PER_GIB, JobStatus
 from gpufleet.domain.quota import MARKER
 from gpufleet.errors import Conflict, NotFound
 from gpufleet.server.dispatch import Dispatch
@@ -24,7 +25,15 @@ from gpufleet.server.fleet import Fleet, OnEvent
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.notices import Notices
 from gpufleet.server.settings import QueueSettings
-from gpufleet.store import EventStore, JobRow, JobStore, Transaction, WorkerRow
+from gpufleet.store import (
+    EventStore,
+    FleetStore,
+    JobRow,
+    JobStore,
+    Transaction,
+    WorkerRow,
+    json_columns,
+)
 from gpufleet.wire import (
     EnvUsed,
     HeartbeatRequest,
@@ -44,8 +53,9 @@ def printable(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
-class LeaseStore(JobStore, EventStore, Protocol):
-    """What the lease protocol writes: jobs and their attempts, and their event logs."""
+class LeaseStore(JobStore, EventStore, FleetStore, Protocol):
+    """What the lease protocol writes: jobs and their attempts, and their event logs (and
+    reads of the fleet: what memory a machine has, after an attempt ran out of it)."""
 
 
 class Leases:
@@ -237,6 +247,7 @@ class Leases:
         # Only a failure reads the spec's exit codes: a success need not parse it.
         ok = exit_code == 0 and said is None and failure is None
         codes = {} if ok else _retry_codes(job)
+        no_bigger, raised = self._more_memory(job, failure) if failure else (None, None)
         change = lifecycle.finish(
             job,
             exit_code,
@@ -246,7 +257,10 @@ class Leases:
             self.settings.retry_backoff,
             failure=failure,
             final=final,
-            **codes,
+            no_bigger=no_bigger,
+            raised=raised,
+            retry_on=codes.get("retry_on", ()),
+            no_retry_on=codes.get("no_retry_on", ()),
         )
         done = self.store.finish(change)
         if done is None:
@@ -258,6 +272,36 @@ class Leases:
         if change.status == JobStatus.PENDING or done.released:
             self.notices.changed()
         return done.job
+
+    def _more_memory(
+        self, job: JobRow, failure: str
+    ) -> tuple[str | None, dict[str, object] | None]:
+        """After an attempt out of GPU or host memory: the job's next spec, asking for
+        more than the machine it ran on had, and why (``raised``); or why no worker of
+        its pool has more (``no_bigger``: the job fails at once)."""
+        worker = self.store.get_worker(job.worker_id) if job.worker_id else None
+        had = _memory_had(worker, job.gpus, failure) if worker is not None else None
+        need = oom.raised_need(failure, job.lease, had)
+        if need is None:
+            return None, None
+        pool = self.store.list_workers([job.pool])
+        if not any((_memory_had(w, (), failure, most=True) or 0) > need.value for w in pool):
+            kind = "a GPU" if failure == oom.GPU_OOM else "a machine"
+            return (
+                f"not retried: no worker of pool {job.pool} has {kind} with more than {had:g} GiB",
+                None,
+            )
+        spec = job.spec
+        r = spec.requirements
+        if need.field == "min_vram_gib":
+            requirements = replace(r, min_vram_gib=need.value)
+        else:
+            requirements = replace(r, min_ram_gib=need.value)
+        fields: dict[str, object] = {
+            "spec": json_columns.spec_json(replace(spec, requirements=requirements)),
+            "raised": json.dumps({"field": need.field, "value": need.value, "why": need.why}),
+        }
+        return None, fields
 
     def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
         """A draining worker hands a job back; the attempt is not counted."""
@@ -271,7 +315,7 @@ class Leases:
         """Put a job its worker gives up (drained, left, token revoked) back in the queue,
         the attempt not counted (a job asked to stop fails instead)."""
         now = self.clock()
-        change = lifecycle.release(job, now, "its worker handed it back")
+        change = lifecycle.release(job, now, "its worker handed it back", self.settings.max_losses)
         if self.store.release(change) is None:
             return False
         self.metrics.ended(change.status.value, job.started_at, now, "released")
@@ -281,19 +325,34 @@ class Leases:
     def lose(self, job: JobRow, now: float, who: str, restarted: bool) -> bool:
         """The job's lease is lost (``lifecycle.lose``): requeued, or failed with no
         attempts left; whether it took (a heartbeat or a result may have come first)."""
-        change = lifecycle.lose(job, now, who, restarted)
+        change = lifecycle.lose(job, now, who, restarted, self.settings.max_losses)
         if self.store.lose(change) is None:
             return False
         self.metrics.leases_lost.inc()
         self.metrics.ended(change.status.value, job.started_at, now, "lease_lost")
         self.notices.written(job.id)
         final = change.status == JobStatus.FAILED
-        then = "failed: no attempts left" if final else "requeued"
+        then = "failed: it has lost its machine too often" if final else "requeued"
         why = "started again without it" if restarted else "no heartbeat"
         self.on_event(
             "lease.lost", job.id, f"attempt {job.lease} on worker {who}: {why}; {then}", None
         )
         return True
+
+
+def _memory_had(
+    worker: WorkerRow, gpus: Sequence[int], failure: str, most: bool = False
+) -> float | None:
+    """GiB of memory the attempt had on ``worker``: the smallest of its GPUs ``gpus``
+    (after a GPU out-of-memory) or the machine's RAM; with ``most``, the most any GPU
+    of the worker has (what it could offer a retry)."""
+    cap = worker.capability
+    if failure != oom.GPU_OOM:
+        return cap.ram_mib / MIB_PER_GIB if cap.ram_mib else None
+    sizes = [g.total_gib for g in cap.gpus if most or g.index in gpus]
+    if not sizes:
+        return None
+    return max(sizes) if most else min(sizes)
 
 
 def _retry_codes(job: JobRow) -> dict[str, tuple[int, ...]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.domain.checkpoints import KEEP
+from gpufleet.domain.lifecycle import MOST_LOSSES
 from gpufleet.domain.quota import OutputQuota
 
 
@@ -28,3 +29,5 @@ class QueueSettings:
     output_quota: OutputQuota = field(default_factory=OutputQuota)
     # The newest checkpoint snapshots kept of each job (gpufleet.domain.checkpoints).
     checkpoint_keep: int = KEEP
+    # Attempts a job may lose to its machines (worker lost, drained) before it fails.
+    max_losses: int = MOST_LOSSES

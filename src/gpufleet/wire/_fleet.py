@@ -397,10 +397,12 @@ class FinishRequest(Strict):
     stderr_tail: StderrTail = Field(
         default_factory=list, description="the last lines the job wrote to stderr"
     )
-    failure: Literal["environment"] | None = Field(
+    failure: Literal["environment", "gpu_oom", "host_oom", "timeout"] | None = Field(
         None,
         description="the class of the failure, when it is not the job's exit: "
-        "'environment', its environment could not be built (error: uv's words)",
+        "'environment', its environment could not be built (error: uv's words); "
+        "'gpu_oom', out of GPU memory (the retry needs a bigger GPU); 'host_oom', killed by "
+        "the kernel's OOM killer (the retry needs more RAM); 'timeout', it ran too long",
         # left out when None, so a server from before failure classes takes the report
         exclude_if=lambda failure: failure is None,
     )

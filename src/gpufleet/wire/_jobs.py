@@ -15,7 +15,6 @@ from gpufleet.domain.environments import (
     EnvSpec,
     requirement_problem,
 )
-from gpufleet.domain.lifecycle import MOST_EXIT_CODES, exit_codes_problem
 from gpufleet.domain.models import (
     DeclaredCapability,
     HostPolicy,
@@ -25,6 +24,7 @@ from gpufleet.domain.models import (
     JobSpec,
     Requirements,
 )
+from gpufleet.domain.retries import MOST_EXIT_CODES, exit_codes_problem
 from gpufleet.wire._base import (
     JobState,
     Label,

@@ -163,6 +163,7 @@ class FolderSync:
     wanted: asyncio.Event = field(default_factory=asyncio.Event)  # the job asked for one
     sent_bytes: int = 0
     snapshots: int = 0
+    closing: bool = False  # the job has ended: the loop stops after the sync it is in
 
     def restored(self, snap: Snapshot, seen: dict[str, Seen]) -> None:
         """The folder holds ``snap`` as restored (``seen``: its files as written): an
@@ -180,6 +181,8 @@ class FolderSync:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wanted.wait(), LOOK_SECONDS)
+            if self.closing:
+                return
             forced = self.wanted.is_set()
             self.wanted.clear()
             try:
@@ -199,6 +202,8 @@ class FolderSync:
         if settled and now != before:
             return Synced()
         if self.last is not None and self._same_as_last(now):
+            return Synced()
+        if self.last is None and not now:  # nothing to keep yet: an empty folder is no snapshot
             return Synced()
         files, sent = await asyncio.to_thread(self._send, now)
         if files is None:  # a file changed while it was read: the next look tries again

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.client import AsyncClient, Client
-from gpufleet.domain import progress
+from gpufleet.domain import oom, progress
 from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.models import Adapter as AdapterKind
 from gpufleet.domain.models import Capability, HyperStyle
@@ -73,6 +73,22 @@ def adapter_for(kind: str | None, argv: list[str], workdir: Path, emit: Emit) ->
     if kind == AdapterKind.SLEAP_TRACK:
         return sleap.TrackAdapter(emit)
     raise AdapterError(f"this worker does not know the job adapter {kind!r}; upgrade it")
+
+
+def _failure_class(run: Running, code: int | None, killed: bool, timed_out: bool) -> str | None:
+    """The class of a failed run the worker can name: its timeout, out of GPU memory (the
+    framework said so in its last lines), out of host memory (the kernel's OOM killer
+    ended it); None for a success or another failure."""
+    if timed_out:
+        return "timeout"
+    if code == 0 or code is None or run.stop_reason is not None:
+        return None
+    if oom.host_oom(code, killed):
+        return oom.HOST_OOM
+    if (line := oom.gpu_oom(run.tail)) is not None:
+        run.note(f"out of GPU memory: {line}")
+        return oom.GPU_OOM
+    return None
 
 
 def run_as_users(opts: WorkerOptions, capability: Capability) -> SlotUsers | None:
@@ -396,7 +412,7 @@ class JobRunner:
             syncer = self.keeping.start(run)
             code, oom = await self._wait(run)
         finally:
-            await self.keeping.stop(syncer)
+            await self.keeping.stop(run, syncer)
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
@@ -407,6 +423,7 @@ class JobRunner:
         timed_out = run.stop_reason is StopReason.TIMEOUT
         error = f"timed out after {spec.timeout:g}s" if timed_out else None
         error = error or describe_exit(code, oom=oom)
+        run.failure = run.failure or _failure_class(run, code, oom, timed_out)
         if run.keeps_outputs:  # a stopped job keeps its outputs
             failed = await self.uploads.collect(run, workdir)
             if failed:

@@ -20,6 +20,9 @@ from gpufleet.worker.log import say
 from gpufleet.worker.running import Running
 from gpufleet.worker.staging import human
 
+#: Seconds the end of a job waits for a snapshot being sent before it gives up on it.
+STOP_WAIT = 60.0
+
 
 class Keeping:
     """Checkpoint folders of the jobs a worker runs."""
@@ -76,11 +79,19 @@ class Keeping:
         note = partial(_once, run, set())
         return asyncio.create_task(run.sync.loop(lambda: dict(run.latest), note))
 
-    async def stop(self, task: asyncio.Task[None] | None) -> None:
-        if task is not None:
+    async def stop(self, run: Running, task: asyncio.Task[None] | None) -> None:
+        """End the sync loop: a snapshot it is sending is recorded first (so the last
+        sync does not send it again), unless that takes past STOP_WAIT."""
+        if task is None or run.sync is None:
+            return
+        run.sync.closing = True
+        run.sync.wanted.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), STOP_WAIT)
+        except TimeoutError:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def last(self, run: Running) -> None:
         """The job has ended: sync its folder as it is, unless its attempt is over at the
