@@ -148,3 +148,9 @@ def test_logs_join_at_the_resumed_epoch() -> None:
         sleap.merged_log(earlier, wider)
         == "epoch,train/loss,val/loss,lr\n0,1,1,\n1,2,2,\n2,9,9,0.1\n"
     )
+
+
+def test_batches_of_a_resumed_run_say_the_epoch_under_way() -> None:
+    progress = sleap.TrainProgress(epochs=6)
+    record = progress.record({"event": "batch_end", "epoch": 3, "batch": 0}, now=0.0)
+    assert record == {"epoch": 3, "epochs": 6, "step": 1, "message": "epoch 4/6, batch 1"}

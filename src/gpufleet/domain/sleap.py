@@ -444,6 +444,8 @@ class TrainProgress:
             return self._epoch_end(msg)
         if event == "batch_end" and now - self.last_batch >= self.every:
             self.last_batch = now
+            # the epoch under way, as sleap-nn counts it: right from a resumed run's start
+            self.epoch = _count(msg.get("epoch")) or self.epoch
             batch = _count(msg.get("batch"))
             said = f"epoch {self.epoch + 1}" + (f"/{self.epochs}" if self.epochs else "")
             return checked(
