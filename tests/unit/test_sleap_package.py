@@ -58,6 +58,7 @@ def test_each_model_becomes_a_sleap_nn_train_job_with_the_lines_own_arguments(
     assert first.adapter == "sleap-train" and first.tags == ["sleap", "centroid"]
     assert first.model == "centroid" and first.mode == "train"
     assert first.outputs == [f"models/{run_name('centroid')}*"]
+    assert first.checkpoint_dir == f"models/{run_name('centroid')}"  # resumed from it
     assert first.requirements.tools == ["sleap-nn"] and first.requirements.prefer_cuda
     assert first.inputs == [PACKAGE]
     assert run_path_of(first) == f"models/{run_name('centroid')}"
@@ -76,6 +77,7 @@ def test_the_run_folder_is_always_on_the_command_line(tmp_path: Path) -> None:
         '++trainer_config.run_name="mine"',
     ]
     assert run_path_of(spec) == "out/mine" and spec.name == "mine"
+    assert spec.checkpoint_dir == "out/mine"
     assert spec.env == {"OMP_NUM_THREADS": "2"}  # the worker pins the GPUs itself
 
 

@@ -190,7 +190,8 @@ def train_specs(
 ) -> list[JobSpecModel]:
     """One job per model: ``sleap-nn train`` with the line's own arguments (and an
     ``--epochs`` override), run in the unpacked package (and beside the labels file it
-    trains on, for :func:`read_labels_job`'s), keeping its run folder."""
+    trains on, for :func:`read_labels_job`'s), keeping its run folder: as its outputs,
+    and while it trains as its checkpoint folder, so a later attempt resumes from it."""
     needs = with_tool(requirements)
     inputs = package if isinstance(package, list) else [package]
     specs = []
@@ -207,6 +208,7 @@ def train_specs(
                 requirements=needs,
                 inputs=inputs,
                 outputs=[f"{m.run_path}*"],
+                checkpoint_dir=m.run_path,
                 adapter=Adapter.SLEAP_TRAIN.value,
                 tags=["sleap", m.model_type],
                 model=m.model_type,

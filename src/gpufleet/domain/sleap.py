@@ -16,6 +16,8 @@ here: the callers read the zip, the YAML and the sockets.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import posixpath
@@ -51,6 +53,14 @@ MAX_EPOCHS = "trainer_config.max_epochs"
 PUBLISH_PORT = "trainer_config.zmq.publish_port"
 CONTROLLER_PORT = "trainer_config.zmq.controller_port"
 STOP = {"command": "stop"}
+#: What a training whose run folder the fleet keeps is given: checkpoints on, ``last.ckpt``
+#: written at the end of every epoch, and on a resumed attempt the restored one to go on from.
+SAVE_CKPT = "trainer_config.save_ckpt"
+SAVE_LAST = "trainer_config.model_ckpt.save_last"
+RESUME = "trainer_config.resume_ckpt_path"
+LAST_CKPT = "last.ckpt"
+BEST_CKPT = "best.ckpt"
+TRAINING_LOG = "training_log.csv"
 #: Shell words that would make a train line more than one command: not run, refused.
 SHELL_OPERATORS = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", "2>", "2>&1"})
 #: epoch_end log keys and the metric names they are plotted under
@@ -105,6 +115,43 @@ def with_override(args: Sequence[str], key: str, value: str) -> list[str]:
     """``args`` with every override of ``key`` replaced by one ``++key=value`` at the end
     (``++`` adds the key where the config has none, and overrides it where it has)."""
     return [a for a in args if override_key(a) != key] + [f"++{key}={value}"]
+
+
+def kept_args(args: Sequence[str], resume_from: str | None) -> list[str]:
+    """``args`` of a training whose run folder the fleet keeps: sleap-nn saves its
+    checkpoints and a ``last.ckpt`` every epoch, and, given ``resume_from`` (the restored
+    ``last.ckpt``), continues from it (``trainer_config.resume_ckpt_path``)."""
+    out = with_override(args, SAVE_CKPT, "true")
+    out = with_override(out, SAVE_LAST, "true")
+    if resume_from is not None:
+        out = with_override(out, RESUME, hydra_quoted(resume_from))
+    return out
+
+
+def merged_log(earlier: str, later: str) -> str:
+    """One ``training_log.csv`` from the log of the attempts before a resume and the one a
+    resumed sleap-nn wrote afresh: the earlier rows of epochs before the later log's first,
+    then the later rows, under the later log's columns (the earlier's when it has none).
+    sleap-nn numbers epochs from 0 and goes on from the resumed epoch's number."""
+    old, new = csv.DictReader(io.StringIO(earlier)), csv.DictReader(io.StringIO(later))
+    old_rows, new_rows = list(old), list(new)
+    columns = list(new.fieldnames or old.fieldnames or [])
+    first = min((e for r in new_rows if (e := _epoch(r)) is not None), default=None)
+    kept = [r for r in old_rows if first is None or (_epoch(r) or 0) < first]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    if columns:
+        writer.writeheader()
+    writer.writerows([*kept, *new_rows])
+    return out.getvalue()
+
+
+def _epoch(row: Mapping[str, Any]) -> int | None:
+    value = row.get("epoch")
+    try:
+        return int(float(value)) if isinstance(value, str) and value else None
+    except ValueError:
+        return None
 
 
 def parse_train_script(text: str, where: str = SCRIPT) -> list[TrainLine]:
@@ -397,6 +444,8 @@ class TrainProgress:
             return self._epoch_end(msg)
         if event == "batch_end" and now - self.last_batch >= self.every:
             self.last_batch = now
+            # the epoch under way, as sleap-nn counts it: right from a resumed run's start
+            self.epoch = _count(msg.get("epoch")) or self.epoch
             batch = _count(msg.get("batch"))
             said = f"epoch {self.epoch + 1}" + (f"/{self.epochs}" if self.epochs else "")
             return checked(

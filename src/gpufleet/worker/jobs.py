@@ -64,12 +64,22 @@ JOB_SITE = "GPUFLEET_JOB_SITE"
 JOB_SITE_DIR = ".site-packages"
 
 
-def adapter_for(kind: str | None, argv: list[str], workdir: Path, emit: Emit) -> Adapter:
-    """The adapter a job's spec names (a plain one for None)."""
+def adapter_for(
+    kind: str | None,
+    argv: list[str],
+    workdir: Path,
+    emit: Emit,
+    kept: Path | None = None,
+    resumed: bool = False,
+) -> Adapter:
+    """The adapter a job's spec names (a plain one for None). ``kept``: the job's
+    checkpoint folder; ``resumed``: a snapshot was restored into it."""
     if kind is None:
         return Adapter()
     if kind == AdapterKind.SLEAP_TRAIN:
-        return sleap.TrainAdapter(emit, sleap.epochs_of(argv, workdir))
+        run = None if kept is None else sleap.run_folder(argv, workdir, kept)
+        epochs = sleap.epochs_of(argv, workdir)
+        return sleap.TrainAdapter(emit, epochs, run=run, resumed=resumed)
     if kind == AdapterKind.SLEAP_TRACK:
         return sleap.TrackAdapter(emit)
     raise AdapterError(f"this worker does not know the job adapter {kind!r}; upgrade it")
@@ -300,7 +310,9 @@ class JobRunner:
         """Open the job's adapter and start its process; why it could not, or None."""
         lease, spec = run.lease, run.lease.spec
         try:
-            run.adapter = adapter_for(spec.adapter, argv, workdir, run.record)
+            kept = None if spec.checkpoint_dir is None else workdir / spec.checkpoint_dir
+            resumed = run.restored is not None
+            run.adapter = adapter_for(spec.adapter, argv, workdir, run.record, kept, resumed)
             await run.adapter.open()
             argv = run.adapter.argv(argv)
         except AdapterError as exc:

@@ -9,6 +9,16 @@ SLEAP jobs share one host (one per GPU). ``epoch_end`` messages become progress 
 one a second; ``gpufleet stop`` sends ``{"command": "stop"}``, after which sleap-nn ends
 the epoch's current batch, keeps its model and exits 0.
 
+A training whose run folder the fleet keeps (its ``checkpoint_dir``, as ``gpufleet sleap
+train`` sets it) is run with ``++trainer_config.save_ckpt=true
+++trainer_config.model_ckpt.save_last=true``: sleap-nn writes ``last.ckpt`` each epoch. On
+an attempt that found the folder restored with a ``last.ckpt`` in it, the adapter adds
+``++trainer_config.resume_ckpt_path=<that file>`` and sets the folder's ``best.ckpt`` and
+``training_log.csv`` aside first: sleap-nn would start a new ``RUN-1`` folder beside one
+holding a ``best.ckpt``, and begins its log afresh. Once the process has ended, the log is
+one again (the earlier epochs' rows, then the resumed ones) and the earlier best model is
+put back unless the resumed run wrote one.
+
 ``sleap-nn track --gui`` prints JSON progress lines on stdout; those become records too.
 Only a worker needs pyzmq and PyYAML (``pip install 'gpufleet[sleap]'``).
 """
@@ -17,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +39,10 @@ from gpufleet.worker.adapters import Adapter, AdapterError, Emit
 LOOPBACK = "tcp://127.0.0.1"
 ASK_EVERY = 1.0  # seconds between stop commands until the job has ended
 DRAIN_MS = 100  # how long to wait for one more queued message when the process has ended
+#: In a kept run folder, while a resumed attempt runs: the earlier attempts' log and best
+#: model (in the folder, so a snapshot taken meanwhile keeps them too).
+EARLIER_LOG = ".gpufleet-earlier-" + sleap.TRAINING_LOG
+EARLIER_BEST = ".gpufleet-earlier-" + sleap.BEST_CKPT
 
 
 def epochs_of(argv: list[str], workdir: Path) -> int | None:
@@ -49,15 +64,72 @@ def epochs_of(argv: list[str], workdir: Path) -> int | None:
     return facts.max_epochs
 
 
+def run_folder(argv: list[str], workdir: Path, kept: Path) -> Path | None:
+    """A train command's run folder (``ckpt_dir/run_name`` of its overrides, in
+    ``workdir``) when it lies in the kept folder ``kept``; else None."""
+    args = argv[2:] if argv[1:2] == ["train"] else argv[1:]
+    name = sleap.override_value(args, sleap.RUN_NAME)
+    if not name:
+        return None
+    run = Path(
+        os.path.normpath(workdir / (sleap.override_value(args, sleap.CKPT_DIR) or ".") / name)
+    )
+    inside = Path(os.path.normpath(kept))
+    return run if run == inside or inside in run.parents else None
+
+
+def set_aside(run: Path) -> Path | None:
+    """Before a resumed attempt: the folder's log and best model set aside, and the
+    restored ``last.ckpt`` to go on from (None: there is none; training starts over, and
+    its log replaces the earlier one)."""
+    settle(run)  # an earlier resumed attempt ended before it could
+    for name, aside in ((sleap.TRAINING_LOG, EARLIER_LOG), (sleap.BEST_CKPT, EARLIER_BEST)):
+        if (run / name).is_file():
+            os.replace(run / name, run / aside)
+    last = run / sleap.LAST_CKPT
+    return last if last.is_file() else None
+
+
+def settle(run: Path) -> None:
+    """After a resumed attempt (and again harmlessly): its log joined to the earlier
+    one, and the earlier best model back when the attempt wrote none."""
+    earlier, log = run / EARLIER_LOG, run / sleap.TRAINING_LOG
+    if earlier.is_file():
+        later = log.read_text(encoding="utf-8") if log.is_file() else ""
+        joined = sleap.merged_log(earlier.read_text(encoding="utf-8"), later)
+        partial = run / f".tmp-{sleap.TRAINING_LOG}"  # a sync passes .tmp names over
+        partial.write_text(joined, encoding="utf-8")
+        os.replace(partial, log)
+        earlier.unlink()
+    best = run / EARLIER_BEST
+    if best.is_file():
+        if (run / sleap.BEST_CKPT).is_file():
+            best.unlink()  # the resumed run's best is newer (see docs/sleap.md)
+        else:
+            os.replace(best, run / sleap.BEST_CKPT)
+
+
 class TrainAdapter(Adapter):
-    """``sleap-nn train``: progress from its PUB socket, stop through its controller."""
+    """``sleap-nn train``: progress from its PUB socket, stop through its controller;
+    with ``run`` (its run folder, kept by the fleet) its last checkpoint saved each
+    epoch, and on a ``resumed`` attempt training continued from it."""
 
     def __init__(
-        self, emit: Emit, epochs: int | None, clock: Callable[[], float] = time.monotonic
+        self,
+        emit: Emit,
+        epochs: int | None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        run: Path | None = None,
+        resumed: bool = False,
     ) -> None:
         self.emit = emit
         self.progress = sleap.TrainProgress(epochs)
         self.clock = clock
+        self.run = run
+        self.resumed = resumed
+        self.resume_from: Path | None = None  # the restored last.ckpt it goes on from
+        self.aside = False  # the run folder's log and best model are set aside
         self.ports: tuple[int, int] | None = None
         self.bad = 0
         self._ctx: Any = None
@@ -66,6 +138,12 @@ class TrainAdapter(Adapter):
         self._tasks: list[asyncio.Task[None]] = []
 
     async def open(self) -> None:
+        if self.run is not None and self.resumed:
+            try:
+                self.resume_from = await asyncio.to_thread(set_aside, self.run)
+            except OSError as exc:
+                raise AdapterError(f"the restored run folder cannot be resumed: {exc}") from exc
+            self.aside = True
         try:
             import zmq
             import zmq.asyncio
@@ -92,7 +170,11 @@ class TrainAdapter(Adapter):
         assert self.ports is not None, "open() first"
         publish, control = self.ports
         out = sleap.with_override(argv, sleap.PUBLISH_PORT, str(publish))
-        return sleap.with_override(out, sleap.CONTROLLER_PORT, str(control))
+        out = sleap.with_override(out, sleap.CONTROLLER_PORT, str(control))
+        if self.run is None:
+            return out
+        resume = None if self.resume_from is None else str(self.resume_from)
+        return sleap.kept_args(out, resume)
 
     async def _relay(self) -> None:
         while True:
@@ -133,6 +215,8 @@ class TrainAdapter(Adapter):
             task.cancel()
         # a relay that failed has said so in the worker's log; closing goes on regardless
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.aside and self.run is not None:  # the process has ended: one run again
+            await asyncio.to_thread(settle, self.run)
         if self._ctx is None:
             return
         try:
