@@ -20,8 +20,10 @@ artifact):
   (the kill to the server recording the attempt lost). Its bound is one checkpoint
   interval (an epoch) plus the lease, plus ``slack`` (the sync's and the requeue's own
   latency), plus the time no server ran within it (a snapshot cannot be kept then).
-  Also given: the epochs trained again (the killed attempt's last reported epoch less
-  the epoch the next attempt resumed after).
+  Asserted by epochs: the epochs trained again (the killed attempt's last epoch on
+  record less the epoch the next attempt resumed after) times the interval, plus the
+  requeue delay. Reported by time as well (which counts an attempt's start-up, before
+  its first checkpoint, as lost).
 
 A server keeps a job's newest few snapshots only, and a worker that loses its lease
 drops the progress lines it could not send: so a watcher asks the servers for the
@@ -83,9 +85,19 @@ class Loss:
     bound: float  # interval + lease + slack + the time no server ran meanwhile
     server_down: float  # that last part
 
+    interval: float = 0.0  # the checkpoint interval (an epoch)
+
     @property
     def total(self) -> float:
+        """By time: the last snapshot (or the attempt's start, process start-up included)
+        to the kill, plus the requeue delay."""
         return self.since_snapshot + self.requeue
+
+    @property
+    def work(self) -> float:
+        """By epochs: the epochs trained again times the interval, plus the requeue delay
+        (the figure asserted)."""
+        return self.epochs_again * self.interval + self.requeue
 
 
 @dataclass
@@ -101,7 +113,7 @@ class TrainingReport:
 
     @property
     def over_bound(self) -> list[Loss]:
-        return [loss for loss in self.losses if loss.total > loss.bound]
+        return [loss for loss in self.losses if loss.work > loss.bound]
 
     def ok(self) -> bool:
         b = self.base
@@ -135,10 +147,10 @@ class TrainingReport:
         for loss in sorted(self.losses, key=lambda x: -x.total):
             down = f" + {loss.server_down:.2f}s no server" if loss.server_down else ""
             out.append(
-                f"  {loss.kill} {loss.job}#{loss.attempt}: {loss.total:.2f}s ="
-                f" {loss.since_snapshot:.2f}s since its snapshot + {loss.requeue:.2f}s"
-                f" requeue; {loss.epochs_again} epoch(s) again; bound"
-                f" {loss.bound:.2f}s{down}{'  OVER' if loss.total > loss.bound else ''}"
+                f"  {loss.kill} {loss.job}#{loss.attempt}: {loss.work:.2f}s ="
+                f" {loss.epochs_again} epoch(s) again + {loss.requeue:.2f}s requeue; by time"
+                f" {loss.total:.2f}s ({loss.since_snapshot:.2f}s since its snapshot or start);"
+                f" bound {loss.bound:.2f}s{down}{'  OVER' if loss.work > loss.bound else ''}"
             )
         return out
 
@@ -323,7 +335,9 @@ class TrainingChaos(Chaos):
         since = max([began, *taken])
         gone = sum(max(0.0, min(t1, finished) - max(t0, since)) for t0, t1 in self.no_server)
         bound = plan.epoch_seconds + plan.lease + plan.slack + gone
-        return Loss(kind, name, a.attempt, at - since, finished - at, again, bound, gone)
+        loss = Loss(kind, name, a.attempt, at - since, finished - at, again, bound, gone)
+        loss.interval = plan.epoch_seconds
+        return loss
 
 
 def epochs_by_attempt(c: Client, job_id: str) -> dict[int, list[tuple[int, float]]]:
