@@ -309,16 +309,20 @@ class Chaos:
                     raise AssertionError(f"no server answered {what} for {timeout}s") from None
                 time.sleep(0.2)
 
-    def submit(self, c: Client, name: str) -> None:
+    def job_spec(self, name: str) -> JobSpecModel:
+        """The job named ``name``: a sleep of a random length, then its artifact."""
         rng, plan = self.calls_rng, self.plan
         long = rng.random() < plan.long_jobs
         seconds = round(rng.uniform(plan.lease + 1, plan.lease + 5), 2) if long else None
         seconds = seconds or round(rng.uniform(*plan.job_seconds), 2)
-        spec = JobSpecModel(
+        return JobSpecModel(
             name=name,
             command=[PYTHON, str(self.script), str(self.effects), str(seconds)],
             max_attempts=100,
         )
+
+    def submit(self, c: Client, name: str) -> None:
+        spec = self.job_spec(name)
         sent = False
 
         def once() -> str:
@@ -453,7 +457,7 @@ class Chaos:
             up = [n for n, w in enumerate(self.workers) if w and n not in self.paused]
             if not up:
                 return Event(event.at + 0.5, event.kind)
-            i = rng.choice(up)
+            i = self.kill_target(up) if event.kind == "kill worker" else rng.choice(up)
             if event.kind == "kill worker":
                 self._worker(i).kill()
                 self.kills.append((f"w{i}", time.time()))
@@ -481,6 +485,10 @@ class Chaos:
             self.report.faults["server SIGKILL"] += 1
             return Event(event.at + rng.uniform(*plan.server_down), "start server", i)
         return None
+
+    def kill_target(self, up: list[int]) -> int:
+        """The worker a SIGKILL hits, of those up (not paused)."""
+        return self.rng.choice(up)
 
     def _worker(self, i: int) -> Proc:
         proc = self.workers[i]
@@ -515,6 +523,12 @@ class Chaos:
                 if problem := self.corrupt(c, d):
                     r.corrupt.append(f"{name}: {problem}")
         self.measure(details, watcher)
+        self.scan_logs()
+
+    def scan_logs(self) -> None:
+        """Note each 5xx answered and traceback in a server's log, and each traceback in
+        a worker's."""
+        r = self.report
         for proc in self.every_proc():
             text = proc.text()
             server = proc.log.name.startswith("server")
