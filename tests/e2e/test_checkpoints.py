@@ -102,3 +102,73 @@ def test_a_snapshot_lists_the_folder_and_a_job_without_one_has_none(fleet: Fleet
     assert snaps and snaps[0].progress.get("epoch") == 2
     assert [f.path for f in snaps[0].files] == ["state.json"], "no temporary file is kept"
     assert len(snaps) <= 3
+
+
+# A job that saves in its grace period: on SIGTERM it writes grace.json and exits; the
+# attempt after it prints what it finds restored.
+GRACEFUL = r"""
+import json, os, signal, sys, time
+folder = os.environ["GPUFLEET_CHECKPOINT_DIR"]
+attempt = os.environ["GPUFLEET_ATTEMPT"]
+saved = os.path.join(folder, "grace.json")
+if os.environ.get("GPUFLEET_RESUMED") and os.path.exists(saved):
+    print("found", open(saved).read(), flush=True)
+    sys.exit(0)
+def on_term(signum, frame):
+    time.sleep(0.5)  # saving takes a moment, inside the grace period
+    with open(saved + ".tmp", "w") as f:
+        json.dump({"attempt": attempt, "signal": signum}, f)
+    os.replace(saved + ".tmp", saved)
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, on_term)
+print("running", flush=True)
+for _ in range(600):
+    time.sleep(0.1)
+"""
+
+
+def _graceful_job(fleet: Fleet, tmp_path: Path) -> str:
+    script = tmp_path / "graceful.py"
+    script.write_text(GRACEFUL)
+    argv = ["submit", "--checkpoint-dir", "ck", "--grace-period", "10", "--"]
+    job_id = fleet.cli(*argv, "python", str(script)).stdout.split()[-1]
+    with fleet.client() as c:
+        wait_for(lambda: "running" in fleet.cli("logs", job_id).stdout, 30, "the job to run")
+        assert c.job(job_id).status == "running"
+    return job_id
+
+
+def _resumed_from_its_grace(fleet: Fleet, job_id: str) -> None:
+    """The attempt after the vacated one found what it wrote in its grace period."""
+    fleet.start_worker("w2")
+    done = fleet.wait_status(job_id, "succeeded", "failed", timeout=60)
+    assert done["status"] == "succeeded", done
+    first, second = done["history"]
+    assert (first["outcome"], first["cause"]) == ("released", "drained")
+    assert done["attempts"] == 1, "a drained attempt is not counted against max_attempts"
+    assert second["restored"]["files"] == 1
+    assert 'found {"attempt": "1", "signal": 15}' in fleet.cli("logs", job_id).stdout
+
+
+def test_a_drain_with_a_deadline_vacates_a_job_with_its_grace_checkpoint(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    first = fleet.start_worker("w1")
+    job_id = _graceful_job(fleet, tmp_path)
+    fleet.cli("drain", "w1", "--deadline", "1")
+    wait_for(lambda: "SIGTERM now" in first.text(), 15, "the grace signal")
+    first.popen.wait(30)  # it handed the job back and stopped
+    assert fleet.job(job_id)["status"] == "pending"
+    _resumed_from_its_grace(fleet, job_id)
+
+
+def test_a_worker_sent_sigterm_vacates_a_checkpointing_job_at_once(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    first = fleet.start_worker("w1")
+    job_id = _graceful_job(fleet, tmp_path)
+    first.signal(signal.SIGTERM)  # a spot instance about to be reclaimed
+    assert first.popen.wait(30) == 0
+    _resumed_from_its_grace(fleet, job_id)

@@ -107,11 +107,25 @@ def workers_rm(
 
 
 def drain(
-    worker_ref: WorkerArg, server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False
+    worker_ref: WorkerArg,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            "--deadline",
+            metavar="SECONDS",
+            min=0,
+            help="Vacate what it still runs after this long: each job gets its grace "
+            "signal, its checkpoint is kept, and it goes back to the queue.",
+        ),
+    ] = None,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Stop giving a worker jobs; it finishes what it runs, then exits (and shows offline)."""
+    """Stop giving a worker jobs; it finishes what it runs (or, with --deadline, vacates
+    it then), then exits (and shows offline)."""
     with client(server, ca) as c:
-        w = c.drain(worker_ref)
+        w = c.drain(worker_ref, deadline)
     _acted(w, as_json, styled(w.status))
 
 

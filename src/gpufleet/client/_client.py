@@ -272,8 +272,10 @@ class Client:
         the others with their reason."""
         return self.call(ops.select(spec))
 
-    def drain(self, ref: str) -> WorkerOut:
-        return self.call(ops.drain(ref))
+    def drain(self, ref: str, deadline: float | None = None) -> WorkerOut:
+        """Drain a worker; with ``deadline`` (seconds), its running jobs are vacated then
+        (grace signal, last checkpoint, back to the queue)."""
+        return self.call(ops.drain(ref, deadline))
 
     def remove_worker(self, ref: str) -> WorkerOut:
         """Forget an offline worker (409 for one that is not offline)."""

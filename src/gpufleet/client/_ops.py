@@ -123,8 +123,9 @@ def select(spec: JobSpecModel) -> Call[list[Candidate]]:
     return Call("POST", "/v1/workers/select", model(list[Candidate]), body=SelectRequest(spec=spec))
 
 
-def drain(ref: str) -> Call[WorkerOut]:
-    return Call("POST", f"/v1/workers/{_q(ref)}/drain", model(WorkerOut))
+def drain(ref: str, deadline: float | None = None) -> Call[WorkerOut]:
+    params = {} if deadline is None else {"deadline": deadline}
+    return Call("POST", f"/v1/workers/{_q(ref)}/drain", model(WorkerOut), params=params)
 
 
 def remove_worker(ref: str) -> Call[WorkerOut]:

@@ -384,6 +384,7 @@ class Fleet:
             "ephemeral": req.ephemeral,
             "status": worker_lifecycle.INITIAL.value,
             "drain": False,
+            "drain_by": None,
             "gpu_stats": json.dumps([g.model_dump() for g in req.capability.gpus]),
             "registered_at": now,
             "last_heartbeat": now,
@@ -517,9 +518,17 @@ class Fleet:
             self.on_event("worker.offline", w.id, f"{w.name} stopped: {reason}", None)
         self.forget(w.id)
 
-    def drain(self, ref: str, pools: Sequence[str] | None = None) -> WorkerRow:
+    def drain(
+        self, ref: str, pools: Sequence[str] | None = None, deadline: float | None = None
+    ) -> WorkerRow:
+        """Drain a worker: it takes nothing new; its running jobs may finish, or, with
+        ``deadline`` (seconds), are vacated then (grace signal, last checkpoint, back to
+        the queue). A second drain may set an earlier deadline, never a later one."""
         w = self.worker(ref, pools)
-        self.store.drain_worker(w.id)
+        by = None if deadline is None else self.clock() + deadline
+        if w.drain_by is not None:
+            by = w.drain_by if by is None else min(by, w.drain_by)
+        self.store.drain_worker(w.id, by)
         self.forget(w.id)
         return self.worker(w.id)
 

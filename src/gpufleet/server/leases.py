@@ -178,7 +178,8 @@ class Leases:
         if req.environments is not None or req.pythons is not None:
             self.dispatch.refresh_waiting(w.id)
         orders = _orders(req.leases, held, self.store.stops(held))
-        return HeartbeatResponse(orders=orders, drain=w.drain)
+        drain_in = None if w.drain_by is None else max(0.0, w.drain_by - self.clock())
+        return HeartbeatResponse(orders=orders, drain=w.drain, drain_in=drain_in)
 
     def append_logs(
         self,

@@ -156,6 +156,7 @@ class WorkerRow:
     offline_since: float | None = None
     fixed_labels: dict[str, str] = field(default_factory=dict)
     environments: tuple[BuiltEnv, ...] = ()  # in its cache, as its heartbeats last said
+    drain_by: float | None = None  # an operator's drain deadline (server time), if any
 
     @classmethod
     def from_row(cls, r: Any) -> WorkerRow:
@@ -180,6 +181,7 @@ class WorkerRow:
             offline_since=m["offline_since"],
             fixed_labels=json.loads(m["fixed_labels"] or "{}"),
             environments=built_envs(m.get("environments")),
+            drain_by=m.get("drain_by"),
         )
 
 

@@ -152,6 +152,9 @@ workers = Table(
     Column("ephemeral", Boolean, nullable=False, default=False),
     Column("status", String(16), nullable=False),
     Column("drain", Boolean, nullable=False, default=False),
+    # When an operator's drain ends (server time): running jobs are then vacated (grace
+    # signal, last checkpoint, back to the queue); None: they may finish (0017).
+    Column("drain_by", Float),
     Column("gpu_stats", Text, nullable=False, default="[]"),
     Column("registered_at", Float, nullable=False),
     Column("last_heartbeat", Float),

@@ -324,6 +324,12 @@ class HeartbeatResponse(Wire):
 
     orders: list[LeaseOrder]
     drain: bool = False
+    drain_in: float | None = Field(
+        None,
+        description="with drain: seconds until the worker vacates its running jobs (grace "
+        "signal, last checkpoint, back to the queue); None: they may finish",
+        exclude_if=lambda left: left is None,
+    )
 
 
 class StartRequest(Strict):

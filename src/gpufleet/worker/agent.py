@@ -192,6 +192,9 @@ class Agent:
             self.drain_deadline = time.monotonic()
         else:
             self.begin_drain(self.opts.drain_grace, "signal")
+            # a job that keeps checkpoints loses nothing by moving: it goes now, while
+            # the machine (a spot instance being reclaimed) still has time to save it
+            self.jobs.vacate_all(checkpointing=True)
 
     def begin_drain(self, grace: float | None, why: str) -> None:
         if not self.draining:
@@ -221,7 +224,10 @@ class Agent:
     async def wait_drained(self) -> None:
         while not (self.draining and not self.jobs.running):
             if self.draining and self.drain_deadline and time.monotonic() >= self.drain_deadline:
-                self.jobs.kill_all(StopReason.DRAIN)
+                if self.locked_out:  # its writes are refused: nothing to keep, kill now
+                    self.jobs.kill_all(StopReason.DRAIN)
+                else:  # grace signal, last checkpoint, back to the queue
+                    self.jobs.vacate_all()
             await asyncio.sleep(0.1)
 
     # ---- talking to the server ---------------------------------------------------------
@@ -354,7 +360,7 @@ class Agent:
         for order in resp.orders:
             self.jobs.obey(order, sent)
         if resp.drain:
-            self.begin_drain(None, "operator")
+            self.begin_drain(resp.drain_in, "operator")
 
     async def find_pythons(self) -> None:
         """The Python versions jobs' environments may ask for (uv finds them), for the

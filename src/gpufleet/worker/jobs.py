@@ -167,6 +167,14 @@ class JobRunner:
         for run in list(self.running.values()):
             self.stopper.kill(run, reason)
 
+    def vacate_all(self, checkpointing: bool = False) -> None:
+        """Hand every job running here (with ``checkpointing``, each that keeps a
+        checkpoint folder) back to the queue: its grace signal, its grace period, its last
+        checkpoint synced."""
+        for run in list(self.running.values()):
+            if not checkpointing or run.lease.spec.checkpoint_dir is not None:
+                self.stopper.vacate(run, StopReason.DRAIN)
+
     def obey(self, order: LeaseOrder, sent: float) -> None:
         """What a heartbeat sent at ``sent`` (monotonic) was told of one lease."""
         run = self.running.get((order.job_id, order.attempt))

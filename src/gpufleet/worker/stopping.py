@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+from gpufleet.domain.checkpoints import grace_signal
 from gpufleet.worker.calls import Spawn
 from gpufleet.worker.log import say
 from gpufleet.worker.runner import JobProcess
@@ -31,6 +32,28 @@ class Stopper:
         run.killing = True
         run.proc.signal_group(signal.SIGTERM)
         self.spawn(self._kill_later(run.proc, grace))
+
+    def vacate(self, run: Running, reason: StopReason) -> None:
+        """End the job to free its slot, keeping its work: its grace signal (SIGTERM unless
+        its spec names another) to its process group now, SIGKILL after its grace period;
+        its last checkpoint is synced once it has ended. Once per job."""
+        spec = run.lease.spec
+        if run.proc is not None and run.proc.proc.returncode is not None:
+            return
+        if not run.killed:
+            run.stop_reason = reason
+        if run.proc is None and run.building is not None and not run.building.done():
+            run.building.cancel()
+        if run.killing or run.proc is None:
+            return
+        run.killing = True
+        sig = grace_signal(spec.grace_signal)
+        say(
+            f"job {run.lease.job_id}: {sig.name} now, SIGKILL in {spec.grace_period:g}s "
+            "unless it ends; its checkpoint is kept and it goes back to the queue"
+        )
+        run.proc.signal_group(sig)
+        self.spawn(self._kill_later(run.proc, spec.grace_period))
 
     async def _kill_later(self, proc: JobProcess, grace: float = 3.0) -> None:
         if await proc.wait(grace) is None:

@@ -139,9 +139,14 @@ def show_worker(ref: str, request: Request, caller: Reader) -> WorkerOut:
 
 
 @router.post("/workers/{ref}/drain", response_model=WorkerOut, tags=["fleet"])
-def drain_worker(ref: str, request: Request, caller: Operator) -> WorkerOut:
+def drain_worker(
+    ref: str,
+    request: Request,
+    caller: Operator,
+    deadline: Annotated[float | None, Query(ge=0, le=30 * 86400)] = None,
+) -> WorkerOut:
     """Stop giving the worker jobs; it finishes what it runs, then exits."""
-    w = state(request).services.fleet.drain(ref, caller.pools)
+    w = state(request).services.fleet.drain(ref, caller.pools, deadline)
     note(request, w.id)
     return _worker_out(request, w)
 

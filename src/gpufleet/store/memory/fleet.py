@@ -71,8 +71,8 @@ class MemoryFleet(MemoryTables):
             row.update(values)
             return True
 
-    def drain_worker(self, worker_id: str) -> bool:
-        return self._set_worker(worker_id, drain=True)
+    def drain_worker(self, worker_id: str, by: float | None = None) -> bool:
+        return self._set_worker(worker_id, drain=True, drain_by=by)
 
     def set_worker_environments(self, worker_id: str, environments: str) -> bool:
         return self._set_worker(worker_id, environments=environments)

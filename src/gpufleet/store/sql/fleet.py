@@ -89,9 +89,10 @@ class FleetOps(SqlParts):
             res = conn.execute(update(t.workers).where(_W.id == worker_id).values(**values))
             return res.rowcount == 1
 
-    def drain_worker(self, worker_id: str) -> bool:
-        """Ask a worker to drain: its next heartbeat makes it draining."""
-        return self._set_worker(worker_id, drain=True)
+    def drain_worker(self, worker_id: str, by: float | None = None) -> bool:
+        """Ask a worker to drain: its next heartbeat makes it draining; ``by``: when its
+        running jobs are vacated (None: they may finish)."""
+        return self._set_worker(worker_id, drain=True, drain_by=by)
 
     def set_worker_environments(self, worker_id: str, environments: str) -> bool:
         """The environments in the worker's cache, as its heartbeat listed them (JSON)."""

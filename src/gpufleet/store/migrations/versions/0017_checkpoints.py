@@ -2,7 +2,8 @@
 folder; a job counts the attempts its machines lost apart from its own failures
 (``losses``), keeps a pause asked of it (``pause_requested_at``) and why a requirement was
 raised after an out-of-memory (``raised``); an attempt keeps the cause of its end
-(``cause``) and the snapshot restored before it started (``restored``).
+(``cause``) and the snapshot restored before it started (``restored``); a worker drained
+with a deadline keeps it (``drain_by``).
 
 Revision ID: 0017
 Revises: 0016
@@ -37,12 +38,14 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("raised", sa.Text))
     op.add_column("attempts", sa.Column("cause", sa.String(32)))
     op.add_column("attempts", sa.Column("restored", sa.Text))
+    op.add_column("workers", sa.Column("drain_by", sa.Float))
 
 
 def downgrade() -> None:
     # Plain DROP COLUMN (SQLite 3.35 and PostgreSQL): a batch copy of ``jobs`` would drop
     # the triggers that count its rows (0011).
     for table, column in (
+        ("workers", "drain_by"),
         ("attempts", "restored"),
         ("attempts", "cause"),
         ("jobs", "raised"),
