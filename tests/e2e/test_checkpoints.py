@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,78 @@ def test_a_worker_sent_sigterm_vacates_a_checkpointing_job_at_once(
     first.signal(signal.SIGTERM)  # a spot instance about to be reclaimed
     assert first.popen.wait(30) == 0
     _resumed_from_its_grace(fleet, job_id)
+
+
+def test_pause_frees_the_gpu_and_resume_goes_on_from_the_checkpoint_elsewhere(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server()
+    first = fleet.start_gpu_worker("gpu-a", [("NVIDIA GeForce RTX 4090", 24, 23)])
+    job_id = submit_training(fleet, 8, 0.5, "--gpus", "1", "--grace-period", "5")
+    with fleet.client() as c:
+        wait_for(lambda: (c.job(job_id).progress or {}).get("epoch", 0) >= 2, 60, "epoch 2")
+        paused_at = time.monotonic()
+        said = fleet.cli("pause", job_id).stdout
+        assert "pausing" in said
+        fleet.wait_status(job_id, "paused", timeout=15)
+        assert time.monotonic() - paused_at < 5 + 3, "held within its grace period"
+        gpu = c.workers()[0]
+        assert gpu.name == "gpu-a" and gpu.status == "available" and not gpu.running
+        held = c.job(job_id)
+        assert held.attempts == 0 and held.losses == 0, "a pause is no failure and no loss"
+        kept = c.checkpoints(job_id)[0].progress["epoch"]
+        time.sleep(1.0)
+        assert c.job(job_id).status == "paused", "a paused job is not claimed"
+        first.signal(signal.SIGTERM)
+        first.popen.wait(30)
+        fleet.start_gpu_worker("gpu-b", [("NVIDIA GeForce RTX 4090", 24, 23)])
+        fleet.cli("resume", job_id)
+        done = fleet.wait_status(job_id, "succeeded", "failed", timeout=60)
+        log = events(c, job_id)
+    assert done["status"] == "succeeded", done
+    first_attempt, second = done["history"]
+    assert (first_attempt["outcome"], first_attempt["cause"]) == ("paused", "paused")
+    assert second["worker"] == "gpu-b" and second["restored"]["files"] == 1
+    assert epochs_by_attempt(log)[2] == list(range(kept + 1, 9)), "on from its checkpoint"
+
+
+def test_a_cuda_out_of_memory_is_retried_only_on_a_bigger_gpu(fleet: Fleet) -> None:
+    fleet.start_server()
+    a100 = [("NVIDIA A100-SXM4-80GB", 80, 79)]
+    away = fleet.start_gpu_worker("big", a100)  # of the fleet, but away for now
+    away.signal(signal.SIGTERM)
+    away.popen.wait(30)
+    fleet.start_gpu_worker("small", [("NVIDIA GeForce RTX 4090", 24, 23)])
+    big = ["--gpus", "1", "--", "python", str(TRAIN), "--epochs", "4", "--epoch-seconds", "0.2"]
+    argv = ["submit", "--checkpoint-dir", "checkpoints", *big[:2], "--max-attempts", "3"]
+    job_id = fleet.cli(*argv, *big[2:], "--oom-at-epoch", "3").stdout.split()[-1]
+    with fleet.client() as c:
+        wait_for(lambda: c.job(job_id).raised is not None, 60, "the out-of-memory retry")
+        waiting = c.job(job_id)
+        assert waiting.status == "pending" and waiting.attempts == 1
+        why = " ".join(fleet.cli("why", job_id).stdout.split())  # as one line, unwrapped
+        assert "ran out of GPU memory on a GPU with 24 GiB; the next needs more" in why, why
+        assert "needs 24577 MiB" in why, why
+        time.sleep(1.5)
+        assert c.job(job_id).status == "pending", "the 24 GiB worker does not take it again"
+        fleet.start_gpu_worker("big", a100)  # back
+        done = fleet.wait_status(job_id, "succeeded", "failed", timeout=60)
+        log = events(c, job_id)
+    assert done["status"] == "succeeded", done
+    first, second = done["history"]
+    assert (first["worker"], first["cause"]) == ("small", "gpu_oom")
+    assert second["worker"] == "big" and second["restored"] is not None
+    assert epochs_by_attempt(log)[2] == [3, 4], "it resumed from epoch 2's checkpoint"
+    assert "ran out of GPU memory on a GPU with 24 GiB" in done["raised"]
+
+
+def test_a_cuda_out_of_memory_with_no_bigger_gpu_fails_at_once(fleet: Fleet) -> None:
+    fleet.start_server()
+    fleet.start_gpu_worker("small", [("NVIDIA GeForce RTX 4090", 24, 23)])
+    argv = ["submit", "--gpus", "1", "--max-attempts", "3", "--"]
+    argv += ["python", str(TRAIN), "--epochs", "2", "--epoch-seconds", "0.1", "--oom-at-epoch", "1"]
+    job_id = fleet.cli(*argv).stdout.split()[-1]
+    done = fleet.wait_status(job_id, "succeeded", "failed", timeout=60)
+    assert done["status"] == "failed" and done["attempts"] == 1
+    assert done["history"][0]["cause"] == "gpu_oom"
+    assert "no worker of pool default has a GPU with more than 24 GiB" in done["error"]

@@ -52,6 +52,8 @@ EXPECTED = {
     ("POST", "/v1/jobs/{job_id}/artifact"),
     ("GET", "/v1/jobs/{ref}/artifact"),
     ("POST", "/v1/jobs/{job_id}/checkpoints"),
+    ("POST", "/v1/jobs/{ref}/pause"),
+    ("POST", "/v1/jobs/{ref}/resume"),
     ("GET", "/v1/jobs/{ref}/checkpoints"),
     ("HEAD", "/v1/blobs/{sha256}"),
     ("GET", "/v1/blobs/{sha256}"),

@@ -61,6 +61,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Cancel a job; a running one is killed with its whole process group. A submitter "
         "token cancels only the jobs it submitted.",
     ),
+    "pause": (
+        "jobs",
+        "Hold a job until `gpufleet resume`: a running one gets its grace signal, its "
+        "checkpoint folder is kept and its slot (its GPU) freed within its grace period. "
+        "A submitter token pauses only the jobs it submitted.",
+    ),
+    "resume": (
+        "jobs",
+        "Queue a paused job again: it goes on from its checkpoint on whichever worker "
+        "fits. A submitter token resumes only the jobs it submitted.",
+    ),
     "requeue": (
         "jobs",
         "Queue a failed or cancelled job again, with a fresh attempt budget. A submitter "
@@ -76,7 +87,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "server": ("server", "Run the server (queue, fleet state, API) until SIGINT or SIGTERM."),
     "drain": (
         "fleet",
-        "Stop giving a worker jobs; it finishes what it runs, then exits (and shows offline).",
+        "Stop giving a worker jobs; it finishes what it runs (or, with --deadline, vacates "
+        "it then), then exits (and shows offline).",
     ),
     "status": (
         "fleet",

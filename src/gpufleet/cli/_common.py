@@ -196,6 +196,7 @@ STATUS_STYLE = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",
+    "paused": "bright_black",
     "available": "green",
     "reserved": "cyan",
     "busy": "blue",

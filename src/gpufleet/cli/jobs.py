@@ -1,5 +1,5 @@
-"""Commands about jobs: apply, jobs, show, logs, stop, cancel, requeue, why (``submit``
-and ``watch`` have their own modules)."""
+"""Commands about jobs: apply, jobs, show, logs, stop, cancel, pause, resume, requeue,
+why (``submit`` and ``watch`` have their own modules)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ JobArg = Annotated[str, typer.Argument(help="Job id (or a name that only one job
 
 
 def register(app: typer.Typer) -> None:
-    for cmd in (apply, jobs, show, logs, stop, cancel, requeue, why):
+    for cmd in (apply, jobs, show, logs, stop, cancel, pause, resume, requeue, why):
         app.command()(cmd)
 
 
@@ -410,6 +410,40 @@ def stop(
     else:
         asked = f"asked to stop (SIGINT; SIGTERM after {grace:g}s)"
         out.print(f"{shown(j.id)}: {styled(j.status)}, {asked}")
+
+
+def pause(
+    job: JobArg,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hold a job until `gpufleet resume`: a running one gets its grace signal, its
+    checkpoint folder is kept and its slot (its GPU) freed within its grace period. A
+    submitter token pauses only the jobs it submitted."""
+    with session_client(server, ca, session) as c:
+        j = c.pause(job)
+    if as_json:
+        print_json(j)
+    elif j.status in ("claimed", "running"):
+        out.print(f"{shown(j.id)}: {styled(j.status)}, pausing (its worker vacates it)")
+    else:
+        _acted(j, as_json)
+
+
+def resume(
+    job: JobArg,
+    server: ServerOpt = None,
+    ca: CaOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a paused job again: it goes on from its checkpoint on whichever worker fits.
+    A submitter token resumes only the jobs it submitted."""
+    with session_client(server, ca, session) as c:
+        j = c.resume(job)
+    _acted(j, as_json)
 
 
 def requeue(

@@ -37,6 +37,7 @@ def show_detail(d: JobDetail) -> None:
     _environment(d)
     _failure(d)
     _artifact(d)
+    _checkpoints(d)
     _history(d)
 
 
@@ -45,6 +46,7 @@ def _spec(d: JobDetail) -> None:
     out.print(
         f"[bold]{shown(d.id)}[/bold] {shown(d.name)}: {styled(d.status)}"
         f"  attempt {d.attempt} (budget {d.attempts}/{d.max_attempts})  priority {d.priority}"
+        + (f"  machines lost {d.losses} (not counted)" if d.losses else "")
     )
     out.print(f"  command: {shown(' '.join(d.spec.command))}")
     if d.spec.tags or d.spec.adapter:
@@ -77,6 +79,12 @@ def _state(d: JobDetail) -> None:
         out.print(f"  asked to stop at {when(d.stop_requested_at)}")
     if d.unrunnable:
         out.print(f"  [yellow]{shown(d.unrunnable)}[/yellow]")
+    if d.pause_requested_at and d.status in ("claimed", "running"):
+        out.print(f"  pausing since {when(d.pause_requested_at)}: its worker vacates it")
+    elif d.status == "paused":
+        out.print(f"  paused at {when(d.pause_requested_at)}: gpufleet resume {shown(d.id)}")
+    if d.raised:
+        out.print(f"  [yellow]more memory:[/yellow] {shown(d.raised)}")
 
 
 def _failure(d: JobDetail) -> None:
@@ -97,9 +105,15 @@ def _history(d: JobDetail) -> None:
             f"  attempt {a.attempt}: {shown(a.worker or '-')} gpus={shown(a.gpus or '-')} "
             f"{shown(a.outcome or 'in progress')} "
             f"exit={a.exit_code if a.exit_code is not None else '-'}"
-            f"{' failure=' + shown(a.failure) if a.failure else ''}"
+            f"{' cause=' + shown(a.cause) if a.cause else ''}"
             f"{' error=' + shown(a.error) if a.error else ''}"
         )
+        if a.restored is not None:
+            r = a.restored
+            out.print(
+                f"    restored checkpoint {r.snapshot}: {r.files} file(s), "
+                f"{size_text(r.bytes)} in {r.seconds:.1f}s"
+            )
         if a.environment is not None:
             out.print(f"    {shown(environment_line(a.environment))}", soft_wrap=True)
         if a.late_result:
@@ -144,6 +158,23 @@ def environment_line(env: EnvUsed) -> str:
         f"environment {env.key[:12]} {how} in {env.seconds:.1f}s, Python {env.python}{torch}: "
         f"{versions or 'no packages'}"
     )
+
+
+def _checkpoints(d: JobDetail) -> None:
+    """The snapshots kept of its checkpoint folder, newest first."""
+    if d.spec.checkpoint_dir is None:
+        return
+    folder = shown(d.spec.checkpoint_dir)
+    if not d.checkpoints:
+        out.print(f"  checkpoints ({folder}): none kept yet")
+        return
+    out.print(f"  checkpoints ({folder}): {len(d.checkpoints)} kept")
+    for c in d.checkpoints:
+        at = ", ".join(f"{k} {v}" for k, v in c.progress.items() if k in ("epoch", "step"))
+        out.print(
+            f"    {c.id}: attempt {c.attempt}, {when(c.created_at)}, {c.file_count} file(s), "
+            f"{size_text(c.bytes)}{', ' + shown(at) if at else ''}"
+        )
 
 
 def _artifact(d: JobDetail) -> None:

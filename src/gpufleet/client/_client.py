@@ -231,6 +231,14 @@ class Client:
     def requeue(self, ref: str) -> JobOut:
         return self.call(ops.requeue(ref))
 
+    def pause(self, ref: str) -> JobOut:
+        """Hold a job until resumed (a running one once its worker has vacated it)."""
+        return self.call(ops.pause(ref))
+
+    def resume(self, ref: str) -> JobOut:
+        """Queue a paused job again, to go on from its checkpoint."""
+        return self.call(ops.resume(ref))
+
     def stop(self, ref: str, grace: float = 60.0) -> JobOut:
         """Ask a running job to finish early and keep its outputs: SIGINT, then after
         ``grace`` seconds SIGTERM and SIGKILL."""

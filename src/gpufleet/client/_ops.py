@@ -88,6 +88,14 @@ def stop(ref: str, grace: float) -> Call[JobOut]:
     return Call("POST", f"/v1/jobs/{_q(ref)}/stop", model(JobOut), body=StopRequest(grace=grace))
 
 
+def pause(ref: str) -> Call[JobOut]:
+    return Call("POST", f"/v1/jobs/{_q(ref)}/pause", model(JobOut))
+
+
+def resume(ref: str) -> Call[JobOut]:
+    return Call("POST", f"/v1/jobs/{_q(ref)}/resume", model(JobOut))
+
+
 def requeue(ref: str) -> Call[JobOut]:
     return Call("POST", f"/v1/jobs/{_q(ref)}/requeue", model(JobOut))
 

@@ -25,6 +25,7 @@ from gpufleet.domain.transitions import Table
 
 P, C, R = JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING
 S, F, X = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
+H = JobStatus.PAUSED  # held
 
 #: Where every job starts.
 INITIAL = P
@@ -42,6 +43,8 @@ class Event(StrEnum):
     CANCEL = "cancel"
     REQUEUE = "requeue"
     DEPENDENCY_FAILED = "dependency_failed"  # a job whose result it needs failed or was cancelled
+    PAUSE = "pause"  # `gpufleet pause`: held (a running one once its worker has vacated it)
+    RESUME = "resume"  # `gpufleet resume`: queued again, to go on from its checkpoint
 
 
 TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
@@ -62,6 +65,11 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
     (P, Event.CANCEL): X,
     (C, Event.CANCEL): X,
     (R, Event.CANCEL): X,
+    (H, Event.CANCEL): X,
+    (P, Event.PAUSE): H,
+    (C, Event.PAUSE): H,
+    (R, Event.PAUSE): H,
+    (H, Event.RESUME): P,
     (F, Event.REQUEUE): P,
     (X, Event.REQUEUE): P,
     (P, Event.DEPENDENCY_FAILED): F,
@@ -125,6 +133,8 @@ class JobState(Ended, Protocol):
     def stop_requested_at(self) -> float | None: ...
     @property
     def losses(self) -> int: ...
+    @property
+    def pause_requested_at(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -452,6 +462,8 @@ def lose(
     event = Event.LOSE
     if job.stop_requested_at is not None:
         event = Event.LOSE_FINAL
+    elif job.pause_requested_at is not None:  # it was being paused: held, as asked
+        event = Event.PAUSE
     elif losses >= most_losses:
         event = Event.LOSE_FINAL
         error = f"{error}; it has lost its machine {losses} times (the most is {most_losses})"
@@ -474,6 +486,16 @@ def release(job: JobState, now: float, why: str, most_losses: int = MOST_LOSSES)
     queue, the attempt counted in ``losses``, not against ``max_attempts``; a job that has
     lost ``most_losses`` attempts so fails. A job asked to stop ends instead, failed:
     running it again from the start is not what a stop asked for."""
+    if job.pause_requested_at is not None:  # vacated for `gpufleet pause`: held
+        return _ended(
+            job,
+            Event.PAUSE,
+            now,
+            attempts=job.attempts,
+            outcome="paused",
+            error=job.error,
+            cause="paused",
+        )
     losses = job.losses + 1
     if job.stop_requested_at is not None:
         error = f"asked to stop; {why} before it ended"
@@ -524,6 +546,18 @@ def cancel(job: JobState, now: float) -> Change:
     }
     record = {"finished_at": now, "outcome": "cancelled", "error": "cancelled"}
     return Change(job.id, Event.CANCEL, job.lease, fields, record=record)
+
+
+def pause(job: JobState, now: float) -> Change:
+    """`gpufleet pause` of a pending job: held at once (a claimed or running one is held
+    once its worker has vacated it: :func:`release`)."""
+    return Change(job.id, Event.PAUSE, job.lease, {"pause_requested_at": now, "not_before": None})
+
+
+def resume(job: JobState) -> Change:
+    """`gpufleet resume`: a paused job is queued again (its next attempt restores its
+    latest checkpoint, wherever it runs)."""
+    return Change(job.id, Event.RESUME, job.lease, {"pause_requested_at": None})
 
 
 def requeue(job: JobState) -> Change:

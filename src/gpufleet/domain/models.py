@@ -26,6 +26,7 @@ class JobStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PAUSED = "paused"  # held by `gpufleet pause` with its checkpoint, until resumed
 
     @property
     def terminal(self) -> bool:

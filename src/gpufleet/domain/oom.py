@@ -131,8 +131,8 @@ def host_oom(exit_code: int | None, oom_kills_seen: bool) -> bool:
 
 #: The classes of failure that ask for more memory on the next attempt.
 GPU_OOM, HOST_OOM = "gpu_oom", "host_oom"
-#: How much more than the memory that was not enough the next attempt asks for (GiB).
-MARGIN_GIB = 0.01
+#: How much more than the memory that was not enough the next attempt asks for (MiB).
+MARGIN_MIB = 1
 
 
 @dataclass(frozen=True)
@@ -157,4 +157,5 @@ def raised_need(failure: str, attempt: int, had_gib: float | None) -> Raised | N
         f"attempt {attempt} ran out of {kind} memory on a {'GPU' if gpu else 'machine'} "
         f"with {had_gib:g} GiB; the next needs more"
     )
-    return Raised("min_vram_gib" if gpu else "min_ram_gib", round(had_gib + MARGIN_GIB, 3), why)
+    more = (round(had_gib * 1024) + MARGIN_MIB) / 1024  # a whole MiB more: "24577 MiB"
+    return Raised("min_vram_gib" if gpu else "min_ram_gib", more, why)

@@ -3,6 +3,7 @@ that says what the job waits for (``gpufleet why``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 from gpufleet.domain.models import JobStatus
@@ -53,6 +54,8 @@ class Explain:
         rows = [(s, reasons) for s, (_, reasons) in zip(states, verdicts, strict=True)]
         position, exact = self._position(job, [s.view for s in states])
         summary = self._why_summary(job, verdicts, now)
+        if job.raised and job.status == JobStatus.PENDING:
+            summary += f"; its memory requirement was raised: {json.loads(job.raised)['why']}"
         if position is not None and job.status == JobStatus.PENDING and not job.waiting:
             if exact:
                 summary += f" (place {position} in its queue)"

@@ -177,7 +177,7 @@ class Leases:
             self.fleet.pythons(w, req.pythons)
         if req.environments is not None or req.pythons is not None:
             self.dispatch.refresh_waiting(w.id)
-        orders = _orders(req.leases, held, self.store.stops(held))
+        orders = _orders(req.leases, held, self.store.stops(held), self.store.pausing(held))
         drain_in = None if w.drain_by is None else max(0.0, w.drain_by - self.clock())
         return HeartbeatResponse(orders=orders, drain=w.drain, drain_in=drain_in)
 
@@ -363,14 +363,20 @@ def _retry_codes(job: JobRow) -> dict[str, tuple[int, ...]]:
 
 
 def _orders(
-    leases: Sequence[LeaseRef], held: Collection[tuple[str, int]], stops: Mapping[str, float]
+    leases: Sequence[LeaseRef],
+    held: Collection[tuple[str, int]],
+    stops: Mapping[str, float],
+    pausing: Collection[str] = (),
 ) -> list[LeaseOrder]:
     """What a heartbeat tells its worker of each lease it named: cancel one it no longer
-    holds, stop (with the grace) one asked to stop, else continue."""
+    holds, vacate one asked to pause, stop (with the grace) one asked to stop, else
+    continue."""
     orders = []
     for r in leases:
         if (r.job_id, r.attempt) not in held:
             orders.append(LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="cancel"))
+        elif r.job_id in pausing:
+            orders.append(LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="pause"))
         elif r.job_id in stops:
             orders.append(
                 LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="stop", grace=stops[r.job_id])

@@ -158,6 +158,8 @@ class Metrics:
             self.run_time.observe(max(0.0, now - started_at))
         if status == "pending":
             self.requeues.labels(reason).inc()
+        elif status == "paused":
+            self.requeues.labels("paused").inc()
         else:
             self.finished.labels(status).inc()
 

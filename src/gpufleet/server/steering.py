@@ -1,4 +1,5 @@
-"""What owners and operators do to a job: cancel it, ask it to stop early, queue it again.
+"""What owners and operators do to a job: cancel it, ask it to stop early, pause and
+resume it, queue it again.
 A submitter steers only the jobs it submitted; an operator any job of its pools. Each
 status change is the lifecycle's (:mod:`gpufleet.domain.lifecycle`)."""
 
@@ -87,6 +88,63 @@ class Steering:
                 detail={"job": job.id, "status": job.status.value},
             )
         return job
+
+    def pause(
+        self,
+        ref: str,
+        pools: Sequence[str] | None = None,
+        owner: str | None = None,
+        by: str | None = None,
+    ) -> JobRow:
+        """Hold a job until it is resumed: a pending one at once; a claimed or running one
+        once its worker has vacated it (at its next heartbeat: its grace signal, its grace
+        period, its checkpoint folder synced), freeing its slot. Asking again changes
+        nothing."""
+        job = self._steerable(ref, pools, owner, "pause")
+        for _ in range(3):  # a claim may slip in between the read and the change
+            if job.status == JobStatus.PENDING:
+                done = self.store.pause(replace(lifecycle.pause(job, self.clock()), by=by))
+                if done is not None:
+                    self.on_written(job.id)
+                    return done.job
+            elif job.status.active:
+                if self.store.request_pause(job.id, self.clock(), by):
+                    self.on_written(job.id)
+                job = self.reads.job(job.id)
+                if job.status.active or job.status == JobStatus.PAUSED:
+                    return job
+            if job.status == JobStatus.PAUSED or job.status.terminal:
+                break
+            job = self.reads.job(job.id)
+        if job.status != JobStatus.PAUSED:
+            raise Conflict(
+                f"job {job.id} is {job.status.value}; only a pending, claimed or running job "
+                "can be paused",
+                detail={"job": job.id, "status": job.status.value},
+            )
+        return job
+
+    def resume(
+        self,
+        ref: str,
+        pools: Sequence[str] | None = None,
+        owner: str | None = None,
+        by: str | None = None,
+    ) -> JobRow:
+        """Queue a paused job again: its next attempt, on whichever worker fits, restores
+        its latest checkpoint."""
+        job = self._steerable(ref, pools, owner, "resume")
+        done = self.store.resume(replace(lifecycle.resume(job), by=by))
+        if done is None:
+            vacating = job.pause_requested_at is not None and job.status.active
+            wait = " (its worker is vacating it: resume it once it is paused)" if vacating else ""
+            raise Conflict(
+                f"job {job.id} is {job.status.value}; only a paused job can be resumed{wait}",
+                detail={"job": job.id, "status": job.status.value},
+            )
+        self.on_written(job.id)
+        self.on_change()
+        return done.job
 
     def requeue(
         self,

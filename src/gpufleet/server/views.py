@@ -73,6 +73,9 @@ def job_out(job: JobRow, names: dict[str, str]) -> JobOut:
         metrics=json.loads(job.metrics) if job.metrics else {},
         gpu_mib=job.gpu_mib if job.status.active else None,
         failure=job.failure,
+        losses=job.losses,
+        pause_requested_at=ts(job.pause_requested_at),
+        raised=json.loads(job.raised)["why"] if job.raised else None,
     )
 
 
@@ -116,6 +119,7 @@ def job_detail(
     deps: list[JobRow] | None = None,
     host: HostDeclaration | None = None,
     submitter: str | None = None,
+    snapshots: list[Snapshot] | None = None,
 ) -> JobDetail:
     base = job_out(job, names).model_dump()
     return JobDetail(
@@ -129,6 +133,7 @@ def job_detail(
         ],
         host=host_out(host) if host else None,
         submitted_by_name=submitter,
+        checkpoints=[checkpoint_out(s) for s in snapshots or []],
     )
 
 

@@ -47,17 +47,25 @@ class NamedChanges(ABC):
 
     def release(self, change: Change) -> Applied | None:
         """The worker hands the job back (``lifecycle.release``)."""
-        return self._checked(change, {Event.RELEASE, Event.FAIL})
+        return self._checked(change, {Event.RELEASE, Event.FAIL, Event.LOSE_FINAL, Event.PAUSE})
 
     def lose(self, change: Change) -> Applied | None:
         """An expired lease is lost (``lifecycle.lose``): only if it is expired still."""
-        return self._checked(change, {Event.LOSE, Event.LOSE_FINAL})
+        return self._checked(change, {Event.LOSE, Event.LOSE_FINAL, Event.PAUSE})
 
     def cancel(self, change: Change) -> Applied | None:
         return self._checked(change, {Event.CANCEL})
 
     def requeue(self, change: Change) -> Applied | None:
         return self._checked(change, {Event.REQUEUE})
+
+    def pause(self, change: Change) -> Applied | None:
+        """A pending job is held (``lifecycle.pause``)."""
+        return self._checked(change, {Event.PAUSE})
+
+    def resume(self, change: Change) -> Applied | None:
+        """A paused job is queued again (``lifecycle.resume``)."""
+        return self._checked(change, {Event.RESUME})
 
     def _checked(self, change: Change, allowed: set[Event]) -> Applied | None:
         if change.event not in allowed:

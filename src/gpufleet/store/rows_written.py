@@ -78,6 +78,14 @@ def stop_event(
     return state_row(job_id, attempt, record, now)
 
 
+def pause_event(job_id: str, attempt: int, by: str | None, now: float) -> dict[str, Any]:
+    """The record ``gpufleet pause`` of a running job leaves in its log: asked, by whom;
+    the job is held once its worker has vacated it."""
+    why = "asked to pause: its grace signal, its checkpoint kept, then held"
+    record = lifecycle.state_record("running", "pausing", attempt, by, why)
+    return state_row(job_id, attempt, record, now)
+
+
 def metered(
     lines: Sequence[tuple[str, str]],
     attempt: Mapping[str, Any],

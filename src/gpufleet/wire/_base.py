@@ -44,7 +44,7 @@ LabelKey = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_n
 # Integers that reach the database fit a 32-bit column on every backend.
 INT32 = 2**31 - 1
 Attempt = Annotated[int, Field(ge=1, le=INT32)]
-JobState = Literal["pending", "claimed", "running", "succeeded", "failed", "cancelled"]
+JobState = Literal["pending", "claimed", "running", "succeeded", "failed", "cancelled", "paused"]
 #: An attempt's secret, as its lease gave it (required by the server on every write).
 LeaseSecret = Annotated[
     str | None,

@@ -302,7 +302,7 @@ class HeartbeatRequest(Strict):
 class LeaseOrder(Wire):
     job_id: str
     attempt: int
-    order: Literal["continue", "cancel", "stop"]
+    order: Literal["continue", "cancel", "stop", "pause"]
     grace: float | None = Field(
         None, description="stop: seconds after SIGINT before SIGTERM, then SIGKILL"
     )

@@ -38,7 +38,11 @@ from gpufleet.wire._base import (
     _no_nul,
 )
 from gpufleet.wire._environments import EnvUsed
-from gpufleet.wire._kept import ArtifactOut, Restored
+from gpufleet.wire._kept import (
+    ArtifactOut,
+    CheckpointOut,
+    Restored,
+)
 
 # ---- jobs -------------------------------------------------------------------------------
 
@@ -459,6 +463,9 @@ class JobOut(Wire):
         description="the class of its latest attempt's failure, when its worker named one "
         "('environment': its environment could not be built)",
     )
+    losses: int = Field(0, description="attempts its machines lost (not counted as failures)")
+    pause_requested_at: datetime | None = Field(None, description="when it was paused")
+    raised: str | None = Field(None, description="why its memory requirement was raised")
 
 
 class JobDetail(JobOut):
@@ -467,6 +474,9 @@ class JobDetail(JobOut):
     unrunnable: str | None = None
     artifact: ArtifactOut | None = None
     depends_on: list[DependencyOut] = Field(default_factory=list)
+    checkpoints: list[CheckpointOut] = Field(
+        default_factory=list, description="the snapshots of its checkpoint folder, newest first"
+    )
     submitted_by_name: str | None = Field(
         None, description="the name of the token that submitted it (who submitted it)"
     )

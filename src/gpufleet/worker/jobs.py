@@ -187,6 +187,9 @@ class JobRunner:
             self.stopper.kill(run, StopReason.CANCEL)
         elif order.order == "stop":
             self.stopper.stop_early(run, order.grace if order.grace is not None else 60.0)
+        elif order.order == "pause" and not run.killing:
+            say(f"job {order.job_id}: paused by its owner; vacating it")
+            self.stopper.vacate(run, StopReason.PAUSE)
 
     def fence(self, lease: float) -> None:
         """Stop each job whose lease (``lease`` seconds) this worker has not seen renewed
@@ -478,8 +481,8 @@ class JobRunner:
                 await self.uploads.flush(run)
             except ServerUnavailable:  # the result matters more than the last lines
                 say(f"job {lease.job_id}: dropped {run.backlog.clear()} unsent log lines")
-            if run.stop_reason is StopReason.DRAIN:
-                await self._hand_back(lease)
+            if run.stop_reason in (StopReason.DRAIN, StopReason.PAUSE):
+                await self._hand_back(lease, run.stop_reason)
                 return
             body = FinishRequest(
                 attempt=lease.attempt,
@@ -498,12 +501,14 @@ class JobRunner:
         except Conflict as exc:
             say(f"job {lease.job_id}: result refused ({exc.message})")
 
-    async def _hand_back(self, lease: Lease) -> None:
-        """A drained job goes back to the queue, its attempt not counted."""
+    async def _hand_back(self, lease: Lease, why: StopReason) -> None:
+        """A vacated job goes back to the queue (drained) or is held (paused), its
+        attempt not counted."""
+        said = "drained" if why is StopReason.DRAIN else "vacated it for a pause"
         body = ReleaseRequest(
             attempt=lease.attempt,
             secret=lease.secret,
-            reason=f"worker {self.opts.name} drained",
+            reason=f"worker {self.opts.name} {said}",
         )
         await self.retrying("release", lambda: self.client.release(lease.job_id, body))
         say(f"job {lease.job_id}: handed back to the queue (attempt not counted)")

@@ -32,6 +32,7 @@ class StopReason(enum.Enum):
     DRAIN = "drain"  # the worker drained past its grace: the job is handed back
     TIMEOUT = "timeout"  # it ran past its timeout
     STOP = "stop"  # asked to finish early (`gpufleet stop`): it keeps its outputs
+    PAUSE = "pause"  # `gpufleet pause`: vacated (grace signal, checkpoint), then held
 
 
 @dataclass(frozen=True)

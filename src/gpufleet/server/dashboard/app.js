@@ -7,7 +7,7 @@
 const MAX_LOG_LINES = 5000; // lines the log view keeps; older ones are fetched on scroll-back
 const MAX_LINE_CHARS = 4000; // a longer line is cut, saying how much was left out
 const PAGE = 50; // jobs per page
-const STATUSES = ["pending", "claimed", "running", "succeeded", "failed", "cancelled"];
+const STATUSES = ["pending", "claimed", "running", "paused", "succeeded", "failed", "cancelled"];
 const S = { me: null, fleet: null, fleetListeners: new Set(), cleanups: [] };
 
 // ---- small DOM helpers ------------------------------------------------------------------

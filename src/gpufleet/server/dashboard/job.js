@@ -332,7 +332,9 @@ async function jobPage(main, ref) {
         await refresh();
       };
       if (job.status === "running" && !job.stop_requested_at) actions.append(actionButton("Stop (keep outputs)", "", post("stop", {})));
-      if (["pending", "claimed", "running"].includes(job.status)) actions.append(actionButton("Cancel", "danger", post("cancel"), "Really cancel? Click again"));
+      if (["pending", "claimed", "running"].includes(job.status) && !job.pause_requested_at) actions.append(actionButton("Pause", "", post("pause")));
+      if (job.status === "paused") actions.append(actionButton("Resume", "", post("resume")));
+      if (["pending", "claimed", "running", "paused"].includes(job.status)) actions.append(actionButton("Cancel", "danger", post("cancel"), "Really cancel? Click again"));
       if (["failed", "cancelled"].includes(job.status)) actions.append(actionButton("Requeue", "", post("requeue")));
     }
     if (canSubmit()) actions.append(h("button", { type: "button", onclick: () => cloneForm(cloneBox, job) }, "Clone…"));

@@ -50,7 +50,7 @@ Submitter = Annotated[Caller, Depends(deps.submitter)]
 Operator = Annotated[Caller, Depends(deps.operator)]
 Admin = Annotated[Caller, Depends(deps.admin)]
 DAY = 86400.0
-STATUSES = {"pending", "claimed", "running", "succeeded", "failed", "cancelled"}
+STATUSES = {"pending", "claimed", "running", "succeeded", "failed", "cancelled", "paused"}
 
 
 def _names(request: Request) -> dict[str, str]:
@@ -152,7 +152,8 @@ def show_job(ref: str, request: Request, caller: Reader) -> JobDetail:
     attempts, artifact, deps = q.reads.history(job)
     host = q.fleet.declaration_for(job.worker_id or job.target)
     who = q.reads.token_name(job.submitted_by)
-    return views.job_detail(job, _names(request), attempts, artifact, deps, host, who)
+    snaps = [r.snapshot() for r in q.checkpoints.of(job)] if job.spec.checkpoint_dir else []
+    return views.job_detail(job, _names(request), attempts, artifact, deps, host, who, snaps)
 
 
 @router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])
@@ -197,6 +198,28 @@ def stop_job(
     finished job is 409 (cancel a pending one). A submitter stops only its own jobs."""
     grace = (body or StopRequest()).grace
     job = state(request).services.steering.stop(ref, caller.pools, caller.owner, grace, caller.name)
+    note(request, job.id)
+    return views.job_out(job, _names(request))
+
+
+@router.post("/jobs/{ref}/pause", response_model=JobOut, tags=["jobs"])
+def pause_job(ref: str, request: Request, caller: Submitter) -> JobOut:
+    """Hold a job until it is resumed. A pending job is paused at once; a claimed or
+    running one at its worker's next heartbeat: the job gets its grace signal, has its
+    grace period, its checkpoint folder is kept a last time and its slot is freed; it is
+    ``paused`` then. A finished job is 409. A submitter pauses only its own jobs."""
+    q = state(request).services.steering
+    job = q.pause(ref, caller.pools, caller.owner, caller.name)
+    note(request, job.id)
+    return views.job_out(job, _names(request))
+
+
+@router.post("/jobs/{ref}/resume", response_model=JobOut, tags=["jobs"])
+def resume_job(ref: str, request: Request, caller: Submitter) -> JobOut:
+    """Queue a paused job again: its next attempt, on whichever worker fits, restores its
+    latest checkpoint. A job that is not paused is 409."""
+    q = state(request).services.steering
+    job = q.resume(ref, caller.pools, caller.owner, caller.name)
     note(request, job.id)
     return views.job_out(job, _names(request))
 

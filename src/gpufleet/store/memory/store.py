@@ -40,6 +40,7 @@ from gpufleet.store.memory.tables import defaults
 from gpufleet.store.rows_read import AttemptRow, JobRow, WorkerRow
 from gpufleet.store.rows_written import (
     job_values,
+    pause_event,
     state_rows,
     stop_event,
     submit_events,
@@ -377,6 +378,23 @@ class MemoryStore(
                 if j is not None and j["stop_requested_at"] is not None:
                     out[job_id] = float(j["stop_grace"] or 0.0)
             return out
+
+    def request_pause(self, job_id: str, now: float, by: str | None = None) -> bool:
+        with self._lock:
+            j = self.jobs.get(job_id)
+            if j is None or j["status"] not in _ACTIVE or j["pause_requested_at"] is not None:
+                return False
+            j["pause_requested_at"] = now
+            self._log([pause_event(job_id, j["lease"], by, now)])
+            return True
+
+    def pausing(self, leases: Iterable[tuple[str, int]]) -> set[str]:
+        with self._lock:
+            return {
+                job_id
+                for job_id, _ in leases
+                if (j := self.jobs.get(job_id)) is not None and j["pause_requested_at"] is not None
+            }
 
     # ---- claims and leases ------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from gpufleet.domain.models import ACTIVE, JobStatus
 from gpufleet.store import schema as t
 from gpufleet.store.rows_read import AttemptRow, JobRow
 from gpufleet.store.rows_written import (
+    pause_event,
     stop_event,
 )
 from gpufleet.store.sql.base import SqlParts
@@ -80,6 +81,34 @@ class LeaseOps(SqlParts):
             event = stop_event(job_id, done.status, done.lease, by, grace, now)
             conn.execute(t.job_logs.insert(), event)
             return True
+
+    def request_pause(self, job_id: str, now: float, by: str | None = None) -> bool:
+        """Mark a claimed or running job as asked to pause (once), and say so in its log:
+        its worker vacates it, and it is held once it has."""
+        j = t.jobs.c
+        where = (
+            (j.id == job_id)
+            & j.status.in_([s.value for s in ACTIVE])
+            & j.pause_requested_at.is_(None)
+        )
+        with self._write() as conn:
+            done = conn.execute(
+                update(t.jobs).where(where).values(pause_requested_at=now).returning(j.lease)
+            ).first()
+            if done is None:
+                return False
+            conn.execute(t.job_logs.insert(), pause_event(job_id, done.lease, by, now))
+            return True
+
+    def pausing(self, leases: Iterable[tuple[str, int]]) -> set[str]:
+        """Of these leases, the jobs asked to pause."""
+        ids = [job_id for job_id, _ in leases]
+        if not ids:
+            return set()
+        j = t.jobs.c
+        q = select(j.id).where(j.id.in_(ids) & j.pause_requested_at.is_not(None))
+        with self._read() as conn:
+            return {str(i) for i in conn.scalars(q)}
 
     def stops(self, leases: Iterable[tuple[str, int]]) -> dict[str, float]:
         """Of these leases, the jobs asked to stop: job id -> grace seconds."""
