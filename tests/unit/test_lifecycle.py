@@ -96,7 +96,7 @@ def test_running_job_cannot_be_requeued_or_claimed_again() -> None:
 
 
 def test_cancel_sources_are_exactly_the_non_terminal_statuses() -> None:
-    assert sources(Event.CANCEL) == frozenset({P, C, R})
+    assert sources(Event.CANCEL) == frozenset({P, C, R, JobStatus.PAUSED})
     assert sources(Event.CANCEL) == frozenset(JobStatus) - TERMINAL
 
 
@@ -212,6 +212,7 @@ class Job:
     error: str | None = None
     stop_requested_at: float | None = None
     losses: int = 0
+    pause_requested_at: float | None = None
 
 
 def test_a_claim_moves_to_the_next_lease_and_opens_its_attempt() -> None:
@@ -293,7 +294,7 @@ def test_a_release_does_not_count_unless_the_job_was_asked_to_stop() -> None:
 
 def test_cancel_requeue_and_a_failed_dependency() -> None:
     cancel = lifecycle.cancel(Job(status=R, lease=2), 7.0)
-    assert (cancel.sources, cancel.status, cancel.lease) == ({P, C, R}, X, 2)
+    assert (cancel.sources, cancel.status, cancel.lease) == ({P, C, R, JobStatus.PAUSED}, X, 2)
     assert cancel.record == {"finished_at": 7.0, "outcome": "cancelled", "error": "cancelled"}
     requeue = lifecycle.requeue(Job(status=F, lease=3, attempts=3))
     assert (requeue.sources, requeue.status, requeue.lease) == ({F, X}, P, 3)
@@ -399,3 +400,17 @@ def test_wrong_exit_code_lists_are_refused(
     problem = retries.exit_codes_problem(retry_on, no_retry_on)
     assert problem is not None and said in problem
     assert retries.exit_codes_problem((75, -9), (4, 255)) is None
+
+
+def test_a_pause_holds_a_pending_job_and_a_vacated_one_without_counting() -> None:
+    held = lifecycle.pause(Job(status=P, lease=2), 5.0)
+    assert (held.sources, held.status) == ({P, C, R}, JobStatus.PAUSED)
+    vacated = lifecycle.release(Job(status=R, lease=2, pause_requested_at=4.0), 9.0, "paused")
+    assert (vacated.event, vacated.status) == (Event.PAUSE, JobStatus.PAUSED)
+    assert vacated.fields["attempts"] == 0 and vacated.fields["losses"] == 0
+    assert vacated.record is not None and vacated.record["cause"] == "paused"
+    lost = lifecycle.lose(Job(status=R, lease=2, pause_requested_at=4.0), 9.0, "box")
+    assert lost.status is JobStatus.PAUSED, "its worker died while vacating it: held still"
+    again = lifecycle.resume(Job(status=JobStatus.PAUSED, lease=2))
+    assert (again.sources, again.status) == ({JobStatus.PAUSED}, P)
+    assert again.fields["pause_requested_at"] is None

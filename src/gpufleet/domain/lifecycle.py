@@ -484,55 +484,26 @@ def lose(
 def release(job: JobState, now: float, why: str, most_losses: int = MOST_LOSSES) -> Change:
     """The worker hands the job back (drained, left, its token revoked): back in the
     queue, the attempt counted in ``losses``, not against ``max_attempts``; a job that has
-    lost ``most_losses`` attempts so fails. A job asked to stop ends instead, failed:
-    running it again from the start is not what a stop asked for."""
+    lost ``most_losses`` so fails, and one vacated for a pause is held. A job asked to
+    stop ends instead, failed: running it again from the start is not what a stop asked
+    for."""
+    losses, error = job.losses + 1, job.error
+    event, outcome, cause = Event.RELEASE, "released", "drained"
     if job.pause_requested_at is not None:  # vacated for `gpufleet pause`: held
-        return _ended(
-            job,
-            Event.PAUSE,
-            now,
-            attempts=job.attempts,
-            outcome="paused",
-            error=job.error,
-            cause="paused",
-        )
-    losses = job.losses + 1
-    if job.stop_requested_at is not None:
+        event, outcome, cause, losses = Event.PAUSE, "paused", "paused", job.losses
+    elif job.stop_requested_at is not None:
         error = f"asked to stop; {why} before it ended"
-        return _ended(
-            job,
-            Event.FAIL,
-            now,
-            attempts=job.attempts + 1,
-            outcome="stopped",
-            error=error,
-            cause="drained",
-        )
-    if losses >= most_losses:
+        return _ended(job, Event.FAIL, now, attempts=job.attempts + 1, outcome="stopped",
+                      error=error, cause=cause)  # fmt: skip
+    elif losses >= most_losses:
+        event = Event.LOSE_FINAL
         error = f"{why}; it has lost its machine {losses} times (the most is {most_losses})"
-        return _ended(
-            job,
-            Event.LOSE_FINAL,
-            now,
-            attempts=job.attempts,
-            outcome="released",
-            error=error,
-            cause="drained",
-            losses=losses,
-        )
-    change = _ended(
-        job,
-        Event.RELEASE,
-        now,
-        attempts=job.attempts,
-        outcome="released",
-        error=job.error,
-        cause="drained",
-        losses=losses,
-    )
+    change = _ended(job, event, now, attempts=job.attempts, outcome=outcome, error=error,
+                    cause=cause, losses=losses)  # fmt: skip
+    if change.status.terminal:
+        return change
     # the job keeps its latest counted attempt's class, as it keeps its error
-    fields = {k: v for k, v in change.fields.items() if k != "failure"}
-    return replace(change, fields=fields)
+    return replace(change, fields={k: v for k, v in change.fields.items() if k != "failure"})
 
 
 def cancel(job: JobState, now: float) -> Change:
