@@ -3,13 +3,14 @@
 measured in the same run.
 
     .venv/bin/python bench/checkpoints.py [--size-mib 1024] [--epochs 3] [--work-seconds 10]
-                                          [--pairs 2]
+                                          [--pairs 2] [--restores 3] [--tail-seconds 0]
 
 The job rewrites one checkpoint file of ``--size-mib`` each epoch: ``--work-seconds`` of
 sleep (the training: a GPU's, which leaves the host's CPU idle), then new pseudo-random
 bytes written to a temporary name, ``os.replace``d into place, and a
-``::gpufleet:: {"epoch": N, "checkpoint": true}`` line. It appends the time each file was
-in place to a file of the bench's. 1 MB = 10^6 bytes. It measures:
+``::gpufleet:: {"epoch": N, "checkpoint": true}`` line; after the last one it waits
+``--tail-seconds`` and exits. It appends the time each file was in place to a file of the
+bench's. 1 MB = 10^6 bytes. It measures:
 
 - **sync**: from the file being in place to its snapshot being recorded by the server
   (the snapshot's ``created_at`` from ``GET /v1/jobs/{id}/checkpoints``, same clock), as
