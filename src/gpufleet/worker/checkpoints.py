@@ -164,6 +164,9 @@ class FolderSync:
     sent_bytes: int = 0
     snapshots: int = 0
     closing: bool = False  # the job has ended: the loop stops after the sync it is in
+    # the hashing and sending under way, in its thread: a cancelled sync leaves it running,
+    # and the next sync waits for it rather than send the same bytes again beside it
+    sending: asyncio.Future[tuple[list[SnapFile] | None, int]] | None = None
 
     def restored(self, snap: Snapshot, seen: dict[str, Seen]) -> None:
         """The folder holds ``snap`` as restored (``seen``: its files as written): an
@@ -205,7 +208,12 @@ class FolderSync:
             return Synced()
         if self.last is None and not now:  # nothing to keep yet: an empty folder is no snapshot
             return Synced()
-        files, sent = await asyncio.to_thread(self._send, now)
+        if self.sending is not None and not self.sending.done():
+            await asyncio.wait([self.sending])  # what it sent is on_server now
+            if not self.sending.cancelled():
+                self.sending.exception()  # seen: a failed one is simply tried again
+        self.sending = asyncio.ensure_future(asyncio.to_thread(self._send, now))
+        files, sent = await asyncio.shield(self.sending)
         if files is None:  # a file changed while it was read: the next look tries again
             return Synced(bytes=sent)
         self.last = await self.post(files, progress)
