@@ -97,7 +97,7 @@ def client(app: FastAPI) -> Iterator[TestClient]:
         yield c
 
 
-_WRITE = re.compile(r"/v1/jobs/([^/]+)/(start|output|finish|release|artifact)$")
+_WRITE = re.compile(r"/v1/jobs/([^/]+)/(start|output|finish|release|artifact|checkpoints)$")
 
 
 def holding_secrets(app: FastAPI, url: str, body: Any) -> Any:

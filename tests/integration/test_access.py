@@ -108,6 +108,15 @@ TABLE: list[tuple[str, str, str, Any, int]] = [
     ("worker_a2", "POST", "/v1/jobs/{held}/output", {**LEASE, "lines": []}, 403),
     ("worker_a2", "POST", "/v1/jobs/{held}/artifact", {**LEASE, "sha256": "0" * 64}, 403),
     ("worker_b", "POST", "/v1/jobs/{held}/finish", FINISH, 404),
+    # a snapshot: only the lease's holder records one, and only of blobs it may read
+    ("worker_a2", "POST", "/v1/jobs/{held}/checkpoints", {**LEASE, "files": []}, 403),
+    ("worker_b", "POST", "/v1/jobs/{held}/checkpoints", {**LEASE, "files": []}, 404),
+    ("worker_a1", "GET", "/v1/jobs/{held}/checkpoints", None, 403),
+    ("sub_a", "GET", "/v1/jobs/{pending_b}/checkpoints", None, 404),
+    ("sub_a2", "POST", "/v1/jobs/{pending_a}/pause", None, 403),
+    ("sub_a2", "POST", "/v1/jobs/{pending_a}/resume", None, 403),
+    ("sub_a", "POST", "/v1/jobs/{pending_b}/pause", None, 404),
+    ("worker_a1", "POST", "/v1/jobs/{pending_a}/pause", None, 403),
     ("worker_b", "POST", "/v1/workers/{wa1}/heartbeat", BEAT, 404),
     ("worker_b", "POST", "/v1/workers/{wa1}/claim", {"cpu_slots": 1, "wait": 0}, 404),
     ("worker_a2", "POST", "/v1/workers", worker_body("wa1"), 403),
@@ -517,3 +526,69 @@ def test_a_read_of_the_audit_log_waits_for_records_already_being_written(
         return [row.status for row in store.audit(0.0, 10)]
 
     assert asyncio.run(run()) == [403]
+
+
+def _blob(world: World, who: str, body: bytes) -> dict[str, Any]:
+    import hashlib
+
+    sha = hashlib.sha256(body).hexdigest()
+    put = world.client.put(f"/v1/blobs/{sha}", content=body, headers=bearer(world.secrets[who]))
+    assert put.status_code == 201, put.text
+    return {"sha256": sha, "size": len(body)}
+
+
+def test_a_snapshot_cannot_hand_another_pools_blob_to_the_job(world: World) -> None:
+    theirs = _blob(world, "sub_b", b"pool b's weights")
+    files = [{"path": "last.pt", **theirs}]
+    r = world.call("worker_a1", "POST", "/v1/jobs/{held}/checkpoints", {**LEASE, "files": files})
+    assert_error(r, 422, None, "not on the server")
+    assert world.call("sub_a", "HEAD", f"/v1/blobs/{theirs['sha256']}").status_code == 404
+    assert world.call("sub_a", "GET", "/v1/jobs/{held}/checkpoints").json() == []
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [["a", "a/b"], ["a/b", "a"], ["."], ["a/../b"], ["/etc/passwd"], ["../x"], ["a", "a"]],
+)
+def test_a_snapshot_whose_paths_cannot_all_be_restored_is_refused(
+    world: World, paths: list[str]
+) -> None:
+    # "a" a file and "a/b" a file in folder "a": no folder holds both, and a restore of it
+    # would fail every later attempt
+    mine = _blob(world, "worker_a1", b"state")
+    files = [{"path": p, **mine} for p in paths]
+    r = world.call("worker_a1", "POST", "/v1/jobs/{held}/checkpoints", {**LEASE, "files": files})
+    assert_error(r, 422)
+    assert world.call("sub_a", "GET", "/v1/jobs/{held}/checkpoints").json() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"attempt": 1, "files": None},
+        {"attempt": 1, "files": "a"},
+        {"attempt": 1, "files": [{"path": "a"}]},
+        {"attempt": 1, "files": [{"path": "a", "sha256": "x", "size": 1}]},
+        {"attempt": 1, "files": [{"path": "a", "sha256": "0" * 64, "size": -1}]},
+        {"attempt": 1, "files": [{"path": "a", "sha256": "0" * 64, "size": 2**60}]},
+        {"attempt": 1, "files": [{"path": "a\x00b", "sha256": "0" * 64, "size": 1}]},
+        {"attempt": 1, "files": [], "progress": {"loss": 1}},
+        {"attempt": 1, "files": [], "progress": {"epoch": 2**60}},
+        {"attempt": 1, "files": [], "progress": {"epoch": "x"}},
+        {"attempt": 0, "files": []},
+        {"attempt": 2**40, "files": []},
+        [],
+        "x",
+    ],
+)
+def test_a_malformed_snapshot_is_a_4xx(world: World, body: Any) -> None:
+    r = world.call("worker_a1", "POST", "/v1/jobs/{held}/checkpoints", body)
+    assert 400 <= r.status_code < 500, r.text
+    lone = '{"attempt": 1, "files": [{"path": "\\ud800", "sha256": "%s", "size": 1}]}' % ("0" * 64)
+    r = world.client.post(
+        "/v1/jobs/{held}/checkpoints".format(**world.ids),
+        content=lone,
+        headers={**bearer(world.secrets["worker_a1"]), "content-type": "application/json"},
+    )
+    assert 400 <= r.status_code < 500, r.text
+    assert world.call("sub_a", "GET", "/v1/jobs/{held}/checkpoints").json() == []

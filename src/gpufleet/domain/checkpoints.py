@@ -73,7 +73,11 @@ def path_problem(path: str) -> str | None:
         return f"a file path must have 1 to {MOST_PATH} characters"
     if "\0" in path or "\\" in path:
         return f"{path[:80]!r}: a file path has no NUL and no backslash"
-    if path.startswith("/") or posixpath.normpath(path) != path or path.split("/")[0] == "..":
+    if (
+        path.startswith("/")
+        or posixpath.normpath(path) != path
+        or path.split("/")[0] in ("..", ".")
+    ):
         return f"{path[:80]!r}: a file path is relative, normalized, and stays in the folder"
     return None
 

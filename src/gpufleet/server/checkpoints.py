@@ -71,6 +71,7 @@ class Checkpoints:
 
     def _check(self, files: Sequence[SnapFile], pools: Sequence[str] | None) -> None:
         seen: set[str] = set()
+        folders: set[str] = set()  # of the paths so far: "a" of "a/b"
         for n, f in enumerate(files):
             where = f"files[{n}].path"
             problem = checkpoints.path_problem(f.path)
@@ -78,7 +79,14 @@ class Checkpoints:
                 raise ValidationFailed(problem, detail={"field": where})
             if f.path in seen:
                 raise ValidationFailed(f"{f.path!r} is listed twice", detail={"field": where})
+            parents = {f.path[:i] for i, c in enumerate(f.path) if c == "/"}
+            if f.path in folders or parents & seen:
+                raise ValidationFailed(
+                    f"{f.path!r}: a path is a file and a folder of another in this snapshot",
+                    detail={"field": where},
+                )
             seen.add(f.path)
+            folders |= parents
             size = self.blobs.has(f.sha256)
             # a blob the caller may not read is one it cannot name here: a snapshot would
             # hand it to the job's pool

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ from gpufleet.wire import CheckpointOut, Restored
 
 LOOK_SECONDS = 0.5  # between two looks at the folder
 MOST_FILES = 10_000
+# what one look walks at most: entries of any kind (a million temporary names, or empty
+# folders, cost no more), and folders deep (each holds a descriptor while it is walked:
+# a deep tree must not use up those of the worker, which its other jobs need)
+MOST_ENTRIES = 10 * MOST_FILES
+MOST_DEPTH = 32
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CHUNK = 1 << 20
@@ -74,39 +80,56 @@ def opened_dir(root: Path, rel: str) -> Iterator[int]:
         os.close(fd)
 
 
-def look(root: Path, rel: str) -> dict[str, Seen]:
+def look(root: Path, rel: str, owner: int | None = None) -> dict[str, Seen]:
     """The regular files under folder ``rel`` of ``root`` (paths '/'-separated), each
-    with its size and modification time; links, temporary names and anything that is not
-    a plain file are left out."""
+    with its size and modification time; links, temporary names, names that are not
+    UTF-8, files not owned by ``owner`` (when given: the job's user; a file it did not
+    write is one it hard-linked there) and anything not a plain file are left out."""
     found: dict[str, Seen] = {}
     try:
         with opened_dir(root, rel) as fd:
-            _walk(fd, "", found)
+            _walk(fd, "", found, owner, [MOST_ENTRIES])
     except FileNotFoundError:
         return {}
     return found
 
 
-def _walk(fd: int, prefix: str, found: dict[str, Seen]) -> None:
-    for entry in os.scandir(fd):
-        if len(found) >= MOST_FILES:
-            return
-        path = prefix + entry.name
+def _walk(fd: int, prefix: str, found: dict[str, Seen], owner: int | None, left: list[int]) -> None:
+    with os.scandir(fd) as listing:  # read, then closed: one descriptor a level
+        names = [e.name for e, _ in zip(listing, range(max(left[0], 0)), strict=False)]
+    left[0] -= len(names)
+    for name in names:
+        path = prefix + name
+        if len(found) >= MOST_FILES or not _utf8(name):
+            continue
         try:
-            st = entry.stat(follow_symlinks=False)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except OSError:
             continue  # gone since the listing
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISDIR(st.st_mode) and path.count("/") < MOST_DEPTH - 1:
             try:
-                sub = os.open(entry.name, _DIR, dir_fd=fd)
+                sub = os.open(name, _DIR, dir_fd=fd)
             except OSError:
                 continue
             try:
-                _walk(sub, path + "/", found)
+                _walk(sub, path + "/", found, owner, left)
             finally:
                 os.close(sub)
-        elif stat.S_ISREG(st.st_mode) and not is_temporary(path):
+        elif stat.S_ISREG(st.st_mode) and not is_temporary(path) and _owned(st, owner):
             found[path] = (st.st_size, st.st_mtime_ns)
+
+
+def _utf8(name: str) -> bool:
+    """Whether a name read from the disk is UTF-8 (the server keeps only such paths)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _owned(st: os.stat_result, owner: int | None) -> bool:
+    return owner is None or st.st_uid == owner
 
 
 @contextlib.contextmanager
@@ -156,6 +179,7 @@ class FolderSync:
     rel: str  # its checkpoint folder, relative to it
     data: Client
     post: Callable[[list[SnapFile], dict[str, int]], Awaitable[Snapshot]]
+    owner: int | None = None  # the job's user, when it is not the worker's (--run-as)
     last: Snapshot | None = None  # the snapshot the folder holds now (restored, or sent)
     seen: dict[str, Seen] = field(default_factory=dict)  # the last look
     hashes: dict[str, tuple[Seen, str]] = field(default_factory=dict)
@@ -200,7 +224,7 @@ class FolderSync:
     async def sync(self, progress: dict[str, int], settled: bool = True) -> Synced:
         """One look: with ``settled``, a snapshot only of a folder unchanged since the
         last look; without (the job asked, or it has ended), of the folder as it is."""
-        now = await asyncio.to_thread(look, self.root, self.rel)
+        now = await asyncio.to_thread(look, self.root, self.rel, self.owner)
         before, self.seen = self.seen, now
         if settled and now != before:
             return Synced()
@@ -237,7 +261,7 @@ class FolderSync:
             try:
                 with open_file(self.root, self.rel, path) as fd:
                     st = os.fstat(fd)
-                    if (st.st_size, st.st_mtime_ns) != seen:
+                    if (st.st_size, st.st_mtime_ns) != seen or not _owned(st, self.owner):
                         return None, sent
                     sha = self._hash(path, seen, fd)
                     if sha not in self.on_server:
@@ -276,8 +300,9 @@ def restore(data: Client, snap: Snapshot, root: Path, rel: str) -> tuple[Restore
         paths.setdefault(f.sha256, []).append(f.path)
     with opened_dir(root, rel):
         pass  # the folder exists, reached without a link
-    staging = root / f".gpufleet-restore-{os.getpid()}"
-    staging.mkdir(mode=0o700, exist_ok=True)
+    # a new folder of its own: a name that an input could have placed a link at would
+    # send the worker's writes, and its clean-up, elsewhere
+    staging = Path(tempfile.mkdtemp(prefix=".gpufleet-restore-", dir=root))
     try:
         for sha, named in paths.items():
             got = staging / sha

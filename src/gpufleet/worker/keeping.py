@@ -40,7 +40,8 @@ class Keeping:
         rel = lease.spec.checkpoint_dir
         if rel is None:
             return None
-        run.sync = FolderSync(workdir, rel, self.data, partial(self._post, run))
+        owner = run.user.uid if run.user is not None else None  # its files, none linked in
+        run.sync = FolderSync(workdir, rel, self.data, partial(self._post, run), owner)
         try:
             await asyncio.to_thread(_make, workdir, rel)
         except (FolderError, OSError) as exc:
