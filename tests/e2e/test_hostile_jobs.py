@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -501,3 +502,52 @@ def test_a_slot_users_job_cannot_change_its_environment(
     assert detail["status"] == "succeeded"
     assert "UNCHANGED 1.0" in fleet.cli("logs", after).stdout
     assert detail["history"][-1]["environment"]["built"] is False  # the same, sealed one
+
+
+# A checkpointing job that tries to smuggle root's files into its checkpoint folder (a
+# symbolic and a hard link to /etc/shadow), then, resumed as another slot user, lists
+# what it got back and writes to it.
+CHECKPOINTED = r"""
+import json, os, sys, time
+ck = os.environ["GPUFLEET_CHECKPOINT_DIR"]
+state = os.path.join(ck, "state.json")
+if os.environ.get("GPUFLEET_RESUMED"):
+    with open(state, "a") as f:  # restored as this attempt's user's own file
+        f.write(" ")
+    print("RESTORED", json.dumps(sorted(os.listdir(ck))), open(state).read(), flush=True)
+    sys.exit(0)
+with open(state + ".tmp", "w") as f:
+    f.write('{"epoch": 3}')
+os.replace(state + ".tmp", state)
+for make in (os.symlink, os.link):
+    try:
+        make("/etc/shadow", os.path.join(ck, "shadow-" + make.__name__))
+    except OSError as exc:
+        print(make.__name__, "refused:", exc.strerror, flush=True)
+print("::gpufleet:: " + json.dumps({"epoch": 3, "checkpoint": True}), flush=True)
+print("saved", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_slot_users_checkpoint_keeps_only_its_own_files_and_resumes_as_another(
+    fleet: Fleet, users: Users, base: Path
+) -> None:
+    fleet.start_server()
+    work = ("--work-dir", str(base / "work"))
+    first = _start(fleet, [], {}, "--run-as", users.slots[0], *work)
+    argv = ["submit", "--checkpoint-dir", "ck", "--grace-period", "5", "--"]
+    job = fleet.cli(*argv, "python", "-c", CHECKPOINTED).stdout.split()[-1]
+    with fleet.client() as c:
+        wait_for(lambda: c.checkpoints(job), 30, "the job's first snapshot")
+        assert [f.path for f in c.checkpoints(job)[0].files] == ["state.json"]
+    first.signal(signal.SIGTERM)  # vacated: its grace signal, its checkpoint kept
+    first.popen.wait(30)
+    _start(fleet, [], {}, "--run-as", users.slots[1], *work)
+    done = fleet.wait_status(job, "succeeded", "failed", timeout=60)
+    said = fleet.cli("logs", job).stdout
+    assert done["status"] == "succeeded", said
+    assert 'RESTORED ["state.json"] {"epoch": 3} ' in said, said
+    with fleet.client() as c:
+        kept = {f.path for s in c.checkpoints(job) for f in s.files}
+    assert kept == {"state.json"}, "no link to root's files was ever kept"
