@@ -252,8 +252,9 @@ async def test_a_build_in_another_process_is_waited_for(cache: EnvCache) -> None
 
 # A worker process of its own that ensures one environment and says whether it built it.
 WORKER = """
-import asyncio, json, sys
+import asyncio, faulthandler, json, sys
 from pathlib import Path
+faulthandler.dump_traceback_later(50, exit=True)  # a hang says where, before the test's 60 s
 from gpufleet.domain.environments import EnvSpec
 from gpufleet.worker.environments import EnvCache, EnvSettings
 
