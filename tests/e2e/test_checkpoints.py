@@ -248,3 +248,28 @@ def test_a_cuda_out_of_memory_with_no_bigger_gpu_fails_at_once(fleet: Fleet) -> 
     assert done["status"] == "failed" and done["attempts"] == 1
     assert done["history"][0]["cause"] == "gpu_oom"
     assert "no worker of pool default has a GPU with more than 24 GiB" in done["error"]
+
+
+def test_a_job_that_fills_its_gpu_and_dies_silently_is_an_out_of_memory_by_nvml(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """No framework's message: the worker's NVML readings say its processes held nearly
+    all its GPU's memory before it failed."""
+    processes = tmp_path / "processes.json"
+    fleet.start_server()
+    fleet.start_gpu_worker(
+        "small",
+        [("NVIDIA GeForce RTX 4090", 24, 23)],
+        env_extra={"FAKE_NVML_PROCESSES": str(processes)},
+    )
+    script = (
+        "import json, os, sys, time\n"
+        f"json.dump({{'0': [[os.getpid(), 24000]]}}, open({str(processes)!r}, 'w'))\n"
+        "time.sleep(2.5)\n"  # some heartbeats read it
+        "sys.exit(1)\n"
+    )
+    argv = ["submit", "--gpus", "1", "--max-attempts", "3", "--", "python", "-c", script]
+    done = fleet.wait_status(fleet.cli(*argv).stdout.split()[-1], "failed", timeout=60)
+    assert done["history"][0]["cause"] == "gpu_oom" and done["attempts"] == 1
+    assert "no worker of pool default has a GPU with more than 24 GiB" in done["error"]
+    assert "held 24000 of its GPUs' 24576 MiB" in fleet.cli("logs", done["id"]).stderr

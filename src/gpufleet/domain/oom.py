@@ -129,6 +129,17 @@ def host_oom(exit_code: int | None, oom_kills_seen: bool) -> bool:
     return killed and oom_kills_seen
 
 
+#: The share of its GPUs' memory a failed job's processes held at a reading (NVML) that
+#: makes its failure an out-of-memory, when its framework said nothing of it.
+FULL = 0.95
+
+
+def gpu_full(peak_mib: int, total_mib: int) -> bool:
+    """Whether a job's processes held at least :data:`FULL` of its GPUs' memory at one of
+    the worker's NVML readings."""
+    return total_mib > 0 and peak_mib >= FULL * total_mib
+
+
 #: The classes of failure that ask for more memory on the next attempt.
 GPU_OOM, HOST_OOM = "gpu_oom", "host_oom"
 #: How much more than the memory that was not enough the next attempt asks for (MiB).

@@ -82,6 +82,8 @@ class Explain:
     def _why_summary(
         self, job: JobRow, verdicts: list[tuple[WorkerView, list[str]]], now: float
     ) -> str:
+        if job.status == JobStatus.PAUSED:
+            return f"paused: it waits for `gpufleet resume {job.id}`, then its checkpoint"
         if job.status != JobStatus.PENDING:
             where = f" on {job.worker_id}" if job.worker_id and job.status.active else ""
             return f"job is {job.status.value}{where}, not waiting"

@@ -335,7 +335,7 @@ class Agent:
                 LeaseRef(
                     job_id=r.lease.job_id,
                     attempt=r.lease.attempt,
-                    gpu_mib=group_gpu_mib(readings, r.proc.pid)
+                    gpu_mib=r.gpu_reading(group_gpu_mib(readings, r.proc.pid), gpus)
                     if r.proc is not None and r.lease.gpus and readings
                     else None,
                 )

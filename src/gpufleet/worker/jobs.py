@@ -98,6 +98,12 @@ def _failure_class(run: Running, code: int | None, killed: bool, timed_out: bool
     if (line := oom.gpu_oom(run.tail)) is not None:
         run.note(f"out of GPU memory: {line}")
         return oom.GPU_OOM
+    if oom.gpu_full(run.gpu_peak_mib, run.gpu_total_mib):
+        run.note(
+            f"out of GPU memory: its processes held {run.gpu_peak_mib} of its GPUs' "
+            f"{run.gpu_total_mib} MiB at a heartbeat (NVML) before it failed"
+        )
+        return oom.GPU_OOM
     return None
 
 

@@ -7,11 +7,13 @@ import asyncio
 import enum
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.domain import progress
 from gpufleet.domain.checkpoints import progress_of
+from gpufleet.domain.models import GpuInfo
 from gpufleet.wire import BAR_END, STDERR_TAIL_CHARS, STDERR_TAIL_LINES, Lease, Restored
 from gpufleet.worker.adapters import Adapter
 from gpufleet.worker.backlog import Backlog
@@ -80,6 +82,9 @@ class Running:
     sync: FolderSync | None = None
     restored: Restored | None = None
     latest: dict[str, int] = field(default_factory=dict)
+    # the most GPU memory its processes held at a heartbeat (NVML), of its GPUs' total
+    gpu_peak_mib: int = 0
+    gpu_total_mib: int = 0
 
     def __post_init__(self) -> None:
         self.progress = Progress(
@@ -157,6 +162,14 @@ class Running:
         """Whether its outputs are collected: a job that ran to its end, its timeout or
         an early stop keeps them; one killed for any other reason keeps nothing."""
         return self.stop_reason in (None, StopReason.TIMEOUT, StopReason.STOP)
+
+    def gpu_reading(self, mib: int | None, gpus: Sequence[GpuInfo]) -> int | None:
+        """What NVML said its processes hold now (MiB), kept as its peak beside its
+        GPUs' total memory; passed on, for its heartbeat."""
+        if mib is not None:
+            self.gpu_peak_mib = max(self.gpu_peak_mib, mib)
+            self.gpu_total_mib = sum(g.total_mib for g in gpus if g.index in self.lease.gpus)
+        return mib
 
     def note(self, message: str) -> None:
         """A line from the worker itself in the job's output."""
