@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from gpufleet.config import load_token
@@ -13,6 +14,7 @@ from gpufleet.wire import JobSpecModel
 from tests.browser.conftest import Watched, sign_in
 from tests.e2e.conftest import Fleet
 
+ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = textwrap.dedent(
     """
     import json, time
@@ -334,4 +336,35 @@ def test_the_log_view_keeps_5000_lines_cuts_long_ones_and_scrolls_back(
     shown = page.eval_on_selector_all("#log .line", "els => els.map(e => e.textContent)")
     assert [t for t in shown if t.startswith("bar ")] == ["bar 30/30"], shown
     assert [t for t in shown if t.startswith("note ")] == [f"note {i}" for i in range(0, 30, 3)]
+    assert watched.errors == []
+
+
+def test_pause_and_resume_buttons_and_the_curve_goes_on_from_the_checkpoint(
+    fleet: Fleet, watched: Watched
+) -> None:
+    """Paused at epoch 2 or later, resumed from its checkpoint: the curve has each of the
+    8 epochs once, the resumed attempt's points in place of the first's."""
+    train = ROOT / "examples" / "checkpoints" / "train.py"
+    fleet.start_server()
+    fleet.start_worker("w1")
+    argv = [sys.executable, str(train), "--epochs", "8", "--epoch-seconds", "0.5"]
+    job = _submit(fleet, name="pausable", command=argv, checkpoint_dir="ck", grace_period=5)
+    sign_in(watched, fleet, load_token(fleet.url) or "")
+    page = watched.page
+    page.goto(f"{fleet.url}/#/jobs/{job}")
+    page.wait_for_selector(".job-head[data-status=running]", timeout=30_000)
+    page.wait_for_function(
+        "() => Number(document.querySelector('#chart').dataset.points) >= 2", timeout=30_000
+    )
+    page.get_by_role("button", name="Pause").click()
+    page.wait_for_selector(".job-head[data-status=paused]", timeout=15_000)
+    watched.shot("job-paused")
+    page.get_by_role("button", name="Resume").click()
+    page.wait_for_selector(".job-head[data-status=succeeded]", timeout=60_000)
+    page.wait_for_function(
+        "() => document.querySelector('#chart').dataset.points === '8'", timeout=10_000
+    )
+    detail = fleet.job(job)
+    assert [h["cause"] for h in detail["history"]] == ["paused", None]
+    assert detail["history"][1]["restored"] is not None
     assert watched.errors == []
