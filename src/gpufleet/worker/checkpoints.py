@@ -163,11 +163,12 @@ def fd_path(fd: int) -> Path:
 
 @dataclass
 class Synced:
-    """What one sync did: the snapshot it recorded (None: none was needed), and the bytes
-    it uploaded."""
+    """What one sync did: the snapshot it recorded (None: none was needed), the bytes it
+    uploaded, and whether a file changed while it was read (the next look tries again)."""
 
     snapshot: Snapshot | None = None
     bytes: int = 0
+    changed: bool = False
 
 
 @dataclass
@@ -213,7 +214,9 @@ class FolderSync:
             forced = self.wanted.is_set()
             self.wanted.clear()
             try:
-                await self.sync(progress(), settled=not forced)
+                done = await self.sync(progress(), settled=not forced)
+                if forced and done.changed:  # still being written: asked for, at the next look
+                    asyncio.get_running_loop().call_later(LOOK_SECONDS, self.wanted.set)
             except Conflict:
                 return  # the lease is gone: the job is being stopped
             except GpufleetError as exc:  # the server is away: the next look tries again
@@ -239,7 +242,7 @@ class FolderSync:
         self.sending = asyncio.ensure_future(asyncio.to_thread(self._send, now))
         files, sent = await asyncio.shield(self.sending)
         if files is None:  # a file changed while it was read: the next look tries again
-            return Synced(bytes=sent)
+            return Synced(bytes=sent, changed=True)
         self.last = await self.post(files, progress)
         self.snapshots += 1
         return Synced(self.last, sent)

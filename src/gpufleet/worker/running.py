@@ -24,6 +24,10 @@ from gpufleet.worker.log import say
 from gpufleet.worker.progress import Progress, ProgressFile
 from gpufleet.worker.runner import JobProcess
 
+#: Seconds after an adapter's epoch end before the checkpoint folder is synced: Lightning
+#: runs its checkpoint callbacks after the others (sleap-nn's progress one among them).
+ADAPTER_SYNC_DELAY = 1.0
+
 
 class StopReason(enum.Enum):
     """Why the worker ended a job, or asked it to end. The value is the word its log and
@@ -106,8 +110,12 @@ class Running:
                 self.progress.line(line, "GPUFLEET_PROGRESS_FILE")
 
     def record(self, record: dict[str, Any]) -> None:
-        """A progress record from the job's adapter."""
+        """A progress record from the job's adapter; one that asks for a checkpoint (an
+        epoch's end) syncs the folder ``ADAPTER_SYNC_DELAY`` later, once the framework's
+        own checkpoint callback, which runs after the progress one, has saved."""
         self.latest.update(progress_of([record]))
+        if record.get(progress.CHECKPOINT) and self.sync is not None:
+            asyncio.get_running_loop().call_later(ADAPTER_SYNC_DELAY, self.sync.wanted.set)
         self.backlog.add("progress", progress.encode(record))
 
     def _adapted(self, stream: str, line: str) -> bool:

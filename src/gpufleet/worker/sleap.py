@@ -191,6 +191,8 @@ class TrainAdapter(Adapter):
         if msg is None:
             self.bad += 1
         elif record is not None:
+            if msg.get("event") == "epoch_end" and self.run is not None:
+                record = {**record, "checkpoint": True}  # its run folder kept at each epoch
             self.emit(record)
 
     def stop(self) -> bool:
