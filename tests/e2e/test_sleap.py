@@ -136,6 +136,10 @@ def test_auto_select_spreads_a_packages_models_over_free_gpus(fleet: Fleet, tmp_
     env = {**SLEAP_PATH, "FAKE_SLEAP_BATCH_S": "0.2"}
     fleet.start_gpu_worker("big", [("NVIDIA A100-SXM4-80GB", 80, 78)], env_extra=env)
     fleet.start_gpu_worker("twogpu", [("NVIDIA RTX 4090", 24, 24)] * 2, env_extra=env)
+    with fleet.client() as c:  # both polling for work (a loaded machine is slow to it)
+        wait_for(
+            lambda: {w.status for w in c.workers()} == {"available"}, 30, "both workers to poll"
+        )
     pkg = make_package(tmp_path / "p.zip", epochs=6)  # about 4 s each: time to overlap
     done = fleet.cli(
         "sleap", "train", str(pkg), "--auto-select", "--wait", "-o", str(tmp_path), timeout=120
