@@ -16,7 +16,7 @@ import posixpath
 import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 #: The environment variables a job's process finds: its checkpoint folder (absolute), and
 #: on an attempt that found a snapshot restored, "1" and the snapshot's progress.
@@ -33,7 +33,7 @@ MOST_FILES = 10_000
 MOST_PATH = 1000
 #: The grace signal a job gets when gpufleet ends it to free its slot, unless its spec
 #: names another, and the seconds it has to save before SIGKILL.
-GRACE_SIGNAL = "SIGTERM"
+GRACE_SIGNAL: Final = "SIGTERM"
 GRACE_SECONDS = 30.0
 MOST_GRACE = 3600
 #: Signals a job may ask for as its grace signal (Slurm's ``--signal`` takes the same).
@@ -139,10 +139,3 @@ def resumed_env(snapshot: Snapshot | None) -> dict[str, str]:
     if snapshot.step is not None:
         env[STEP_ENV] = str(snapshot.step)
     return env
-
-
-def unchanged(files: Iterable[SnapFile], last: Iterable[SnapFile] | None) -> bool:
-    """Whether ``files`` are exactly the last snapshot's (then no snapshot is taken)."""
-    if last is None:
-        return False
-    return sorted((f.path, f.sha256) for f in files) == sorted((f.path, f.sha256) for f in last)

@@ -81,8 +81,6 @@ COUNTED = frozenset({Event.RETRY, Event.FAIL, Event.SUCCEED})
 #: Attempts a job may lose to its machines (a worker lost or drained) before it fails,
 #: unless the server's settings say otherwise.
 MOST_LOSSES = 10
-#: The causes of an attempt's end that are its machine's, not the job's.
-MACHINE_CAUSES = frozenset({"lost", "drained", "paused"})
 
 
 #: The lookups on :data:`TRANSITIONS`, worked out once.

@@ -14,6 +14,7 @@ from enum import StrEnum
 from pathlib import PurePath
 from typing import Any
 
+from gpufleet.domain.checkpoints import GRACE_SECONDS, GRACE_SIGNAL
 from gpufleet.domain.environments import EnvRequest, EnvSpec
 
 MIB_PER_GIB = 1024
@@ -235,8 +236,8 @@ class JobSpec:
     checkpoint_dir: str | None = None
     # What gpufleet sends it when it ends the job to free its slot (drain, pause, a
     # worker's SIGTERM), and the seconds it has to save before SIGKILL.
-    grace_signal: str = "SIGTERM"
-    grace_period: float = 30.0
+    grace_signal: str = GRACE_SIGNAL
+    grace_period: float = GRACE_SECONDS
 
     @property
     def dependencies(self) -> tuple[str, ...]:

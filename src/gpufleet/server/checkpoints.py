@@ -17,7 +17,7 @@ from typing import Protocol
 
 from gpufleet.domain import checkpoints
 from gpufleet.domain.checkpoints import SnapFile, Snapshot
-from gpufleet.errors import Conflict, NotFound, ValidationFailed
+from gpufleet.errors import Conflict, ValidationFailed
 from gpufleet.server.blobs import BlobService
 from gpufleet.store import CheckpointRow, CheckpointStore, DataStore, JobRow
 
@@ -109,12 +109,3 @@ class Checkpoints:
     def of(self, job: JobRow, limit: int = 100) -> list[CheckpointRow]:
         """The job's snapshots, newest first."""
         return self.store.checkpoints(job.id, limit)
-
-    def require(self, job: JobRow, snapshot_id: int) -> Snapshot:
-        for row in self.store.checkpoints(job.id, limit=max(self.keep, 100)):
-            if row.id == snapshot_id:
-                return row.snapshot()
-        raise NotFound(
-            f"job {job.id} has no snapshot {snapshot_id}",
-            detail={"job": job.id, "snapshot": snapshot_id},
-        )

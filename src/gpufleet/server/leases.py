@@ -139,7 +139,7 @@ class Leases:
             if environment is not None:
                 self.metrics.environment(environment.built, environment.seconds)
             if restored is not None:
-                self.metrics.restored(restored.bytes, restored.seconds)
+                self.metrics.restored(restored.seconds)
             self.notices.written(job_id)
         else:
             job = self.held(job_id, attempt)

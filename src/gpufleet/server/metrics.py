@@ -133,8 +133,8 @@ class Metrics:
         self.snapshots.inc()
         self.snapshot_bytes.inc(size)
 
-    def restored(self, size: int, seconds: float) -> None:
-        del size  # the snapshot's bytes are counted once, when it is recorded
+    def restored(self, seconds: float) -> None:
+        """A restore's time (its bytes were counted once, when its snapshot was recorded)."""
         self.restores.observe(seconds)
 
     def environment(self, built: bool, seconds: float) -> None:

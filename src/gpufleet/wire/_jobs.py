@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
+from gpufleet.domain.checkpoints import GRACE_SECONDS, GRACE_SIGNAL, MOST_GRACE
 from gpufleet.domain.environments import (
     MOST_WITH,
     PYTHON_PATTERN,
@@ -277,9 +278,11 @@ class JobSpecModel(Strict):
         None, description="a folder kept on the server as checkpoints, restored on a retry"
     )
     grace_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"] = Field(
-        "SIGTERM", description="sent when gpufleet ends the job to free its slot"
+        GRACE_SIGNAL, description="sent when gpufleet ends the job to free its slot"
     )
-    grace_period: float = Field(30.0, ge=0, le=3600, description="seconds from it to SIGKILL")
+    grace_period: float = Field(
+        GRACE_SECONDS, ge=0, le=MOST_GRACE, description="seconds from it to SIGKILL"
+    )
 
     @model_validator(mode="after")
     def _exit_codes(self) -> JobSpecModel:

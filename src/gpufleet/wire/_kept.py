@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from gpufleet.domain.checkpoints import MOST_FILES
 from gpufleet.wire._base import Attempt, LeaseSecret, RelPath, Sha256, Size, Strict, Wire
 
 
@@ -50,7 +51,7 @@ class CheckpointIn(Strict):
 
     attempt: Attempt
     secret: LeaseSecret = None
-    files: list[CheckpointFile] = Field(max_length=10_000)
+    files: list[CheckpointFile] = Field(max_length=MOST_FILES)
     progress: dict[
         Annotated[str, Field(pattern="^(epoch|epochs|step|steps)$")],
         Annotated[int, Field(ge=0, le=2**53)],

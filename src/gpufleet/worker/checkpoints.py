@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.client import Client
-from gpufleet.domain.checkpoints import SnapFile, Snapshot, is_temporary, path_problem
+from gpufleet.domain.checkpoints import MOST_FILES, SnapFile, Snapshot, is_temporary, path_problem
 from gpufleet.errors import Conflict, GpufleetError
 from gpufleet.wire import CheckpointOut, Restored
 
 LOOK_SECONDS = 0.5  # between two looks at the folder
-MOST_FILES = 10_000
 # what one look walks at most: entries of any kind (a million temporary names, or empty
 # folders, cost no more), and folders deep (each holds a descriptor while it is walked:
 # a deep tree must not use up those of the worker, which its other jobs need)
