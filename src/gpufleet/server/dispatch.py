@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.models import WorkerStatus
@@ -27,13 +28,16 @@ from gpufleet.scheduling.matching import (
 )
 from gpufleet.server.checkpoints import Checkpoints
 from gpufleet.server.dataflow import DataFlow
+from gpufleet.server.fairqueue import fair_order
 from gpufleet.server.fleet import Fleet
 from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.notices import Notices
 from gpufleet.server.settings import QueueSettings
+from gpufleet.server.sharing import FairShare
 from gpufleet.server.views import checkpoint_out
 from gpufleet.store import ClaimStore, JobRow, StaleClaim, WorkerRow
+from gpufleet.store.api import ClaimSession
 from gpufleet.wire import CheckpointOut, JobSpecModel, Lease
 
 log = logging.getLogger("gpufleet.server")
@@ -55,8 +59,10 @@ class Dispatch:
         clock: Callable[[], float],
         metrics: Metrics,
         checkpoints: Checkpoints,
+        fair: FairShare | None = None,
     ) -> None:
         self.checkpoints = checkpoints
+        self.fair = fair
         self.store = store
         self.settings = settings
         self.fleet = fleet
@@ -216,6 +222,8 @@ class Dispatch:
                 return None
 
             got = offer(view.aimed)
+            if got is None and self.fair is not None and self.fair.on():
+                return self._offer_fairly(session, w.pool, now, offer)
             seen, page = 0, view.queue
             while got is None and seen < self.settings.candidates:
                 got = offer(page)
@@ -224,6 +232,28 @@ class Dispatch:
                 seen += len(page)
                 page = session.page(w.pool, now, page[-1], session.page_size)
             return got
+
+    def _offer_fairly(
+        self,
+        session: ClaimSession,
+        pool: str,
+        now: float,
+        offer: Callable[[list[JobRow]], Claimed | None],
+    ) -> Claimed | None:
+        """Offer the pool's queue in fair-share order, a page at a time, up to
+        ``candidates`` jobs."""
+        assert self.fair is not None
+        order = fair_order(session, pool, now, self.fair.standings(pool), session.page_size)
+        seen = 0
+        while seen < self.settings.candidates:
+            page = list(islice(order, session.page_size))
+            if not page:
+                return None
+            got = offer(page)
+            if got is not None:
+                return got
+            seen += len(page)
+        return None
 
     def _choices(
         self,

@@ -45,6 +45,7 @@ from gpufleet.server.notices import Notices
 from gpufleet.server.reads import Reads
 from gpufleet.server.retention import Retention
 from gpufleet.server.settings import QueueSettings
+from gpufleet.server.sharing import FairShare, SharingRules
 from gpufleet.server.steering import Steering
 from gpufleet.server.submission import Submission
 from gpufleet.server.upkeep import Upkeep
@@ -63,10 +64,11 @@ class Services:
         on_change: Callable[[], None] = lambda: None,
         on_event: OnEvent = no_event,
         on_written: Callable[[str], None] = lambda _job_id: None,
+        sharing: SharingRules | None = None,
     ) -> None:
-        self.settings = settings
-        self.store = store
-        self.clock = clock
+        self.settings, self.store, self.clock = settings, store, clock
+        self.sharing = sharing or SharingRules(settings.sharing_file)
+        self.fair = FairShare(store, self.sharing, clock)
         self.metrics = Metrics()
         self.blobs = blobs
         self.fleet = Fleet(
@@ -93,6 +95,7 @@ class Services:
             clock,
             self.metrics,
             self.checkpoints,
+            self.fair,
         )
         self.leases = Leases(
             store, settings, self.fleet, self.dispatch, self.notices, clock, on_event, self.metrics

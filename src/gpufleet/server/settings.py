@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpufleet.domain.checkpoints import KEEP
 from gpufleet.domain.lifecycle import MOST_LOSSES
@@ -31,3 +32,6 @@ class QueueSettings:
     checkpoint_keep: int = KEEP
     # Attempts a job may lose to its machines (worker lost, drained) before it fails.
     max_losses: int = MOST_LOSSES
+    # The operator's sharing rules (fair share, caps, preemption, webhooks), a TOML file
+    # read again when it changes (gpufleet.server.sharing); None: none.
+    sharing_file: Path | None = None

@@ -18,10 +18,13 @@ from gpufleet.store.api import (
     JobStore,
     Offers,
     QueueGauges,
+    RunningUse,
     StaleClaim,
     Store,
     Submitted,
     Transaction,
+    UsageSlice,
+    UsageStore,
 )
 from gpufleet.store.pages import within
 from gpufleet.store.postgres import PostgresStore
@@ -77,6 +80,7 @@ __all__ = [
     "Offers",
     "PostgresStore",
     "QueueGauges",
+    "RunningUse",
     "SqlStore",
     "SqliteStore",
     "StaleClaim",
@@ -84,6 +88,8 @@ __all__ = [
     "Submitted",
     "TokenRow",
     "Transaction",
+    "UsageSlice",
+    "UsageStore",
     "WorkerRow",
     "line_bytes",
     "normalize_url",

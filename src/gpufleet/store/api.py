@@ -94,6 +94,31 @@ class Appended:
 
 
 @dataclass(frozen=True)
+class UsageSlice:
+    """Unit-seconds a user's ended attempts held in a pool in one time slice."""
+
+    owner: str
+    pool: str
+    kind: str  # "gpu" or "cpu" (gpufleet.domain.fairshare)
+    start: float
+    width: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunningUse:
+    """A job claimed or running now: whose, where, what it holds, since when."""
+
+    job_id: str
+    owner: str
+    pool: str
+    gpus: tuple[int, ...]
+    started_at: float | None
+    claimed_at: float | None
+    status: str
+
+
+@dataclass(frozen=True)
 class ClaimView:
     """What a claim ranks on: the slots the worker's jobs hold (the GPUs of each; () a CPU
     slot), its claim count, the pending jobs aimed at it that it may claim now, and the
@@ -139,6 +164,25 @@ class ClaimSession(Protocol):
     def view(self, worker_id: str, name: str, pool: str, now: float, page: int) -> ClaimView: ...
     def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]: ...
     def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None: ...
+    def owners(self, pool: str) -> list[str]:
+        """The owners with jobs pending in ``pool`` (some may wait on dependencies)."""
+        ...
+
+    def owner_page(
+        self, pool: str, owner: str, now: float, after: JobRow | None, limit: int
+    ) -> list[JobRow]:
+        """The next ``limit`` claimable jobs of ``owner`` in ``pool`` after ``after``."""
+        ...
+
+
+class UsageStore(Protocol):
+    """Usage for fair share: ended attempts' slices, and what runs now."""
+
+    usage_width: float
+
+    def usage_slices(self, since: float, pool: str | None = None) -> list[UsageSlice]: ...
+    def running_use(self, pool: str | None = None) -> list[RunningUse]: ...
+    def prune_usage(self, before: float) -> int: ...
 
 
 class JobStore(Protocol):
@@ -382,6 +426,7 @@ class Transaction(Protocol):
 class Store(
     JobStore,
     ClaimStore,
+    UsageStore,
     EventStore,
     FleetStore,
     AccessStore,

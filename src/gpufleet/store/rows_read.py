@@ -68,6 +68,7 @@ class JobRow:
     losses: int = 0  # attempts its machines lost (not counted against max_attempts)
     pause_requested_at: float | None = None  # `gpufleet pause`, while it is carried out
     raised: str | None = None  # why a requirement was raised after an out-of-memory, JSON
+    owner: str = ""  # the submitting token's name: the user charged for what it runs
 
     @cached_property
     def spec(self) -> JobSpec:

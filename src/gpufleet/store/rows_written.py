@@ -15,11 +15,18 @@ from gpufleet.store.json_columns import spec_json
 
 
 def job_values(
-    job_id: str, spec: JobSpec, now: float, unrunnable: str | None, submitted_by: str | None
+    job_id: str,
+    spec: JobSpec,
+    now: float,
+    unrunnable: str | None,
+    submitted_by: str | None,
+    owner: str | None = None,
 ) -> dict[str, Any]:
-    """The row of a job just submitted: where the lifecycle starts every job."""
+    """The row of a job just submitted: where the lifecycle starts every job. ``owner``:
+    the submitting token's name (its user), charged for what the job runs."""
     return {
         "submitted_by": submitted_by,
+        "owner": owner or "",
         "target": spec.requirements.worker,
         "id": job_id,
         "name": spec.name,

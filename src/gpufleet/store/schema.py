@@ -78,6 +78,9 @@ jobs = Table(
     Column("pause_requested_at", Float),
     # Why a requirement was raised after an attempt ran out of memory (JSON), for `why`.
     Column("raised", Text),
+    # The name of the token that submitted it (its user), charged for what it runs and
+    # ranked by that user's fair share (0018); "" without a token.
+    Column("owner", String(200), nullable=False, default="", server_default=""),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -89,6 +92,18 @@ Index(
     jobs.c.id,
 )
 Index("ix_jobs_worker", jobs.c.worker_id, jobs.c.status)
+# Fair share reads each user's first claimable jobs: the pending jobs by pool and owner in
+# claim order. Partial: a job leaves it when claimed, so finished jobs cost nothing.
+Index(
+    "ix_jobs_owner_queue",
+    jobs.c.pool,
+    jobs.c.owner,
+    jobs.c.priority.desc(),
+    jobs.c.created_at,
+    jobs.c.id,
+    sqlite_where=jobs.c.status == "pending",
+    postgresql_where=jobs.c.status == "pending",
+)
 # The jobs list pages by creation, newest first: read from this index, not by sorting every
 # job. Neither column ever changes, so status changes (claims) do not pay for it.
 Index("ix_jobs_created", jobs.c.created_at, jobs.c.id)
@@ -314,6 +329,22 @@ environment_locks = Table(
     Column("created_at", Float, nullable=False),
     Column("replaced_at", Float),
 )
+
+# Usage for fair share: unit-seconds (GPU-seconds, or CPU-slot-seconds of ``kind`` "cpu")
+# each user's ended attempts held in a pool, by time slice (``start``, ``width`` seconds;
+# gpufleet.domain.fairshare). Rows only grow; a slice older than a few half-lives is
+# dropped by the retention sweep.
+usage = Table(
+    "usage",
+    metadata,
+    Column("owner", String(200), primary_key=True),
+    Column("pool", String(200), primary_key=True),
+    Column("kind", String(8), primary_key=True),
+    Column("start", Float, primary_key=True),
+    Column("width", Float, nullable=False),
+    Column("seconds", Float, nullable=False),
+)
+Index("ix_usage_start", usage.c.start)
 
 # ---- the data plane ---------------------------------------------------------------------
 

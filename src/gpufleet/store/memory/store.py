@@ -37,6 +37,7 @@ from gpufleet.store.memory.data import MemoryData
 from gpufleet.store.memory.events import MemoryEvents
 from gpufleet.store.memory.fleet import MemoryFleet
 from gpufleet.store.memory.tables import defaults
+from gpufleet.store.memory.usage import MemoryUsage
 from gpufleet.store.rows_read import AttemptRow, JobRow, WorkerRow
 from gpufleet.store.rows_written import (
     job_values,
@@ -105,6 +106,18 @@ class MemoryClaimSession:
             )
             return [s._row(j) for j in found[:limit]]
 
+    def owners(self, pool: str) -> list[str]:
+        with self.store._lock:
+            jobs = self.store.jobs.values()
+            return sorted(
+                {j["owner"] for j in jobs if j["status"] == _PENDING and j["pool"] == pool}
+            )
+
+    def owner_page(
+        self, pool: str, owner: str, now: float, after: JobRow | None, limit: int
+    ) -> list[JobRow]:
+        return [j for j in self.page(pool, now, after, 1 << 30) if j.owner == owner][:limit]
+
     def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
         if any(c.event != Event.CLAIM for c in changes):
             raise ValueError("claim takes claims only")
@@ -127,6 +140,7 @@ class MemoryStore(
     MemoryData,
     MemoryCheckpoints,
     MemoryEvents,
+    MemoryUsage,
     NamedChanges,
 ):
     """Every operation of the store, held in memory by one process."""
@@ -135,6 +149,7 @@ class MemoryStore(
 
     def __init__(self) -> None:
         self._init_tables()
+        self._init_usage()
         self.space = SpaceWatch()  # never full: it has no disk
 
     # ---- plumbing ---------------------------------------------------------------------
@@ -200,7 +215,7 @@ class MemoryStore(
         for job_id, spec, unrunnable in batch.jobs:
             if job_id in self.jobs:
                 continue
-            values = job_values(job_id, spec, now, unrunnable, batch.submitted_by)
+            values = job_values(job_id, spec, now, unrunnable, batch.submitted_by, batch.by)
             self.jobs[job_id] = {**defaults(t.jobs), **values}
             created.append(job_id)
         self._log(submit_events(created, batch.by, now))
@@ -488,6 +503,7 @@ class MemoryStore(
             attempt = {**defaults(t.attempts), "job_id": change.job_id, "attempt": change.attempt}
             self.attempt_rows[key] = {**attempt, **encode(change.opens)}
         elif change.record and self.attempt_rows.get(key, {}).get("finished_at", 0) is None:
+            self._charge(change, self.attempt_rows[key])
             self.attempt_rows[key].update(encode(change.record))
         self._log(state_rows([change]))
         return True

@@ -27,7 +27,7 @@ from gpufleet.store.api import Applied
 from gpufleet.store.changes import FAILS_DEPENDENTS, NamedChanges, encode
 from gpufleet.store.rows_read import JobRow
 from gpufleet.store.rows_written import state_rows
-from gpufleet.store.sql.base import SqlParts
+from gpufleet.store.sql.usage import UsageOps
 
 _J, _A, _D = t.jobs.c, t.attempts.c, t.job_deps.c
 _OPEN_ATTEMPT = t.attempts.insert()  # built once: its cache key is then computed once
@@ -68,7 +68,7 @@ def _record_statement(keys: tuple[str, ...]) -> Any:
     return update(t.attempts).where(where).values({k: bindparam(k) for k in keys})
 
 
-class ChangeOps(NamedChanges, SqlParts):
+class ChangeOps(NamedChanges, UsageOps):
     """Applies the lifecycle's changes: claim, start, finish, release, lose, cancel,
     requeue, and the dependency failures they cause."""
 
@@ -106,6 +106,7 @@ class ChangeOps(NamedChanges, SqlParts):
             }
             conn.execute(_OPEN_ATTEMPT, encode(values))
         if change.record:
+            self._charge(conn, change)
             rkeys = tuple(sorted(change.record))
             where = {"_id": change.job_id, "_attempt": change.attempt}
             conn.execute(_record_statement(rkeys), {**encode(change.record), **where})

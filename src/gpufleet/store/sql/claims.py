@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, tuple_, union_all
+from sqlalchemy import Connection, bindparam, select, text, tuple_, union_all
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.lifecycle import Change, Event
@@ -56,6 +56,18 @@ def _json_list(value: Any) -> list[Any]:
         return []
     found: list[Any] = value if isinstance(value, list) else json.loads(value)
     return found
+
+
+# The owners with pending jobs in a pool: a loose index scan of ix_jobs_owner_queue (each
+# step one seek to the next owner), so it costs the number of owners, not of jobs.
+OWNERS_SQL = text(
+    "WITH RECURSIVE o(owner) AS ("
+    " SELECT MIN(owner) FROM jobs WHERE status = 'pending' AND pool = :pool"
+    " UNION ALL"
+    " SELECT (SELECT MIN(j.owner) FROM jobs j WHERE j.status = 'pending' AND j.pool = :pool"
+    " AND j.owner > o.owner) FROM o WHERE o.owner IS NOT NULL"
+    ") SELECT owner FROM o WHERE owner IS NOT NULL"
+)
 
 
 class ClaimSession(ABC):
@@ -110,6 +122,21 @@ class ClaimSession(ABC):
             rows = self.conn.execute(self.store.page_q[1], params).all()
         return [JobRow.from_row(r) for r in rows]
 
+    def owners(self, pool: str) -> list[str]:
+        return [str(r[0]) for r in self.conn.execute(OWNERS_SQL, {"pool": pool}).all()]
+
+    def owner_page(
+        self, pool: str, owner: str, now: float, after: JobRow | None, limit: int
+    ) -> list[JobRow]:
+        """The next ``limit`` claimable jobs of ``owner`` in ``pool`` after ``after``."""
+        params: dict[str, Any] = {"pool": pool, "owner": owner, "now": now, "n": limit}
+        if after is None:
+            rows = self.conn.execute(self.store.owner_q[0], params).all()
+        else:
+            params |= {"p": after.priority, "c": after.created_at, "i": after.id}
+            rows = self.conn.execute(self.store.owner_q[1], params).all()
+        return [JobRow.from_row(r) for r in rows]
+
 
 def claims_only(changes: Sequence[Change]) -> None:
     """A claim session takes claims only."""
@@ -122,6 +149,7 @@ class ClaimOps(ABC):
 
     engine: Any
     page_q: tuple[Any, Any]  # page_statements()
+    owner_q: tuple[Any, Any]  # page_statements(by_owner=True)
 
     @abstractmethod
     def _read(self) -> AbstractContextManager[Connection]:
@@ -132,7 +160,7 @@ class ClaimOps(ABC):
         """Apply ``change`` if the job is still where it expects."""
 
 
-def page_statements() -> tuple[Any, Any]:
+def page_statements(by_owner: bool = False) -> tuple[Any, Any]:
     """Built once: a pool's first claimable jobs, and the next ones after a keyset
     position, best first (priority, then age), from the claim index.
 
@@ -146,6 +174,8 @@ def page_statements() -> tuple[Any, Any]:
         & (_J.waiting == 0)
         & ((_J.not_before.is_(None)) | (_J.not_before <= bindparam("now")))
     )
+    if by_owner:  # one user's jobs (fair share), from ix_jobs_owner_queue
+        claimable = claimable & (_J.owner == bindparam("owner"))
     order = (_J.priority.desc(), _J.created_at, _J.id)
     head = select(t.jobs).where(claimable).order_by(*order).limit(bindparam("n"))
     p: Any = bindparam("p")

@@ -115,7 +115,9 @@ class JobOps(SqlParts):
             q = select(t.jobs.c.id).where(t.jobs.c.id.in_(ids[chunk : chunk + 500]))
             have.update(conn.scalars(q))
         fresh = [
-            job_values(i, s, now, u, batch.submitted_by) for i, s, u in batch.jobs if i not in have
+            job_values(i, s, now, u, batch.submitted_by, batch.by)
+            for i, s, u in batch.jobs
+            if i not in have
         ]
         if not fresh:
             return []

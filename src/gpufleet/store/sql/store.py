@@ -79,6 +79,7 @@ class SqlStore(
         self.space = SpaceWatch()
         watch_engine(self.engine, self.space)
         self.page_q = page_statements()
+        self.owner_q = page_statements(by_owner=True)
         #: The transaction this store is bound to (:meth:`transaction` gives a copy bound
         #: to its own); None: each call opens its own.
         self._conn: Connection | None = None
