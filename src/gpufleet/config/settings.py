@@ -196,6 +196,13 @@ _SERVER: tuple[Setting, ...] = (
         minimum=1,
     ),
     _setting(
+        "sharing",
+        None,
+        "path",
+        "the sharing rules (fair share, caps, preemption, webhooks): a TOML file, read "
+        "again when it changes (default: sharing.toml in data_dir, if there is one)",
+    ),
+    _setting(
         "checkpoint_keep",
         3,
         "int",
