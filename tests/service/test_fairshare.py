@@ -80,7 +80,7 @@ def simulate(
     day = Day({u: [0.0] * 24 for u in weights})
     t = 0.0
     while t < 24 * HOUR:
-        for job_id, (owner, started, ends) in list(running.items()):
+        for job_id, (_owner, _started, ends) in list(running.items()):
             if ends <= t:
                 lease = store.get_job(job_id)
                 assert lease is not None
