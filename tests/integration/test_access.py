@@ -134,6 +134,7 @@ TABLE: list[tuple[str, str, str, Any, int]] = [
     ("worker_a1", "POST", "/v1/workers/{wa2}/drain", None, 403),
     ("worker_a1", "POST", "/v1/tokens", {"name": "x", "role": "admin"}, 403),
     ("worker_a1", "GET", "/v1/audit", None, 403),
+    ("worker_a1", "GET", "/v1/usage", None, 403),
     # A submitter sees and steers its pools only; another pool's objects do not exist.
     ("sub_a", "GET", "/v1/jobs/{pending_b}", None, 404),
     ("sub_a", "POST", "/v1/jobs/{pending_b}/cancel", None, 404),
@@ -158,6 +159,8 @@ TABLE: list[tuple[str, str, str, Any, int]] = [
     ("sub_a", "POST", "/v1/tokens/{admin_id}/rotate", None, 403),
     ("sub_a", "DELETE", "/v1/tokens/{admin_id}", None, 403),
     ("sub_a", "GET", "/v1/audit", None, 403),
+    ("sub_a", "GET", "/v1/usage", None, 200),
+    ("sub_a", "GET", "/v1/usage?pool=b", None, 404),
     # An operator steers every pool but manages no tokens.
     ("operator", "POST", "/v1/jobs/{pending_b}/cancel", None, 200),
     ("operator", "POST", "/v1/manifests", PLAN, 200),

@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from gpufleet.server.routes import blobs, dashboard, environments, events, jobs, metrics, workers
+from gpufleet.server.routes import (
+    blobs,
+    dashboard,
+    environments,
+    events,
+    jobs,
+    metrics,
+    sharing,
+    workers,
+)
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX
 
 if TYPE_CHECKING:
@@ -69,6 +78,7 @@ EXPECTED = {
     ("POST", "/v1/session"),
     ("GET", "/v1/session"),
     ("DELETE", "/v1/session"),
+    ("GET", "/v1/usage"),
     ("GET", "/v1/environments/locks/{key}"),
     ("PUT", "/v1/environments/locks/{key}"),
 }
@@ -115,6 +125,7 @@ def test_app_serves_every_router(app: FastAPI) -> None:
             + list(blobs.router.routes)
             + list(environments.router.routes)
             + list(events.router.routes)
+            + list(sharing.router.routes)
             + list(metrics.router.routes)
             + list(dashboard.router.routes)
         )

@@ -130,6 +130,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "from, and when and by which token it was applied. A later manifest's entry for "
         "a host replaces it.",
     ),
+    "usage": (
+        "sharing",
+        "Who used the fleet: GPU-hours per user and pool over a window, each user's "
+        "weight, share and standing under fair share, and what its jobs hold now.",
+    ),
     "envs": (
         "envs",
         "The Python environments workers have built for jobs: list them, or build one "

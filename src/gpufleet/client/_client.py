@@ -54,6 +54,7 @@ from gpufleet.wire import (
     TokenCreate,
     TokenCreated,
     TokenOut,
+    UsageOut,
     WhoAmI,
     WhyOut,
     WorkerOut,
@@ -270,6 +271,10 @@ class Client:
 
     def workers(self, pool: str | None = None) -> list[WorkerOut]:
         return self.call(ops.workers(pool))
+
+    def usage(self, window_hours: float = 168.0, pool: str | None = None) -> UsageOut:
+        """GPU-hours per user and pool over the window, with shares and standing."""
+        return self.call(ops.usage(window_hours, pool))
 
     def hosts(self) -> list[HostOut]:
         """The manifests' ``[hosts.NAME]`` declarations, with where each came from."""

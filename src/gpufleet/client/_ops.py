@@ -43,6 +43,7 @@ from gpufleet.wire import (
     TokenCreate,
     TokenCreated,
     TokenOut,
+    UsageOut,
     WhoAmI,
     WhyOut,
     WorkerOut,
@@ -121,6 +122,13 @@ def apply(plan: ManifestApply) -> Call[ApplyResult]:
 def workers(pool: str | None = None) -> Call[list[WorkerOut]]:
     params: dict[str, Any] = {"pool": pool} if pool else {}
     return Call("GET", "/v1/workers", model(list[WorkerOut]), params=params)
+
+
+def usage(window_hours: float, pool: str | None = None) -> Call[UsageOut]:
+    params: dict[str, Any] = {"window_hours": window_hours}
+    if pool:
+        params["pool"] = pool
+    return Call("GET", "/v1/usage", model(UsageOut), params=params)
 
 
 def hosts() -> Call[list[HostOut]]:

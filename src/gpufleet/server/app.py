@@ -211,6 +211,7 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(routes.blobs.router)
     app.include_router(routes.environments.router)
     app.include_router(routes.events.router)
+    app.include_router(routes.sharing.router)
     app.include_router(routes.metrics.router)
     app.include_router(routes.dashboard.router)
     app.mount("/ui", routes.dashboard.static_files(), name="ui")

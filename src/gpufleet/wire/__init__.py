@@ -113,6 +113,7 @@ from gpufleet.wire._kept import (
     CheckpointOut,
     Restored,
 )
+from gpufleet.wire._sharing import UsageOut, UsageRow
 
 __all__ = [
     "BAR_END",
@@ -205,6 +206,8 @@ __all__ = [
     "TokenOut",
     "UploadCreate",
     "UploadOut",
+    "UsageOut",
+    "UsageRow",
     "WhoAmI",
     "WhyOut",
     "WhyWorker",

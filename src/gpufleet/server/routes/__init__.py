@@ -2,14 +2,33 @@
 
 ``jobs`` (jobs, manifests, fleet status, tokens, audit), ``workers`` (the fleet and the
 worker protocol), ``blobs`` (blobs and upload sessions), ``environments`` (environment
-locks), ``events`` (event streams), ``metrics`` (``/metrics``) and ``dashboard`` (the web
-dashboard and sign-in). :func:`gpufleet.server.app.create_app` includes every router.
+locks), ``sharing`` (usage), ``events`` (event streams), ``metrics`` (``/metrics``) and
+``dashboard`` (the web dashboard and sign-in). :func:`gpufleet.server.app.create_app`
+includes every router.
 
 Routes check who may call them, parse and answer; the work is done by the services
 (:mod:`gpufleet.server.services`). Routes call services, never the store (an
 import-linter contract in ``pyproject.toml``).
 """
 
-from gpufleet.server.routes import blobs, dashboard, environments, events, jobs, metrics, workers
+from gpufleet.server.routes import (
+    blobs,
+    dashboard,
+    environments,
+    events,
+    jobs,
+    metrics,
+    sharing,
+    workers,
+)
 
-__all__ = ["blobs", "dashboard", "environments", "events", "jobs", "metrics", "workers"]
+__all__ = [
+    "blobs",
+    "dashboard",
+    "environments",
+    "events",
+    "jobs",
+    "metrics",
+    "sharing",
+    "workers",
+]
