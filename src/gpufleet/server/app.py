@@ -130,6 +130,7 @@ async def _sweeper(services: Services, interval: float) -> None:
                 if expired:
                     log.warning("removed %d upload session(s) unfinished for a day", expired)
                 await run_in_threadpool(services.retention.run)
+                await run_in_threadpool(services.fair.prune)
         except Exception as exc:  # keep sweeping: one failed sweep must not stop expiry forever
             log_failure(exc, "sweep failed")
         else:

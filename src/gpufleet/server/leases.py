@@ -267,7 +267,7 @@ class Leases:
         if done is None:
             self.held(job_id, attempt)
             raise Conflict(f"job {job_id} changed while finishing; retry", detail={"job": job_id})
-        self.metrics.ended(change.status.value, job.started_at, now, "retry")
+        self.metrics.ended(change.status.value, job, now, "retry")
         for written in (job_id, *done.failed):
             self.notices.written(written)
         if change.status == JobStatus.PENDING or done.released:
@@ -319,7 +319,7 @@ class Leases:
         change = lifecycle.release(job, now, "its worker handed it back", self.settings.max_losses)
         if self.store.release(change) is None:
             return False
-        self.metrics.ended(change.status.value, job.started_at, now, "released")
+        self.metrics.ended(change.status.value, job, now, "released")
         self.notices.written(job.id)
         return True
 
@@ -330,7 +330,7 @@ class Leases:
         if self.store.lose(change) is None:
             return False
         self.metrics.leases_lost.inc()
-        self.metrics.ended(change.status.value, job.started_at, now, "lease_lost")
+        self.metrics.ended(change.status.value, job, now, "lease_lost")
         self.notices.written(job.id)
         final = change.status == JobStatus.FAILED
         then = "failed: it has lost its machine too often" if final else "requeued"

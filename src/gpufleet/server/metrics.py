@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpufleet.domain import fairshare
 from gpufleet.domain.models import WorkerStatus
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from gpufleet.server.polls import Polls
     from gpufleet.server.reads import Reads
     from gpufleet.store.api import QueueGauges
+    from gpufleet.store.rows_read import JobRow
 
 MIB = 1 << 20
 # Seconds: from a moment to a day and more (queue waits and run times are long).
@@ -45,13 +47,15 @@ class Metrics:
     """This process's counters and histograms (one registry per app, so tests that build
     many apps do not share them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_user: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # registered in this order, which is the order /metrics lists them in
         self._count_jobs(self.registry)
         self._time_jobs(self.registry)
         self._watch_environments(self.registry)
         self._count_checkpoints(self.registry)
+        self._count_use(self.registry)
+        self.per_user = per_user
 
     def _count_jobs(self, r: CollectorRegistry) -> None:
         """The counters of jobs submitted, finished, claimed, lost and requeued."""
@@ -72,6 +76,27 @@ class Metrics:
             "gpufleet_requeues",
             "Jobs put back in the queue, by reason (retry, lease_lost, released, operator)",
             ["reason"],
+            registry=r,
+        )
+
+    def _count_use(self, r: CollectorRegistry) -> None:
+        """What ended attempts held, by pool (and by user, only if the operator asks)."""
+        self.gpu_seconds = Counter(
+            "gpufleet_gpu_seconds",
+            "GPU-seconds held by attempts that ended through this server, by pool",
+            ["pool"],
+            registry=r,
+        )
+        self.cpu_slot_seconds = Counter(
+            "gpufleet_cpu_slot_seconds",
+            "CPU-slot-seconds held by GPU-less attempts that ended through this server, by pool",
+            ["pool"],
+            registry=r,
+        )
+        self.user_gpu_seconds = Counter(
+            "gpufleet_user_gpu_seconds",
+            "GPU-seconds by pool and user (only with [fair_share] user_metrics = true)",
+            ["pool", "user"],
             registry=r,
         )
 
@@ -151,11 +176,22 @@ class Metrics:
         if claimed_at is not None:
             self.dispatch.observe(max(0.0, now - claimed_at))
 
-    def ended(self, status: str, started_at: float | None, now: float, reason: str) -> None:
-        """An attempt ended: the job finished (``status`` terminal) or went back to the
-        queue (pending, for ``reason``)."""
+    def ended(self, status: str, job: JobRow, now: float, reason: str) -> None:
+        """An attempt of ``job`` (as it was while it ran) ended: the job finished
+        (``status`` terminal) or went back to the queue (pending, for ``reason``). What it
+        held is counted in GPU-seconds (or CPU-slot-seconds) by pool, and by user too
+        when the operator's rules ask for it (``per_user``)."""
+        started_at = job.started_at
         if started_at is not None:
-            self.run_time.observe(max(0.0, now - started_at))
+            held = max(0.0, now - started_at)
+            self.run_time.observe(held)
+            units = held * fairshare.amount(job.gpus)
+            if job.gpus:
+                self.gpu_seconds.labels(job.pool).inc(units)
+                if self.per_user:
+                    self.user_gpu_seconds.labels(job.pool, job.owner).inc(units)
+            else:
+                self.cpu_slot_seconds.labels(job.pool).inc(units)
         if status == "pending":
             self.requeues.labels(reason).inc()
         elif status == "paused":

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
+from gpufleet.domain.sharing import Sharing
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.checkpoints import Checkpoints
 from gpufleet.server.dataflow import DataFlow
@@ -69,7 +70,8 @@ class Services:
         self.settings, self.store, self.clock = settings, store, clock
         self.sharing = sharing or SharingRules(settings.sharing_file)
         self.fair = FairShare(store, self.sharing, clock)
-        self.metrics = Metrics()
+        self.sharing.on_change.append(self._rules_changed)
+        self.metrics = Metrics(per_user=self.sharing.current().user_metrics)
         self.blobs = blobs
         self.fleet = Fleet(
             store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
@@ -104,6 +106,9 @@ class Services:
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
         self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)
+
+    def _rules_changed(self, rules: Sharing) -> None:
+        self.metrics.per_user = rules.user_metrics
 
     def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
         """A unit of work (:meth:`Store.transaction`): the services bound to it

@@ -29,6 +29,8 @@ FILE_NAME = "sharing.toml"
 #: Seconds between looks at the file, and how long a pool's standings are reused.
 LOOK_EVERY = 1.0
 STANDING_TTL = 1.0
+#: Usage slices are kept at least this long (seconds), for ``gpufleet usage --window``.
+KEEP_USAGE = 400 * 86400.0
 
 
 class SharingRules:
@@ -156,6 +158,12 @@ class FairShare:
         with self._lock:
             self._cache[pool] = (now, found)
         return found
+
+    def prune(self) -> int:
+        """Drop usage slices neither fair share (a few half-lives) nor ``gpufleet usage``
+        (a window of up to a year) reads any more; how many."""
+        keep = max(fairshare.HORIZON * self.rules.current().half_life, KEEP_USAGE)
+        return self.store.prune_usage(self.clock() - keep)
 
     def forget(self, pool: str) -> None:
         """A claim or an attempt's end changed what ``pool``'s users hold: read again."""

@@ -58,7 +58,7 @@ class Steering:
                 "only a pending, claimed or running job can be cancelled",
                 detail={"job": job.id, "status": job.status.value},
             )
-        self.metrics.ended("cancelled", job.started_at, self.clock(), "cancel")
+        self.metrics.ended("cancelled", job, self.clock(), "cancel")
         for written in (job.id, *done.failed):
             self.on_written(written)
         if job.target:
