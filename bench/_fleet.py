@@ -41,8 +41,14 @@ class BenchFleet:
         self.procs.append(proc)
         return proc
 
-    def start_server(self, db: str | None) -> str:
+    def start_server(self, db: str | None, fair: bool = False) -> str:
+        """A server on ``db`` (None: its own SQLite file); with ``fair``, under sharing
+        rules that turn fair share on (three users of weights 2:1:1)."""
         args = ["server", "--port", "0", "--data-dir", str(self.root / "data")]
+        if fair:
+            rules = self.root / "sharing.toml"
+            rules.write_text(FAIR_RULES)
+            args += ["--sharing", str(rules)]
         name = "server" if not self.url else f"server-{len(self.procs)}"  # replicas
         proc = self.spawn(name, *args, *(["--db", db] if db else []))
         log = self.root / f"{name}.log"
@@ -68,6 +74,35 @@ class BenchFleet:
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+    def owner_tokens(self, names: list[str]) -> list[str]:
+        """An operator token for each name (the users a fair-share bench charges)."""
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token()}"}
+        out = []
+        with httpx.Client(base_url=self.url, headers=headers, timeout=60) as c:
+            for name in names:
+                r = c.post("/v1/tokens", json={"name": name, "role": "operator"})
+                r.raise_for_status()
+                out.append(r.json()["token"])
+        return out
+
+
+FAIR_RULES = """\
+[fair_share]
+half_life = "7d"
+
+[users.alice]
+weight = 2
+
+[users.bob]
+weight = 1
+
+[users.carol]
+weight = 1
+"""
+OWNERS = ["alice", "bob", "carol"]
 
 
 @contextmanager

@@ -2,7 +2,10 @@
 they can, over HTTP against a real server process.
 
     .venv/bin/python bench/claims.py [--jobs 3000] [--workers 16] [--db sqlite|postgresql://...]
-        [--servers 2]
+        [--servers 2] [--fair off|on|both]
+
+The jobs are queued by three users, a third each; ``--fair both`` measures with fair share
+off, then on (weights 2:1:1).
 
 With ``--servers N`` (PostgreSQL) N server processes share the database and the claimers
 are spread over them, as behind a load balancer.
@@ -20,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import aiohttp
 import psutil
-from _fleet import drop_pg_schema, fleet, fresh_pg_schema
+from _fleet import OWNERS, drop_pg_schema, fleet, fresh_pg_schema
 
 from gpufleet.client import Client
 from gpufleet.wire import (
@@ -99,15 +102,16 @@ def index_reads(db: str) -> int:
 
 
 def run(
-    db: str | None, jobs: int, workers: int, wait: float, servers: int = 1
+    db: str | None, jobs: int, workers: int, wait: float, servers: int = 1, fair: bool = False
 ) -> tuple[list[str], float, str]:
     """The leases, the seconds they took, and what the claims cost: the server's CPU, and
     on PostgreSQL the index entries of ``jobs`` read (a claim that walks the queue reads
     thousands)."""
     with fleet() as f:
-        urls = [f.start_server(db)]
+        urls = [f.start_server(db, fair=fair)]
         token = f.token()
-        urls += [f.start_server(db) for _ in range(servers - 1)]
+        owners = f.owner_tokens(OWNERS)
+        urls += [f.start_server(db, fair=fair) for _ in range(servers - 1)]
         cap = CapabilityModel(hostname="bench", cores=8, ram_mib=32768)
         # The claimers never finish what they claim; the server takes a worker's claimed
         # jobs out of its free slots, so each gets slots enough to hold its whole share.
@@ -117,10 +121,15 @@ def run(
                 c.register(WorkerRegister(name=f"sim-{i}", capability=cap, cpu_slots=slots)).id
                 for i in range(workers)
             ]
-            specs = [
-                JobSpecModel(name=f"c{i}", command=["true"], manifest="bench") for i in range(jobs)
-            ]
-            c.apply(ManifestApply(name="bench", jobs=specs))
+        # Queued by three users, a third each: with fair share on, claims alternate.
+        for n, owner in enumerate(owners):
+            with Client(urls[0], owner, timeout=300) as c:
+                name = f"bench-{OWNERS[n]}"
+                specs = [
+                    JobSpecModel(name=f"c{i}", command=["true"], manifest=name)
+                    for i in range(n, jobs, len(owners))
+                ]
+                c.apply(ManifestApply(name=name, jobs=specs))
         procs = [psutil.Process(p.pid) for p in f.procs]
 
         def server_cpu() -> float:
@@ -154,13 +163,24 @@ def main() -> None:
     parser.add_argument(
         "--servers", type=int, default=1, help="server processes sharing a PostgreSQL database"
     )
+    parser.add_argument(
+        "--fair",
+        default="off",
+        choices=["off", "on", "both"],
+        help="fair share off, on (three users weighted 2:1:1), or both, one after the other",
+    )
     args = parser.parse_args()
+    for fair in {"off": [False], "on": [True], "both": [False, True]}[args.fair]:
+        measure(parser, args, fair)
+
+
+def measure(parser: argparse.ArgumentParser, args: argparse.Namespace, fair: bool) -> None:
     pg = args.db.startswith("postgres")
     if args.servers > 1 and not pg:
         parser.error("--servers > 1 needs --db postgresql://... (servers share PostgreSQL)")
     db = fresh_pg_schema(args.db) if pg else None
     try:
-        leases, seconds, cost = run(db, args.jobs, args.workers, args.wait, args.servers)
+        leases, seconds, cost = run(db, args.jobs, args.workers, args.wait, args.servers, fair)
     finally:
         if db:
             drop_pg_schema(db)
@@ -170,7 +190,7 @@ def main() -> None:
         raise SystemExit(f"claimed {claimed} ({len(set(leases))} distinct) of {args.jobs} jobs")
     print(
         f"claim throughput ({backend}, {args.servers} server(s), {args.workers} workers, "
-        f"{claimed} jobs): "
+        f"{claimed} jobs, fair share {'on' if fair else 'off'}): "
         f"{claimed / seconds:.0f} claims/s ({seconds:.2f} s); {cost}"
     )
 
