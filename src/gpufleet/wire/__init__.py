@@ -113,6 +113,7 @@ from gpufleet.wire._kept import (
     CheckpointOut,
     Restored,
 )
+from gpufleet.wire._owner import ForeignProcessModel, OwnerStateModel
 
 __all__ = [
     "BAR_END",
@@ -153,6 +154,7 @@ __all__ = [
     "EventsOut",
     "FinishReport",
     "FinishRequest",
+    "ForeignProcessModel",
     "FreeGpuModel",
     "GpuModel",
     "Health",
@@ -178,6 +180,7 @@ __all__ = [
     "LogsOut",
     "ManifestApply",
     "Name",
+    "OwnerStateModel",
     "PoolName",
     "RelPath",
     "ReleaseRequest",
