@@ -382,6 +382,8 @@ class Agent:
                 self.lock_out(exc)
             except GpufleetError as exc:
                 say(f"heartbeat refused: {exc.message}")
+                if exc.status == 422 and "owner" in exc.message:  # a server before policies
+                    self.owner.unheard = True
 
     async def fence_loop(self) -> None:
         """Self-fencing: a job whose lease this worker has not seen renewed for a lease

@@ -521,5 +521,12 @@ class JobRunner:
             reason=f"worker {self.opts.name} {said}",
             cause="owner" if why is StopReason.OWNER else None,
         )
-        await self.retrying("release", lambda: self.client.release(lease.job_id, body))
+        try:
+            await self.retrying("release", lambda: self.client.release(lease.job_id, body))
+        except GpufleetError as exc:
+            if exc.status != 422 or body.cause is None:
+                raise
+            # a server from before owner policies: handed back as drained
+            plain = body.model_copy(update={"cause": None})
+            await self.retrying("release", lambda: self.client.release(lease.job_id, plain))
         say(f"job {lease.job_id}: handed back to the queue (attempt not counted)")

@@ -68,6 +68,7 @@ class OwnerWatch:
         self.answered: str | None = None  # the nonce of the yield last acknowledged
         self.state = OwnerState()
         self.said: tuple[str, ...] = ()
+        self.unheard = False  # the server predates owner policies: heartbeats say nothing
         if self.policy is not None:
             say(f"owner policy {path}: {self.summary(self.policy)}")
 
@@ -161,7 +162,7 @@ class OwnerWatch:
 
     def report(self) -> OwnerStateModel | None:
         """What the heartbeat tells the server (None: no policy and no yield)."""
-        if self.policy is None and self.yielded is None:
+        if self.unheard or (self.policy is None and self.yielded is None):
             return None
         return OwnerStateModel.from_domain(self.state)
 
