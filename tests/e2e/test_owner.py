@@ -182,3 +182,27 @@ def test_a_bad_policy_file_stops_the_worker_naming_file_and_key(fleet: Fleet) ->
     res = fleet.cli("worker", "--name", "x", "--owner-policy", str(bad), check=False)
     assert res.returncode != 0
     assert str(bad) in res.stderr and "on_return" in res.stderr
+
+
+# A program that names itself (its /proc comm) with markup and a terminal escape.
+ODD_NAME = (
+    "import ctypes, time\n"
+    "ctypes.CDLL(None).prctl(15, b'[b]x[/b]\\x1b[2J', 0, 0, 0)\n"  # PR_SET_NAME
+    "time.sleep(120)\n"
+)
+
+
+def test_a_foreign_process_name_is_shown_as_text(fleet: Fleet) -> None:
+    fleet.start_server()
+    _, processes = owner_worker(fleet, "desk", "")
+    odd = subprocess.Popen(["python3", "-c", ODD_NAME])
+    try:
+        wait_for(lambda: "[b]" in Path(f"/proc/{odd.pid}/comm").read_text(), 10, "its name")
+        processes.write_text(json.dumps({"0": [[odd.pid, 2048]]}))
+        wait_for(lambda: owner_of(fleet, "desk").get("owned") == [0], 10, "the owner's GPU")
+        shown = fleet.cli("workers").stdout
+    finally:
+        odd.kill()
+        odd.wait(10)
+    assert f"owner's process {odd.pid} ([b]x[/b]\\x1b[2J) uses 2.0 GiB" in shown
+    assert "\x1b" not in shown
