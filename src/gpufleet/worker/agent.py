@@ -458,7 +458,7 @@ class Agent:
                     body = await self.claim_body(supersede=bool(polls))
                     polls[asyncio.create_task(self.poll(body))] = Poll(time.monotonic())
                     stale = False
-                elif stale and not self.slots.any_free():  # the owner's now: no poll stays
+                elif stale and self.slots.owner_took_all():  # no poll of theirs stays open
                     for task in polls:
                         task.cancel()
                     polls.clear()

@@ -29,6 +29,10 @@ class Slots:
             return False
         return self.cpu_free > 0 or bool(self.gpus_free - self.owned)
 
+    def owner_took_all(self) -> bool:
+        """Whether nothing is free because the owner's rules took what was."""
+        return (self.closed or bool(self.owned)) and not self.any_free()
+
     def owners(self, gpus: list[int]) -> bool:
         """Whether a lease on ``gpus`` would start on the owner's GPU or while the owner's
         rules close this worker."""
