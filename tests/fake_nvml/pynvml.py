@@ -101,10 +101,21 @@ def nvmlDeviceGetUtilizationRates(handle: int) -> _Utilization:
 def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[_Process]:
     """The compute processes on a GPU: the GPU's ``processes`` in FAKE_NVML_GPUS, and
     those a test (or a job it runs) wrote to the JSON file FAKE_NVML_PROCESSES names
-    ({"GPU index": [[pid, MiB], ...]}), as a driver would list them."""
-    listed = [tuple(p) for p in _gpus()[handle].get("processes", [])]
+    ({"GPU index": [[pid, MiB], ...]}), read at every call, as a driver would list them:
+    a test makes a process appear on a GPU, or go, while the worker runs."""
+    return _listed(handle, "processes", str(handle))
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle: int) -> list[_Process]:
+    """The graphics processes on a GPU (a desktop's display server, a 3D application):
+    the GPU's ``graphics`` in FAKE_NVML_GPUS, and ``"graphics:INDEX"`` in the file."""
+    return _listed(handle, "graphics", f"graphics:{handle}")
+
+
+def _listed(handle: int, key: str, file_key: str) -> list[_Process]:
+    listed = [tuple(p) for p in _gpus()[handle].get(key, [])]
     path = os.environ.get("FAKE_NVML_PROCESSES")
     if path and os.path.exists(path):
         with open(path) as f:
-            listed += [tuple(p) for p in json.load(f).get(str(handle), [])]
+            listed += [tuple(p) for p in json.load(f).get(file_key, [])]
     return [_Process(pid=int(pid), usedGpuMemory=int(mib) * MIB) for pid, mib in listed]

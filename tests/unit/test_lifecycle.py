@@ -292,6 +292,16 @@ def test_a_release_does_not_count_unless_the_job_was_asked_to_stop() -> None:
     assert stopped.fields["error"] == "asked to stop; drained before it ended"
 
 
+def test_a_job_vacated_for_the_workstations_owner_is_neither_a_failure_nor_a_loss() -> None:
+    job = Job(status=R, lease=2, attempts=1, losses=2)
+    change = lifecycle.release(job, 9.0, "owner", most_losses=3, owner=True)
+    assert (change.event, change.status) == (Event.RELEASE, P), "back in the queue"
+    assert change.fields["attempts"] == 1 and change.fields["losses"] == 2
+    assert change.record is not None and change.record["cause"] == "owner"
+    paused = lifecycle.release(Job(status=R, lease=2, pause_requested_at=4.0), 9.0, "x", owner=True)
+    assert paused.status is JobStatus.PAUSED, "a pause asked for still holds it"
+
+
 def test_cancel_requeue_and_a_failed_dependency() -> None:
     cancel = lifecycle.cancel(Job(status=R, lease=2), 7.0)
     assert (cancel.sources, cancel.status, cancel.lease) == ({P, C, R, JobStatus.PAUSED}, X, 2)

@@ -20,6 +20,7 @@ from gpufleet.cli._common import (
     styled,
 )
 from gpufleet.cli.choose import worker_table
+from gpufleet.domain.owner import state_lines
 from gpufleet.wire import WorkerOut
 
 workers_app = typer.Typer(subcommand_metavar="[COMMAND [ARGS]...]")
@@ -54,6 +55,12 @@ def workers(
         err.print("no workers" + (f" in pool {shown(repr(pool))}" if pool else ""))
         return
     out.print(worker_table(rows))
+    for w in rows:
+        if w.owner is not None:  # what its workstation's owner policy says now
+            lines = state_lines(w.owner.to_domain()) or ["taking jobs"]
+            out.print(f"{shown(w.name)} (owner policy):")
+            for line in lines:
+                out.print(f"  {shown(line)}")
 
 
 def hosts(server: ServerOpt = None, ca: CaOpt = None, as_json: JsonOpt = False) -> None:

@@ -64,6 +64,27 @@ ShareToken = Annotated[
     ),
 ]
 Mounts = Annotated[list[str] | None, setting_option("mount", extra="; repeatable")]
+Yield = Annotated[
+    bool,
+    typer.Option(
+        "--yield",
+        help="From the owner's shell: tell the worker running on this machine (with this "
+        "--work-dir) to vacate every job now and take none until --unyield; no token needed",
+    ),
+]
+Unyield = Annotated[
+    bool, typer.Option("--unyield", help="End a --yield: the worker takes jobs again")
+]
+YieldFor = Annotated[
+    float | None,
+    typer.Option(
+        "--yield-for",
+        min=1,
+        metavar="SECONDS",
+        help="As --yield, for this many seconds only",
+        show_default=False,
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -71,7 +92,7 @@ class WorkerFlags(SettingFlags):
     """The options of ``gpufleet worker``: all but ``share_token`` are settings of the
     same name."""
 
-    not_settings = frozenset({"share_token"})
+    not_settings = frozenset({"share_token", "yield_now", "unyield", "yield_for"})
 
     server: ServerOpt = None
     name: Annotated[str | None, setting_option("name")] = None
@@ -99,6 +120,10 @@ class WorkerFlags(SettingFlags):
     ca: CaOpt = None
     share_token: ShareToken = False
     run_as: Annotated[str | None, setting_option("run_as")] = None
+    owner_policy: Annotated[Path | None, setting_option("owner_policy")] = None
+    yield_now: Yield = False
+    unyield: Unyield = False
+    yield_for: YieldFor = None
 
     def given(self) -> dict[str, Any]:
         """As :meth:`SettingFlags.given`, with ``--mount`` repeated as one list."""
@@ -116,6 +141,8 @@ def worker(**given: Any) -> None:
 
     flags = WorkerFlags(**given)
     s = flags.resolved()
+    if flags.yield_now or flags.unyield or flags.yield_for is not None:
+        raise typer.Exit(_yield(s["work_dir"], flags))
     cap = _detect(s["simulate_gpus"])
     raise typer.Exit(run_worker(_worker_options(s, flags.share_token), cap))
 
@@ -155,7 +182,31 @@ def _worker_options(s: config.Resolved, share_token: bool) -> WorkerOptions:
         env_python_downloads=s["env_python_downloads"],
         env_torch_backend=s["env_torch_backend"],
         env_allow_builds=_builds(s["env_builds"]),
+        owner_policy=_owner_policy(s["owner_policy"]),
     )
+
+
+def _owner_policy(path: Path | None) -> Path | None:
+    """``--owner-policy``, read once here: a bad file stops the worker before it starts."""
+    from gpufleet.domain.owner import load_policy
+
+    if path is not None:
+        load_policy(path)
+    return path
+
+
+def _yield(work_dir: Path, flags: WorkerFlags) -> int:
+    """``--yield``, ``--yield-for`` or ``--unyield``: tell the worker of ``work_dir``."""
+    from gpufleet.worker.owner_yield import ask_unyield, ask_yield
+
+    if flags.unyield:
+        ask_unyield(work_dir)
+        print("the worker takes jobs again (as its owner policy allows)")
+        return 0
+    vacated = ask_yield(work_dir, flags.yield_for)
+    until = "--unyield" if flags.yield_for is None else f"{flags.yield_for:g}s have passed"
+    print(f"vacated {vacated} job{'s' if vacated != 1 else ''}; no new jobs until {until}")
+    return 0
 
 
 def _builds(value: str) -> bool | None:

@@ -361,6 +361,14 @@ _WORKER: tuple[Setting, ...] = (
         "passed by reference",
     ),
     _setting(
+        "owner_policy",
+        None,
+        "path",
+        "the workstation owner's policy (a TOML file): GPUs the owner's processes use, "
+        "idle time, hours and battery decide when this worker takes jobs and makes way "
+        "(see docs/sharing.md)",
+    ),
+    _setting(
         "run_as",
         "",
         "str",

@@ -479,14 +479,18 @@ def lose(
     return change if restarted else replace(change, lost_before=now)
 
 
-def release(job: JobState, now: float, why: str, most_losses: int = MOST_LOSSES) -> Change:
+def release(
+    job: JobState, now: float, why: str, most_losses: int = MOST_LOSSES, owner: bool = False
+) -> Change:
     """The worker hands the job back (drained, left, its token revoked): back in the
     queue, the attempt counted in ``losses``, not against ``max_attempts``; a job that has
-    lost ``most_losses`` so fails, and one vacated for a pause is held. A job asked to
-    stop ends instead, failed: running it again from the start is not what a stop asked
-    for."""
+    lost ``most_losses`` so fails, and one vacated for a pause is held. One vacated for
+    the workstation's ``owner`` counts as neither. A job asked to stop ends instead,
+    failed: running it again from the start is not what a stop asked for."""
     losses, error = job.losses + 1, job.error
-    event, outcome, cause = Event.RELEASE, "released", "drained"
+    event, outcome, cause = Event.RELEASE, "released", "owner" if owner else "drained"
+    if owner:
+        losses = job.losses
     if job.pause_requested_at is not None:  # vacated for `gpufleet pause`: held
         event, outcome, cause, losses = Event.PAUSE, "paused", "paused", job.losses
     elif job.stop_requested_at is not None:

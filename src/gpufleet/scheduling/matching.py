@@ -146,6 +146,11 @@ def _gpu_job(job: JobSpec, worker: WorkerView) -> bool:
     return len(fitting) >= req.gpus_wanted
 
 
+def runs_on_gpus(job: JobSpec, worker: WorkerView) -> bool:
+    """Whether the job would run on this worker's GPUs (else in a CPU slot)."""
+    return _gpu_job(job, worker)
+
+
 def _policy_reasons(job: JobSpec, worker: WorkerView) -> Iterator[str]:
     policy = worker.policy
     if policy is None:

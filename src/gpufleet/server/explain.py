@@ -7,9 +7,11 @@ import json
 from collections.abc import Callable, Sequence
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.scheduling.matching import JobView, WorkerView, ever_reason, explain
+from gpufleet.domain.owner import owner_reasons
+from gpufleet.scheduling.matching import JobView, WorkerView, ever_reason, explain, runs_on_gpus
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
+from gpufleet.server.views import owner_state
 from gpufleet.store import JobRow, JobStore
 
 # Jobs ahead a position counts, at most: each is read and matched, so a job deep in a
@@ -51,6 +53,9 @@ class Explain:
         ]
         jv = JobView(job.id, job.spec, job.created_at)
         verdicts = explain(jv, [(s.view, s.free) for s in states], now, self.prefer_cuda_grace)
+        verdicts = [
+            (v, r or _owner_why(s, job)) for (v, r), s in zip(verdicts, states, strict=True)
+        ]
         rows = [(s, reasons) for s, (_, reasons) in zip(states, verdicts, strict=True)]
         position, exact = self._position(job, [s.view for s in states])
         summary = self._why_summary(job, verdicts, now)
@@ -101,3 +106,15 @@ class Explain:
         if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
             return "no registered worker could ever run this job"
         return "waiting: every worker that could run it is busy, reserved, draining or offline"
+
+
+def _owner_why(s: WorkerState, job: JobRow) -> list[str]:
+    """Why the worker does not take the job by its owner's rules (its owner policy, as
+    its last heartbeat said it): it takes no jobs now, or the GPUs the job would get are
+    the owner's."""
+    said = owner_state(s.row.owner_state)
+    if said is None:
+        return []
+    free = {g.index for g in s.free.gpus}
+    gpu_job = runs_on_gpus(job.spec, s.view)
+    return owner_reasons(said.to_domain(), gpu_job, job.spec.requirements.gpus_wanted, free)

@@ -175,6 +175,10 @@ class Leases:
             self.fleet.built(w, built)
         if req.pythons is not None:
             self.fleet.pythons(w, req.pythons)
+        owner = None if req.owner is None else req.owner.model_dump_json()
+        if owner != w.owner_state:  # its owner policy says something new: kept, shown
+            self.fleet.store.set_worker_owner_state(w.id, owner)
+            self.fleet.forget(w.id)
         if req.environments is not None or req.pythons is not None:
             self.dispatch.refresh_waiting(w.id)
         orders = _orders(req.leases, held, self.store.stops(held), self.store.pausing(held))
@@ -304,19 +308,22 @@ class Leases:
         }
         return None, fields
 
-    def release(self, job_id: str, attempt: int, reason: str) -> JobRow:
-        """A draining worker hands a job back; the attempt is not counted."""
+    def release(self, job_id: str, attempt: int, reason: str, owner: bool = False) -> JobRow:
+        """A draining worker hands a job back; the attempt is not counted (``owner``: it
+        was vacated for the workstation's owner, not counted as a loss either)."""
         job = self.held(job_id, attempt)
-        if not self.hand_back(job):
+        if not self.hand_back(job, owner):
             self.held(job_id, attempt)
         self.notices.changed()
         return self._job(job_id)
 
-    def hand_back(self, job: JobRow) -> bool:
-        """Put a job its worker gives up (drained, left, token revoked) back in the queue,
-        the attempt not counted (a job asked to stop fails instead)."""
+    def hand_back(self, job: JobRow, owner: bool = False) -> bool:
+        """Put a job its worker gives up (drained, left, token revoked, vacated for the
+        owner) back in the queue, the attempt not counted (a job asked to stop fails
+        instead)."""
         now = self.clock()
-        change = lifecycle.release(job, now, "its worker handed it back", self.settings.max_losses)
+        why = "its worker handed it back"
+        change = lifecycle.release(job, now, why, self.settings.max_losses, owner)
         if self.store.release(change) is None:
             return False
         self.metrics.ended(change.status.value, job, now, "released")

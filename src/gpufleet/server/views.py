@@ -33,6 +33,7 @@ from gpufleet.wire import (
     JobOut,
     JobSpecModel,
     LogEntry,
+    OwnerStateModel,
     Restored,
     TokenOut,
     WorkerOut,
@@ -205,7 +206,18 @@ def worker_out(state: WorkerState) -> WorkerOut:
         host=host_out(state.host) if state.host else None,
         gpus_offered=offered,
         environments=[EnvBuiltModel.model_construct(**asdict(e)) for e in w.environments],
+        owner=owner_state(w.owner_state),
     )
+
+
+def owner_state(text: str | None) -> OwnerStateModel | None:
+    """A worker's ``owner_state`` column read back (None: none, or unreadable)."""
+    if text is None:
+        return None
+    try:
+        return OwnerStateModel.model_validate_json(text)
+    except ValueError:
+        return None
 
 
 def _offered(g: GpuInfo, live: dict[int, GpuInfo]) -> GpuModel:

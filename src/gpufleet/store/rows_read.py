@@ -158,6 +158,7 @@ class WorkerRow:
     fixed_labels: dict[str, str] = field(default_factory=dict)
     environments: tuple[BuiltEnv, ...] = ()  # in its cache, as its heartbeats last said
     drain_by: float | None = None  # an operator's drain deadline (server time), if any
+    owner_state: str | None = None  # its owner policy as its heartbeat said it (JSON)
 
     @classmethod
     def from_row(cls, r: Any) -> WorkerRow:
@@ -183,6 +184,7 @@ class WorkerRow:
             fixed_labels=json.loads(m["fixed_labels"] or "{}"),
             environments=built_envs(m.get("environments")),
             drain_by=m.get("drain_by"),
+            owner_state=m.get("owner_state"),
         )
 
 

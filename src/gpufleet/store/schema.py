@@ -149,7 +149,8 @@ attempts = Table(
     # key, spec key, Python, built or found, seconds, package versions, torch build).
     Column("environment", Text),
     # Why it ended, by whose fault: the job's ("exit", "timeout", "gpu_oom", "host_oom",
-    # "environment") or the machine's ("lost", "drained", "paused") (0017).
+    # "environment") or the machine's ("lost", "drained", "paused") (0017), or the
+    # workstation owner's ("owner": vacated for them, counted as neither) (0020).
     Column("cause", String(32)),
     # The snapshot restored before it started (JSON: id, files, bytes, seconds), if any.
     Column("restored", Text),
@@ -185,6 +186,9 @@ workers = Table(
     # The environments in its cache, as its last heartbeat that sent them listed them
     # (JSON list: key, spec_key, python, size_bytes, last_used, describe).
     Column("environments", Text, nullable=False, default="[]", server_default="[]"),
+    # Its owner policy as its last heartbeat said it (JSON: reasons it takes no jobs, the
+    # foreign processes on its GPUs, the owner's GPUs); None: it runs under none (0020).
+    Column("owner_state", Text),
 )
 
 hosts = Table(

@@ -113,6 +113,7 @@ from gpufleet.wire._kept import (
     CheckpointOut,
     Restored,
 )
+from gpufleet.wire._owner import ForeignProcessModel, OwnerStateModel
 from gpufleet.wire._sharing import UsageOut, UsageRow
 
 __all__ = [
@@ -154,6 +155,7 @@ __all__ = [
     "EventsOut",
     "FinishReport",
     "FinishRequest",
+    "ForeignProcessModel",
     "FreeGpuModel",
     "GpuModel",
     "Health",
@@ -179,6 +181,7 @@ __all__ = [
     "LogsOut",
     "ManifestApply",
     "Name",
+    "OwnerStateModel",
     "PoolName",
     "RelPath",
     "ReleaseRequest",

@@ -27,6 +27,7 @@ from gpufleet.wire._base import (
 from gpufleet.wire._environments import MOST_BUILT, EnvBuiltModel, EnvUsed
 from gpufleet.wire._jobs import TOOL_PATTERN, HostOut, JobOut, JobSpecModel, StderrTail
 from gpufleet.wire._kept import CheckpointOut, Restored
+from gpufleet.wire._owner import OwnerStateModel
 
 # ---- workers ----------------------------------------------------------------------------
 
@@ -170,6 +171,9 @@ class WorkerOut(Wire):
         default_factory=list,
         description="the job environments in its cache, as its heartbeats last listed them",
     )
+    owner: OwnerStateModel | None = Field(
+        None, description="its owner policy as its last heartbeat said it; None: none"
+    )
 
 
 class SelectRequest(Strict):
@@ -296,6 +300,12 @@ class HeartbeatRequest(Strict):
         description="the Python versions jobs' environments may ask for, found after the "
         "worker registered (a search that can take seconds); None: unchanged",
         exclude_if=lambda pythons: pythons is None,
+    )
+    owner: OwnerStateModel | None = Field(
+        None,
+        description="its owner policy as it stands (why it takes no new jobs, the owner's "
+        "GPUs); None: it runs under none",
+        exclude_if=lambda owner: owner is None,  # a server from before owner policies
     )
 
 
@@ -475,6 +485,12 @@ class ReleaseRequest(Strict):
     attempt: Attempt
     secret: LeaseSecret = None
     reason: str = Field("worker drained", max_length=10_000)
+    cause: Literal["owner"] | None = Field(
+        None,
+        description='"owner": vacated for the workstation\'s owner (not counted as a loss); '
+        "None: drained",
+        exclude_if=lambda cause: cause is None,
+    )
 
 
 class LogEntry(Wire):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import sys
@@ -19,10 +18,8 @@ from typing import Any, TypeVar
 
 from gpufleet import archive
 from gpufleet.client import AsyncClient, Client
-from gpufleet.client.session import Session
 from gpufleet.domain.models import Capability, GpuInfo
 from gpufleet.errors import (
-    ConfigError,
     Forbidden,
     GpufleetError,
     NotFound,
@@ -41,9 +38,9 @@ from gpufleet.wire import (
     LeaseRef,
     LeaveRequest,
     ReleaseRequest,
-    WhoAmI,
     WorkerRegister,
 )
+from gpufleet.worker.announce import announce
 from gpufleet.worker.cache import BlobCache, remove_leftovers
 from gpufleet.worker.capability import live_gpus, live_state
 from gpufleet.worker.envphase import EnvPhase, env_cache
@@ -52,6 +49,8 @@ from gpufleet.worker.jobs import JobRunner, run_as_users
 from gpufleet.worker.log import say
 from gpufleet.worker.nvml import GpuReading, group_gpu_mib
 from gpufleet.worker.options import WorkerOptions
+from gpufleet.worker.owner import OwnerWatch
+from gpufleet.worker.owner_yield import YIELD_SIGNAL, remove_pid, write_pid
 from gpufleet.worker.reports import Reports
 from gpufleet.worker.runner import kill_leftovers
 from gpufleet.worker.running import StopReason
@@ -132,6 +131,7 @@ class Agent:
             spawn=self.spawn,
             retrying=self.retrying,
         )
+        self.owner = OwnerWatch(opts.owner_policy, opts.work_dir, self.jobs, self.slots)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background, keeping a reference until it ends."""
@@ -145,6 +145,8 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal)
+        loop.add_signal_handler(YIELD_SIGNAL, self.owner.on_signal)  # gpufleet worker --yield
+        write_pid(self.opts.work_dir)
         left = kill_leftovers(self.opts.work_dir)
         if left:
             say(f"killed {left} process(es) a previous worker left running in {self.opts.work_dir}")
@@ -172,6 +174,7 @@ class Agent:
             say(f"worker {self.opts.name} drained; exiting")
             return 0
         finally:
+            remove_pid(self.opts.work_dir)
             await self.client.aclose()
             self.data.close()
 
@@ -290,46 +293,11 @@ class Agent:
         )
         if not self.announced:
             self.announced = True
-            await self.announce(out.id, out.pool)
-
-    async def announce(self, worker_id: str, pool: str) -> None:
-        """Print the session string that sends a user's jobs to this worker. One with a
-        token in it is a secret: it goes to a file only the worker's user can read, and,
-        on a terminal, to the terminal (never to a log)."""
-        token = None
-        if self.opts.share_token:
-            token = self.opts.share_token
-            me = await self.retrying("check the share token", lambda: self.share_check())
-            if me.role != "submitter" or me.pools != [pool]:
-                scope = ", ".join(me.pools) or "every pool"
-                raise ConfigError(
-                    f"--share-token: GPUFLEET_SHARE_TOKEN must be a submitter token of pool "
-                    f"{pool!r} only; it is a {me.role} token of {scope}"
-                )
-        text = Session(self.opts.server, pool, worker_id, token).encode()
-        if token is None:
-            say(f"session: {text}")
-            say(f"send a job here: gpufleet submit --session {text} -- COMMAND")
-            return
-        path = self.opts.work_dir / "session"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-        os.chmod(path, 0o600)
-        if sys.stdout.isatty():
-            # Deliberately past say()'s redaction: the operator asked for this secret, and
-            # a terminal is not a log. Passed on, it is taken from a file or the environment.
-            print(f"session (holds a token; keep it secret): {text}", flush=True)
-            say(f"it is also in {path}: gpufleet submit --session @FILE -- COMMAND")
-            return
-        say(f"session string (it holds a token, so it is not printed here): {path}")
-
-    async def share_check(self) -> WhoAmI:
-        async with AsyncClient(self.opts.server, self.opts.share_token, ca=self.opts.ca) as c:
-            return await c.whoami()
+            await announce(self.opts, self.retrying, out.id, out.pool)
 
     async def send_heartbeat(self) -> None:
         gpus, readings = await self.live_state()
+        await self.owner.look(readings)
         body = HeartbeatRequest(
             leases=[
                 LeaseRef(
@@ -345,6 +313,7 @@ class Agent:
             draining=self.draining,
             environments=self.built_environments(),
             pythons=self.found_pythons,
+            owner=self.owner.report(),
         )
         sent = time.monotonic()
         try:
@@ -413,6 +382,8 @@ class Agent:
                 self.lock_out(exc)
             except GpufleetError as exc:
                 say(f"heartbeat refused: {exc.message}")
+                if exc.status == 422 and "owner" in exc.message:  # a server before policies
+                    self.owner.unheard = True
 
     async def fence_loop(self) -> None:
         """Self-fencing: a job whose lease this worker has not seen renewed for a lease
@@ -487,6 +458,10 @@ class Agent:
                     body = await self.claim_body(supersede=bool(polls))
                     polls[asyncio.create_task(self.poll(body))] = Poll(time.monotonic())
                     stale = False
+                elif stale and self.slots.owner_took_all():  # no poll of theirs stays open
+                    for task in polls:
+                        task.cancel()
+                    polls.clear()
                 if not polls:  # nothing free: wait for a slot
                     await self.slots.changed.wait()
                     continue
@@ -558,6 +533,9 @@ class Agent:
         if self.draining:
             await self.hand_back(lease, "worker is draining")
             return
+        if self.slots.owners(lease.gpus):  # the owner's since the poll was sent
+            await self.hand_back(lease, "the workstation's owner has it now", owner=True)
+            return
         if not self.slots.fits(lease.gpus):  # the server takes held slots out; never here
             say(f"job {lease.job_id}: its slot is taken here; handing it back")
             await self.hand_back(lease, "slot already taken on the worker")
@@ -567,12 +545,13 @@ class Agent:
         if self.opts.ephemeral:
             self.begin_drain(None, "ephemeral worker took its one job")
 
-    async def hand_back(self, lease: Lease, reason: str) -> None:
+    async def hand_back(self, lease: Lease, reason: str, owner: bool = False) -> None:
+        cause = "owner" if owner else None
+        body = ReleaseRequest(
+            attempt=lease.attempt, secret=lease.secret, reason=reason, cause=cause
+        )
         with contextlib.suppress(GpufleetError):
-            await self.client.release(
-                lease.job_id,
-                ReleaseRequest(attempt=lease.attempt, secret=lease.secret, reason=reason),
-            )
+            await self.client.release(lease.job_id, body)
 
 
 def run_worker(opts: WorkerOptions, capability: Capability) -> int:

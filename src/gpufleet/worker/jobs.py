@@ -487,7 +487,7 @@ class JobRunner:
                 await self.uploads.flush(run)
             except ServerUnavailable:  # the result matters more than the last lines
                 say(f"job {lease.job_id}: dropped {run.backlog.clear()} unsent log lines")
-            if run.stop_reason in (StopReason.DRAIN, StopReason.PAUSE):
+            if run.stop_reason in (StopReason.DRAIN, StopReason.PAUSE, StopReason.OWNER):
                 await self._hand_back(lease, run.stop_reason)
                 return
             body = FinishRequest(
@@ -508,13 +508,25 @@ class JobRunner:
             say(f"job {lease.job_id}: result refused ({exc.message})")
 
     async def _hand_back(self, lease: Lease, why: StopReason) -> None:
-        """A vacated job goes back to the queue (drained) or is held (paused), its
-        attempt not counted."""
-        said = "drained" if why is StopReason.DRAIN else "vacated it for a pause"
+        """A vacated job goes back to the queue (drained, or for the workstation's owner)
+        or is held (paused), its attempt not counted."""
+        said = {
+            StopReason.DRAIN: "drained",
+            StopReason.PAUSE: "vacated it for a pause",
+            StopReason.OWNER: "vacated for the workstation's owner",
+        }[why]
         body = ReleaseRequest(
             attempt=lease.attempt,
             secret=lease.secret,
             reason=f"worker {self.opts.name} {said}",
+            cause="owner" if why is StopReason.OWNER else None,
         )
-        await self.retrying("release", lambda: self.client.release(lease.job_id, body))
+        try:
+            await self.retrying("release", lambda: self.client.release(lease.job_id, body))
+        except GpufleetError as exc:
+            if exc.status != 422 or body.cause is None:
+                raise
+            # a server from before owner policies: handed back as drained
+            plain = body.model_copy(update={"cause": None})
+            await self.retrying("release", lambda: self.client.release(lease.job_id, plain))
         say(f"job {lease.job_id}: handed back to the queue (attempt not counted)")

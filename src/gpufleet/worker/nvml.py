@@ -228,16 +228,25 @@ def _read_live(nvml: Any) -> dict[int, GpuReading]:
             util: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nvml.NVMLError:  # not supported on this GPU or driver
             util = None
-        procs: tuple[tuple[int, int], ...] | None
-        try:
-            procs = tuple(
-                (int(p.pid), int(p.usedGpuMemory or 0) // BYTES_PER_MIB)
-                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            )
-        except nvml.NVMLError:  # per-process accounting: some drivers withhold it
-            procs = None
-        out[index] = GpuReading(free, util, procs)
+        out[index] = GpuReading(free, util, _processes(nvml, handle))
     return out
+
+
+def _processes(nvml: Any, handle: Any) -> tuple[tuple[int, int], ...] | None:
+    """The compute and graphics processes on a GPU (pid, MiB), each pid once; None when
+    the driver withholds per-process accounting."""
+    found: dict[int, int] = {}
+    said = False
+    for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        try:
+            listed = getattr(nvml, query)(handle)
+        except (nvml.NVMLError, AttributeError):  # some drivers withhold it
+            continue
+        said = True
+        for p in listed:
+            mib = int(p.usedGpuMemory or 0) // BYTES_PER_MIB
+            found[int(p.pid)] = max(mib, found.get(int(p.pid), 0))
+    return tuple(found.items()) if said else None
 
 
 def _text(value: object) -> str:

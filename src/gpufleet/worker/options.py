@@ -42,3 +42,5 @@ class WorkerOptions:
     env_torch_backend: str = "auto"
     # uv may build source distributions (None: only where the worker is not root)
     env_allow_builds: bool | None = None
+    # The workstation owner's policy file (--owner-policy; gpufleet.domain.owner).
+    owner_policy: Path | None = None

@@ -1,7 +1,8 @@
 """A worker's slots: one per GPU plus CPU slots; which are free right now.
 
-``changed`` is set whenever a slot frees (and when the worker starts to drain), so the
-claim loop can send a poll with the fresh slots at once."""
+``changed`` is set whenever a slot frees (and when the worker starts to drain, or its
+owner policy takes a GPU or closes claims), so the claim loop can send a poll with the
+fresh slots at once."""
 
 from __future__ import annotations
 
@@ -18,15 +19,30 @@ class Slots:
         self.gpus = {g.index: g for g in gpus}
         self.gpus_free = set(self.gpus)
         self.changed = asyncio.Event()
+        # The workstation's owner's (gpufleet.worker.owner): GPUs its processes hold, and
+        # whether its rules (idle, hours, battery, a yield) close this worker to new jobs.
+        self.owned: set[int] = set()
+        self.closed = False
 
     def any_free(self) -> bool:
-        return self.cpu_free > 0 or bool(self.gpus_free)
+        if self.closed:
+            return False
+        return self.cpu_free > 0 or bool(self.gpus_free - self.owned)
+
+    def owner_took_all(self) -> bool:
+        """Whether nothing is free because the owner's rules took what was."""
+        return (self.closed or bool(self.owned)) and not self.any_free()
+
+    def owners(self, gpus: list[int]) -> bool:
+        """Whether a lease on ``gpus`` would start on the owner's GPU or while the owner's
+        rules close this worker."""
+        return self.closed or bool(set(gpus) & self.owned)
 
     def free_gpus(self, live: tuple[GpuInfo, ...]) -> list[FreeGpuModel]:
         free_mib = {g.index: g.free_mib for g in live}
         return [
             FreeGpuModel(index=i, free_mib=free_mib.get(i, self.gpus[i].free_mib))
-            for i in sorted(self.gpus_free)
+            for i in sorted(self.gpus_free - self.owned)
         ]
 
     def fits(self, gpus: list[int]) -> bool:

@@ -581,7 +581,25 @@ function workerCard(w, running, refresh) {
     others.length
       ? h("p", { class: "other" }, others.map(([g, o], i) => [i ? "; " : "", "GPU " + g.index + " is " + otherText(o)]))
       : null,
+    ownerNote(w),
     actions);
+}
+
+// A worker under an owner policy: the GPUs the owner's processes hold, and why it takes
+// no new jobs (the owner away rule, the hours, the battery, a yield), a line each.
+function ownerNote(w) {
+  const o = w.owner;
+  if (!o) return null;
+  const gib = (mib) => (mib >= 1024 ? (mib / 1024).toFixed(1) + " GiB" : mib + " MiB");
+  const gpus = o.owned.map((i) => {
+    const procs = o.foreign.filter((p) => p.gpu === i).slice(0, 3)
+      .map((p) => "owner's process " + p.pid + (p.name ? " (" + p.name + ")" : "") + " uses " + gib(p.mib));
+    return "GPU " + i + ": " + (procs.join("; ") || "owner processes") + "; not taking jobs";
+  });
+  const lines = [...gpus, ...o.reasons];
+  return h("div", { class: "owner", "data-owner": w.name },
+    h("h3", {}, "Owner policy"),
+    lines.length ? h("ul", {}, lines.map((l) => h("li", {}, l))) : h("p", { class: "muted" }, "Taking jobs."));
 }
 
 function runningText(job) {

@@ -421,7 +421,10 @@ def release_job(job_id: str, body: ReleaseRequest, request: Request, caller: Wor
     """A draining worker hands the job back; the attempt is not counted."""
     _holder(request, caller, job_id, body.attempt, body.secret)
     return views.job_out(
-        state(request).services.leases.release(job_id, body.attempt, body.reason), {}
+        state(request).services.leases.release(
+            job_id, body.attempt, body.reason, body.cause == "owner"
+        ),
+        {},
     )
 
 

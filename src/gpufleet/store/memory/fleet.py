@@ -77,6 +77,9 @@ class MemoryFleet(MemoryTables):
     def set_worker_environments(self, worker_id: str, environments: str) -> bool:
         return self._set_worker(worker_id, environments=environments)
 
+    def set_worker_owner_state(self, worker_id: str, state: str | None) -> bool:
+        return self._set_worker(worker_id, owner_state=state)
+
     def set_worker_capability(self, worker_id: str, capability: str) -> bool:
         return self._set_worker(worker_id, capability=capability)
 

@@ -98,6 +98,10 @@ class FleetOps(SqlParts):
         """The environments in the worker's cache, as its heartbeat listed them (JSON)."""
         return self._set_worker(worker_id, environments=environments)
 
+    def set_worker_owner_state(self, worker_id: str, state: str | None) -> bool:
+        """The worker's owner policy as its heartbeat said it (JSON; None: none)."""
+        return self._set_worker(worker_id, owner_state=state)
+
     def set_worker_capability(self, worker_id: str, capability: str) -> bool:
         """The worker's capability (JSON), as its heartbeat completed it."""
         return self._set_worker(worker_id, capability=capability)
