@@ -41,6 +41,7 @@ class ServerFlags(SettingFlags):
     s3_endpoint: Annotated[str | None, setting_option("s3_endpoint")] = None
     tls_cert: Annotated[Path | None, setting_option("tls_cert")] = None
     tls_key: Annotated[Path | None, setting_option("tls_key")] = None
+    sharing: Annotated[Path | None, setting_option("sharing")] = None
     access_log: Annotated[bool | None, setting_option("access_log")] = None
     metrics_public: Annotated[bool | None, setting_option("metrics_public")] = None
     api_docs: Annotated[bool | None, setting_option("api_docs")] = None
@@ -53,6 +54,7 @@ def server(**given: Any) -> None:
     from gpufleet.domain.quota import OutputQuota
     from gpufleet.server import QueueSettings, ServerOptions, serve
     from gpufleet.server.limits import Limits
+    from gpufleet.server.sharing import rules_file
 
     s = ServerFlags(**given).resolved()
     queue = QueueSettings(
@@ -65,6 +67,7 @@ def server(**given: Any) -> None:
         log_retention=retention_seconds(s["log_retention"], DAY),
         audit_retention=retention_seconds(s["audit_retention"], DAY),
         output_quota=OutputQuota(s["output_quota"], s["output_rate"], s["output_burst"]),
+        sharing_file=rules_file(s["sharing"], s["data_dir"]),
     )
     serve(
         ServerOptions(

@@ -118,6 +118,13 @@ _SERVER: tuple[Setting, ...] = (
     ),
     _setting("tls_key", None, "path", "PEM private key (unencrypted) of tls_cert"),
     _setting(
+        "sharing",
+        None,
+        "path",
+        "the sharing rules (TOML: fair-share weights, caps, preemption), read again when "
+        "the file changes; default: sharing.toml in data_dir, if there is one",
+    ),
+    _setting(
         "blob_store",
         None,
         "str",

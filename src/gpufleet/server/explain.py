@@ -7,7 +7,15 @@ import json
 from collections.abc import Callable, Sequence
 
 from gpufleet.domain.models import JobStatus
-from gpufleet.scheduling.matching import JobView, WorkerView, ever_reason, explain
+from gpufleet.scheduling.matching import (
+    Assignment,
+    JobView,
+    WorkerView,
+    ever_reason,
+    explain,
+    now_reason,
+)
+from gpufleet.server.caps import Caps
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
 from gpufleet.store import JobRow, JobStore
@@ -27,7 +35,9 @@ class Explain:
         fleet: Fleet,
         prefer_cuda_grace: float,
         clock: Callable[[], float],
+        caps: Caps | None = None,
     ) -> None:
+        self.caps = caps
         self.store = store
         self.reads = reads
         self.fleet = fleet
@@ -51,9 +61,10 @@ class Explain:
         ]
         jv = JobView(job.id, job.spec, job.created_at)
         verdicts = explain(jv, [(s.view, s.free) for s in states], now, self.prefer_cuda_grace)
+        capped = self._capped(job, states, verdicts, now)
         rows = [(s, reasons) for s, (_, reasons) in zip(states, verdicts, strict=True)]
         position, exact = self._position(job, [s.view for s in states])
-        summary = self._why_summary(job, verdicts, now)
+        summary = self._why_summary(job, verdicts, now, capped)
         if job.raised and job.status == JobStatus.PENDING:
             summary += f"; its memory requirement was raised: {json.loads(job.raised)['why']}"
         if position is not None and job.status == JobStatus.PENDING and not job.waiting:
@@ -79,8 +90,39 @@ class Explain:
         before = sum(1 for j in ahead[:AHEAD] if any(ever_reason(j.spec, w) is None for w in able))
         return 1 + before, len(ahead) <= AHEAD
 
+    def _capped(
+        self,
+        job: JobRow,
+        states: list[WorkerState],
+        verdicts: list[tuple[WorkerView, list[str]]],
+        now: float,
+    ) -> str | None:
+        """Why a cap holds the pending ``job`` back (None: none does); the reason is added
+        to each worker that would take it now but for the cap."""
+        if self.caps is None or job.status != JobStatus.PENDING or job.waiting:
+            return None
+        r = job.spec.requirements
+        found = None
+        jv = JobView(job.id, job.spec, job.created_at)
+        for s, (_, reasons) in zip(states, verdicts, strict=True):
+            if reasons:
+                continue
+            got = now_reason(jv, s.view, s.free, now, self.prefer_cuda_grace)
+            gpus = len(got.gpus) if isinstance(got, Assignment) else 0
+            if (held := self.caps.holding_back(job, gpus)) is not None:
+                reasons.append(held)
+                found = found or held
+        if found is None and not any(not reasons for _, reasons in verdicts):
+            gpus = r.gpus_wanted if r.needs_gpu or r.prefer_cuda else 0
+            found = self.caps.holding_back(job, gpus)
+        return found
+
     def _why_summary(
-        self, job: JobRow, verdicts: list[tuple[WorkerView, list[str]]], now: float
+        self,
+        job: JobRow,
+        verdicts: list[tuple[WorkerView, list[str]]],
+        now: float,
+        capped: str | None = None,
     ) -> str:
         if job.status == JobStatus.PAUSED:
             return f"paused: it waits for `gpufleet resume {job.id}`, then its checkpoint"
@@ -100,4 +142,6 @@ class Explain:
             return "claimable now by " + ", ".join(ready)
         if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
             return "no registered worker could ever run this job"
+        if capped is not None:
+            return f"held back by a cap: {capped}"
         return "waiting: every worker that could run it is busy, reserved, draining or offline"

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 from gpufleet.server.blobs import BlobService
+from gpufleet.server.caps import Caps
 from gpufleet.server.checkpoints import Checkpoints
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.dispatch import Dispatch
@@ -69,6 +70,7 @@ class Services:
         self.settings, self.store, self.clock = settings, store, clock
         self.sharing = sharing or SharingRules(settings.sharing_file)
         self.fair = FairShare(store, self.sharing, clock)
+        self.caps = Caps(store, self.sharing)
         self.metrics = Metrics()
         self.blobs = blobs
         self.fleet = Fleet(
@@ -83,7 +85,9 @@ class Services:
         self.steering = Steering(
             store, self.reads, self.flow, clock, on_change, self.metrics, on_written
         )
-        self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
+        self.explain = Explain(
+            store, self.reads, self.fleet, settings.prefer_cuda_grace, clock, self.caps
+        )
         self.notices = Notices(on_change, on_written)
         self.dispatch = Dispatch(
             store,
@@ -96,6 +100,7 @@ class Services:
             self.metrics,
             self.checkpoints,
             self.fair,
+            self.caps,
         )
         self.leases = Leases(
             store, settings, self.fleet, self.dispatch, self.notices, clock, on_event, self.metrics
