@@ -18,7 +18,7 @@ from gpufleet.scheduling.matching import FreeGpu, FreeResources
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.services import Services
 from gpufleet.server.sharing import SharingRules
-from gpufleet.store import JobRow, Store, WorkerRow, open_store
+from gpufleet.store import JobRow, StaleClaim, Store, WorkerRow, open_store
 from tests.queue_steps import GIB, LEASE, SETTINGS, T0, FakeClock, Together, job, register, spec
 
 RULES = Sharing(users={"alice": Share(max_gpus=2)})
@@ -76,12 +76,18 @@ def test_two_claims_at_once_cannot_both_take_a_capped_users_last_gpu(
         time.sleep(0.1)
         both.start(lambda: got.__setitem__("w2", _claim_with_recheck(other, w2, y, 0.0)))
         both.join()
-    assert got == {"w1": x.id, "w2": None}
-    # Without the recheck the store would take it: the cap is the only thing in the way.
+    # One of the two took its job (the first, unless the second thread was quicker to
+    # start): never both.
+    taken = [j for j in (got["w1"], got["w2"]) if j is not None]
+    assert len(taken) == 1 and taken[0] in (x.id, y.id)
+    assert sum(len(r.gpus) for r in store.running_use() if r.owner == "alice") == 2
+    # Without the recheck the store would take the other: the cap is all in the way.
+    (left,) = {x.id, y.id} - set(taken)
+    loser, row = (w2 if got["w1"] else w1), job(store, left)
     with store.claiming() as session:
-        view = session.view(w2.id, w2.name, w2.pool, T0, session.page_size)
-        change = lifecycle.claim(y, w2.id, w2.name, (0,), T0, T0 + LEASE, y.spec_json)
-        assert session.claim(w2.id, view.claims, [change]) == y.id
+        view = session.view(loser.id, loser.name, loser.pool, T0, session.page_size)
+        change = lifecycle.claim(row, loser.id, loser.name, (0,), T0, T0 + LEASE, row.spec_json)
+        assert session.claim(loser.id, view.claims, [change]) == left
 
 
 def test_a_capped_user_never_holds_more_than_its_cap_under_many_claimers(
@@ -112,3 +118,35 @@ def test_a_capped_user_never_holds_more_than_its_cap_under_many_claimers(
                 q1.leases.start(r.job_id, attempt)
                 q1.leases.finish(r.job_id, attempt, 0, None)
         assert sum(len(r.gpus) for r in store.running_use() if r.owner == "bob") == 12
+
+
+def test_a_later_claim_of_a_session_never_waits_for_a_caps_lock(
+    store: Store, queue: Services, request: pytest.FixtureRequest
+) -> None:
+    """PostgreSQL: a claim session whose first write found nothing (it may hold rows now)
+    does not wait for a capped holder's lock another claim holds: it gives up at once
+    (StaleClaim: rank again), so claims never wait on each other in a circle."""
+    if store.dialect != "postgresql":
+        pytest.skip("advisory locks are PostgreSQL's")
+    w1, w2, w3 = (register(queue, f"w{i}", gpus=[("A100", 80)]) for i in range(3))
+    ids = [
+        queue.submission.submit(spec(f"a{i}", requirements=GPU1), by="alice").id for i in range(3)
+    ]
+    gone = queue.dispatch.try_claim(w3.id, FreeResources(1, (FreeGpu(0, 80 * GIB),)))
+    assert gone is not None
+    x, y = (job(store, i) for i in ids if i != gone.job_id)
+    holding = Together()
+    holding.start(_claim_with_recheck, store, w1, x, 1.0)
+    time.sleep(0.2)
+    with _replica(store, request) as other, other.claiming() as session:
+        view = session.view(w2.id, w2.name, w2.pool, T0, session.page_size)
+        stale = job(store, gone.job_id)  # claimed already: the first write takes nothing
+        change = lifecycle.claim(stale, w2.id, w2.name, (0,), T0, T0 + LEASE, stale.spec_json)
+        assert session.claim(w2.id, view.claims, [change]) is None
+        change = lifecycle.claim(y, w2.id, w2.name, (0,), T0, T0 + LEASE, y.spec_json)
+        check = Recheck(RULES, {y.id: Ask(y.id, "alice", y.pool, 1)})
+        began = time.monotonic()
+        with pytest.raises(StaleClaim):
+            session.claim(w2.id, view.claims, [change], check)
+        assert time.monotonic() - began < 0.5
+    holding.join()

@@ -67,12 +67,9 @@ class Services:
         on_written: Callable[[str], None] = lambda _job_id: None,
         sharing: SharingRules | None = None,
     ) -> None:
-        self.settings, self.store, self.clock = settings, store, clock
-        self.sharing = sharing or SharingRules(settings.sharing_file)
-        self.fair = FairShare(store, self.sharing, clock)
-        self.caps = Caps(store, self.sharing)
+        self.settings, self.store, self.clock, self.blobs = settings, store, clock, blobs
+        self._share(sharing or SharingRules(settings.sharing_file))
         self.metrics = Metrics()
-        self.blobs = blobs
         self.fleet = Fleet(
             store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
         )
@@ -109,6 +106,12 @@ class Services:
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
         self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)
+
+    def _share(self, rules: SharingRules) -> None:
+        """The sharing rules, and the services that apply them: fair share and caps."""
+        self.sharing = rules
+        self.fair = FairShare(self.store, rules, self.clock)
+        self.caps = Caps(self.store, rules)
 
     def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
         """A unit of work (:meth:`Store.transaction`): the services bound to it
