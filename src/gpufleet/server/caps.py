@@ -67,14 +67,15 @@ class Caps:
         rules = self.rules.current()
         return Gate(rules, session) if caps.any_caps(rules) else None
 
-    def holding_back(self, job: JobRow, gpus: int) -> str | None:
-        """Why a cap holds ``job`` back from taking ``gpus`` GPUs (0: a CPU slot) now,
-        naming the cap and who holds it; None if none does."""
+    def holding_back(self, job: JobRow, asks: Sequence[int]) -> list[str | None]:
+        """For each of ``asks`` (GPUs; 0: a CPU slot), why a cap holds ``job`` back from
+        taking it now, naming the cap and who holds it (None: no cap does). What is held
+        is read once, and only if a cap counts the job."""
         rules = self.rules.current()
         if not caps.holders(rules, job.owner, job.pool):
-            return None
+            return [None] * len(asks)
         held = caps.tally((r.owner, r.pool, len(r.gpus), 1) for r in self.store.running_use())
-        return caps.refusal(rules, Ask(job.id, job.owner, job.pool, gpus), held)
+        return [caps.refusal(rules, Ask(job.id, job.owner, job.pool, n), held) for n in asks]
 
     def limited(self, job: JobRow) -> tuple[JobSpec, str | None]:
         """The spec a new attempt of ``job`` runs: its timeout no longer than its pool's

@@ -98,24 +98,25 @@ class Explain:
         now: float,
     ) -> str | None:
         """Why a cap holds the pending ``job`` back (None: none does); the reason is added
-        to each worker that would take it now but for the cap."""
+        to each worker that would take it now but for the cap. With no such worker, the
+        cap is judged on what the job asks (its GPUs, else a CPU slot)."""
         if self.caps is None or job.status != JobStatus.PENDING or job.waiting:
             return None
-        r = job.spec.requirements
-        found = None
         jv = JobView(job.id, job.spec, job.created_at)
+        ready, asks = [], []
         for s, (_, reasons) in zip(states, verdicts, strict=True):
-            if reasons:
-                continue
-            got = now_reason(jv, s.view, s.free, now, self.prefer_cuda_grace)
-            gpus = len(got.gpus) if isinstance(got, Assignment) else 0
-            if (held := self.caps.holding_back(job, gpus)) is not None:
+            if not reasons:
+                got = now_reason(jv, s.view, s.free, now, self.prefer_cuda_grace)
+                ready.append(reasons)
+                asks.append(len(got.gpus) if isinstance(got, Assignment) else 0)
+        if not ready:
+            r = job.spec.requirements
+            return self.caps.holding_back(job, [r.gpus_wanted if r.needs_gpu else 0])[0]
+        found = self.caps.holding_back(job, asks)
+        for reasons, held in zip(ready, found, strict=True):
+            if held is not None:
                 reasons.append(held)
-                found = found or held
-        if found is None and not any(not reasons for _, reasons in verdicts):
-            gpus = r.gpus_wanted if r.needs_gpu or r.prefer_cuda else 0
-            found = self.caps.holding_back(job, gpus)
-        return found
+        return None if any(h is None for h in found) else found[0]
 
     def _why_summary(
         self,
