@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 
 from gpufleet.wire import TokenCreate
-from tests.e2e.conftest import Fleet, wait_for
+from tests.e2e.conftest import Fleet, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +38,11 @@ def _start(fleet: Fleet, sharing: str) -> dict[str, dict[str, str]]:
     fleet.start_server("--sharing", str(rules))
     for n in range(2):
         fleet.start_gpu_worker(f"gpu{n}", [("NVIDIA A100", 40, 40)] * 2)
+    return _users(fleet)
+
+
+def _users(fleet: Fleet) -> dict[str, dict[str, str]]:
+    """alice's and bob's submitter tokens, as the CLI's environment."""
     users = {}
     with fleet.client() as c:
         for name in ("alice", "bob"):
@@ -96,3 +101,29 @@ def test_a_job_runs_no_longer_than_its_pools_max_run(fleet: Fleet) -> None:
     assert done["failure"] == "timeout"
     assert "the longest a job of pool default may run (pools.default.max_run)" in done["error"]
     assert done["error"].startswith("timed out after 4s")
+
+
+def test_claims_through_two_server_replicas_keep_the_cap(fleet: Fleet, pg_url: str) -> None:
+    """Two servers on one PostgreSQL database, each with two workers of two GPUs polling
+    it: alice's jobs, claimed through both at once, never hold more than her 2 GPUs."""
+    rules = fleet.root / "sharing.toml"
+    rules.write_text(CAPPED)
+    url_a = fleet.start_server("--port", str(free_port()), "--sharing", str(rules), db=pg_url)
+    url_b = fleet.start_server("--sharing", str(rules), db=pg_url)
+    fleet.url = fleet.env["GPUFLEET_SERVER"] = f"{url_a},{url_b}"  # the token is url_a's
+    for n, order in enumerate([(url_a, url_b), (url_a, url_b), (url_b, url_a), (url_b, url_a)]):
+        fleet.start_gpu_worker(
+            f"gpu{n}", [("NVIDIA A100", 40, 40)] * 2, "--server", ",".join(order)
+        )
+    users = _users(fleet)
+    work = ("--", sys.executable, "-c", "import time; time.sleep(0.5)")
+    alice = [_submit(fleet, users["alice"], "--name", f"a{i}", *work) for i in range(8)]
+    for j in alice:
+        fleet.wait_status(j, "succeeded", timeout=90)
+    with fleet.client() as c:
+        spans = []
+        for j in alice:
+            (attempt,) = c.job(j).history
+            assert attempt.finished_at is not None
+            spans.append((attempt.claimed_at, attempt.finished_at))
+    assert _most_at_once(spans) == 2
