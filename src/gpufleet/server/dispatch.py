@@ -26,6 +26,7 @@ from gpufleet.scheduling.matching import (
     rank_key,
     unheld,
 )
+from gpufleet.server.caps import Caps, Gate
 from gpufleet.server.checkpoints import Checkpoints
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.fairqueue import fair_order
@@ -60,9 +61,11 @@ class Dispatch:
         metrics: Metrics,
         checkpoints: Checkpoints,
         fair: FairShare | None = None,
+        caps: Caps | None = None,
     ) -> None:
         self.checkpoints = checkpoints
         self.fair = fair
+        self.caps = caps
         self.store = store
         self.settings = settings
         self.fleet = fleet
@@ -165,11 +168,13 @@ class Dispatch:
     def _lease(self, job: JobRow, change: lifecycle.Change) -> Lease:
         """What the worker is told of a claim it made."""
         claimed_at: float = change.fields["claimed_at"]  # type: ignore[assignment]
+        spec, max_run_of = (job.spec, None) if self.caps is None else self.caps.limited(job)
         return Lease(
             job_id=job.id,
             attempt=change.attempt,
             secret=self.secrets.make(job.id, change.attempt, claimed_at),
-            spec=JobSpecModel.shown(job.spec),
+            spec=JobSpecModel.shown(spec),
+            max_run_of=max_run_of,
             gpus=list(change.fields["gpus"]),  # type: ignore[call-overload]
             lease_timeout=self.settings.lease_timeout,
             inputs=self.flow.staged(job.spec) if job.spec.inputs else [],
@@ -211,12 +216,16 @@ class Dispatch:
                 return None
             me = self.fleet.view(w)
             expires = now + self.settings.lease_timeout
+            gate = None if self.caps is None else self.caps.gate(session)
 
             def offer(page: list[JobRow]) -> Claimed | None:
                 rows, rest = {j.id: j for j in page}, page
                 while rest:
-                    choices, rest = self._choices(rest, w, me, mine, now, expires, session.choices)
-                    taken = session.claim(w.id, view.claims, choices)
+                    choices, rest = self._choices(
+                        rest, w, me, mine, now, expires, session.choices, gate
+                    )
+                    recheck = None if gate is None else gate.recheck(choices, rows)
+                    taken = session.claim(w.id, view.claims, choices, recheck)
                     if taken is not None:
                         return rows[taken], next(c for c in choices if c.job_id == taken)
                 return None
@@ -264,15 +273,18 @@ class Dispatch:
         now: float,
         expires: float,
         most: int,
+        gate: Gate | None = None,
     ) -> tuple[list[lifecycle.Change], list[JobRow]]:
         """The next ``most`` claims this worker would make of ``page``, best first (each job it
-        may run now on what it has free, unless a waiting worker ranks better for it), and
-        the jobs of the page not ranked yet."""
+        may run now on what it has free, unless a cap holds it back or a waiting worker
+        ranks better for it), and the jobs of the page not ranked yet."""
         out = []
         for n, job in enumerate(page):
             jv = JobView(job.id, job.spec, job.created_at)
             verdict = now_reason(jv, me, mine, now, self.settings.prefer_cuda_grace)
-            if isinstance(verdict, str) or self._better_waiting(jv, me, verdict, now):
+            if isinstance(verdict, str) or (gate is not None and gate.refuses(job, verdict.gpus)):
+                continue
+            if self._better_waiting(jv, me, verdict, now):
                 continue
             out.append(
                 lifecycle.claim(job, w.id, w.name, verdict.gpus, now, expires, job.spec_json)

@@ -8,7 +8,16 @@ from collections.abc import Callable, Sequence
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.domain.owner import owner_reasons
-from gpufleet.scheduling.matching import JobView, WorkerView, ever_reason, explain, runs_on_gpus
+from gpufleet.scheduling.matching import (
+    Assignment,
+    JobView,
+    WorkerView,
+    ever_reason,
+    explain,
+    now_reason,
+    runs_on_gpus,
+)
+from gpufleet.server.caps import Caps
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
 from gpufleet.server.views import owner_state
@@ -29,7 +38,9 @@ class Explain:
         fleet: Fleet,
         prefer_cuda_grace: float,
         clock: Callable[[], float],
+        caps: Caps | None = None,
     ) -> None:
+        self.caps = caps
         self.store = store
         self.reads = reads
         self.fleet = fleet
@@ -56,9 +67,10 @@ class Explain:
         verdicts = [
             (v, r or _owner_why(s, job)) for (v, r), s in zip(verdicts, states, strict=True)
         ]
+        capped = self._capped(job, states, verdicts, now)
         rows = [(s, reasons) for s, (_, reasons) in zip(states, verdicts, strict=True)]
         position, exact = self._position(job, [s.view for s in states])
-        summary = self._why_summary(job, verdicts, now)
+        summary = self._why_summary(job, verdicts, now, capped)
         if job.raised and job.status == JobStatus.PENDING:
             summary += f"; its memory requirement was raised: {json.loads(job.raised)['why']}"
         if position is not None and job.status == JobStatus.PENDING and not job.waiting:
@@ -84,8 +96,40 @@ class Explain:
         before = sum(1 for j in ahead[:AHEAD] if any(ever_reason(j.spec, w) is None for w in able))
         return 1 + before, len(ahead) <= AHEAD
 
+    def _capped(
+        self,
+        job: JobRow,
+        states: list[WorkerState],
+        verdicts: list[tuple[WorkerView, list[str]]],
+        now: float,
+    ) -> str | None:
+        """Why a cap holds the pending ``job`` back (None: none does); the reason is added
+        to each worker that would take it now but for the cap. With no such worker, the
+        cap is judged on what the job asks (its GPUs, else a CPU slot)."""
+        if self.caps is None or job.status != JobStatus.PENDING or job.waiting:
+            return None
+        jv = JobView(job.id, job.spec, job.created_at)
+        ready, asks = [], []
+        for s, (_, reasons) in zip(states, verdicts, strict=True):
+            if not reasons:
+                got = now_reason(jv, s.view, s.free, now, self.prefer_cuda_grace)
+                ready.append(reasons)
+                asks.append(len(got.gpus) if isinstance(got, Assignment) else 0)
+        if not ready:
+            r = job.spec.requirements
+            return self.caps.holding_back(job, [r.gpus_wanted if r.needs_gpu else 0])[0]
+        found = self.caps.holding_back(job, asks)
+        for reasons, held in zip(ready, found, strict=True):
+            if held is not None:
+                reasons.append(held)
+        return None if any(h is None for h in found) else found[0]
+
     def _why_summary(
-        self, job: JobRow, verdicts: list[tuple[WorkerView, list[str]]], now: float
+        self,
+        job: JobRow,
+        verdicts: list[tuple[WorkerView, list[str]]],
+        now: float,
+        capped: str | None = None,
     ) -> str:
         if job.status == JobStatus.PAUSED:
             return f"paused: it waits for `gpufleet resume {job.id}`, then its checkpoint"
@@ -105,6 +149,8 @@ class Explain:
             return "claimable now by " + ", ".join(ready)
         if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
             return "no registered worker could ever run this job"
+        if capped is not None:
+            return f"held back by a cap: {capped}"
         return "waiting: every worker that could run it is busy, reserved, draining or offline"
 
 

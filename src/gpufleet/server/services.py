@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager
 
 from gpufleet.domain.sharing import Sharing
 from gpufleet.server.blobs import BlobService
+from gpufleet.server.caps import Caps
 from gpufleet.server.checkpoints import Checkpoints
 from gpufleet.server.dataflow import DataFlow
 from gpufleet.server.dispatch import Dispatch
@@ -67,12 +68,8 @@ class Services:
         on_written: Callable[[str], None] = lambda _job_id: None,
         sharing: SharingRules | None = None,
     ) -> None:
-        self.settings, self.store, self.clock = settings, store, clock
-        self.sharing = sharing or SharingRules(settings.sharing_file)
-        self.fair = FairShare(store, self.sharing, clock)
-        self.sharing.on_change.append(self._rules_changed)
-        self.metrics = Metrics(per_user=self.sharing.current().user_metrics)
-        self.blobs = blobs
+        self.settings, self.store, self.clock, self.blobs = settings, store, clock, blobs
+        self._share(sharing or SharingRules(settings.sharing_file))
         self.fleet = Fleet(
             store, settings.lease_timeout, settings.ephemeral_ttl, clock=clock, on_event=on_event
         )
@@ -85,7 +82,9 @@ class Services:
         self.steering = Steering(
             store, self.reads, self.flow, clock, on_change, self.metrics, on_written
         )
-        self.explain = Explain(store, self.reads, self.fleet, settings.prefer_cuda_grace, clock)
+        self.explain = Explain(
+            store, self.reads, self.fleet, settings.prefer_cuda_grace, clock, self.caps
+        )
         self.notices = Notices(on_change, on_written)
         self.dispatch = Dispatch(
             store,
@@ -98,6 +97,7 @@ class Services:
             self.metrics,
             self.checkpoints,
             self.fair,
+            self.caps,
         )
         self.leases = Leases(
             store, settings, self.fleet, self.dispatch, self.notices, clock, on_event, self.metrics
@@ -106,6 +106,15 @@ class Services:
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
         self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)
+
+    def _share(self, rules: SharingRules) -> None:
+        """The sharing rules, and the services that apply them: fair share and caps (and
+        the metrics, which count by user only if the rules say so)."""
+        self.sharing = rules
+        self.fair = FairShare(self.store, rules, self.clock)
+        self.caps = Caps(self.store, rules)
+        self.metrics = Metrics(per_user=rules.current().user_metrics)
+        rules.on_change.append(self._rules_changed)
 
     def _rules_changed(self, rules: Sharing) -> None:
         self.metrics.per_user = rules.user_metrics

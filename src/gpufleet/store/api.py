@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from gpufleet.domain.caps import Recheck
 from gpufleet.domain.lifecycle import Change
 from gpufleet.domain.models import JobSpec
 from gpufleet.domain.quota import OutputQuota
@@ -118,6 +119,10 @@ class RunningUse:
     status: str
 
 
+#: (owner, pool, GPUs of each job, jobs): the jobs claimed or running now, grouped.
+HeldRow = tuple[str, str, int, int]
+
+
 @dataclass(frozen=True)
 class ClaimView:
     """What a claim ranks on: the slots the worker's jobs hold (the GPUs of each; () a CPU
@@ -163,7 +168,18 @@ class ClaimSession(Protocol):
 
     def view(self, worker_id: str, name: str, pool: str, now: float, page: int) -> ClaimView: ...
     def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]: ...
-    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None: ...
+    def claim(
+        self, worker_id: str, seen: int, changes: Sequence[Change], caps: Recheck | None = None
+    ) -> str | None:
+        """Apply the first of ``changes`` whose job is still pending (its id, or None). With
+        ``caps``, first lock the capped holders (serializing the claims that count against
+        them) and drop the changes a cap holds back on what is held then."""
+        ...
+
+    def held(self, owners: Sequence[str], pools: Sequence[str]) -> list[HeldRow]:
+        """What the jobs claimed or running now of ``owners`` or in ``pools`` hold."""
+        ...
+
     def owners(self, pool: str) -> list[str]:
         """The owners with jobs pending in ``pool`` (some may wait on dependencies)."""
         ...

@@ -280,6 +280,12 @@ class Lease(Wire):
         "folder before its command starts (None: it has none)",
         exclude_if=lambda c: c is None,
     )
+    max_run_of: str | None = Field(
+        None,
+        description="the pool whose longest run (its max_run) is this attempt's timeout: "
+        "`spec.timeout` is that limit, shorter than the job's own (None: the job's own)",
+        exclude_if=lambda p: p is None,
+    )
 
 
 class HeartbeatRequest(Strict):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gpufleet.client import AsyncClient, Client
 from gpufleet.domain import oom, progress
+from gpufleet.domain.caps import timed_out_text
 from gpufleet.domain.environments import EnvSpec
 from gpufleet.domain.models import Adapter as AdapterKind
 from gpufleet.domain.models import Capability, HyperStyle
@@ -450,7 +451,7 @@ class JobRunner:
         if (bad := run.progress.summary()) is not None:
             run.note(bad)
         timed_out = run.stop_reason is StopReason.TIMEOUT
-        error = f"timed out after {spec.timeout:g}s" if timed_out else None
+        error = timed_out_text(spec.timeout or 0.0, run.lease.max_run_of) if timed_out else None
         error = error or describe_exit(code, oom=oom)
         run.failure = run.failure or _failure_class(run, code, oom, timed_out)
         if run.keeps_outputs:  # a stopped job keeps its outputs
@@ -467,7 +468,8 @@ class JobRunner:
         kills = oom_kills()
         code = await run.proc.wait(spec.timeout)
         if code is None:
-            say(f"job {lease.job_id}: timed out after {spec.timeout:g}s; killing its process group")
+            ended = timed_out_text(spec.timeout or 0.0, lease.max_run_of)
+            say(f"job {lease.job_id}: {ended}; killing its process group")
             run.stop_reason = run.stop_reason or StopReason.TIMEOUT
             code = await run.proc.stop()
         await run.proc.reap(self.workdir(lease))

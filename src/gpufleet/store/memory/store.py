@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from gpufleet.domain import lifecycle
+from gpufleet.domain.caps import POOLS, USERS, Recheck, tally
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE, TERMINAL, JobSpec, JobStatus
 from gpufleet.store import schema as t
@@ -24,6 +25,7 @@ from gpufleet.store.api import (
     Applied,
     Batch,
     ClaimView,
+    HeldRow,
     QueueGauges,
     StaleClaim,
     Store,
@@ -118,7 +120,18 @@ class MemoryClaimSession:
     ) -> list[JobRow]:
         return [j for j in self.page(pool, now, after, 1 << 30) if j.owner == owner][:limit]
 
-    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
+    def held(self, owners: Sequence[str], pools: Sequence[str]) -> list[HeldRow]:
+        counts: dict[tuple[str, str, int], int] = {}
+        with self.store._lock:
+            for j in self.store.jobs.values():
+                if j["status"] in _ACTIVE and (j["owner"] in owners or j["pool"] in pools):
+                    key = (j["owner"], j["pool"], len(json.loads(j["gpus"])))
+                    counts[key] = counts.get(key, 0) + 1
+        return [(o, p, g, n) for (o, p, g), n in counts.items()]
+
+    def claim(
+        self, worker_id: str, seen: int, changes: Sequence[Change], caps: Recheck | None = None
+    ) -> str | None:
         if any(c.event != Event.CLAIM for c in changes):
             raise ValueError("claim takes claims only")
         s = self.store
@@ -126,11 +139,20 @@ class MemoryClaimSession:
             worker = s.workers.get(worker_id)
             if worker is None or worker["claims"] != seen:
                 raise StaleClaim(worker_id)
+            if caps is not None:  # the store's lock is held: nothing comes between
+                changes = self._capped(changes, caps)
             for change in changes:
                 if s.apply_change(change):
                     worker["claims"] = seen + 1
                     return change.job_id
         return None
+
+    def _capped(self, changes: Sequence[Change], caps: Recheck) -> list[Change]:
+        found = caps.holders()
+        users = [n for k, n in found if k == USERS]
+        pools = [n for k, n in found if k == POOLS]
+        keep = set(caps.allowed([c.job_id for c in changes], tally(self.held(users, pools))))
+        return [c for c in changes if c.job_id in keep]
 
 
 class MemoryStore(

@@ -5,6 +5,7 @@ rows) and the worker's row, and commits when the session ends."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -12,10 +13,18 @@ from typing import Any
 from sqlalchemy import Connection
 
 from gpufleet.domain import lifecycle
+from gpufleet.domain.caps import Holder, Recheck
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.store.api import StaleClaim
 from gpufleet.store.rows_written import state_rows
-from gpufleet.store.sql.claims import HELD_SQL, PENDING, ClaimSession, claims_only, driver_rows
+from gpufleet.store.sql.claims import (
+    HELD_SQL,
+    PENDING,
+    ClaimOps,
+    ClaimSession,
+    claims_only,
+    driver_rows,
+)
 
 # PostgreSQL would walk the pool's whole queue in claim order (ix_jobs_queue) and filter
 # it for the few aimed jobs: O(pending jobs) a claim. Reading the aimed jobs first (OFFSET
@@ -85,14 +94,41 @@ class PostgresClaims(ClaimSession):
 
     page_size, choices = 8, 4
 
+    def __init__(self, store: ClaimOps, conn: Connection) -> None:
+        super().__init__(store, conn)
+        self._tried = False  # a claim was written in this transaction already
+        self._locked: set[int] = set()  # the caps' advisory locks it holds
+
     def _snapshot(self, worker_id: str, name: str, pool: str, now: float) -> list[Any]:
         return driver_rows(self.conn, _VIEW, (now, worker_id))
 
-    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
+    def claim(
+        self, worker_id: str, seen: int, changes: Sequence[Change], caps: Recheck | None = None
+    ) -> str | None:
         claims_only(changes)
+        if changes and caps is not None:
+            self._serialize(worker_id, caps.holders())
+            changes = self.capped(changes, caps)
         if not changes:
             return None
+        self._tried = True
         return self._claim_pg(self.conn, worker_id, seen, changes)
+
+    def _serialize(self, worker_id: str, holders: Sequence[Holder]) -> None:
+        """Take each capped holder's transaction-level advisory lock (held to the commit),
+        so the claims that count against one holder run one at a time, on every replica,
+        and each counts what the ones before it committed.
+
+        A session's first claim holds no lock of any kind yet (its reads take none): it
+        waits for each lock in key order. A later claim of the same transaction may hold
+        job rows or its worker's row: it only tries, and a lock another claim holds ends
+        the session (:class:`StaleClaim`: rank again) rather than risk a circle of waits."""
+        for key in sorted({lock_id(h) for h in holders} - self._locked):
+            if not self._tried and all(key > k for k in self._locked):
+                driver_rows(self.conn, "SELECT pg_advisory_xact_lock(%s)", (key,))
+            elif not driver_rows(self.conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,))[0][0]:
+                raise StaleClaim(worker_id)
+            self._locked.add(key)
 
     def _claim_pg(
         self, conn: Connection, worker_id: str, seen: int, changes: Sequence[Change]
@@ -180,3 +216,12 @@ def _claim_params(seen: int, changes: Sequence[Change]) -> dict[str, Any]:
         "ts": records[0]["ts"],
         "seen": seen,
     }
+
+
+def lock_id(holder: Holder) -> int:
+    """A capped holder's advisory lock key: the same 64 bits on every replica (Python's
+    own hash differs between processes). Two holders sharing one only wait for each
+    other."""
+    kind, name = holder
+    digest = hashlib.blake2b(f"gpufleet caps {kind} {name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)

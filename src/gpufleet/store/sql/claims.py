@@ -19,18 +19,20 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, text, tuple_, union_all
+from sqlalchemy import Connection, bindparam, func, select, text, tuple_, union_all
 
 from gpufleet.domain import lifecycle
+from gpufleet.domain.caps import POOLS, USERS, Recheck, tally
 from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE
 from gpufleet.store import schema as t
-from gpufleet.store.api import ClaimView
+from gpufleet.store.api import ClaimView, HeldRow
 from gpufleet.store.rows_read import JobRow
 
 _J, _W = t.jobs.c, t.workers.c
 PENDING = lifecycle.INITIAL.value
 _ACTIVE = ", ".join(f"'{s.value}'" for s in sorted(ACTIVE))
+_ACTIVE_LIST = sorted(s.value for s in ACTIVE)
 # What a claim reads about its worker first, in one statement: the GPUs its claimed and
 # running jobs hold, grouped ('[]': a CPU slot, with how many), the pending jobs aimed at
 # it that are claimable now in claim order (it takes those before its pool's queue), and
@@ -89,10 +91,13 @@ class ClaimSession(ABC):
         ids of the pending jobs aimed at it in claim order (JSON), its claim count."""
 
     @abstractmethod
-    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
+    def claim(
+        self, worker_id: str, seen: int, changes: Sequence[Change], caps: Recheck | None = None
+    ) -> str | None:
         """Apply the first of ``changes`` (claims, best first) whose job is still pending;
         its job id, or None if every one is gone. Raises :class:`StaleClaim` if the
-        worker's claim count is no longer ``seen``."""
+        worker's claim count is no longer ``seen``. With ``caps``, the capped holders are
+        serialized first and the changes a cap holds back dropped (:meth:`capped`)."""
 
     def view(self, worker_id: str, name: str, pool: str, now: float, page: int) -> ClaimView:
         """The snapshot a claim for this worker ranks on, with the first ``page`` jobs of
@@ -121,6 +126,28 @@ class ClaimSession(ABC):
             params |= {"p": after.priority, "c": after.created_at, "i": after.id}
             rows = self.conn.execute(self.store.page_q[1], params).all()
         return [JobRow.from_row(r) for r in rows]
+
+    def held(self, owners: Sequence[str], pools: Sequence[str]) -> list[HeldRow]:
+        """What the jobs claimed or running now of ``owners`` or in ``pools`` hold, by
+        (owner, pool, GPUs): a few rows, from the active jobs only (``ix_jobs_queue``)."""
+        if not owners and not pools:
+            return []
+        q = (
+            select(_J.owner, _J.pool, _J.gpus, func.count())
+            .where(_J.status.in_(_ACTIVE_LIST) & (_J.owner.in_(owners) | _J.pool.in_(pools)))
+            .group_by(_J.owner, _J.pool, _J.gpus)
+        )
+        return [(o, p, len(json.loads(g or "[]")), int(n)) for o, p, g, n in self.conn.execute(q)]
+
+    def capped(self, changes: Sequence[Change], caps: Recheck) -> list[Change]:
+        """The ``changes`` no cap holds back on what is held now (the caller holds what
+        serializes the claims of their holders)."""
+        found = caps.holders()
+        users = [n for k, n in found if k == USERS]
+        pools = [n for k, n in found if k == POOLS]
+        held = tally(self.held(users, pools))
+        keep = set(caps.allowed([c.job_id for c in changes], held))
+        return [c for c in changes if c.job_id in keep]
 
     def owners(self, pool: str) -> list[str]:
         return [str(r[0]) for r in self.conn.execute(OWNERS_SQL, {"pool": pool}).all()]

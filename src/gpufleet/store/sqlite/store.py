@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Select, bindparam, create_engine, event, make_url, update
 from sqlalchemy.dialects import sqlite
 
+from gpufleet.domain.caps import Recheck
 from gpufleet.domain.lifecycle import Change
 from gpufleet.store import schema as t
 from gpufleet.store.alone import OneServer
@@ -60,14 +61,18 @@ class SqliteClaims(ClaimSession):
     def _snapshot(self, worker_id: str, name: str, pool: str, now: float) -> list[Any]:
         return driver_rows(self.conn, _VIEW, (worker_id, worker_id, name, pool, now, worker_id))
 
-    def claim(self, worker_id: str, seen: int, changes: Sequence[Change]) -> str | None:
+    def claim(
+        self, worker_id: str, seen: int, changes: Sequence[Change], caps: Recheck | None = None
+    ) -> str | None:
         claims_only(changes)
         if not changes:
             return None
         conn = self.conn
         conn.commit()  # the reads' implicit transaction; SQLite took no lock for them
         with self.store._lock, conn.begin():
-            for change in changes:
+            # The one writer serializes every claim: what the caps' holders hold is read
+            # inside it, so no other claim can come between the count and the write.
+            for change in changes if caps is None else self.capped(changes, caps):
                 if self.store.apply_change(conn, change):
                     counted = conn.execute(_COUNT_CLAIM, {"wid": worker_id, "seen": seen})
                     if counted.rowcount != 1:
