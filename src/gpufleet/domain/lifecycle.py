@@ -45,6 +45,7 @@ class Event(StrEnum):
     DEPENDENCY_FAILED = "dependency_failed"  # a job whose result it needs failed or was cancelled
     PAUSE = "pause"  # `gpufleet pause`: held (a running one once its worker has vacated it)
     RESUME = "resume"  # `gpufleet resume`: queued again, to go on from its checkpoint
+    PREEMPT = "preempt"  # vacated for a waiting job of a higher priority; not counted
 
 
 TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
@@ -62,6 +63,8 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
     (R, Event.LOSE_FINAL): F,
     (C, Event.RELEASE): P,
     (R, Event.RELEASE): P,
+    (C, Event.PREEMPT): P,
+    (R, Event.PREEMPT): P,
     (P, Event.CANCEL): X,
     (C, Event.CANCEL): X,
     (R, Event.CANCEL): X,
@@ -133,6 +136,8 @@ class JobState(Ended, Protocol):
     def losses(self) -> int: ...
     @property
     def pause_requested_at(self) -> float | None: ...
+    @property
+    def preempt_requested_at(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,7 @@ _UNHELD: dict[str, object] = {
     "gpus": (),
     "started_at": None,
     "lease_expires_at": None,
+    "preempt_requested_at": None,
 }
 
 
@@ -482,9 +488,9 @@ def lose(
 def release(job: JobState, now: float, why: str, most_losses: int = MOST_LOSSES) -> Change:
     """The worker hands the job back (drained, left, its token revoked): back in the
     queue, the attempt counted in ``losses``, not against ``max_attempts``; a job that has
-    lost ``most_losses`` so fails, and one vacated for a pause is held. A job asked to
-    stop ends instead, failed: running it again from the start is not what a stop asked
-    for."""
+    lost ``most_losses`` so fails, one vacated for a pause is held, and one preempted is
+    counted in neither. A job asked to stop ends instead, failed: running it again from
+    the start is not what a stop asked for."""
     losses, error = job.losses + 1, job.error
     event, outcome, cause = Event.RELEASE, "released", "drained"
     if job.pause_requested_at is not None:  # vacated for `gpufleet pause`: held
@@ -493,6 +499,8 @@ def release(job: JobState, now: float, why: str, most_losses: int = MOST_LOSSES)
         error = f"asked to stop; {why} before it ended"
         return _ended(job, Event.FAIL, now, attempts=job.attempts + 1, outcome="stopped",
                       error=error, cause=cause)  # fmt: skip
+    elif job.preempt_requested_at is not None:  # made way for a job of a higher priority
+        event, outcome, cause, losses = Event.PREEMPT, "preempted", "preempted", job.losses
     elif losses >= most_losses:
         event = Event.LOSE_FINAL
         error = f"{why}; it has lost its machine {losses} times (the most is {most_losses})"

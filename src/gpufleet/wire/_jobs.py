@@ -283,6 +283,7 @@ class JobSpecModel(Strict):
     grace_period: float = Field(
         GRACE_SECONDS, ge=0, le=MOST_GRACE, description="seconds from it to SIGKILL"
     )
+    preemptible: bool = Field(False, description="a higher-priority job may preempt it")
 
     @model_validator(mode="after")
     def _exit_codes(self) -> JobSpecModel:

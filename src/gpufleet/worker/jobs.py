@@ -196,6 +196,9 @@ class JobRunner:
         elif order.order == "pause" and not run.killing:
             say(f"job {order.job_id}: paused by its owner; vacating it")
             self.stopper.vacate(run, StopReason.PAUSE)
+        elif order.order == "preempt" and not run.killing:
+            say(f"job {order.job_id}: preempted by a job of a higher priority; vacating it")
+            self.stopper.vacate(run, StopReason.PREEMPT)
 
     def fence(self, lease: float) -> None:
         """Stop each job whose lease (``lease`` seconds) this worker has not seen renewed
@@ -487,7 +490,7 @@ class JobRunner:
                 await self.uploads.flush(run)
             except ServerUnavailable:  # the result matters more than the last lines
                 say(f"job {lease.job_id}: dropped {run.backlog.clear()} unsent log lines")
-            if run.stop_reason in (StopReason.DRAIN, StopReason.PAUSE):
+            if run.stop_reason in (StopReason.DRAIN, StopReason.PAUSE, StopReason.PREEMPT):
                 await self._hand_back(lease, run.stop_reason)
                 return
             body = FinishRequest(
@@ -508,9 +511,12 @@ class JobRunner:
             say(f"job {lease.job_id}: result refused ({exc.message})")
 
     async def _hand_back(self, lease: Lease, why: StopReason) -> None:
-        """A vacated job goes back to the queue (drained) or is held (paused), its
-        attempt not counted."""
-        said = "drained" if why is StopReason.DRAIN else "vacated it for a pause"
+        """A vacated job goes back to the queue (drained, preempted) or is held (paused),
+        its attempt not counted."""
+        said = {
+            StopReason.DRAIN: "drained",
+            StopReason.PREEMPT: "vacated it for a job of a higher priority",
+        }.get(why, "vacated it for a pause")
         body = ReleaseRequest(
             attempt=lease.attempt,
             secret=lease.secret,

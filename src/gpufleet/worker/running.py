@@ -39,6 +39,7 @@ class StopReason(enum.Enum):
     TIMEOUT = "timeout"  # it ran past its timeout
     STOP = "stop"  # asked to finish early (`gpufleet stop`): it keeps its outputs
     PAUSE = "pause"  # `gpufleet pause`: vacated (grace signal, checkpoint), then held
+    PREEMPT = "preempt"  # making way for a job of a higher priority: vacated, queued again
 
 
 @dataclass(frozen=True)
