@@ -30,6 +30,7 @@ class ServerFlags(SettingFlags):
     retry_backoff: Annotated[float | None, setting_option("retry_backoff")] = None
     max_losses: Annotated[int | None, setting_option("max_losses")] = None
     checkpoint_keep: Annotated[int | None, setting_option("checkpoint_keep")] = None
+    sharing: Annotated[Path | None, setting_option("sharing")] = None
     ephemeral_ttl: Annotated[float | None, setting_option("ephemeral_ttl")] = None
     log_retention: Annotated[float | None, setting_option("log_retention")] = None
     audit_retention: Annotated[float | None, setting_option("audit_retention")] = None
@@ -53,6 +54,7 @@ def server(**given: Any) -> None:
     from gpufleet.domain.quota import OutputQuota
     from gpufleet.server import QueueSettings, ServerOptions, serve
     from gpufleet.server.limits import Limits
+    from gpufleet.server.sharing import rules_file
 
     s = ServerFlags(**given).resolved()
     queue = QueueSettings(
@@ -65,6 +67,7 @@ def server(**given: Any) -> None:
         log_retention=retention_seconds(s["log_retention"], DAY),
         audit_retention=retention_seconds(s["audit_retention"], DAY),
         output_quota=OutputQuota(s["output_quota"], s["output_rate"], s["output_burst"]),
+        sharing_file=rules_file(s["sharing"], s["data_dir"]),
     )
     serve(
         ServerOptions(

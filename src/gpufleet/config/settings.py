@@ -203,6 +203,13 @@ _SERVER: tuple[Setting, ...] = (
         minimum=1,
     ),
     _setting(
+        "sharing",
+        None,
+        "path",
+        "the sharing rules (TOML: fair share, caps, preemption), read again when it "
+        "changes (default: sharing.toml in data_dir, if there is one)",
+    ),
+    _setting(
         "ephemeral_ttl",
         3600.0,
         "float",

@@ -326,7 +326,8 @@ class Leases:
         change = lifecycle.release(job, now, "its worker handed it back", self.settings.max_losses)
         if self.store.release(change) is None:
             return False
-        self.metrics.ended(change.status.value, job.started_at, now, "released")
+        why = "preempted" if change.event is lifecycle.Event.PREEMPT else "released"
+        self.metrics.ended(change.status.value, job.started_at, now, why)
         self.notices.written(job.id)
         return True
 

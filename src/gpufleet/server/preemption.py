@@ -27,12 +27,16 @@ from gpufleet.scheduling.preemption import Decision, Holder, Slots, plan
 from gpufleet.server.fleet import Fleet, OnEvent, WorkerState
 from gpufleet.server.notices import Notices
 from gpufleet.server.sharing import SharingRules
+from gpufleet.server.views import ts
 from gpufleet.store import FleetStore, JobRow, JobStore, Preempt, PreemptionStore
+from gpufleet.wire import JobRef, PreemptionOut
 
 log = logging.getLogger("gpufleet.server")
 
 #: Waiting jobs a pool's sweep looks at, at most (the first in claim order).
 LOOK_AT = 20
+#: The jobs a job's detail names as preempted by it, at most (the latest).
+SHOWN = 20
 
 
 class PreemptionServiceStore(JobStore, FleetStore, PreemptionStore, Protocol):
@@ -145,5 +149,24 @@ class Preemption:
         self.notices.written(waiting.id)
         return True
 
+    def shown(self, job: JobRow) -> PreemptionOut | None:
+        """What ``job``'s detail says of preemption (None: it never preempted or was
+        preempted)."""
+        preempted = self.store.preempted_for(job.id, SHOWN)
+        if job.preempted_at is None and not preempted:
+            return None
+        by = self.store.get_job(job.preempted_by) if job.preempted_by else None
+        active = job.status.active and job.preempt_requested_at is not None
+        return PreemptionOut(
+            requested_at=ts(job.preempt_requested_at) if active else None,
+            preempted_at=ts(job.preempted_at),
+            by=None if by is None else _ref(by, job.preempted_at),
+            preempted=[_ref(v, v.preempted_at) for v in preempted],
+        )
 
-__all__ = ["LOOK_AT", "Preemption", "holder", "said_of"]
+
+def _ref(job: JobRow, at: float | None) -> JobRef:
+    return JobRef(job_id=job.id, name=job.name, owner=job.owner, priority=job.priority, at=ts(at))
+
+
+__all__ = ["LOOK_AT", "SHOWN", "Preemption", "holder", "said_of"]

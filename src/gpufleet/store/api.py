@@ -217,6 +217,10 @@ class PreemptionStore(Protocol):
         """Of these leases, the jobs asked to make way for a waiting job."""
         ...
 
+    def preempted_for(self, job_id: str, limit: int) -> list[JobRow]:
+        """The jobs whose latest preemption freed a slot for ``job_id``, latest first."""
+        ...
+
 
 class JobStore(Protocol):
     """Jobs and leases: submit and apply, start, extend, finish, release, lose, cancel,

@@ -122,6 +122,13 @@ Index(
     sqlite_where=jobs.c.target.is_not(None),
     postgresql_where=jobs.c.target.is_not(None),
 )
+# A job's detail names the jobs it preempted (0019). Partial: few jobs were ever preempted.
+Index(
+    "ix_jobs_preempted_by",
+    jobs.c.preempted_by,
+    sqlite_where=jobs.c.preempted_by.is_not(None),
+    postgresql_where=jobs.c.preempted_by.is_not(None),
+)
 
 attempts = Table(
     "attempts",

@@ -113,6 +113,7 @@ from gpufleet.wire._kept import (
     CheckpointOut,
     Restored,
 )
+from gpufleet.wire._preemption import JobRef, PreemptionOut
 
 __all__ = [
     "BAR_END",
@@ -163,6 +164,7 @@ __all__ = [
     "InputModel",
     "JobDetail",
     "JobOut",
+    "JobRef",
     "JobSpecModel",
     "JobState",
     "JobStatus",
@@ -179,6 +181,7 @@ __all__ = [
     "ManifestApply",
     "Name",
     "PoolName",
+    "PreemptionOut",
     "RelPath",
     "ReleaseRequest",
     "ReportBatch",

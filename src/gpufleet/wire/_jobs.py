@@ -44,6 +44,7 @@ from gpufleet.wire._kept import (
     CheckpointOut,
     Restored,
 )
+from gpufleet.wire._preemption import PreemptionOut
 
 # ---- jobs -------------------------------------------------------------------------------
 
@@ -489,6 +490,7 @@ class JobDetail(JobOut):
         description="the [hosts.NAME] declaration of the worker it runs on (or, pending, "
         "is aimed at), when a manifest declared one",
     )
+    preemption: PreemptionOut | None = Field(None, description="who preempted whom")
 
 
 class SubmitResult(Wire):

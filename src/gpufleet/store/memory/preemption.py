@@ -55,6 +55,12 @@ class MemoryPreemption(MemoryEvents):
             for j in self.jobs.values()
         )
 
+    def preempted_for(self, job_id: str, limit: int) -> list[JobRow]:
+        with self._lock:
+            found = [j for j in self.jobs.values() if j["preempted_by"] == job_id]
+            found.sort(key=lambda j: (-(j["preempted_at"] or 0.0), j["id"]))
+            return [JobRow.from_mapping(dict(j)) for j in found[:limit]]
+
     def preempting(self, leases: Iterable[tuple[str, int]]) -> set[str]:
         with self._lock:
             return {

@@ -76,6 +76,16 @@ class PreemptionOps(SqlParts):
             conn.execute(t.job_logs.insert(), rows)
             return True
 
+    def preempted_for(self, job_id: str, limit: int) -> list[JobRow]:
+        q = (
+            select(t.jobs)
+            .where(_J.preempted_by == job_id)
+            .order_by(_J.preempted_at.desc(), _J.id)
+            .limit(limit)
+        )
+        with self._read() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).all()]
+
     def preempting(self, leases: Iterable[tuple[str, int]]) -> set[str]:
         ids = [job_id for job_id, _ in leases]
         if not ids:
