@@ -49,6 +49,8 @@ def test_a_waiting_job_preempts_after_its_wait_and_the_victim_goes_back_uncounte
     clock.advance(1)
     assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
     assert queue.preemption.sweep() == [], "one victim at a time"
+    summary = queue.explain.why(urgent.id)[1]
+    assert f"job {low.job_id} (job-on-box) is making way for it (preempted)" in summary
     victim = job(store, low.job_id)
     assert victim.status is JobStatus.RUNNING and victim.preempted_by == urgent.id
     w = victim.worker_id

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.scheduling.matching import JobView, WorkerView, ever_reason, explain
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
-from gpufleet.store import JobRow, JobStore
+from gpufleet.store import JobRow, JobStore, PreemptionStore
 
 # Jobs ahead a position counts, at most: each is read and matched, so a job deep in a
 # long queue would cost ``why`` time in proportion (bench/growth.py).
 AHEAD = 1_000
+
+
+class ExplainStore(JobStore, PreemptionStore, Protocol):
+    """What ``why`` reads: jobs, and the jobs making way for one."""
 
 
 class Explain:
@@ -22,7 +27,7 @@ class Explain:
 
     def __init__(
         self,
-        store: JobStore,
+        store: ExplainStore,
         reads: Reads,
         fleet: Fleet,
         prefer_cuda_grace: float,
@@ -100,4 +105,12 @@ class Explain:
             return "claimable now by " + ", ".join(ready)
         if job.unrunnable or all(ever_reason(job.spec, v) for v, _ in verdicts):
             return "no registered worker could ever run this job"
-        return "waiting: every worker that could run it is busy, reserved, draining or offline"
+        busy = "waiting: every worker that could run it is busy, reserved, draining or offline"
+        return busy + self._making_way(job)
+
+    def _making_way(self, job: JobRow) -> str:
+        """What a job preempted for ``job`` is doing, if it still runs: making way."""
+        for v in self.store.preempted_for(job.id, 1):
+            if v.status.active and v.preempt_requested_at is not None:
+                return f"; job {v.id} ({v.name}) is making way for it (preempted)"
+        return ""
