@@ -80,6 +80,19 @@ def test_no_preemption_of_a_job_that_does_not_allow_it_or_ranks_as_high(
     assert queue.preemption.sweep() == []
 
 
+def test_a_job_held_back_by_a_cap_preempts_nobody(queue: Services, clock: FakeClock) -> None:
+    queue.sharing.set(RULES)
+    low = running(queue, "box", preemptible=True)
+    urgent = queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(60)
+    queue.preemption.held_back = lambda j: (
+        "alice holds 4 of her 4 GPUs" if j.id == urgent.id else None
+    )
+    assert queue.preemption.sweep() == []
+    queue.preemption.held_back = lambda j: None
+    assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
+
+
 def test_a_pool_s_policy_allows_preemption_and_the_lowest_newest_job_goes(
     queue: Services, clock: FakeClock
 ) -> None:

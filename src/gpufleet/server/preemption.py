@@ -95,6 +95,9 @@ class Preemption:
         self.clock = clock
         self.on_event = on_event
         self.cuda_grace = cuda_grace
+        # Why a waiting job may not be claimed even with a slot free (a cap its owner or
+        # pool has reached): such a job preempts nobody. None: nothing holds it back.
+        self.held_back: Callable[[JobRow], str | None] = lambda job: None
 
     def sweep(self) -> list[tuple[str, str]]:
         """Preempt where the rules say so, now; the (victim, waiting job) pairs marked."""
@@ -106,7 +109,8 @@ class Preemption:
         least = rules.preemption.min_priority
         marked: list[tuple[str, str]] = []
         for pool in sorted({w.pool for w in self.store.list_workers()}):
-            waiting = self.store.preemptors(pool, least, since, LOOK_AT)
+            found = self.store.preemptors(pool, least, since, LOOK_AT)
+            waiting = [j for j in found if self.held_back(j) is None]
             if waiting:
                 marked += self._pool(pool, waiting, rules, now)
         if marked:
