@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -213,6 +213,7 @@ class Job:
     stop_requested_at: float | None = None
     losses: int = 0
     pause_requested_at: float | None = None
+    preempt_requested_at: float | None = None
 
 
 def test_a_claim_moves_to_the_next_lease_and_opens_its_attempt() -> None:
@@ -424,3 +425,20 @@ def test_a_pause_holds_a_pending_job_and_a_vacated_one_without_counting() -> Non
     again = lifecycle.resume(Job(status=JobStatus.PAUSED, lease=2))
     assert (again.sources, again.status) == ({JobStatus.PAUSED}, P)
     assert again.fields["pause_requested_at"] is None
+
+
+def test_a_preempted_job_goes_back_to_the_queue_counted_in_neither_budget() -> None:
+    job = Job(status=R, lease=3, attempts=1, losses=2, preempt_requested_at=4.0)
+    back = lifecycle.release(job, 9.0, "its worker handed it back")
+    assert (back.event, back.status) == (Event.PREEMPT, P)
+    assert back.fields["attempts"] == 1 and back.fields["losses"] == 2
+    assert back.fields["preempt_requested_at"] is None, "the next attempt is not preempted"
+    assert back.record is not None and back.record["cause"] == "preempted"
+    assert back.record["outcome"] == "preempted"
+    # A stop asked of it meanwhile wins: the job ends, as a stop asks.
+    stopped = lifecycle.release(replace(job, stop_requested_at=5.0), 9.0, "handed back")
+    assert stopped.status is JobStatus.FAILED
+    # Lost while it was vacating: a loss like any other, and the mark goes with it.
+    lost = lifecycle.lose(job, 9.0, "box")
+    assert (lost.event, lost.fields["losses"]) == (Event.LOSE, 3)
+    assert lost.fields["preempt_requested_at"] is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from gpufleet.cli._common import out, shown, styled, when
 from gpufleet.cli.choose import host_note
 from gpufleet.domain.quota import size_text
-from gpufleet.wire import EnvUsed, JobDetail, JobOut
+from gpufleet.wire import EnvUsed, JobDetail, JobOut, JobRef
 
 
 def error_line(j: JobOut) -> str:
@@ -33,6 +33,7 @@ def show_detail(d: JobDetail) -> None:
     """A job in full, as ``gpufleet show JOB`` prints it."""
     _spec(d)
     _state(d)
+    _preemption(d)
     _inputs(d)
     _environment(d)
     _failure(d)
@@ -85,6 +86,24 @@ def _state(d: JobDetail) -> None:
         out.print(f"  paused at {when(d.pause_requested_at)}: gpufleet resume {shown(d.id)}")
     if d.raised:
         out.print(f"  [yellow]more memory:[/yellow] {shown(d.raised)}")
+
+
+def _preemption(d: JobDetail) -> None:
+    """Who preempted it (and whether its worker vacates it now), and whom it preempted."""
+    p = d.preemption
+    if p is None:
+        return
+    if p.by is not None:
+        now = " now: its worker vacates it" if p.requested_at else ""
+        out.print(f"  [yellow]preempted[/yellow] by {_ref(p.by)}{now}")
+    for v in p.preempted:
+        out.print(f"  preempted {_ref(v)} to free its slot")
+
+
+def _ref(r: JobRef) -> str:
+    """Another job as a preemption names it: id, name, owner, priority and when."""
+    who = f"{shown(r.owner)}, " if r.owner else ""
+    return f"job {shown(r.job_id)} ({shown(r.name)}; {who}priority {r.priority}) at {when(r.at)}"
 
 
 def _failure(d: JobDetail) -> None:

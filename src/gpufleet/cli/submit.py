@@ -185,6 +185,14 @@ GracePeriod = Annotated[
         help="Seconds the job has after its grace signal to save, before SIGKILL.",
     ),
 ]
+Preemptible = Annotated[
+    bool,
+    _Opt(
+        "--preemptible",
+        help="A waiting job of a higher priority may preempt this one: its grace signal, "
+        "its checkpoint kept, back to the queue (the server's sharing rules say when).",
+    ),
+]
 Wait = Annotated[bool, _Opt("--wait", help="Follow the job to its end, then download its results.")]
 Results = Annotated[
     Path | None, _Opt(help="With --wait: where to unpack the results (default: ./JOB_ID).")
@@ -257,6 +265,7 @@ class Placement:
     upgrade: Upgrade = False
     grace_signal: GraceSignal = "SIGTERM"
     grace_period: GracePeriod = 30.0
+    preemptible: Preemptible = False
     as_json: Json = False
     # the session taken (its server, pool and worker are then these options'): not an option
     _taken: Any = field(default=None, init=False, repr=False)
@@ -375,6 +384,7 @@ class Placement:
             "pool": self.pool,
             "grace_signal": grace_signal_name(self.grace_signal),
             "grace_period": self.grace_period,
+            "preemptible": self.preemptible,
         }
 
 

@@ -3,11 +3,11 @@ computed from it here.
 
 The table is drawn in ``docs/core.md`` (its test reads the drawing). Every attempt that
 ends has a cause: the job's own (its exit, its timeout, out of GPU or host memory, its
-environment), counted against ``max_attempts``, or its machine's (its worker lost, or
-drained), counted apart in ``losses`` against a larger limit (``most_losses``). Each
-function below turns one event into a :class:`Change`: the status it
-moves to (from the table), the statuses and lease it may move from, and the fields it
-sets. A store applies a change as one conditional update and decides nothing itself.
+environment), counted against ``max_attempts``, or its machine's (worker lost, drained),
+counted apart in ``losses`` against a larger limit (``most_losses``). Each function
+below turns one event into a :class:`Change`: the status it moves to (from the table),
+the statuses and lease it may move from, and the fields it sets. A store applies a
+change as one conditional update and decides nothing itself.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Event(StrEnum):
     DEPENDENCY_FAILED = "dependency_failed"  # a job whose result it needs failed or was cancelled
     PAUSE = "pause"  # `gpufleet pause`: held (a running one once its worker has vacated it)
     RESUME = "resume"  # `gpufleet resume`: queued again, to go on from its checkpoint
+    PREEMPT = "preempt"  # vacated for a waiting job of a higher priority; not counted
 
 
 TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
@@ -62,6 +63,8 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
     (R, Event.LOSE_FINAL): F,
     (C, Event.RELEASE): P,
     (R, Event.RELEASE): P,
+    (C, Event.PREEMPT): P,
+    (R, Event.PREEMPT): P,
     (P, Event.CANCEL): X,
     (C, Event.CANCEL): X,
     (R, Event.CANCEL): X,
@@ -133,6 +136,8 @@ class JobState(Ended, Protocol):
     def losses(self) -> int: ...
     @property
     def pause_requested_at(self) -> float | None: ...
+    @property
+    def preempt_requested_at(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,7 @@ _UNHELD: dict[str, object] = {
     "gpus": (),
     "started_at": None,
     "lease_expires_at": None,
+    "preempt_requested_at": None,
 }
 
 
@@ -484,19 +490,19 @@ def release(
 ) -> Change:
     """The worker hands the job back (drained, left, its token revoked): back in the
     queue, the attempt counted in ``losses``, not against ``max_attempts``; a job that has
-    lost ``most_losses`` so fails, and one vacated for a pause is held. One vacated for
-    the workstation's ``owner`` counts as neither. A job asked to stop ends instead,
-    failed: running it again from the start is not what a stop asked for."""
-    losses, error = job.losses + 1, job.error
+    lost ``most_losses`` so fails, one vacated for a pause is held; one preempted or
+    vacated for the workstation's ``owner`` counts as neither. A job asked to stop ends
+    instead, failed: running it again from the start is not what a stop asked for."""
+    losses, error = job.losses + (0 if owner else 1), job.error
     event, outcome, cause = Event.RELEASE, "released", "owner" if owner else "drained"
-    if owner:
-        losses = job.losses
     if job.pause_requested_at is not None:  # vacated for `gpufleet pause`: held
         event, outcome, cause, losses = Event.PAUSE, "paused", "paused", job.losses
     elif job.stop_requested_at is not None:
         error = f"asked to stop; {why} before it ended"
         return _ended(job, Event.FAIL, now, attempts=job.attempts + 1, outcome="stopped",
                       error=error, cause=cause)  # fmt: skip
+    elif job.preempt_requested_at is not None:  # made way for a job of a higher priority
+        event, outcome, cause, losses = Event.PREEMPT, "preempted", "preempted", job.losses
     elif losses >= most_losses:
         event = Event.LOSE_FINAL
         error = f"{why}; it has lost its machine {losses} times (the most is {most_losses})"
@@ -566,9 +572,8 @@ def dependents_failed(
     failed: Ended, below: Mapping[str, Sequence[JobState]], now: float
 ) -> list[Change]:
     """The changes failing every pending job below ``failed`` (``below``: a job's id to
-    the pending jobs waiting on it), nearest first. Each names the dependency that failed
-    it, with that one's final status; one waiting on two that failed is named by the
-    first reached. Walked breadth first with no recursion: a chain of any length."""
+    the pending jobs waiting on it), nearest first, each naming the first dependency that
+    failed it reached, with its final status. Breadth first, no recursion: any length."""
     changes: list[Change] = []
     ended: deque[Ended] = deque([failed])
     seen = {failed.id}

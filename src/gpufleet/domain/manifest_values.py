@@ -370,6 +370,7 @@ _SPEC_FIELDS: dict[str, _Check] = {
     "checkpoint_dir": _checkpoint_dir,
     "grace_signal": _grace_signal,
     "grace_period": _number_in(0, MOST_GRACE),
+    "preemptible": _bool,
 }
 _JOB_FIELDS: dict[str, _Check] = {
     "name": _name,

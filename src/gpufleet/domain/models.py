@@ -238,6 +238,9 @@ class JobSpec:
     # worker's SIGTERM), and the seconds it has to save before SIGKILL.
     grace_signal: str = GRACE_SIGNAL
     grace_period: float = GRACE_SECONDS
+    # A waiting job of a higher priority may preempt it (grace signal, checkpoint, back
+    # to the queue; gpufleet.domain.preemption), as it may any job of a preemptible pool.
+    preemptible: bool = False
 
     @property
     def dependencies(self) -> tuple[str, ...]:

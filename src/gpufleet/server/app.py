@@ -107,8 +107,9 @@ UPLOAD_SWEEP_EVERY = 600.0  # and retention (server/retention.py)
 
 
 async def _sweeper(services: Services, interval: float) -> None:
-    """Write the heartbeats kept in memory (:meth:`Fleet.flush_beats`) and lose the leases
-    that lapsed, at start and every ``interval``; recount and mark silent workers offline
+    """Write the heartbeats kept in memory (:meth:`Fleet.flush_beats`), lose the leases
+    that lapsed and preempt where the sharing rules say so, at start and every
+    ``interval``; recount and mark silent workers offline
     every five seconds
     at most (a worker goes offline a lease after its last heartbeat); upload sessions and
     retention every ten minutes. The first sweep runs at once: a lease that lapsed while
@@ -120,6 +121,7 @@ async def _sweeper(services: Services, interval: float) -> None:
         try:
             await run_in_threadpool(services.fleet.flush_beats)
             requeued = await run_in_threadpool(services.upkeep.lose_lapsed_leases)
+            await run_in_threadpool(services.preemption.sweep)
             offline: list[str] = []
             if loop.time() >= next_recount:
                 next_recount = loop.time() + recount_every

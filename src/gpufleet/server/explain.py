@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.domain.owner import owner_reasons
@@ -21,11 +22,15 @@ from gpufleet.server.caps import Caps
 from gpufleet.server.fleet import Fleet, WorkerState
 from gpufleet.server.reads import Reads
 from gpufleet.server.views import owner_state
-from gpufleet.store import JobRow, JobStore
+from gpufleet.store import JobRow, JobStore, PreemptionStore
 
 # Jobs ahead a position counts, at most: each is read and matched, so a job deep in a
 # long queue would cost ``why`` time in proportion (bench/growth.py).
 AHEAD = 1_000
+
+
+class ExplainStore(JobStore, PreemptionStore, Protocol):
+    """What ``why`` reads: jobs, and the jobs making way for one."""
 
 
 class Explain:
@@ -33,7 +38,7 @@ class Explain:
 
     def __init__(
         self,
-        store: JobStore,
+        store: ExplainStore,
         reads: Reads,
         fleet: Fleet,
         prefer_cuda_grace: float,
@@ -151,7 +156,15 @@ class Explain:
             return "no registered worker could ever run this job"
         if capped is not None:
             return f"held back by a cap: {capped}"
-        return "waiting: every worker that could run it is busy, reserved, draining or offline"
+        busy = "waiting: every worker that could run it is busy, reserved, draining or offline"
+        return busy + self._making_way(job)
+
+    def _making_way(self, job: JobRow) -> str:
+        """What a job preempted for ``job`` is doing, if it still runs: making way."""
+        for v in self.store.preempted_for(job.id, 1):
+            if v.status.active and v.preempt_requested_at is not None:
+                return f"; job {v.id} ({v.name}) is making way for it (preempted)"
+        return ""
 
 
 def _owner_why(s: WorkerState, job: JobRow) -> list[str]:

@@ -30,6 +30,7 @@ from gpufleet.store import (
     FleetStore,
     JobRow,
     JobStore,
+    PreemptionStore,
     Transaction,
     WorkerRow,
     json_columns,
@@ -53,7 +54,7 @@ def printable(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
-class LeaseStore(JobStore, EventStore, FleetStore, Protocol):
+class LeaseStore(JobStore, EventStore, FleetStore, PreemptionStore, Protocol):
     """What the lease protocol writes: jobs and their attempts, and their event logs (and
     reads of the fleet: what memory a machine has, after an attempt ran out of it)."""
 
@@ -181,7 +182,13 @@ class Leases:
             self.fleet.forget(w.id)
         if req.environments is not None or req.pythons is not None:
             self.dispatch.refresh_waiting(w.id)
-        orders = _orders(req.leases, held, self.store.stops(held), self.store.pausing(held))
+        orders = _orders(
+            req.leases,
+            held,
+            self.store.stops(held),
+            self.store.pausing(held),
+            self.store.preempting(held),
+        )
         drain_in = None if w.drain_by is None else max(0.0, w.drain_by - self.clock())
         return HeartbeatResponse(orders=orders, drain=w.drain, drain_in=drain_in)
 
@@ -326,7 +333,8 @@ class Leases:
         change = lifecycle.release(job, now, why, self.settings.max_losses, owner)
         if self.store.release(change) is None:
             return False
-        self.metrics.ended(change.status.value, job, now, "released")
+        why = "preempted" if change.event is lifecycle.Event.PREEMPT else "released"
+        self.metrics.ended(change.status.value, job, now, why)
         self.notices.written(job.id)
         return True
 
@@ -374,16 +382,19 @@ def _orders(
     held: Collection[tuple[str, int]],
     stops: Mapping[str, float],
     pausing: Collection[str] = (),
+    preempting: Collection[str] = (),
 ) -> list[LeaseOrder]:
     """What a heartbeat tells its worker of each lease it named: cancel one it no longer
-    holds, vacate one asked to pause, stop (with the grace) one asked to stop, else
-    continue."""
+    holds, vacate one asked to pause or to make way for a job of a higher priority, stop
+    (with the grace) one asked to stop, else continue."""
     orders = []
     for r in leases:
         if (r.job_id, r.attempt) not in held:
             orders.append(LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="cancel"))
         elif r.job_id in pausing:
             orders.append(LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="pause"))
+        elif r.job_id in preempting:
+            orders.append(LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="preempt"))
         elif r.job_id in stops:
             orders.append(
                 LeaseOrder(job_id=r.job_id, attempt=r.attempt, order="stop", grace=stops[r.job_id])

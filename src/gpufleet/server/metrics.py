@@ -74,7 +74,8 @@ class Metrics:
         )
         self.requeues = Counter(
             "gpufleet_requeues",
-            "Jobs put back in the queue, by reason (retry, lease_lost, released, operator)",
+            "Jobs put back in the queue, by reason (retry, lease_lost, released, preempted, "
+            "operator)",
             ["reason"],
             registry=r,
         )

@@ -8,6 +8,8 @@
   the worker holding the attempt (its token, the attempt's secret);
 - :class:`~gpufleet.server.upkeep.Upkeep`: the sweep, and the leases a worker gives up as
   it leaves, registers again or loses its token;
+- :class:`~gpufleet.server.preemption.Preemption`: the sweep's preemption duty (a running
+  job asked to make way for a waiting one of a higher priority);
 - :class:`~gpufleet.server.notices.Notices`: followers and polls told of a write (once
   its transaction has committed, for one made through a transaction);
 - :class:`~gpufleet.server.fleet.Fleet`: workers' lives, host policies, drain;
@@ -44,6 +46,7 @@ from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.leases import Leases
 from gpufleet.server.metrics import Metrics
 from gpufleet.server.notices import Notices
+from gpufleet.server.preemption import Preemption
 from gpufleet.server.reads import Reads
 from gpufleet.server.retention import Retention
 from gpufleet.server.settings import QueueSettings
@@ -105,7 +108,19 @@ class Services:
         self.holders = Holders(store, self.fleet, self.leases, self.dispatch.secrets, clock)
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
         self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
-        self.retention = Retention(store, settings, clock)
+        self._duties(settings, clock, on_event)
+
+    def _duties(
+        self, settings: QueueSettings, clock: Callable[[], float], on_event: OnEvent
+    ) -> None:
+        """The sweep's periodic duties besides leases: retention and preemption."""
+        self.retention = Retention(self.store, settings, clock)
+        grace = settings.prefer_cuda_grace
+        self.preemption = Preemption(
+            self.store, self.fleet, self.sharing, self.notices, clock, on_event, grace
+        )
+        # A job a cap holds back could not take the slot a preemption frees: none.
+        self.preemption.held_back = self.caps.holds_back
 
     def _share(self, rules: SharingRules) -> None:
         """The sharing rules, and the services that apply them: fair share and caps (and

@@ -201,6 +201,43 @@ class UsageStore(Protocol):
     def prune_usage(self, before: float) -> int: ...
 
 
+@dataclass(frozen=True)
+class Preempt:
+    """A running job (``victim`` on lease ``lease``) asked to make way for the waiting job
+    ``by``: what each one's event log says of it (``why``: the victim's, ``said``: the
+    waiting job's)."""
+
+    victim: str
+    lease: int
+    by: str
+    why: str
+    said: str
+
+
+class PreemptionStore(Protocol):
+    """Preemption: the waiting jobs that may preempt, a victim marked (once), and which
+    of a worker's leases are to be vacated for it."""
+
+    def preemptors(self, pool: str, min_priority: int, since: float, limit: int) -> list[JobRow]:
+        """The pending jobs of ``pool`` (dependencies met) of priority ``min_priority``
+        or more, claimable since ``since`` or earlier, in claim order."""
+        ...
+
+    def request_preempt(self, ask: Preempt, now: float) -> bool:
+        """Mark ``ask.victim`` as asked to make way (only if it still runs on that lease,
+        is asked nothing else, and ``ask.by`` still waits with no other job making way
+        for it), and say so in both jobs' event logs; whether it took."""
+        ...
+
+    def preempting(self, leases: Iterable[tuple[str, int]]) -> set[str]:
+        """Of these leases, the jobs asked to make way for a waiting job."""
+        ...
+
+    def preempted_for(self, job_id: str, limit: int) -> list[JobRow]:
+        """The jobs whose latest preemption freed a slot for ``job_id``, latest first."""
+        ...
+
+
 class JobStore(Protocol):
     """Jobs and leases: submit and apply, start, extend, finish, release, lose, cancel,
     requeue, stop, and what is read of jobs and attempts (a claim is :class:`ClaimStore`'s)."""
@@ -401,6 +438,7 @@ class ClaimStore(Protocol):
 
 class InTransaction(
     JobStore,
+    PreemptionStore,
     EventStore,
     FleetStore,
     AccessStore,
@@ -444,6 +482,7 @@ class Store(
     JobStore,
     ClaimStore,
     UsageStore,
+    PreemptionStore,
     EventStore,
     FleetStore,
     AccessStore,

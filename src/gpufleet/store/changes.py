@@ -47,7 +47,9 @@ class NamedChanges(ABC):
 
     def release(self, change: Change) -> Applied | None:
         """The worker hands the job back (``lifecycle.release``)."""
-        return self._checked(change, {Event.RELEASE, Event.FAIL, Event.LOSE_FINAL, Event.PAUSE})
+        return self._checked(
+            change, {Event.RELEASE, Event.FAIL, Event.LOSE_FINAL, Event.PAUSE, Event.PREEMPT}
+        )
 
     def lose(self, change: Change) -> Applied | None:
         """An expired lease is lost (``lifecycle.lose``): only if it is expired still."""

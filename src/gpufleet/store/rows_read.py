@@ -69,6 +69,9 @@ class JobRow:
     pause_requested_at: float | None = None  # `gpufleet pause`, while it is carried out
     raised: str | None = None  # why a requirement was raised after an out-of-memory, JSON
     owner: str = ""  # the submitting token's name: the user charged for what it runs
+    preempt_requested_at: float | None = None  # asked to make way, while carried out
+    preempted_at: float | None = None  # when it was last preempted (its protection)
+    preempted_by: str | None = None  # the job it last made way for
 
     @cached_property
     def spec(self) -> JobSpec:

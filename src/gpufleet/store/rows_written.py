@@ -93,6 +93,16 @@ def pause_event(job_id: str, attempt: int, by: str | None, now: float) -> dict[s
     return state_row(job_id, attempt, record, now)
 
 
+def preempt_events(
+    victim: str, lease: int, by: str, by_lease: int, why: str, said: str, now: float
+) -> list[dict[str, Any]]:
+    """The records a preemption leaves: in the victim's log (still running, being
+    vacated, ``why``) and in the waiting job's (``said``: which job makes way for it)."""
+    mine = lifecycle.state_record("running", "preempting", lease, None, why)
+    theirs = lifecycle.state_record("pending", "preempting", by_lease, None, said)
+    return [state_row(victim, lease, mine, now), state_row(by, by_lease, theirs, now)]
+
+
 def metered(
     lines: Sequence[tuple[str, str]],
     attempt: Mapping[str, Any],

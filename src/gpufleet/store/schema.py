@@ -81,6 +81,12 @@ jobs = Table(
     # The name of the token that submitted it (its user), charged for what it runs and
     # ranked by that user's fair share (0018); "" without a token.
     Column("owner", String(200), nullable=False, default="", server_default=""),
+    # Preemption (0019): when it was asked to make way for a waiting job (cleared once its
+    # worker handed it back), when it was last preempted (its protection runs from then)
+    # and by which job.
+    Column("preempt_requested_at", Float),
+    Column("preempted_at", Float),
+    Column("preempted_by", String(64)),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -115,6 +121,13 @@ Index(
     jobs.c.status,
     sqlite_where=jobs.c.target.is_not(None),
     postgresql_where=jobs.c.target.is_not(None),
+)
+# A job's detail names the jobs it preempted (0019). Partial: few jobs were ever preempted.
+Index(
+    "ix_jobs_preempted_by",
+    jobs.c.preempted_by,
+    sqlite_where=jobs.c.preempted_by.is_not(None),
+    postgresql_where=jobs.c.preempted_by.is_not(None),
 )
 
 attempts = Table(

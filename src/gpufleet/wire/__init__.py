@@ -114,6 +114,7 @@ from gpufleet.wire._kept import (
     Restored,
 )
 from gpufleet.wire._owner import ForeignProcessModel, OwnerStateModel
+from gpufleet.wire._preemption import JobRef, PreemptionOut
 from gpufleet.wire._sharing import UsageOut, UsageRow
 
 __all__ = [
@@ -166,6 +167,7 @@ __all__ = [
     "InputModel",
     "JobDetail",
     "JobOut",
+    "JobRef",
     "JobSpecModel",
     "JobState",
     "JobStatus",
@@ -183,6 +185,7 @@ __all__ = [
     "Name",
     "OwnerStateModel",
     "PoolName",
+    "PreemptionOut",
     "RelPath",
     "ReleaseRequest",
     "ReportBatch",

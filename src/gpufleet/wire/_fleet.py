@@ -318,7 +318,9 @@ class HeartbeatRequest(Strict):
 class LeaseOrder(Wire):
     job_id: str
     attempt: int
-    order: Literal["continue", "cancel", "stop", "pause"]
+    # "pause" and "preempt" both vacate the job (grace signal, checkpoint, handed back);
+    # the server decides where it goes then (held, or back in the queue).
+    order: Literal["continue", "cancel", "stop", "pause", "preempt"]
     grace: float | None = Field(
         None, description="stop: seconds after SIGINT before SIGTERM, then SIGKILL"
     )

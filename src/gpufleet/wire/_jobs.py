@@ -44,6 +44,7 @@ from gpufleet.wire._kept import (
     CheckpointOut,
     Restored,
 )
+from gpufleet.wire._preemption import PreemptionOut
 
 # ---- jobs -------------------------------------------------------------------------------
 
@@ -283,6 +284,7 @@ class JobSpecModel(Strict):
     grace_period: float = Field(
         GRACE_SECONDS, ge=0, le=MOST_GRACE, description="seconds from it to SIGKILL"
     )
+    preemptible: bool = Field(False, description="a higher-priority job may preempt it")
 
     @model_validator(mode="after")
     def _exit_codes(self) -> JobSpecModel:
@@ -488,6 +490,7 @@ class JobDetail(JobOut):
         description="the [hosts.NAME] declaration of the worker it runs on (or, pending, "
         "is aimed at), when a manifest declared one",
     )
+    preemption: PreemptionOut | None = Field(None, description="who preempted whom")
 
 
 class SubmitResult(Wire):

@@ -61,6 +61,8 @@ from gpufleet.worker.workdirs import job_dir_name
 PROGRESS_DIR = ".progress"
 SPILL = ".unsent-output"  # under the work dir: output held while the server is away
 #: Where a job with an environment installs packages at run time: in its own folder.
+# Jobs stopped to free their slot, handed back rather than reported as ended.
+VACATED = (StopReason.DRAIN, StopReason.PAUSE, StopReason.OWNER, StopReason.PREEMPT)
 JOB_SITE = "GPUFLEET_JOB_SITE"
 JOB_SITE_DIR = ".site-packages"
 
@@ -197,6 +199,9 @@ class JobRunner:
         elif order.order == "pause" and not run.killing:
             say(f"job {order.job_id}: paused by its owner; vacating it")
             self.stopper.vacate(run, StopReason.PAUSE)
+        elif order.order == "preempt" and not run.killing:
+            say(f"job {order.job_id}: preempted by a job of a higher priority; vacating it")
+            self.stopper.vacate(run, StopReason.PREEMPT)
 
     def fence(self, lease: float) -> None:
         """Stop each job whose lease (``lease`` seconds) this worker has not seen renewed
@@ -489,7 +494,7 @@ class JobRunner:
                 await self.uploads.flush(run)
             except ServerUnavailable:  # the result matters more than the last lines
                 say(f"job {lease.job_id}: dropped {run.backlog.clear()} unsent log lines")
-            if run.stop_reason in (StopReason.DRAIN, StopReason.PAUSE, StopReason.OWNER):
+            if run.stop_reason in VACATED:
                 await self._hand_back(lease, run.stop_reason)
                 return
             body = FinishRequest(
@@ -510,12 +515,13 @@ class JobRunner:
             say(f"job {lease.job_id}: result refused ({exc.message})")
 
     async def _hand_back(self, lease: Lease, why: StopReason) -> None:
-        """A vacated job goes back to the queue (drained, or for the workstation's owner)
-        or is held (paused), its attempt not counted."""
+        """A vacated job goes back to the queue (drained, preempted, or for the
+        workstation's owner) or is held (paused), its attempt not counted."""
         said = {
             StopReason.DRAIN: "drained",
             StopReason.PAUSE: "vacated it for a pause",
             StopReason.OWNER: "vacated for the workstation's owner",
+            StopReason.PREEMPT: "vacated it for a job of a higher priority",
         }[why]
         body = ReleaseRequest(
             attempt=lease.attempt,

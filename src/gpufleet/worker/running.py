@@ -40,6 +40,7 @@ class StopReason(enum.Enum):
     STOP = "stop"  # asked to finish early (`gpufleet stop`): it keeps its outputs
     PAUSE = "pause"  # `gpufleet pause`: vacated (grace signal, checkpoint), then held
     OWNER = "owner"  # the workstation's owner came back (or yielded it): vacated, requeued
+    PREEMPT = "preempt"  # making way for a job of a higher priority: vacated, queued again
 
 
 @dataclass(frozen=True)

@@ -352,6 +352,8 @@ async function jobPage(main, ref) {
       ...row("finished", when(job.finished_at)),
       ...row("exit code", job.exit_code === null ? "" : String(job.exit_code)),
       ...row("error", job.error || ""),
+      ...row("preempted by", preemptedBy(job)),
+      ...row("preempted", ((job.preemption || {}).preempted || []).map(jobRef).join("; ")),
       ...Object.entries(job.metrics || {}).flatMap(([k, v]) => row(k, fmt(v))));
     const p = job.progress;
     progress.replaceChildren();
@@ -381,6 +383,14 @@ async function jobPage(main, ref) {
       ? h("p", {}, h("a", { href: "/v1/blobs/" + enc(job.artifact.sha256), download: job.name + "-attempt" + job.artifact.attempt + ".tar.zst", id: "artifact-link" }, "Download the outputs"),
         " (" + job.artifact.file_count + " files, " + bytes(job.artifact.bytes) + " unpacked, " + bytes(job.artifact.size) + " archived)")
       : h("p", { class: "muted" }, ["succeeded", "failed", "cancelled"].includes(job.status) ? "No outputs were kept." : "Outputs are kept when the job ends."));
+  };
+
+  // Who preempted whom (text only: h() sets it as text, never as markup).
+  const jobRef = (r) => "job " + r.job_id + " (" + r.name + "; " + (r.owner ? r.owner + ", " : "") + "priority " + r.priority + ") " + when(r.at);
+  const preemptedBy = (j) => {
+    const p = j.preemption;
+    if (!p || !p.by) return "";
+    return jobRef(p.by) + (p.requested_at && ["claimed", "running"].includes(j.status) ? " (its worker vacates it now)" : "");
   };
 
   const renderWhy = async () => {

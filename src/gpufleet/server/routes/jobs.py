@@ -153,7 +153,9 @@ def show_job(ref: str, request: Request, caller: Reader) -> JobDetail:
     host = q.fleet.declaration_for(job.worker_id or job.target)
     who = q.reads.token_name(job.submitted_by)
     snaps = [r.snapshot() for r in q.checkpoints.of(job)] if job.spec.checkpoint_dir else []
-    return views.job_detail(job, _names(request), attempts, artifact, deps, host, who, snaps)
+    detail = views.job_detail(job, _names(request), attempts, artifact, deps, host, who, snaps)
+    detail.preemption = q.preemption.shown(job)
+    return detail
 
 
 @router.get("/jobs/{ref}/artifact", response_model=ArtifactOut, tags=["jobs"])

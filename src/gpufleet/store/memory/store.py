@@ -38,6 +38,7 @@ from gpufleet.store.memory.checkpoints import MemoryCheckpoints
 from gpufleet.store.memory.data import MemoryData
 from gpufleet.store.memory.events import MemoryEvents
 from gpufleet.store.memory.fleet import MemoryFleet
+from gpufleet.store.memory.preemption import MemoryPreemption
 from gpufleet.store.memory.tables import defaults
 from gpufleet.store.memory.usage import MemoryUsage
 from gpufleet.store.rows_read import AttemptRow, JobRow, WorkerRow
@@ -161,6 +162,7 @@ class MemoryStore(
     MemoryAccess,
     MemoryData,
     MemoryCheckpoints,
+    MemoryPreemption,
     MemoryEvents,
     MemoryUsage,
     NamedChanges,

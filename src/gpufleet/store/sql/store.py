@@ -38,6 +38,7 @@ from gpufleet.store.sql.events import EventOps
 from gpufleet.store.sql.fleet import FleetOps
 from gpufleet.store.sql.jobs import JobOps
 from gpufleet.store.sql.leases import LeaseOps
+from gpufleet.store.sql.preemption import PreemptionOps
 from gpufleet.store.unit import UnitOfWork
 
 _MIGRATIONS = Path(__file__).parent.parent / "migrations"
@@ -63,6 +64,7 @@ class SqlStore(
     EnvironmentOps,
     JobOps,
     LeaseOps,
+    PreemptionOps,
     EventOps,
 ):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""

@@ -4,14 +4,14 @@ processes on its GPUs, the owner's GPUs); an attempt vacated for the owner has t
 "owner" (``attempts.cause`` holds it already).
 
 Revision ID: 0020
-Revises: 0018 (the lead puts it after 0019 when the branches meet)
+Revises: 0019
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0020"
-down_revision = "0018"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 

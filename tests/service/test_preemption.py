@@ -1,0 +1,165 @@
+"""``server/preemption.py``: the sweep's preemption duty, on the memory store and a fake
+clock. A waiting job of a high enough priority that has waited ``min_wait`` takes the
+slot of the lowest-ranked running job that allows it: the victim is marked once, its
+worker is told "preempt" at its heartbeat, and the job it hands back is pending again,
+counted in neither budget and protected from a second preemption for a while.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gpufleet.domain.models import JobStatus
+from gpufleet.domain.sharing import Preemption, Share, Sharing
+from gpufleet.server.blobs import BlobService
+from gpufleet.server.services import Services
+from gpufleet.store import Store
+from gpufleet.wire import HeartbeatRequest, Lease, LeaseRef
+from tests.queue_steps import SETTINGS, FakeClock, claim, job, orders, register, spec
+
+RULES = Sharing(preemption=Preemption(enabled=True, min_priority=5, min_wait=60, protection=600))
+
+
+def running(q: Services, name: str, **kw: object) -> Lease:
+    """A job submitted, claimed and started by a new one-slot CPU worker ``name``."""
+    w = register(q, name)
+    q.submission.submit(spec(f"job-on-{name}", **kw))
+    lease = claim(q, w)
+    q.leases.start(lease.job_id, lease.attempt)
+    return lease
+
+
+def beat(q: Services, lease: Lease, worker_id: str) -> str:
+    ref = LeaseRef(job_id=lease.job_id, attempt=lease.attempt)
+    return orders(q.leases.heartbeat(worker_id, HeartbeatRequest(leases=[ref])))[lease.job_id]
+
+
+def states(store: Store, job_id: str) -> list[dict[str, object]]:
+    return [json.loads(r.line) for r in store.logs(job_id, 0, 1000) if r.stream == "state"]
+
+
+def test_a_waiting_job_preempts_after_its_wait_and_the_victim_goes_back_uncounted(
+    store: Store, queue: Services, clock: FakeClock
+) -> None:
+    queue.sharing.set(RULES)
+    low = running(queue, "box", preemptible=True)
+    urgent = queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(59)
+    assert queue.preemption.sweep() == [], "it has not waited min_wait yet"
+    clock.advance(1)
+    assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
+    assert queue.preemption.sweep() == [], "one victim at a time"
+    summary = queue.explain.why(urgent.id)[1]
+    assert f"job {low.job_id} (job-on-box) is making way for it (preempted)" in summary
+    victim = job(store, low.job_id)
+    assert victim.status is JobStatus.RUNNING and victim.preempted_by == urgent.id
+    w = victim.worker_id
+    assert w is not None and beat(queue, low, w) == "preempt"
+    said = states(store, low.job_id)[-1]
+    assert said["event"] == "preempting"
+    assert f"preempted by job {urgent.id} (no owner, priority 10)" in str(said["why"])
+    assert f"preempted job {low.job_id}" in str(states(store, urgent.id)[-1]["why"])
+
+    back = queue.leases.release(low.job_id, low.attempt, "worker box vacated it")
+    assert back.status is JobStatus.PENDING
+    assert (back.attempts, back.losses, back.preempt_requested_at) == (0, 0, None)
+    assert store.attempts(low.job_id)[-1].cause == "preempted"
+    got = claim(queue, queue.fleet.worker(w))
+    assert got.job_id == urgent.id, "the slot goes to the job that preempted"
+
+
+def test_no_preemption_of_a_job_that_does_not_allow_it_or_ranks_as_high(
+    queue: Services, clock: FakeClock
+) -> None:
+    queue.sharing.set(RULES)
+    running(queue, "a")  # not preemptible
+    running(queue, "b", preemptible=True, priority=10)  # as high as the waiting job
+    queue.submission.submit(spec("urgent", priority=10))
+    queue.submission.submit(spec("not-urgent-enough", priority=4))
+    clock.advance(120)
+    assert queue.preemption.sweep() == []
+
+
+def test_a_job_held_back_by_a_cap_preempts_nobody(queue: Services, clock: FakeClock) -> None:
+    queue.sharing.set(RULES)
+    low = running(queue, "box", preemptible=True)
+    urgent = queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(60)
+    queue.preemption.held_back = lambda j: (
+        "alice holds 4 of her 4 GPUs" if j.id == urgent.id else None
+    )
+    assert queue.preemption.sweep() == []
+    queue.preemption.held_back = lambda j: None
+    assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
+
+
+def test_a_pool_s_policy_allows_preemption_and_the_lowest_newest_job_goes(
+    queue: Services, clock: FakeClock
+) -> None:
+    queue.sharing.set(
+        Sharing(preemption=RULES.preemption, pools={"default": Share(preemptible=True)})
+    )
+    running(queue, "old", priority=1)
+    clock.advance(10)
+    newer = running(queue, "new", priority=1)
+    running(queue, "mid", priority=2)
+    urgent = queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(60)
+    assert queue.preemption.sweep() == [(newer.job_id, urgent.id)]
+
+
+def test_a_preempted_job_is_protected_for_its_protection_time(
+    store: Store, queue: Services, clock: FakeClock
+) -> None:
+    queue.sharing.set(RULES)
+    low = running(queue, "box", preemptible=True)
+    first = queue.submission.submit(spec("first", priority=10))
+    clock.advance(60)
+    assert queue.preemption.sweep() == [(low.job_id, first.id)]
+    box = queue.fleet.worker(job(store, low.job_id).worker_id or "")
+    queue.leases.release(low.job_id, low.attempt, "vacated")
+    assert claim(queue, box).job_id == first.id
+    again = claim(queue, register(queue, "second"))
+    assert again.job_id == low.job_id
+    queue.leases.start(again.job_id, again.attempt)
+    second = queue.submission.submit(spec("second", priority=10))
+    clock.advance(599)  # 599 s after the first preemption
+    assert queue.preemption.sweep() == [], "protected"
+    clock.advance(1)
+    assert queue.preemption.sweep() == [(low.job_id, second.id)]
+
+
+def test_no_preemption_when_a_slot_comes_free_within_the_grace_period(
+    queue: Services, clock: FakeClock
+) -> None:
+    queue.sharing.set(RULES)
+    running(queue, "low", preemptible=True, grace_period=30.0)
+    running(queue, "ending", priority=20, timeout=100.0)
+    urgent = queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(75)  # the job with a timeout ends within 25 s: within the grace period
+    assert queue.preemption.sweep() == []
+    ending_later = running(queue, "later", priority=20, timeout=1000.0)
+    queue.leases.release(ending_later.job_id, ending_later.attempt, "gone")  # a free slot...
+    assert queue.preemption.sweep() == [], "...which the waiting job can take now"
+    assert urgent.id
+
+
+def test_preemption_is_off_without_the_rules_and_is_audited_with_them(
+    store: Store, clock: FakeClock, blobs: BlobService
+) -> None:
+    events: list[tuple[str, str, str]] = []
+    q = Services(
+        store,
+        SETTINGS,
+        blobs,
+        clock=lambda: clock.now,
+        on_event=lambda event, target, detail, token: events.append((event, target, detail)),
+    )
+    low = running(q, "box", preemptible=True)
+    urgent = q.submission.submit(spec("urgent", priority=10))
+    clock.advance(3600)
+    assert q.preemption.sweep() == [], "no [preemption] in the rules: off"
+    q.sharing.set(RULES)
+    assert q.preemption.sweep() == [(low.job_id, urgent.id)]
+    [(_, target, detail)] = [e for e in events if e[0] == "job.preempted"]
+    assert target == low.job_id and f"preempted by job {urgent.id}" in detail
