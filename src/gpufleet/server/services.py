@@ -16,7 +16,9 @@
 - :class:`~gpufleet.server.explain.Explain`: why a job waits;
 - :class:`~gpufleet.server.reads.Reads`: what clients read;
 - :class:`~gpufleet.server.environments.EnvLocks`: the fleet-wide locks of job
-  environments.
+  environments;
+- :class:`~gpufleet.server.hooks.Webhooks` and :class:`~gpufleet.server.hooksend.Sender`:
+  webhooks made, and their deliveries sent.
 
 Routes call these and never the store. The store only persists; the lifecycle table in
 :mod:`gpufleet.domain.lifecycle` decides every status change and
@@ -38,6 +40,8 @@ from gpufleet.server.environments import EnvLocks
 from gpufleet.server.explain import Explain
 from gpufleet.server.fleet import Fleet, OnEvent, no_event
 from gpufleet.server.holders import Holders
+from gpufleet.server.hooks import Webhooks
+from gpufleet.server.hooksend import Sender
 from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.leases import Leases
 from gpufleet.server.metrics import Metrics
@@ -104,6 +108,8 @@ class Services:
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
         self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)
+        self.webhooks = Webhooks(store, settings, self.sharing, clock)
+        self.hook_sender = Sender(store, self.webhooks, clock)
 
     def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
         """A unit of work (:meth:`Store.transaction`): the services bound to it

@@ -104,6 +104,7 @@ from gpufleet.wire._jobs import (
     StderrTail,
     SubmitResult,
 )
+from gpufleet.wire._hooks import WebhookCreate, WebhookCreated, WebhookOut
 from gpufleet.wire._kept import (
     ArtifactAttach,
     ArtifactFile,
@@ -205,6 +206,9 @@ __all__ = [
     "TokenOut",
     "UploadCreate",
     "UploadOut",
+    "WebhookCreate",
+    "WebhookCreated",
+    "WebhookOut",
     "WhoAmI",
     "WhyOut",
     "WhyWorker",

@@ -2,7 +2,7 @@
 
 ``jobs`` (jobs, manifests, fleet status, tokens, audit), ``workers`` (the fleet and the
 worker protocol), ``blobs`` (blobs and upload sessions), ``environments`` (environment
-locks), ``events`` (event streams), ``metrics`` (``/metrics``) and ``dashboard`` (the web
+locks), ``events`` (event streams), ``hooks`` (webhooks), ``metrics`` (``/metrics``) and ``dashboard`` (the web
 dashboard and sign-in). :func:`gpufleet.server.app.create_app` includes every router.
 
 Routes check who may call them, parse and answer; the work is done by the services
@@ -10,6 +10,15 @@ Routes check who may call them, parse and answer; the work is done by the servic
 import-linter contract in ``pyproject.toml``).
 """
 
-from gpufleet.server.routes import blobs, dashboard, environments, events, jobs, metrics, workers
+from gpufleet.server.routes import (
+    blobs,
+    dashboard,
+    environments,
+    events,
+    hooks,
+    jobs,
+    metrics,
+    workers,
+)
 
-__all__ = ["blobs", "dashboard", "environments", "events", "jobs", "metrics", "workers"]
+__all__ = ["blobs", "dashboard", "environments", "events", "hooks", "jobs", "metrics", "workers"]

@@ -38,6 +38,7 @@ from gpufleet.store.sql.events import EventOps
 from gpufleet.store.sql.fleet import FleetOps
 from gpufleet.store.sql.jobs import JobOps
 from gpufleet.store.sql.leases import LeaseOps
+from gpufleet.store.sql.webhooks import WebhookOps
 from gpufleet.store.unit import UnitOfWork
 
 _MIGRATIONS = Path(__file__).parent.parent / "migrations"
@@ -64,6 +65,7 @@ class SqlStore(
     JobOps,
     LeaseOps,
     EventOps,
+    WebhookOps,
 ):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
