@@ -53,7 +53,7 @@ def receiver(path: str = "/hook/T0KEN-in-path") -> Iterator[Receiver]:
     box: list[Receiver] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             r = box[0]
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             r.got.append(Got(time.time(), dict(self.headers.items()), body))

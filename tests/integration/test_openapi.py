@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from gpufleet.server.routes import blobs, dashboard, environments, events, jobs, metrics, workers
+from gpufleet.server.routes import (
+    blobs,
+    dashboard,
+    environments,
+    events,
+    hooks,
+    jobs,
+    metrics,
+    workers,
+)
 from tests.integration.helpers import TESTCLIENT_ON_HTTPX
 
 if TYPE_CHECKING:
@@ -31,6 +40,9 @@ EXPECTED = {
     ("POST", "/v1/manifests"),
     ("GET", "/v1/status"),
     ("POST", "/v1/tokens"),
+    ("POST", "/v1/webhooks"),
+    ("GET", "/v1/webhooks"),
+    ("DELETE", "/v1/webhooks/{hook_id}"),
     ("GET", "/v1/tokens"),
     ("DELETE", "/v1/tokens/{token_id}"),
     ("POST", "/v1/tokens/{token_id}/rotate"),
@@ -115,6 +127,7 @@ def test_app_serves_every_router(app: FastAPI) -> None:
             + list(blobs.router.routes)
             + list(environments.router.routes)
             + list(events.router.routes)
+            + list(hooks.router.routes)
             + list(metrics.router.routes)
             + list(dashboard.router.routes)
         )

@@ -5,6 +5,7 @@ backoff while the server's other calls keep their pace."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -168,7 +169,9 @@ def test_end_failure_and_preemption_are_delivered_signed(
 ) -> None:
     wid = register(client, worker, "box")["id"]
     with receiver() as r:
-        made = _hook(client, alice, url=r.url, secret=SECRET, events=["succeeded", "failed", "preempted"])
+        made = _hook(
+            client, alice, url=r.url, secret=SECRET, events=["succeeded", "failed", "preempted"]
+        )
         assert made.status_code == 201, made.text
         ok = submit(client, alice, name="good")
         assert _end(client, worker, wid, 0) == ok
@@ -201,7 +204,7 @@ def test_a_failing_receiver_is_retried_with_backoff(
         got = r.wait(3, 20)
         r.mode = "ok"
         got = r.wait(4, 20)
-    gaps = [b.at - a.at for a, b in zip(got, got[1:], strict=False)]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(got)]
     assert gaps[0] >= 0.14 and gaps[1] >= 0.29 and gaps[2] >= 0.59, gaps  # doubling, jittered
     assert len({g.body for g in got}) == 1  # the same body each time
 

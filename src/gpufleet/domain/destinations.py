@@ -119,7 +119,9 @@ class Allowed:
                 if not _is_host_name(entry):
                     raise ValueError(f"{entry!r} is not a host name, address or network") from None
                 hosts.add(entry.lower().rstrip("."))
-        return cls(tuple(networks), frozenset(hosts), frozenset(own_ports), frozenset(own_addresses))
+        return cls(
+            tuple(networks), frozenset(hosts), frozenset(own_ports), frozenset(own_addresses)
+        )
 
     def name_refusal(self, host: str) -> str | None:
         """Why a host name is refused before it is resolved (a metadata name), or None."""

@@ -154,7 +154,7 @@ def delay(tried: int, jitter: float, base: float = BASE_DELAY) -> float | None:
     doubled base, so receivers that failed together are not tried together."""
     if tried >= TRIES:
         return None
-    return base * 2 ** (tried - 1) * (0.5 + jitter)
+    return float(base * 2 ** (tried - 1) * (0.5 + jitter))
 
 
 def parse_events(given: list[str] | None) -> tuple[str, ...]:

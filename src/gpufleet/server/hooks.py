@@ -14,12 +14,13 @@ list shows (:mod:`gpufleet.domain.webhooks`; delivery: :mod:`gpufleet.server.hoo
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
-from datetime import UTC, datetime
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 from gpufleet.domain.destinations import Address, Allowed, Refused, check_url, host_of, literal
@@ -61,10 +62,9 @@ def own_addresses(host: str) -> frozenset[Address]:
     bound = literal(host)
     if bound is not None:
         found.add(bound)
-    try:
+    # A host name that does not resolve: loopback and the bound address are refused anyway.
+    with contextlib.suppress(OSError):
         found.update(resolve(socket.gethostname(), 0))
-    except OSError:  # a host name that does not resolve: loopback is refused anyway
-        pass
     return frozenset(found)
 
 
@@ -209,7 +209,9 @@ class Webhooks:
         event = event_of(job.status.value, None)
         if event is None or event not in hook.events:
             return
-        self.store.add_deliveries([delivery(hook, event, facts(job, job.lease, None), self.clock())])
+        self.store.add_deliveries(
+            [delivery(hook, event, facts(job, job.lease, None), self.clock())]
+        )
 
     def visible(self, caller: Caller) -> list[WebhookRow]:
         """The webhooks ``caller`` sees: its own; an admin every one; an operator also
@@ -254,7 +256,7 @@ def view(hook: WebhookRow, secret: str | None = None) -> WebhookCreated:
     when given (the one the server made, once)."""
     return WebhookCreated(
         id=hook.id,
-        scope=hook.scope,  # type: ignore[arg-type]
+        scope=hook.scope,
         target=hook.target,
         host=host_of(hook.url),
         events=list(hook.events),

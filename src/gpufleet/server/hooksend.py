@@ -33,6 +33,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import httpx
 from starlette.concurrency import run_in_threadpool
@@ -57,7 +58,7 @@ BATCH = 500  # status changes read at a time
 KEEP = 7 * 86400.0  # sent and given-up deliveries are kept this long
 
 
-class SenderStore(HookStore, EventStore, UsageStore):
+class SenderStore(HookStore, EventStore, UsageStore, Protocol):
     """Webhooks and deliveries, the status changes and the jobs running now."""
 
 

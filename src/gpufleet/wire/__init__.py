@@ -83,6 +83,7 @@ from gpufleet.wire._fleet import (
     WorkerRegister,
     WorkerState,
 )
+from gpufleet.wire._hooks import WebhookCreate, WebhookCreated, WebhookOut
 from gpufleet.wire._jobs import (
     MOST_ENV_FILE,
     STDERR_TAIL_CHARS,
@@ -104,7 +105,6 @@ from gpufleet.wire._jobs import (
     StderrTail,
     SubmitResult,
 )
-from gpufleet.wire._hooks import WebhookCreate, WebhookCreated, WebhookOut
 from gpufleet.wire._kept import (
     ArtifactAttach,
     ArtifactFile,

@@ -57,7 +57,11 @@ class MemoryWebhooks(MemoryTables):
     def take_deliveries(self, now: float, limit: int, hold: float) -> list[DeliveryRow]:
         with self._lock:
             due = sorted(
-                (d for d in self.delivery_rows.values() if d.state == "pending" and d.next_at <= now),
+                (
+                    d
+                    for d in self.delivery_rows.values()
+                    if d.state == "pending" and d.next_at <= now
+                ),
                 key=lambda d: (d.next_at, d.id),
             )[:limit]
             for d in due:

@@ -9,8 +9,8 @@ its ``next_at`` and tries, and the cursor moves only from where it was read.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from sqlalchemy import delete, func, insert, select, update
 
@@ -93,8 +93,6 @@ class WebhookOps(SqlParts):
             return int(conn.execute(q).scalar() or 0)
 
     def prune_deliveries(self, before: float) -> int:
-        q = delete(t.webhook_deliveries).where(
-            (_D.state != "pending") & (_D.created_at < before)
-        )
+        q = delete(t.webhook_deliveries).where((_D.state != "pending") & (_D.created_at < before))
         with self._write() as conn:
             return int(conn.execute(q).rowcount)

@@ -45,9 +45,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("error", sa.String(300)),
     )
-    op.create_index(
-        "ix_webhook_deliveries_due", "webhook_deliveries", ["state", "next_at"]
-    )
+    op.create_index("ix_webhook_deliveries_due", "webhook_deliveries", ["state", "next_at"])
     op.create_table(
         "webhook_cursor",
         sa.Column("name", sa.String(32), primary_key=True),
