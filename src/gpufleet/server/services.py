@@ -108,8 +108,12 @@ class Services:
         self.upkeep = Upkeep(store, self.fleet, self.leases, self.notices, clock, on_event)
         self.env_locks = EnvLocks(store, blobs, self.holders, clock, on_event)
         self.retention = Retention(store, settings, clock)
-        self.webhooks = Webhooks(store, settings, self.sharing, clock)
-        self.hook_sender = Sender(store, self.webhooks, clock)
+        self.hook_sender = Sender(store, Webhooks(store, settings, self.sharing, clock), clock)
+
+    @property
+    def webhooks(self) -> Webhooks:
+        """Webhooks made, listed and removed (the sender's)."""
+        return self.hook_sender.hooks
 
     def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
         """A unit of work (:meth:`Store.transaction`): the services bound to it

@@ -16,6 +16,7 @@ class MemoryWebhooks(MemoryTables):
         self.delivery_rows: dict[int, DeliveryRow] = {}
         self.delivery_keys: set[str] = set()
         self.cursor: int | None = None
+        self.delivery_seq = 0
 
     def add_webhook(self, values: Mapping[str, object]) -> None:
         row: dict[str, Any] = dict(values)
@@ -49,7 +50,8 @@ class MemoryWebhooks(MemoryTables):
                 if row["key"] in self.delivery_keys:
                     continue
                 self.delivery_keys.add(row["key"])
-                row["id"] = len(self.delivery_keys)
+                self.delivery_seq += 1
+                row["id"] = self.delivery_seq
                 self.delivery_rows[row["id"]] = DeliveryRow(**row)
                 added += 1
         return added
@@ -87,5 +89,5 @@ class MemoryWebhooks(MemoryTables):
                 if d.state != "pending" and d.created_at < before
             ]
             for i in old:
-                del self.delivery_rows[i]
+                self.delivery_keys.discard(self.delivery_rows.pop(i).key)
             return len(old)

@@ -48,19 +48,19 @@ class WebhookOps(SqlParts):
     def move_webhook_cursor(self, old: int | None, new: int) -> bool:
         with self._write() as conn:
             if old is None:
-                stmt = self._insert(t.webhook_cursor).on_conflict_do_nothing()
-                return bool(conn.execute(stmt, {"name": CURSOR, "seq": new}).rowcount)
+                stmt = self._insert(t.webhook_cursor).on_conflict_do_nothing().returning(_C.seq)
+                return conn.execute(stmt, {"name": CURSOR, "seq": new}).first() is not None
             q = update(t.webhook_cursor).where((_C.name == CURSOR) & (_C.seq == old))
             return bool(conn.execute(q.values(seq=new)).rowcount)
 
     def add_deliveries(self, rows: Sequence[Mapping[str, object]]) -> int:
         if not rows:
             return 0
-        stmt = self._insert(t.webhook_deliveries).on_conflict_do_nothing()
+        stmt = self._insert(t.webhook_deliveries).on_conflict_do_nothing().returning(_D.id)
         added = 0
         with self._write() as conn:
-            for row in rows:  # one by one: a batch's rowcount is not every driver's sum
-                added += conn.execute(stmt, dict(row)).rowcount
+            for row in rows:  # one by one: what a skipped row returns is nothing
+                added += conn.execute(stmt, dict(row)).first() is not None
         return added
 
     def take_deliveries(self, now: float, limit: int, hold: float) -> list[DeliveryRow]:
