@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.exc import StatementError
 
 from gpufleet.store import schema as t
 from gpufleet.store.rows_read import DeliveryRow, WebhookRow
@@ -28,8 +29,12 @@ class WebhookOps(SqlParts):
     def add_webhook(self, values: Mapping[str, object]) -> None:
         row = dict(values)
         row["events"] = json.dumps(list(row["events"]))  # type: ignore[call-overload]
-        with self._write() as conn:
-            conn.execute(insert(t.webhooks), row)
+        try:
+            with self._write() as conn:
+                conn.execute(insert(t.webhooks), row)
+        except StatementError as exc:  # logged upstairs: never with the URL and secret
+            exc.hide_parameters = True
+            raise
 
     def webhooks(self) -> list[WebhookRow]:
         with self._read() as conn:
