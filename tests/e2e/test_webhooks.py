@@ -1,7 +1,8 @@
 """Webhooks with real ``gpufleet server`` and ``gpufleet worker`` processes: a receiver on
 loopback (allowed with ``--webhook-allow 127.0.0.1``) gets a job's end and failure,
-signed; one that answers 500 is tried again; ``submit --notify`` tells of one job; and the
-URL and secret appear in no answer and no line of the server's log. (A preemption's
+signed; one that answers 500 is tried again, by the server started again if the first
+stopped meanwhile; ``submit --notify`` tells of one job; and the URL and secret appear in
+no answer and no line of the server's log. (A preemption's
 delivery is shown in tests/integration/test_webhooks.py, at the service level: the
 preemption itself is another branch's.)"""
 
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 from gpufleet.client import verify_webhook
-from tests.e2e.conftest import Fleet
+from tests.e2e.conftest import Fleet, free_port, wait_for
 from tests.hook_receiver import receiver
 
 SECRET = "e2e-receiver-secret-0123456789abcdef"
@@ -87,3 +88,25 @@ def test_a_destination_the_server_refuses_is_named(fleet: Fleet) -> None:
         res = fleet.cli("webhooks", "add", bad, check=False)
         assert res.returncode != 0
         assert "url" in res.stderr and "refused" in res.stderr, res.stderr
+
+
+def test_a_delivery_due_when_the_server_stops_is_sent_after_it_starts(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.start_server("--webhook-allow", "127.0.0.1", "--port", str(free_port()))
+    fleet.start_worker("w1")
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET)
+    with receiver(PATH) as r:
+        fleet.cli("webhooks", "add", r.url, "--secret-file", str(secret_file))
+        r.mode = "500"
+        job = _submit(fleet, "good", "python", "-c", "pass")
+        fleet.wait_status(job, "succeeded")
+        r.wait(1, 20)  # tried once, answered 500: due again in 2 to 6 s
+        fleet.restart_server()
+        back = time.time()  # the first server is gone: what comes now, the second sent
+        r.mode = "ok"
+        wait_for(lambda: any(g.at >= back for g in r.got), 30, "the delivery after a restart")
+        got = [g for g in r.got if g.at >= back]
+    assert [g.data["gpufleet"]["job"] for g in got] == [job]
+    assert verify_webhook(SECRET, got[0].headers, got[0].body)

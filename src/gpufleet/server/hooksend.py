@@ -3,8 +3,9 @@
 Every half second it
 
 1. reads the fleet's status changes after its cursor (``job_logs``, the records the
-   fleet-wide event stream reads; the cursor is kept in the database) and writes a
-   delivery for each webhook an ending (or a preemption) concerns;
+   fleet-wide event stream reads, once they are ``SETTLE`` seconds old; the cursor is kept
+   in the database) and writes a delivery for each webhook an ending (or a preemption)
+   concerns; nothing at all while there is no webhook;
 2. every few seconds, writes a ``running_past`` delivery for each running job that has run
    longer than a webhook's ``running_past``;
 3. takes the deliveries that are due (as many as it has free senders) and sends them.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import random
@@ -56,6 +58,11 @@ HOLD = 60.0  # a taken delivery is due again after this if its server died sendi
 MAX_PENDING = 10_000
 BATCH = 500  # status changes read at a time
 KEEP = 7 * 86400.0  # sent and given-up deliveries are kept this long
+#: Seconds a status change is left before it is read: on PostgreSQL a record numbered
+#: earlier may commit later, and the cursor must not pass it unseen.
+SETTLE = 1.0
+#: Status changes that end no attempt and no job (the cause is not looked up).
+_NO_END = frozenset({"submit", "requeue", "resume", "stop", "pausing"})
 
 
 class SenderStore(HookStore, EventStore, UsageStore, Protocol):
@@ -133,7 +140,12 @@ class Sender:
         if cursor is None:  # history is not told
             self.store.move_webhook_cursor(None, self.store.last_seq())
             return 0
-        changes = self.store.state_events(cursor, BATCH)
+        settled = self.clock() - SETTLE
+        changes = list(
+            itertools.takewhile(
+                lambda c: c[0].ts <= settled, self.store.state_events(cursor, BATCH)
+            )
+        )
         if not changes:
             return 0
         rows = [row for log_row, _pool in changes for row in self._deliveries(hooks, log_row)]
@@ -147,7 +159,7 @@ class Sender:
             return []
         said = json.loads(record.line)
         status = str(said.get("status", ""))
-        if status in ("claimed", "running"):
+        if status in ("claimed", "running") or said.get("event") in _NO_END:
             return []
         cause = said.get("cause") or self._cause(record.job_id, record.attempt, status)
         event = event_of(status, cause)
