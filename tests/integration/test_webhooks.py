@@ -236,7 +236,8 @@ def test_a_hanging_receiver_costs_the_other_calls_nothing(
         p95 = took[int(len(took) * 0.95) - 1]
         # a send blocking the loop would hold a call for its 5 s time-out
         assert p95 < 0.5, (p95, len(took))
-        assert len(r.got) >= 8
+        got = r.wait(13, 20)  # 12 deliveries (3 webhooks, 4 jobs), and a try again
+    assert len({g.body for g in got}) == 4 and len(got) > 12
 
 
 def test_a_job_running_past_its_time_is_told_once(
