@@ -5,6 +5,7 @@ no answer for ``hang_for`` seconds)."""
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -48,8 +49,10 @@ class Receiver:
 
 
 @contextmanager
-def receiver(path: str = "/hook/T0KEN-in-path") -> Iterator[Receiver]:
-    """A running receiver, stopped at the end."""
+def receiver(
+    path: str = "/hook/T0KEN-in-path", tls: ssl.SSLContext | None = None
+) -> Iterator[Receiver]:
+    """A running receiver (``tls``: over HTTPS with that context), stopped at the end."""
     box: list[Receiver] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -69,8 +72,11 @@ def receiver(path: str = "/hook/T0KEN-in-path") -> Iterator[Receiver]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     port = server.server_address[1]
-    box.append(Receiver(f"http://127.0.0.1:{port}{path}", port))
+    scheme = "https" if tls else "http"
+    box.append(Receiver(f"{scheme}://127.0.0.1:{port}{path}", port))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     try:

@@ -33,6 +33,7 @@ import itertools
 import json
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -79,25 +80,32 @@ class Sender:
         clock: Callable[[], float] = time.time,
         base: float = webhooks.BASE_DELAY,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | None = None,
     ) -> None:
         self.store, self.hooks, self.clock, self.base = store, hooks, clock, base
         self.transport = transport
+        # The system's trust store (SSL_CERT_FILE honoured): a lab's own CA works.
+        self.verify = verify
         self._running: set[asyncio.Task[None]] = set()
         self._next_running = 0.0
         self._next_prune = 0.0
 
     # ---- the loop ---------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Look, write and send until cancelled."""
-        limits = httpx.Limits(max_connections=SENDERS, max_keepalive_connections=0)
-        async with httpx.AsyncClient(
+    def client(self) -> httpx.AsyncClient:
+        """The HTTP client sends go through: no redirect followed, no proxy, a time-out."""
+        return httpx.AsyncClient(
             timeout=httpx.Timeout(TIMEOUT, connect=min(3.0, TIMEOUT)),
             follow_redirects=False,
-            limits=limits,
+            limits=httpx.Limits(max_connections=SENDERS, max_keepalive_connections=0),
             transport=self.transport,
+            verify=self.verify or ssl.create_default_context(),
             trust_env=False,  # never through a proxy the environment names
-        ) as client:
+        )
+
+    async def run(self) -> None:
+        """Look, write and send until cancelled."""
+        async with self.client() as client:
             try:
                 while True:
                     try:
