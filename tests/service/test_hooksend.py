@@ -90,3 +90,16 @@ def test_a_delivery_is_given_up_after_its_last_try() -> None:
     assert states == ["pending"] * (webhooks.TRIES - 1) + ["failed"]
     assert len(r.got) == webhooks.TRIES
     assert store.delivery_rows[1].error == "answered 500"
+
+
+def test_a_jobs_own_webhook_is_forgotten_a_day_after_the_job_ended() -> None:
+    store = MemoryStore()
+    sender = _sender(store, {}, ())
+    _one(store, "http://127.0.0.1:9/hook")  # a user's webhook: kept
+    store.add_webhook(
+        {"id": "h-2", "scope": "job", "target": "j-gone", "url": "http://127.0.0.1:9/",
+         "secret": SECRET, "events": ["failed"], "running_past": None, "created_by": None,
+         "created_at": 1.0}
+    )  # fmt: skip
+    sender.prune(store.webhooks())
+    assert [h.id for h in store.webhooks()] == ["h-1"]

@@ -59,6 +59,7 @@ HOLD = 60.0  # a taken delivery is due again after this if its server died sendi
 MAX_PENDING = 10_000
 BATCH = 500  # status changes read at a time
 KEEP = 7 * 86400.0  # sent and given-up deliveries are kept this long
+ENDED = 86400.0  # a job's own webhook is forgotten this long after the job ended
 #: Seconds a status change is left before it is read: on PostgreSQL a record numbered
 #: earlier may commit later, and the cursor must not pass it unseen.
 SETTLE = 1.0
@@ -129,7 +130,7 @@ class Sender:
             await run_in_threadpool(self.running_past, hooks)
         if now >= self._next_prune:
             self._next_prune = now + 3600.0
-            await run_in_threadpool(self.store.prune_deliveries, now - KEEP)
+            await run_in_threadpool(self.prune, hooks)
         free = SENDERS - len(self._running)
         if free <= 0:
             return
@@ -206,6 +207,18 @@ class Sender:
                 if job is not None and matches(h, job):
                     rows.append(delivery(h, "running_past", facts(job, job.lease, None), now))
         return self._add(rows)
+
+    def prune(self, hooks: list[WebhookRow]) -> None:
+        """Forget deliveries made or given up ``KEEP`` ago, and the webhooks of one job
+        that ended a day ago (``submit --notify``: its word is long sent by then)."""
+        now = self.clock()
+        self.store.prune_deliveries(now - KEEP)
+        for h in hooks:
+            if h.scope != "job" or h.created_at > now - ENDED:
+                continue
+            job = self.store.get_job(h.target)
+            if job is None or (job.status.terminal and (job.finished_at or 0) < now - ENDED):
+                self.store.remove_webhook(h.id)
 
     def _add(self, rows: list[dict[str, object]]) -> int:
         if not rows:
