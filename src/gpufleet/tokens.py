@@ -23,8 +23,9 @@ PREFIX = "gf_"
 HINT = 7  # characters of a token that may be shown: the prefix and four more
 SESSION_PREFIX = "gfs1_"
 
-# tokens (gf_) and attempts' lease secrets (gl_, server/lease_secrets.py)
-_TOKEN = re.compile(r"g[fl]_[A-Za-z0-9_\-]{8,}")
+# tokens (gf_), attempts' lease secrets (gl_, server/lease_secrets.py) and webhook secrets
+# the server made (gw_, server/hooks.py)
+_TOKEN = re.compile(r"g[flw]_[A-Za-z0-9_\-]{8,}")
 _SESSION = re.compile(r"gfs1_[A-Za-z0-9_\-]{8,}")
 _NAMES = {
     "\n": "a newline",

@@ -215,6 +215,18 @@ TABLE: list[tuple[str, str, str, Any, int]] = [
     ("admin", "POST", "/v1/jobs", job_body("x", requirements={"cpu_only": True, "gpus": 1}), 422),
     ("admin", "POST", "/v1/jobs", job_body("x", hyper_style="snake"), 422),
     ("admin", "POST", "/v1/tokens", {"name": "x", "role": "submitter", "pools": ["a b"]}, 422),
+    # Webhooks: a submitter sets its own and a job's of its own; a pool's is an operator's.
+    ("worker_a1", "POST", "/v1/webhooks", {"url": "https://example.org/h"}, 403),
+    ("worker_a1", "GET", "/v1/webhooks", None, 403),
+    ("sub_a", "POST", "/v1/webhooks", {"url": "https://example.org/h", "pool": "a"}, 403),
+    ("sub_a2", "POST", "/v1/webhooks", {"url": "https://example.org/h", "job": "{held}"}, 403),
+    ("sub_b", "POST", "/v1/webhooks", {"url": "https://example.org/h", "job": "{held}"}, 404),
+    ("op_a", "POST", "/v1/webhooks", {"url": "https://example.org/h", "pool": "b"}, 403),
+    ("sub_a", "POST", "/v1/webhooks", {"url": "http://169.254.169.254/"}, 422),
+    ("sub_a", "POST", "/v1/webhooks", {"url": "https://example.org/h", "secret": "short"}, 422),
+    ("sub_a", "DELETE", "/v1/webhooks/h-0000", None, 404),
+    ("sub_a", "GET", "/v1/webhooks", None, 200),
+    ("op_a", "POST", "/v1/webhooks", {"url": "https://93.184.215.14/h", "pool": "a"}, 201),
     # The admin manages tokens.
     ("admin", "GET", "/v1/tokens", None, 200),
     ("admin", "POST", "/v1/tokens", {"name": "x", "role": "submitter", "pools": ["a"]}, 201),

@@ -12,6 +12,7 @@ from gpufleet.server.routes import (
     dashboard,
     environments,
     events,
+    hooks,
     jobs,
     metrics,
     sharing,
@@ -40,6 +41,9 @@ EXPECTED = {
     ("POST", "/v1/manifests"),
     ("GET", "/v1/status"),
     ("POST", "/v1/tokens"),
+    ("POST", "/v1/webhooks"),
+    ("GET", "/v1/webhooks"),
+    ("DELETE", "/v1/webhooks/{hook_id}"),
     ("GET", "/v1/tokens"),
     ("DELETE", "/v1/tokens/{token_id}"),
     ("POST", "/v1/tokens/{token_id}/rotate"),
@@ -126,6 +130,7 @@ def test_app_serves_every_router(app: FastAPI) -> None:
             + list(environments.router.routes)
             + list(events.router.routes)
             + list(sharing.router.routes)
+            + list(hooks.router.routes)
             + list(metrics.router.routes)
             + list(dashboard.router.routes)
         )

@@ -142,6 +142,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "config": ("settings", "Show the effective configuration."),
     "tokens": ("tokens", "Create, list and revoke tokens (admin)."),
+    "webhooks": (
+        "webhooks",
+        "Word when a job ends: webhooks for your jobs, a pool's or one job's.",
+    ),
     "sleap": (
         "sleap",
         "SLEAP pose estimation: train a package exported by SLEAP on the fleet, track "

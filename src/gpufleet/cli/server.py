@@ -46,6 +46,7 @@ class ServerFlags(SettingFlags):
     metrics_public: Annotated[bool | None, setting_option("metrics_public")] = None
     api_docs: Annotated[bool | None, setting_option("api_docs")] = None
     trusted_proxies: Annotated[str | None, setting_option("trusted_proxies")] = None
+    webhook_allow: Annotated[str | None, setting_option("webhook_allow")] = None
 
 
 @ServerFlags.command
@@ -68,6 +69,8 @@ def server(**given: Any) -> None:
         log_retention=retention_seconds(s["log_retention"], DAY),
         audit_retention=retention_seconds(s["audit_retention"], DAY),
         output_quota=OutputQuota(s["output_quota"], s["output_rate"], s["output_burst"]),
+        webhook_allow=webhook_allow(s["webhook_allow"]),
+        host=s["host"],
     )
     serve(
         ServerOptions(
@@ -102,4 +105,16 @@ def proxies(given: str | None) -> tuple[str, ...]:
                 f"--trusted-proxies: {entry!r} is not an address or network (such as "
                 "127.0.0.1 or 10.0.0.0/8)"
             ) from None
+    return found
+
+
+def webhook_allow(given: str | None) -> tuple[str, ...]:
+    """``--webhook-allow`` as host names, addresses and networks; a bad one is named."""
+    from gpufleet.domain.destinations import Allowed
+
+    found = tuple(p.strip() for p in (given or "").split(",") if p.strip())
+    try:
+        Allowed.of(found)
+    except ValueError as exc:
+        raise ConfigError(f"--webhook-allow: {exc}") from None
     return found

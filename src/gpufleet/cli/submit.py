@@ -26,6 +26,7 @@ from gpufleet.cli.choose import gets_text, interactive_select, read_session, ses
 from gpufleet.cli.data import fetch_results, job_inputs, package_inputs
 from gpufleet.cli.environments import environment_model, spec_hint
 from gpufleet.cli.jobs import default_name, follow
+from gpufleet.cli.webhooks import notify_of
 from gpufleet.client import Client
 from gpufleet.domain.checkpoints import grace_signal
 from gpufleet.domain.environments import EnvRequest
@@ -43,6 +44,24 @@ Command = Annotated[
 ]
 Server = Annotated[str | None, setting_option("server")]
 Name = Annotated[str | None, _Opt(help="Job name (default: the command's first words).")]
+Notify = Annotated[
+    str | None,
+    _Opt(
+        help="A URL to POST to when this job ends, fails or is preempted (a webhook of this "
+        "job alone; Slack-compatible, signed)."
+    ),
+]
+NotifySecretFile = Annotated[
+    Path | None,
+    _Opt(
+        help="File holding --notify's signing secret ('-': stdin); default: the server "
+        "makes one, printed once on stdout."
+    ),
+]
+NotifyAfter = Annotated[
+    str | None,
+    _Opt(help="With --notify: also say when the job has run longer than this (90s, 30m, 2h, 1d)."),
+]
 RequireCuda = Annotated[bool, _Opt("--require-cuda", help="Run only on a worker with a GPU.")]
 PreferCuda = Annotated[
     bool,
@@ -403,6 +422,9 @@ class SubmitRequest(Placement):
     checkpoint_dir: CheckpointDir = None
     wait: Wait = False
     results: Results = None
+    notify: Notify = None
+    notify_secret_file: NotifySecretFile = None
+    notify_after: NotifyAfter = None
 
     def run(self) -> None:
         with self.connect() as c:
@@ -418,6 +440,8 @@ class SubmitRequest(Placement):
             spec = self.spec(requirements, inputs)
             spec.environment = self.environment(c, self.package)
             result = c.submit(spec, queue=self.queue)
+            if self.notify:
+                notify_of(c, result.job.id, self.notify, self.notify_secret_file, self.notify_after)
             if result.warning:
                 err.print(f"[yellow]warning:[/yellow] {shown(result.warning)}")
             if not self.wait:

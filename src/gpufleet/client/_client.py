@@ -55,6 +55,9 @@ from gpufleet.wire import (
     TokenCreated,
     TokenOut,
     UsageOut,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookOut,
     WhoAmI,
     WhyOut,
     WorkerOut,
@@ -308,6 +311,16 @@ class Client:
 
     def rotate_token(self, token_id: str) -> TokenCreated:
         return self.call(ops.rotate_token(token_id))
+
+    def create_webhook(self, body: WebhookCreate) -> WebhookCreated:
+        """Set a webhook; the answer holds the secret only when the server made it."""
+        return self.call(ops.create_webhook(body))
+
+    def webhooks(self) -> list[WebhookOut]:
+        return self.call(ops.webhooks())
+
+    def remove_webhook(self, hook_id: str) -> None:
+        self.call(ops.remove_webhook(hook_id))
 
     def audit(
         self, since: datetime | None = None, limit: int = 1000, after: int = 0

@@ -44,6 +44,9 @@ from gpufleet.wire import (
     TokenCreated,
     TokenOut,
     UsageOut,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookOut,
     WhoAmI,
     WhyOut,
     WorkerOut,
@@ -170,6 +173,18 @@ def revoke_token(token_id: str) -> Call[TokenOut]:
 
 def rotate_token(token_id: str) -> Call[TokenCreated]:
     return Call("POST", f"/v1/tokens/{_q(token_id)}/rotate", model(TokenCreated))
+
+
+def create_webhook(body: WebhookCreate) -> Call[WebhookCreated]:
+    return Call("POST", "/v1/webhooks", model(WebhookCreated), body=body)
+
+
+def webhooks() -> Call[list[WebhookOut]]:
+    return Call("GET", "/v1/webhooks", model(list[WebhookOut]))
+
+
+def remove_webhook(hook_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/webhooks/{_q(hook_id)}", nothing)
 
 
 def audit(since: datetime | None, limit: int, after: int = 0) -> Call[list[AuditOut]]:

@@ -153,6 +153,14 @@ _SERVER: tuple[Setting, ...] = (
         "count per address; none by default",
     ),
     _setting(
+        "webhook_allow",
+        None,
+        "str",
+        "destinations webhooks may reach besides public addresses (host names, addresses "
+        "or networks, comma-separated, e.g. 127.0.0.1 or 10.0.0.0/8); loopback, private "
+        "networks, link-local and cloud metadata addresses are refused unless named here",
+    ),
+    _setting(
         "api_docs",
         False,
         "bool",

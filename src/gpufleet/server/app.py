@@ -215,6 +215,7 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(routes.environments.router)
     app.include_router(routes.events.router)
     app.include_router(routes.sharing.router)
+    app.include_router(routes.hooks.router)
     app.include_router(routes.metrics.router)
     app.include_router(routes.dashboard.router)
     app.mount("/ui", routes.dashboard.static_files(), name="ui")
@@ -326,9 +327,13 @@ def _lifespan(
         task = await _start(store, st)
         stop_listening = threading.Event()
         listener = _listen(store, st, stop_listening)
+        hooks = asyncio.create_task(st.services.hook_sender.run())  # webhooks: hooksend
         try:
             yield
         finally:
+            hooks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await hooks
             await _stop(st, task, listener, stop_listening)
 
     return lifespan

@@ -9,7 +9,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
@@ -285,9 +285,11 @@ def serve(opts: ServerOptions) -> None:
     blobs = BlobService(store, storage, BlobSettings(max_size=opts.max_blob_size))
     if opts.access_log:
         logging.getLogger("gpufleet.access").setLevel(logging.INFO)
+    # Webhooks never reach the server's own port (gpufleet.domain.destinations).
+    queue = replace(opts.queue, host=opts.host, own_ports=(sock.getsockname()[1],))
     app = create_app(
         store,
-        opts.queue,
+        queue,
         blobs,
         opts.limits,
         access_log=opts.access_log,

@@ -18,7 +18,9 @@
 - :class:`~gpufleet.server.explain.Explain`: why a job waits;
 - :class:`~gpufleet.server.reads.Reads`: what clients read;
 - :class:`~gpufleet.server.environments.EnvLocks`: the fleet-wide locks of job
-  environments.
+  environments;
+- :class:`~gpufleet.server.hooks.Webhooks` and :class:`~gpufleet.server.hooksend.Sender`:
+  webhooks made, and their deliveries sent.
 
 Routes call these and never the store. The store only persists; the lifecycle table in
 :mod:`gpufleet.domain.lifecycle` decides every status change and
@@ -42,6 +44,8 @@ from gpufleet.server.environments import EnvLocks
 from gpufleet.server.explain import Explain
 from gpufleet.server.fleet import Fleet, OnEvent, no_event
 from gpufleet.server.holders import Holders
+from gpufleet.server.hooks import Webhooks
+from gpufleet.server.hooksend import Sender
 from gpufleet.server.lease_secrets import LeaseSecrets
 from gpufleet.server.leases import Leases
 from gpufleet.server.metrics import Metrics
@@ -113,7 +117,7 @@ class Services:
     def _duties(
         self, settings: QueueSettings, clock: Callable[[], float], on_event: OnEvent
     ) -> None:
-        """The sweep's periodic duties besides leases: retention and preemption."""
+        """The periodic duties besides leases: retention, preemption, webhooks."""
         self.retention = Retention(self.store, settings, clock)
         grace = settings.prefer_cuda_grace
         self.preemption = Preemption(
@@ -121,6 +125,8 @@ class Services:
         )
         # A job a cap holds back could not take the slot a preemption frees: none.
         self.preemption.held_back = self.caps.holds_back
+        hooks = Webhooks(self.store, settings, self.sharing, clock)
+        self.hook_sender = Sender(self.store, hooks, clock)
 
     def _share(self, rules: SharingRules) -> None:
         """The sharing rules, and the services that apply them: fair share and caps (and
@@ -133,6 +139,11 @@ class Services:
 
     def _rules_changed(self, rules: Sharing) -> None:
         self.metrics.per_user = rules.user_metrics
+
+    @property
+    def webhooks(self) -> Webhooks:
+        """Webhooks made, listed and removed (the sender's)."""
+        return self.hook_sender.hooks
 
     def transaction(self, job_ids: Sequence[str] = ()) -> AbstractContextManager[Transaction]:
         """A unit of work (:meth:`Store.transaction`): the services bound to it

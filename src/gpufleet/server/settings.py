@@ -35,3 +35,9 @@ class QueueSettings:
     # The operator's sharing rules (fair share, caps, preemption, webhooks), a TOML file
     # read again when it changes (gpufleet.server.sharing); None: none.
     sharing_file: Path | None = None
+    # Webhooks (gpufleet.server.hooks): destinations allowed besides public addresses
+    # (host names, addresses, networks), and the server's own address and listening ports,
+    # which a webhook may never reach.
+    webhook_allow: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    own_ports: tuple[int, ...] = ()

@@ -28,6 +28,7 @@ from gpufleet.store.api import (
     Transaction,
     UsageSlice,
     UsageStore,
+    WebhookStore,
 )
 from gpufleet.store.pages import within
 from gpufleet.store.postgres import PostgresStore
@@ -36,11 +37,13 @@ from gpufleet.store.rows_read import (
     AuditRow,
     BuiltEnv,
     CheckpointRow,
+    DeliveryRow,
     EnvLockRow,
     HostRow,
     JobRow,
     LogRow,
     TokenRow,
+    WebhookRow,
     WorkerRow,
     line_bytes,
 )
@@ -70,6 +73,7 @@ __all__ = [
     "ClaimStore",
     "ClaimView",
     "DataStore",
+    "DeliveryRow",
     "EnvLockRow",
     "EnvironmentStore",
     "EventStore",
@@ -96,6 +100,8 @@ __all__ = [
     "Transaction",
     "UsageSlice",
     "UsageStore",
+    "WebhookRow",
+    "WebhookStore",
     "WorkerRow",
     "line_bytes",
     "normalize_url",

@@ -27,11 +27,13 @@ from gpufleet.store.rows_read import (
     AuditRow,
     BlobRow,
     CheckpointRow,
+    DeliveryRow,
     EnvLockRow,
     HostRow,
     JobRow,
     LogRow,
     TokenRow,
+    WebhookRow,
     WorkerRow,
 )
 from gpufleet.store.space import SpaceWatch
@@ -411,6 +413,35 @@ class EnvironmentStore(Protocol):
     def workers_with_env(self, spec_key: str, pools: Sequence[str] | None = None) -> list[str]: ...
 
 
+class WebhookStore(Protocol):
+    """Webhooks, their deliveries (due, made, given up) and how far the scan of status
+    changes has read (:mod:`gpufleet.server.hooks`)."""
+
+    def add_webhook(self, values: Mapping[str, object]) -> None: ...
+    def webhooks(self) -> list[WebhookRow]: ...
+    def remove_webhook(self, webhook_id: str) -> bool: ...
+    def webhook_cursor(self) -> int | None: ...
+    def move_webhook_cursor(self, old: int | None, new: int) -> bool:
+        """Set the cursor to ``new`` if it is still ``old``; whether it was."""
+        ...
+
+    def add_deliveries(self, rows: Sequence[Mapping[str, object]]) -> int:
+        """Insert deliveries, skipping those whose ``key`` is there; how many went in."""
+        ...
+
+    def take_deliveries(self, now: float, limit: int, hold: float) -> list[DeliveryRow]:
+        """Pending deliveries due by ``now`` (oldest first, ``limit`` at most), each taken
+        by moving its ``next_at`` ``hold`` seconds on and counting a try (a conditional
+        update: two servers never take one)."""
+        ...
+
+    def end_delivery(
+        self, delivery_id: int, state: str, next_at: float, error: str | None
+    ) -> None: ...
+    def pending_deliveries(self) -> int: ...
+    def prune_deliveries(self, before: float) -> int: ...
+
+
 @dataclass(frozen=True)
 class Offers:
     """What a backend can do beyond the contract, so that nothing outside it asks which
@@ -489,6 +520,7 @@ class Store(
     DataStore,
     CheckpointStore,
     EnvironmentStore,
+    WebhookStore,
     Protocol,
 ):
     """Everything the server keeps, and the plumbing around it."""

@@ -381,3 +381,39 @@ def log_offsets(
     start = have if first is None else first
     fresh = lines[max(0, have - start) :]
     return FreshLines(fresh, start + len(lines)) if fresh else None
+
+
+@dataclass(frozen=True)
+class WebhookRow:
+    """A webhook (``schema.webhooks``): ``events`` decoded from its JSON text."""
+
+    id: str
+    scope: str
+    target: str
+    url: str
+    secret: str
+    events: tuple[str, ...]
+    running_past: float | None
+    created_by: str | None
+    created_at: float
+
+    @classmethod
+    def from_mapping(cls, m: dict[str, Any]) -> WebhookRow:
+        return cls(**{**m, "events": tuple(json.loads(m["events"]))})
+
+
+@dataclass(frozen=True)
+class DeliveryRow(_Columns):
+    """A delivery of one event to one webhook (``schema.webhook_deliveries``)."""
+
+    id: int
+    key: str
+    webhook_id: str
+    job_id: str
+    event: str
+    body: str
+    state: str
+    tries: int
+    next_at: float
+    created_at: float
+    error: str | None = None

@@ -426,3 +426,50 @@ job_deps = Table(
     Column("dep_id", String(64), primary_key=True),
 )
 Index("ix_job_deps_dep", job_deps.c.dep_id)
+
+# Webhooks (gpufleet.domain.webhooks): word when a job ends, to a URL signed with a
+# secret. ``scope``: whose jobs, ``user`` (a token's name, ``target``), ``pool`` or ``job``
+# (a job id). The secret is kept as given: the server signs with it. Neither the URL nor
+# the secret is ever shown again (lists show the URL's host).
+webhooks = Table(
+    "webhooks",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("scope", String(8), nullable=False),
+    Column("target", String(200), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("secret", String(200), nullable=False),
+    Column("events", Text, nullable=False),  # JSON list of event names
+    Column("running_past", Float),
+    Column("created_by", String(64)),  # the token that made it
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_webhooks_scope", webhooks.c.scope, webhooks.c.target)
+
+# Deliveries to make, being made and made: written when an event is seen, so one that is
+# due survives a restart. ``key`` is the webhook, job, event and record: an event seen
+# twice (two servers, a scan again after a crash) is delivered once.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", SEQ, primary_key=True, autoincrement=True),
+    Column("key", String(300), nullable=False, unique=True),
+    Column("webhook_id", String(64), nullable=False),
+    Column("job_id", String(64), nullable=False),
+    Column("event", String(16), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("state", String(8), nullable=False),  # pending | sent | failed
+    Column("tries", Integer, nullable=False, default=0),
+    Column("next_at", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("error", String(300)),
+)
+Index("ix_webhook_deliveries_due", webhook_deliveries.c.state, webhook_deliveries.c.next_at)
+
+# How far the webhook scan has read the fleet's status changes (``job_logs.seq``).
+webhook_cursor = Table(
+    "webhook_cursor",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+)

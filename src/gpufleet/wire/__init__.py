@@ -83,6 +83,7 @@ from gpufleet.wire._fleet import (
     WorkerRegister,
     WorkerState,
 )
+from gpufleet.wire._hooks import WebhookCreate, WebhookCreated, WebhookOut
 from gpufleet.wire._jobs import (
     MOST_ENV_FILE,
     STDERR_TAIL_CHARS,
@@ -214,6 +215,9 @@ __all__ = [
     "UploadOut",
     "UsageOut",
     "UsageRow",
+    "WebhookCreate",
+    "WebhookCreated",
+    "WebhookOut",
     "WhoAmI",
     "WhyOut",
     "WhyWorker",

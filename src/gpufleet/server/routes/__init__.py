@@ -2,9 +2,9 @@
 
 ``jobs`` (jobs, manifests, fleet status, tokens, audit), ``workers`` (the fleet and the
 worker protocol), ``blobs`` (blobs and upload sessions), ``environments`` (environment
-locks), ``sharing`` (usage), ``events`` (event streams), ``metrics`` (``/metrics``) and
-``dashboard`` (the web dashboard and sign-in). :func:`gpufleet.server.app.create_app`
-includes every router.
+locks), ``sharing`` (usage), ``events`` (event streams), ``hooks`` (webhooks),
+``metrics`` (``/metrics``) and ``dashboard`` (the web dashboard and sign-in).
+:func:`gpufleet.server.app.create_app` includes every router.
 
 Routes check who may call them, parse and answer; the work is done by the services
 (:mod:`gpufleet.server.services`). Routes call services, never the store (an
@@ -16,6 +16,7 @@ from gpufleet.server.routes import (
     dashboard,
     environments,
     events,
+    hooks,
     jobs,
     metrics,
     sharing,
@@ -27,6 +28,7 @@ __all__ = [
     "dashboard",
     "environments",
     "events",
+    "hooks",
     "jobs",
     "metrics",
     "sharing",

@@ -41,6 +41,7 @@ from gpufleet.store.memory.fleet import MemoryFleet
 from gpufleet.store.memory.preemption import MemoryPreemption
 from gpufleet.store.memory.tables import defaults
 from gpufleet.store.memory.usage import MemoryUsage
+from gpufleet.store.memory.webhooks import MemoryWebhooks
 from gpufleet.store.rows_read import AttemptRow, JobRow, WorkerRow
 from gpufleet.store.rows_written import (
     job_values,
@@ -165,6 +166,7 @@ class MemoryStore(
     MemoryPreemption,
     MemoryEvents,
     MemoryUsage,
+    MemoryWebhooks,
     NamedChanges,
 ):
     """Every operation of the store, held in memory by one process."""
@@ -174,6 +176,7 @@ class MemoryStore(
     def __init__(self) -> None:
         self._init_tables()
         self._init_usage()
+        self._init_webhooks()
         self.space = SpaceWatch()  # never full: it has no disk
 
     # ---- plumbing ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ from gpufleet.store.sql.fleet import FleetOps
 from gpufleet.store.sql.jobs import JobOps
 from gpufleet.store.sql.leases import LeaseOps
 from gpufleet.store.sql.preemption import PreemptionOps
+from gpufleet.store.sql.webhooks import WebhookOps
 from gpufleet.store.unit import UnitOfWork
 
 _MIGRATIONS = Path(__file__).parent.parent / "migrations"
@@ -66,6 +67,7 @@ class SqlStore(
     LeaseOps,
     PreemptionOps,
     EventOps,
+    WebhookOps,
 ):
     """Queue operations; policy (what a state change *is*) lives above, in the service."""
 
