@@ -8,6 +8,7 @@ import pytest
 from gpufleet.domain import caps
 from gpufleet.domain.caps import POOLS, USERS, Ask, Held, Recheck
 from gpufleet.domain.sharing import Share, Sharing, parse
+from gpufleet.errors import ConfigError
 
 RULES = Sharing(
     users={"alice": Share(max_gpus=4, max_cpu_slots=2), "bob": Share(weight=2)},
@@ -130,3 +131,12 @@ def test_timed_out_text_names_the_pools_limit() -> None:
     assert caps.timed_out_text(3600, "short") == (
         "timed out after 3600s, the longest a job of pool short may run (pools.short.max_run)"
     )
+
+
+@pytest.mark.parametrize("max_run", [0, "0s", "0.5s", 20_000_000])
+def test_a_max_run_under_a_second_or_past_a_jobs_longest_timeout_is_refused(
+    max_run: object,
+) -> None:
+    # max_run = 0 would be every attempt's timeout: each job of the pool killed at once
+    with pytest.raises(ConfigError, match=r"sharing.toml: pools.short.max_run"):
+        parse({"pools": {"short": {"max_run": max_run}}}, "sharing.toml")

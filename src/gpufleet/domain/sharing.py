@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.domain.fairshare import HALF_LIFE
+from gpufleet.domain.limits import MAX_TIMEOUT
 from gpufleet.errors import ConfigError
 
 #: The weight of a user or pool the file does not name.
@@ -151,14 +152,26 @@ def _share(raw: object, where: str, pool: bool) -> Share:
     preemptible = table.get("preemptible", False)
     if not isinstance(preemptible, bool):
         raise ConfigError(f"{where}.preemptible: expected true or false, got {preemptible!r}")
-    max_run = table.get("max_run")
     return Share(
         weight=float(weight),
         max_gpus=_count(table, "max_gpus", where),
         max_cpu_slots=_count(table, "max_cpu_slots", where),
-        max_run=None if max_run is None else duration(max_run, f"{where}.max_run"),
+        max_run=_max_run(table.get("max_run"), f"{where}.max_run"),
         preemptible=preemptible,
     )
+
+
+def _max_run(raw: object, where: str) -> float | None:
+    """A pool's longest run: every attempt's timeout, so at least a second (0 would stop
+    each job of the pool as it starts) and no longer than a job's own timeout may be."""
+    if raw is None:
+        return None
+    seconds = duration(raw, where)
+    if not 1 <= seconds <= MAX_TIMEOUT:
+        raise ConfigError(
+            f"{where}: must be between 1 second and {MAX_TIMEOUT} seconds, got {raw!r}"
+        )
+    return seconds
 
 
 def _shares(raw: object, where: str, pool: bool) -> dict[str, Share]:
