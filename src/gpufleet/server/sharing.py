@@ -90,8 +90,10 @@ class SharingRules:
                     raise
                 log.error("sharing rules not changed: %s", exc.message)
                 return
-        if seen is not None or not strict:
+        if seen is not None:
             log.warning("sharing rules read from %s", self.path)
+        elif not strict:
+            log.warning("sharing file %s is gone: no fair share, caps or preemption now", self.path)
         self.set(rules)
 
 
