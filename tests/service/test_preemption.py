@@ -8,6 +8,7 @@ counted in neither budget and protected from a second preemption for a while.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from gpufleet.domain.models import JobStatus
 from gpufleet.domain.sharing import Preemption, Share, Sharing
@@ -80,16 +81,19 @@ def test_no_preemption_of_a_job_that_does_not_allow_it_or_ranks_as_high(
     assert queue.preemption.sweep() == []
 
 
-def test_a_job_held_back_by_a_cap_preempts_nobody(queue: Services, clock: FakeClock) -> None:
-    queue.sharing.set(RULES)
+def test_a_job_a_cap_holds_back_preempts_only_a_job_whose_slot_counts_against_that_cap(
+    queue: Services, clock: FakeClock
+) -> None:
+    """A cap on another user holds the waiting job back whoever leaves: it preempts
+    nobody. A cap on its pool, full of the pool's own jobs, is made room in by the victim
+    leaving: the pool's cap does not stop its urgent jobs preempting its low ones."""
     low = running(queue, "box", preemptible=True)
+    queue.sharing.set(replace(RULES, users={"": Share(max_cpu_slots=0)}))
     urgent = queue.submission.submit(spec("urgent", priority=10))
     clock.advance(60)
-    queue.preemption.held_back = lambda j: (
-        "alice holds 4 of her 4 GPUs" if j.id == urgent.id else None
-    )
-    assert queue.preemption.sweep() == []
-    queue.preemption.held_back = lambda j: None
+    assert queue.preemption.sweep() == [], "its owner may hold no CPU slot at all"
+    queue.sharing.set(replace(RULES, pools={"default": Share(max_cpu_slots=1)}))
+    assert queue.explain.why(urgent.id)[1]  # held back by the pool's cap now
     assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
 
 

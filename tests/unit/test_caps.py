@@ -140,3 +140,12 @@ def test_a_max_run_under_a_second_or_past_a_jobs_longest_timeout_is_refused(
     # max_run = 0 would be every attempt's timeout: each job of the pool killed at once
     with pytest.raises(ConfigError, match=r"sharing.toml: pools.short.max_run"):
         parse({"pools": {"short": {"max_run": max_run}}}, "sharing.toml")
+
+
+def test_without_counts_a_leaving_job_for_its_user_and_its_pool_no_more() -> None:
+    held = caps.tally([("alice", "default", 2, 2), ("bob", "default", 0, 1)])
+    after = caps.without(held, "alice", "default", 2)
+    assert after[(USERS, "alice")] == Held(gpus=2)
+    assert after[(POOLS, "default")] == Held(gpus=2, cpu_slots=1)
+    assert caps.without(after, "bob", "default", 0)[(USERS, "bob")] == Held()
+    assert held[(USERS, "alice")] == Held(gpus=4), "what was held is left as it was"

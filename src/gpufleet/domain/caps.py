@@ -93,6 +93,19 @@ def tally(rows: Iterable[tuple[str, str, int, int]]) -> dict[Holder, Held]:
     return out
 
 
+def without(held: Holdings, owner: str, pool: str, gpus: int) -> dict[Holder, Held]:
+    """What is held once a job of ``owner`` in ``pool`` on ``gpus`` GPUs (0: a CPU slot)
+    has left its slot."""
+    out = dict(held)
+    for holder in ((USERS, owner), (POOLS, pool)):
+        now = out.get(holder, Held())
+        if gpus > 0:
+            out[holder] = Held(max(0, now.gpus - gpus), now.cpu_slots)
+        else:
+            out[holder] = Held(now.gpus, max(0, now.cpu_slots - 1))
+    return out
+
+
 def cap_key(holder: Holder, field: str) -> str:
     """The cap's key as the sharing file spells it: ``users.alice.max_gpus``."""
     kind, name = holder

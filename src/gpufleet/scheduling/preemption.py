@@ -16,7 +16,7 @@ Pure: :func:`plan` takes the fleet as the server sees it and the time, and decid
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpufleet.domain.sharing import Preemption
@@ -70,6 +70,15 @@ class Decision:
     worker: WorkerView | None = None
 
 
+#: Whether the caps let a waiting job take a slot now (``None``), or once ``Holder`` has
+#: left its slot (its slot counted against the same user's or pool's cap no more).
+Room = Callable[[JobView, "Holder | None"], bool]
+
+
+def _anywhere(job: JobView, leaving: Holder | None) -> bool:
+    return True
+
+
 @dataclass
 class _Spoken:
     """The slots already counted this round: each coming slot goes to one waiting job."""
@@ -116,12 +125,19 @@ def _coming(
     within: float,
     cuda_grace: float,
     spoken: _Spoken,
+    room: Room = _anywhere,
 ) -> Holder | None:
-    """A job on its way out of a slot ``job`` could use, not counted for another job."""
+    """A job on its way out of a slot ``job`` could use (the caps letting it), not counted
+    for another job."""
     for w in workers:
         for h in w.held:
             soon = h.leaving or (h.ends_by is not None and h.ends_by <= now + within)
-            if soon and h.job_id not in spoken.ids and _fits(job, freed(w, h), w, now, cuda_grace):
+            if (
+                soon
+                and h.job_id not in spoken.ids
+                and _fits(job, freed(w, h), w, now, cuda_grace)
+                and room(job, h)
+            ):
                 return h
     return None
 
@@ -133,16 +149,18 @@ def decide(
     now: float,
     cuda_grace: float,
     spoken: _Spoken | None = None,
+    room: Room = _anywhere,
 ) -> Decision:
     """Whether the waiting ``job`` preempts now, and whom (one waiting job; :func:`plan`
-    decides for several in their order)."""
+    decides for several in their order). ``room``: what the caps let it take; a job a cap
+    holds back now may preempt only a job whose leaving makes it room."""
     spoken = spoken if spoken is not None else _Spoken()
     priority = job.spec.priority
     held = [(w, h) for w in workers for h in w.held]
     mine = next((h for _, h in held if h.making_way_for == job.id), None)
     if mine is not None:
         return Decision(job, f"job {mine.job_id} is still making way for it")
-    if any(_fits(job, w.free, w, now, cuda_grace) for w in workers):
+    if room(job, None) and any(_fits(job, w.free, w, now, cuda_grace) for w in workers):
         return Decision(job, "a worker can take it now")
     able = sorted(
         (
@@ -151,13 +169,16 @@ def decide(
             if h.job_id not in spoken.ids
             and may_lose_slot(h, priority, rules, now)
             and _fits(job, freed(w, h), w, now, cuda_grace)
+            and room(job, h)
         ),
         key=_victim_rank,
     )
     if not able:
+        if not room(job, None):
+            return Decision(job, "a cap holds it back, and no job it may preempt frees room")
         return Decision(job, "no running job it may preempt holds a slot it could use")
     worker, victim = able[0]
-    soon = _coming(job, workers, now, victim.grace, cuda_grace, spoken)
+    soon = _coming(job, workers, now, victim.grace, cuda_grace, spoken, room)
     if soon is not None:
         spoken.ids.add(soon.job_id)
         return Decision(job, f"job {soon.job_id} frees a slot it could use soon")
@@ -171,13 +192,14 @@ def plan(
     rules: Preemption,
     now: float,
     cuda_grace: float,
+    room: Room = _anywhere,
 ) -> list[Decision]:
     """A decision for each waiting job (those that may preempt: priority and wait already
     checked), in their order: a slot coming free, or a victim chosen, is counted for the
     first job that can use it only. A job making way for one of ``waiting`` is that job's."""
     ids = {j.id for j in waiting}
     spoken = _Spoken({h.job_id for w in workers for h in w.held if h.making_way_for in ids})
-    return [decide(job, workers, rules, now, cuda_grace, spoken) for job in waiting]
+    return [decide(job, workers, rules, now, cuda_grace, spoken, room) for job in waiting]
 
 
-__all__ = ["Decision", "Holder", "Slots", "decide", "freed", "may_lose_slot", "plan"]
+__all__ = ["Decision", "Holder", "Room", "Slots", "decide", "freed", "may_lose_slot", "plan"]

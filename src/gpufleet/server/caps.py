@@ -74,8 +74,12 @@ class Caps:
         rules = self.rules.current()
         if not caps.holders(rules, job.owner, job.pool):
             return [None] * len(asks)
-        held = caps.tally((r.owner, r.pool, len(r.gpus), 1) for r in self.store.running_use())
+        held = self.held_now()
         return [caps.refusal(rules, Ask(job.id, job.owner, job.pool, n), held) for n in asks]
+
+    def held_now(self) -> Holdings:
+        """What every user and pool holds now (its jobs claimed or running)."""
+        return caps.tally((r.owner, r.pool, len(r.gpus), 1) for r in self.store.running_use())
 
     def holds_back(self, job: JobRow) -> str | None:
         """Why a cap holds ``job`` back from the slot it asks for (its GPUs, else a CPU

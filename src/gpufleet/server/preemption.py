@@ -20,10 +20,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from gpufleet.domain import caps
 from gpufleet.domain.models import JobStatus, WorkerStatus
 from gpufleet.domain.sharing import Sharing
 from gpufleet.scheduling.matching import JobView
-from gpufleet.scheduling.preemption import Decision, Holder, Slots, plan
+from gpufleet.scheduling.preemption import Decision, Holder, Room, Slots, plan
 from gpufleet.server.fleet import Fleet, OnEvent, WorkerState
 from gpufleet.server.notices import Notices
 from gpufleet.server.sharing import SharingRules
@@ -95,9 +96,9 @@ class Preemption:
         self.clock = clock
         self.on_event = on_event
         self.cuda_grace = cuda_grace
-        # Why a waiting job may not be claimed even with a slot free (a cap its owner or
-        # pool has reached): such a job preempts nobody. None: nothing holds it back.
-        self.held_back: Callable[[JobRow], str | None] = lambda job: None
+        # What the capped users and pools hold now (None: the caps are not applied). A
+        # waiting job a cap holds back preempts only a job whose leaving makes it room.
+        self.held_now: Callable[[], caps.Holdings] | None = None
 
     def sweep(self) -> list[tuple[str, str]]:
         """Preempt where the rules say so, now; the (victim, waiting job) pairs marked."""
@@ -109,8 +110,7 @@ class Preemption:
         least = rules.preemption.min_priority
         marked: list[tuple[str, str]] = []
         for pool in sorted({w.pool for w in self.store.list_workers()}):
-            found = self.store.preemptors(pool, least, since, LOOK_AT)
-            waiting = [j for j in found if self.held_back(j) is None]
+            waiting = self.store.preemptors(pool, least, since, LOOK_AT)
             if waiting:
                 marked += self._pool(pool, waiting, rules, now)
         if marked:
@@ -125,12 +125,36 @@ class Preemption:
         rows.update((j.id, j) for j in waiting)
         views = [JobView(j.id, j.spec, j.created_at) for j in waiting]
         slots = [_slots(s, rules) for s in states]
-        decisions = plan(views, slots, rules.preemption, now, self.cuda_grace)
+        room = self._room(rules, rows)
+        decisions = plan(views, slots, rules.preemption, now, self.cuda_grace, room)
         return [
             (d.victim.job_id, d.job.id)
             for d in decisions
             if d.victim is not None and self._mark(d, rows, now)
         ]
+
+    def _room(self, rules: Sharing, rows: Mapping[str, JobRow]) -> Room:
+        """Whether the caps let a waiting job take a slot now, or once a running job has
+        left its own (what is held read once, and only if a cap counts a waiting job)."""
+        held: list[caps.Holdings] = []
+        if self.held_now is None or not caps.any_caps(rules):
+            return lambda view, leaving: True
+
+        def room(view: JobView, leaving: Holder | None) -> bool:
+            job = rows[view.id]
+            if self.held_now is None or not caps.holders(rules, job.owner, job.pool):
+                return True
+            if not held:
+                held.append(self.held_now())
+            now = held[0]
+            if leaving is not None:
+                gone = rows[leaving.job_id]
+                now = caps.without(now, gone.owner, gone.pool, len(gone.gpus))
+            r = job.spec.requirements
+            ask = caps.Ask(job.id, job.owner, job.pool, r.gpus_wanted if r.needs_gpu else 0)
+            return caps.refusal(rules, ask, now) is None
+
+        return room
 
     def _mark(self, d: Decision, rows: Mapping[str, JobRow], now: float) -> bool:
         """Mark the decision's victim; whether it took (another server may have been

@@ -124,7 +124,7 @@ class Services:
             self.store, self.fleet, self.sharing, self.notices, clock, on_event, grace
         )
         # A job a cap holds back could not take the slot a preemption frees: none.
-        self.preemption.held_back = self.caps.holds_back
+        self.preemption.held_now = self.caps.held_now
         hooks = Webhooks(self.store, settings, self.sharing, clock)
         self.hook_sender = Sender(self.store, hooks, clock)
 
