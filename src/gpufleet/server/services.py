@@ -123,7 +123,7 @@ class Services:
         self.preemption = Preemption(
             self.store, self.fleet, self.sharing, self.notices, clock, on_event, grace
         )
-        # A job a cap holds back could not take the slot a preemption frees: none.
+        # A job a cap holds back preempts only a job whose leaving makes it room.
         self.preemption.held_now = self.caps.held_now
         hooks = Webhooks(self.store, settings, self.sharing, clock)
         self.hook_sender = Sender(self.store, hooks, clock)
