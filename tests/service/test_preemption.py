@@ -148,6 +148,18 @@ def test_no_preemption_when_a_slot_comes_free_within_the_grace_period(
     assert urgent.id
 
 
+def test_a_job_reaching_its_pools_max_run_within_the_grace_period_is_a_slot_coming(
+    queue: Services, clock: FakeClock
+) -> None:
+    """The pool's max_run is the attempt's timeout: its end is a slot coming free."""
+    queue.sharing.set(replace(RULES, pools={"default": Share(max_run=100.0)}))
+    running(queue, "low", preemptible=True, grace_period=30.0)
+    running(queue, "ending", priority=20)  # no timeout of its own: the pool's 100 s
+    queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(75)  # it reaches the pool's max_run within 25 s: within the grace period
+    assert queue.preemption.sweep() == []
+
+
 def test_preemption_is_off_without_the_rules_and_is_audited_with_them(
     store: Store, clock: FakeClock, blobs: BlobService
 ) -> None:

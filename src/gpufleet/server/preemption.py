@@ -49,6 +49,7 @@ def holder(job: JobRow, rules: Sharing, draining: bool) -> Holder:
     spec = job.spec
     started = job.started_at if job.status == JobStatus.RUNNING else None
     asked = (job.stop_requested_at, job.pause_requested_at, job.preempt_requested_at)
+    timeout, _ = caps.run_limit(rules, job.pool, spec.timeout)  # its pool's max_run too
     return Holder(
         job_id=job.id,
         lease=job.lease,
@@ -58,7 +59,7 @@ def holder(job: JobRow, rules: Sharing, draining: bool) -> Holder:
         allows=spec.preemptible or rules.pool(job.pool).preemptible,
         preempted_at=job.preempted_at,
         grace=spec.grace_period,
-        ends_by=None if started is None or spec.timeout is None else started + spec.timeout,
+        ends_by=None if started is None or timeout is None else started + timeout,
         leaving=draining or any(a is not None for a in asked),
         making_way_for=job.preempted_by if job.preempt_requested_at is not None else None,
     )
