@@ -160,6 +160,27 @@ def test_a_job_reaching_its_pools_max_run_within_the_grace_period_is_a_slot_comi
     assert queue.preemption.sweep() == []
 
 
+def test_a_worker_whose_owner_policy_takes_no_jobs_offers_no_slot_to_a_waiting_job(
+    store: Store, queue: Services, clock: FakeClock
+) -> None:
+    """A desktop outside its hours has a free slot it will not give: the urgent job
+    preempts on the server instead of waiting for it; nor is a job on the desktop chosen
+    as the victim, its slot could not be taken."""
+    queue.sharing.set(RULES)
+    desk = register(queue, "desk")
+    low = running(queue, "box", preemptible=True)
+    clock.advance(1)
+    on_desk = running(queue, "desk2", preemptible=True)  # the newest start: first in line
+    outside = json.dumps({"reasons": ["outside hours mon-fri 19:00-08:00"]})
+    store.set_worker_owner_state(desk.id, outside)
+    desk2 = job(store, on_desk.job_id).worker_id
+    assert desk2 is not None
+    store.set_worker_owner_state(desk2, outside)
+    urgent = queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(60)
+    assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
+
+
 def test_preemption_is_off_without_the_rules_and_is_audited_with_them(
     store: Store, clock: FakeClock, blobs: BlobService
 ) -> None:

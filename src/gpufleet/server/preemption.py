@@ -16,6 +16,7 @@ rank (its ``created_at``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -23,12 +24,12 @@ from typing import Protocol
 from gpufleet.domain import caps
 from gpufleet.domain.models import JobStatus, WorkerStatus
 from gpufleet.domain.sharing import Sharing
-from gpufleet.scheduling.matching import JobView
+from gpufleet.scheduling.matching import FreeResources, JobView
 from gpufleet.scheduling.preemption import Decision, Holder, Room, Slots, plan
 from gpufleet.server.fleet import Fleet, OnEvent, WorkerState
 from gpufleet.server.notices import Notices
 from gpufleet.server.sharing import SharingRules
-from gpufleet.server.views import ts
+from gpufleet.server.views import owner_state, ts
 from gpufleet.store import FleetStore, JobRow, JobStore, Preempt, PreemptionStore
 from gpufleet.wire import JobRef, PreemptionOut
 
@@ -66,9 +67,20 @@ def holder(job: JobRow, rules: Sharing, draining: bool) -> Holder:
 
 
 def _slots(state: WorkerState, rules: Sharing) -> Slots:
+    """A worker as preemption sees it. Under an owner policy, what its last heartbeat
+    said: a worker that takes no new jobs now (the owner's hours, idle rule, battery,
+    ``--yield``) offers no slot, free or freed; the owner's GPUs are no slot either."""
     draining = state.view.status in (WorkerStatus.DRAINING, WorkerStatus.OFFLINE)
     held = tuple(holder(j, rules, draining) for j in state.running)
-    return Slots(state.view, state.free, held)
+    said = owner_state(state.row.owner_state)
+    if said is None:
+        return Slots(state.view, state.free, held)
+    if said.reasons:
+        return Slots(state.view, FreeResources(cpu_slots=0), ())
+    owned = set(said.owned)
+    gpus = tuple(g for g in state.free.gpus if g.index not in owned)
+    held = tuple(h for h in held if not owned.intersection(h.gpus))
+    return Slots(state.view, dataclasses.replace(state.free, gpus=gpus), held)
 
 
 def said_of(job: JobRow) -> str:
