@@ -81,12 +81,6 @@ class Caps:
         """What every user and pool holds now (its jobs claimed or running)."""
         return caps.tally((r.owner, r.pool, len(r.gpus), 1) for r in self.store.running_use())
 
-    def holds_back(self, job: JobRow) -> str | None:
-        """Why a cap holds ``job`` back from the slot it asks for (its GPUs, else a CPU
-        slot) now, or None."""
-        r = job.spec.requirements
-        return self.holding_back(job, [r.gpus_wanted if r.needs_gpu else 0])[0]
-
     def limited(self, job: JobRow) -> tuple[JobSpec, str | None]:
         """The spec a new attempt of ``job`` runs: its timeout no longer than its pool's
         ``max_run``; and the pool, if that limit is its timeout now."""
