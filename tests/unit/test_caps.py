@@ -149,3 +149,9 @@ def test_without_counts_a_leaving_job_for_its_user_and_its_pool_no_more() -> Non
     assert after[(POOLS, "default")] == Held(gpus=2, cpu_slots=1)
     assert caps.without(after, "bob", "default", 0)[(USERS, "bob")] == Held()
     assert held[(USERS, "alice")] == Held(gpus=4), "what was held is left as it was"
+
+
+def test_a_users_weight_turns_fair_share_on_and_a_pools_does_not() -> None:
+    # as the docs and parse() say: a pool's weight ranks nothing (a claim sees one pool)
+    assert parse({"users": {"alice": {"weight": 2}}}, "sharing.toml").fair_share
+    assert not parse({"pools": {"default": {"weight": 2}}}, "sharing.toml").fair_share

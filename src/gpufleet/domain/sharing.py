@@ -228,7 +228,7 @@ def parse(raw: Mapping[str, Any], source: str) -> Sharing:
     on, half_life, per_user = False, HALF_LIFE, False
     if "fair_share" in raw:
         on, half_life, per_user = _fair_share(raw["fair_share"], f"{source}: fair_share")
-    elif any(s.weight != WEIGHT for s in (*users.values(), *pools.values())):
+    elif any(s.weight != WEIGHT for s in users.values()):  # a pool's ranks nothing
         on = True
     preemption = Preemption()
     if "preemption" in raw:
