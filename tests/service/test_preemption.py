@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from gpufleet.domain.models import JobStatus
+from gpufleet.domain.models import JobStatus, Requirements
 from gpufleet.domain.sharing import Preemption, Share, Sharing
+from gpufleet.scheduling.matching import FreeGpu, FreeResources
 from gpufleet.server.blobs import BlobService
 from gpufleet.server.services import Services
 from gpufleet.store import Store
@@ -177,6 +178,30 @@ def test_a_worker_whose_owner_policy_takes_no_jobs_offers_no_slot_to_a_waiting_j
     assert desk2 is not None
     store.set_worker_owner_state(desk2, outside)
     urgent = queue.submission.submit(spec("urgent", priority=10))
+    clock.advance(60)
+    assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
+
+
+def test_a_job_on_a_gpu_that_is_its_workstation_owners_is_not_the_victim(
+    store: Store, queue: Services, clock: FakeClock
+) -> None:
+    """The owner's GPU takes no new job: its job's slot would free nothing for the
+    waiting job, so the victim is another."""
+    queue.sharing.set(RULES)
+    gpu = Requirements(require_cuda=True, gpu_count=1)
+    free = FreeResources(cpu_slots=0, gpus=(FreeGpu(0, 24 * 1024),))
+    leases = []
+    for name in ("box", "desk"):  # the desk's job starts last: the first in line
+        w = register(queue, name, gpus=[("A10", 24)], cpu_slots=0)
+        queue.submission.submit(spec(f"low-{name}", preemptible=True, requirements=gpu))
+        lease = claim(queue, w, free)
+        queue.leases.start(lease.job_id, lease.attempt)
+        leases.append((w, lease))
+        clock.advance(1)
+    (_, low), (desk, _) = leases
+    owned = {"foreign": [{"gpu": 0, "pid": 4242, "name": "blender", "mib": 3000}], "owned": [0]}
+    store.set_worker_owner_state(desk.id, json.dumps(owned))
+    urgent = queue.submission.submit(spec("urgent", priority=10, requirements=gpu))
     clock.advance(60)
     assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
 
