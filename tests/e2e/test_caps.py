@@ -52,7 +52,8 @@ def _users(fleet: Fleet) -> dict[str, dict[str, str]]:
 
 
 def _submit(fleet: Fleet, env: dict[str, str], *args: str) -> str:
-    out = fleet.cli("submit", "--gpus", "1", "--max-attempts", "1", *args, env=env).stdout
+    first = () if "--max-attempts" in args else ("--max-attempts", "1")
+    out = fleet.cli("submit", "--gpus", "1", *first, *args, env=env).stdout
     return out.split()[-1]
 
 
@@ -96,11 +97,13 @@ def test_a_user_capped_at_two_gpus_never_holds_three_and_why_says_so(fleet: Flee
 def test_a_job_runs_no_longer_than_its_pools_max_run(fleet: Fleet) -> None:
     users = _start(fleet, SHORT_RUNS)
     forever = ("--", sys.executable, "-c", "import time; time.sleep(60)")
-    j = _submit(fleet, users["bob"], "--timeout", "30", *forever)
+    j = _submit(fleet, users["bob"], "--max-attempts", "3", "--timeout", "30", *forever)
     done = fleet.wait_status(j, "failed", timeout=30)
     assert done["failure"] == "timeout"
     assert "the longest a job of pool default may run (pools.default.max_run)" in done["error"]
     assert done["error"].startswith("timed out after 4s")
+    # the pool's longest run is the job's, in all: not tried again, attempts left or not
+    assert len(done["history"]) == 1 and "not retried: the pool's max_run" in done["error"]
 
 
 def test_claims_through_two_server_replicas_keep_the_cap(fleet: Fleet, pg_url: str) -> None:

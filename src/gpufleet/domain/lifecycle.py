@@ -100,9 +100,10 @@ def failure_event(attempts_used: int, max_attempts: int, *, lost: bool = False) 
     return Event.LOSE if lost else Event.RETRY
 
 
-#: Why an attempt whose environment cannot be built on any worker (its worker said so: a
-#: requirement that does not exist, a spec no resolver can satisfy) is not tried again.
+#: Why a failure its worker calls final is not retried, by class: an environment no worker
+#: can build; an attempt stopped at its pool's ``max_run`` (all a job of the pool may run).
 NOT_BUILDABLE = "not retried: the environment cannot be built on any worker"
+FINAL = {"environment": NOT_BUILDABLE, "timeout": "not retried: the pool's max_run is its most"}
 #: What a failed attempt's ``state`` record keeps of its stderr: the last lines, each cut.
 SAID_LINES = 5
 SAID_CHARS = 300
@@ -414,8 +415,7 @@ def _outcome(
     retry_on: Collection[int],
     no_retry_on: Collection[int],
 ) -> tuple[Event, str, str | None, str | None]:
-    """How an attempt ended, as :func:`finish` records it: the event, the outcome, the
-    error, and why a failure is not tried again (None: it may be)."""
+    """How an attempt ended (:func:`finish`): event, outcome, error, why not retried."""
     if exit_code == 0 and error is None and failure is None:
         return Event.SUCCEED, "succeeded", error, None
     used = job.attempts + 1
@@ -423,8 +423,8 @@ def _outcome(
     refused = None
     if not stopped and used < job.max_attempts:  # with none left, it fails anyway
         refused = not_retried(exit_code, retry_on, no_retry_on)
-        if final and failure == "environment":
-            refused = NOT_BUILDABLE
+        if final is True and failure in FINAL:
+            refused = FINAL[failure]
         elif isinstance(final, str):  # why no worker could do better
             refused = final
     event = Event.FAIL if stopped or refused else failure_event(used, job.max_attempts)

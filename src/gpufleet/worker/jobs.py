@@ -459,6 +459,8 @@ class JobRunner:
         error = timed_out_text(spec.timeout or 0.0, run.lease.max_run_of) if timed_out else None
         error = error or describe_exit(code, oom=oom)
         run.failure = run.failure or _failure_class(run, code, oom, timed_out)
+        # stopped at its pool's max_run: the longest a job of that pool may run, in all
+        run.final = run.final or (timed_out and run.lease.max_run_of is not None)
         if run.keeps_outputs:  # a stopped job keeps its outputs
             failed = await self.uploads.collect(run, workdir)
             if failed:
