@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.domain.fairshare import HALF_LIFE
+from gpufleet.domain.limits import MAX_TIMEOUT
 from gpufleet.errors import ConfigError
 
 #: The weight of a user or pool the file does not name.
@@ -151,14 +152,27 @@ def _share(raw: object, where: str, pool: bool) -> Share:
     preemptible = table.get("preemptible", False)
     if not isinstance(preemptible, bool):
         raise ConfigError(f"{where}.preemptible: expected true or false, got {preemptible!r}")
-    max_run = table.get("max_run")
     return Share(
         weight=float(weight),
         max_gpus=_count(table, "max_gpus", where),
         max_cpu_slots=_count(table, "max_cpu_slots", where),
-        max_run=None if max_run is None else duration(max_run, f"{where}.max_run"),
+        max_run=_max_run(table.get("max_run"), f"{where}.max_run"),
         preemptible=preemptible,
     )
+
+
+def _max_run(value: object, where: str) -> float | None:
+    """A pool's longest run: it becomes a job's timeout, so it keeps a timeout's limits
+    (above 0, at most ``MAX_TIMEOUT``); a lease past them is one no worker accepts."""
+    if value is None:
+        return None
+    seconds = duration(value, where)
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ConfigError(
+            f"{where}: must be above 0 and at most {MAX_TIMEOUT:,} seconds (a job's "
+            f"longest timeout), got {value!r}"
+        )
+    return seconds
 
 
 def _shares(raw: object, where: str, pool: bool) -> dict[str, Share]:
