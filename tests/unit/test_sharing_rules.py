@@ -25,3 +25,10 @@ def test_the_longest_max_run_allowed_makes_a_timeout_a_worker_reads() -> None:
     timeout, by_pool = caps.run_limit(rules, "gpu", None)
     assert by_pool
     JobSpecModel.model_validate({"name": "j", "command": ["true"], "timeout": timeout})
+
+
+@pytest.mark.parametrize("entry", ["not a host!", "10.0.0.0/33", "a..b"])
+def test_a_webhook_allow_entry_that_is_no_host_or_network_is_refused(entry: str) -> None:
+    # Kept, it made every webhook's creation (and delivery) fail with a 500 later.
+    with pytest.raises(ConfigError, match=r"webhooks\.allow: .* is not a host name"):
+        parse({"webhooks": {"allow": [entry]}}, "sharing.toml")
