@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -36,7 +37,10 @@ def test_which_status_change_is_which_event(status: str, cause: str | None, even
 
 def test_the_body_is_slack_text_plus_the_facts() -> None:
     data = json.loads(w.body("failed", FACTS, 100.0))
-    assert data["text"].startswith("gpufleet job train <b> (j-1) of alice failed: exit code 3")
+    assert data["text"].startswith(
+        "gpufleet job train &lt;b&gt; (j-1) of alice failed: exit code 3"
+    )
+    assert data["gpufleet"]["name"] == "train <b>"  # the facts as they are
     assert data["gpufleet"]["event"] == "failed"
     assert data["gpufleet"]["attempt"] == 2 and data["gpufleet"]["cause"] == "exit"
     late = json.loads(w.body("running_past", FACTS, 100.0, running_past=7200))
@@ -111,3 +115,17 @@ def test_addresses_refused_and_allowed() -> None:
     assert lab.refusal("hooks.lab", _ip("169.254.169.254"), 80) is not None  # a name: no
     with pytest.raises(ValueError, match="not a host name"):
         Allowed.of(["not a host!"])
+
+
+def test_a_job_name_cannot_ping_a_channel_or_hide_a_link_in_chat() -> None:
+    # Slack reads <!channel>, <@U123> and <url|text> in ``text``: a submitter's job name
+    # (or error) must not page an operator's pool channel or show a link as other text.
+    sly = replace(
+        FACTS,
+        name="<!channel> x <https://evil.example|dashboard>",
+        error="see <@U123> & co",
+    )
+    data = json.loads(w.body("failed", sly, 100.0))
+    assert "<" not in data["text"] and ">" not in data["text"]
+    assert "&lt;!channel&gt;" in data["text"] and "&lt;@U123&gt; &amp; co" in data["text"]
+    assert data["gpufleet"]["name"] == sly.name and data["gpufleet"]["error"] == sly.error

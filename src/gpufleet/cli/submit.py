@@ -48,7 +48,8 @@ Notify = Annotated[
     str | None,
     _Opt(
         help="A URL to POST to when this job ends, fails or is preempted (a webhook of this "
-        "job alone; Slack-compatible, signed)."
+        "job alone; Slack-compatible, signed); '-': read it from stdin, which keeps a "
+        "secret URL out of the process list."
     ),
 ]
 NotifySecretFile = Annotated[

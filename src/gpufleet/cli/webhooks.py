@@ -146,7 +146,15 @@ def duration(text: str, flag: str) -> float:
 def notify_of(
     c: Client, job_id: str, url: str, secret_file: Path | None, after: str | None
 ) -> None:
-    """``submit --notify``: a webhook of the one job just queued."""
+    """``submit --notify``: a webhook of the one job just queued. ``url`` ``-``: a line
+    of stdin (a Slack URL is a secret: on the command line, any user of the machine
+    sees it in the process list)."""
+    if url == "-":
+        if secret_file is not None and str(secret_file) == "-":
+            raise ConfigError("--notify - and --notify-secret-file -: only one may read stdin")
+        url = sys.stdin.readline().strip()
+        if not url:
+            raise ConfigError("--notify -: no URL on stdin")
     secret = read_secret(secret_file, False, "--notify-secret-file")
     past = duration(after, "--notify-after") if after else None
     made = c.create_webhook(WebhookCreate(url=url, secret=secret, job=job_id, running_past=past))

@@ -13,6 +13,9 @@ delivery, so a name that changes to an inner address is caught) must pass
 - refused unless allowed by address, network or host name: every address that is not
   global (loopback, private networks, unique-local, CGNAT, reserved, multicast).
 
+An IPv6 address that carries an IPv4 one to a gateway (NAT64's ``64:ff9b::/96``, 6to4,
+SIIT, IPv4-compatible) is judged as the IPv4 address it carries too.
+
 The operator's allowlist is ``--webhook-allow`` (a comma list) and ``[webhooks] allow``
 in the sharing file: host names, addresses or networks (``127.0.0.1``, ``10.0.0.0/8``,
 ``hooks.lab.internal``).
@@ -33,6 +36,15 @@ METADATA_ADDRESSES = frozenset(
 )
 METADATA_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+#: IPv6 prefixes whose last 32 bits are an IPv4 address a gateway may reach for them:
+#: NAT64's well-known and local-use prefixes, SIIT's IPv4-translated addresses, and
+#: IPv4-compatible addresses (deprecated).
+_IPV4_SUFFIX = (
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("::ffff:0:0:0/96"),
+    ipaddress.ip_network("::/96"),
+)
 
 
 class Refused(ValueError):
@@ -90,6 +102,20 @@ def literal(host: str) -> Address | None:
     return ip
 
 
+def embedded(ip: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries to a gateway (NAT64, 6to4, Teredo, an
+    IPv4-compatible address), judged as that address is; None for any other."""
+    if not isinstance(ip, ipaddress.IPv6Address) or ip.is_unspecified or ip.is_loopback:
+        return None
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if any(ip in net for net in _IPV4_SUFFIX):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 @dataclass(frozen=True)
 class Allowed:
     """The operator's allowlist, and the server's own listening addresses and ports."""
@@ -137,6 +163,9 @@ class Allowed:
             return f"{ip} port {port} is this server's own"
         if any(ip in net for net in self.networks):
             return None
+        inner = embedded(ip)
+        if inner is not None and (why := self.refusal(host, inner, port)) is not None:
+            return f"{ip} carries {inner}: {why}"
         if ip in METADATA_ADDRESSES:
             return f"{ip} is a cloud metadata endpoint"
         if any(ip in net for net in _LINK_LOCAL):

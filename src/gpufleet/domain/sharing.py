@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.domain.destinations import Allowed
 from gpufleet.domain.fairshare import HALF_LIFE
 from gpufleet.domain.limits import MAX_TIMEOUT
 from gpufleet.errors import ConfigError
@@ -215,7 +216,12 @@ def _allow(raw: object, where: str) -> tuple[str, ...]:
     allow = table.get("allow", [])
     if not isinstance(allow, list) or not all(isinstance(a, str) and a.strip() for a in allow):
         raise ConfigError(f"{where}.allow: expected a list of host names or networks")
-    return tuple(a.strip() for a in allow)
+    found = tuple(a.strip() for a in allow)
+    try:
+        Allowed.of(found)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.allow: {exc}") from None
+    return found
 
 
 def parse(raw: Mapping[str, Any], source: str) -> Sharing:

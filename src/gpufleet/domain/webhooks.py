@@ -77,14 +77,24 @@ _VERBS = {
 
 
 def text(event: str, facts: JobFacts, running_past: float | None = None) -> str:
-    """The one line a chat shows."""
-    who = f"gpufleet job {facts.name} ({facts.job}) of {facts.owner or 'nobody'}"
+    """The one line a chat shows; what users wrote (a job's name, its owner, its error)
+    escaped as Slack asks, so a name cannot ping a channel or hide a link."""
+    who = (
+        f"gpufleet job {chat(facts.name)} ({chat(facts.job)}) of "
+        f"{chat(facts.owner) if facts.owner else 'nobody'}"
+    )
     if event == "running_past":
         return f"{who} has been running for more than {_duration(running_past or 0)}"
     line = f"{who} {_VERBS.get(event, event)}"
     if event == "failed" and facts.error:
-        line += f": {facts.error[:300]}"
+        line += f": {chat(facts.error[:300])}"
     return line
+
+
+def chat(value: str) -> str:
+    """``value`` as plain text in a Slack message: ``&``, ``<`` and ``>`` escaped (Slack's
+    control sequences, ``<!channel>``, ``<@U123>``, ``<https://x|text>``, start with ``<``)."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _duration(seconds: float) -> str:

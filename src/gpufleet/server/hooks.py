@@ -26,7 +26,7 @@ from typing import Protocol
 from gpufleet.domain.destinations import Address, Allowed, Refused, check_url, host_of, literal
 from gpufleet.domain.models import Role
 from gpufleet.domain.webhooks import JobFacts, body, event_of, parse_events
-from gpufleet.errors import Forbidden, NotFound, ValidationFailed
+from gpufleet.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from gpufleet.server.access import Caller
 from gpufleet.server.settings import QueueSettings
 from gpufleet.server.sharing import SharingRules
@@ -34,6 +34,12 @@ from gpufleet.store import EventStore, JobRow, JobStore, WebhookRow, WebhookStor
 from gpufleet.wire import WebhookCreate, WebhookCreated
 
 SECRET_PREFIX = "gw_"
+#: Webhooks one token may hold: its own and its pools' (they live until removed), and one
+#: job's (``submit --notify``: forgotten a day after the job ends). Each webhook is a
+#: delivery per event, all in one queue: without a bound, one caller's hundreds of
+#: webhooks to a receiver that never answers would fill it and push everyone's out.
+MOST_HOOKS = 20
+MOST_JOB_HOOKS = 1000
 Resolve = Callable[[str, int], Sequence[Address]]
 
 
@@ -148,6 +154,7 @@ class Webhooks:
     def create(self, caller: Caller, req: WebhookCreate) -> tuple[WebhookRow, str | None]:
         """Make a webhook for ``caller``; with the secret the server made, if it made one."""
         scope, target = self._scope(caller, req)
+        self._room(caller, scope)
         self.check(req.url)
         made = None if req.secret else SECRET_PREFIX + secrets.token_urlsafe(32)
         events = parse_events(req.events)
@@ -173,6 +180,22 @@ class Webhooks:
         if scope == "job":
             self._ended_already(hook)
         return hook, made
+
+    def _room(self, caller: Caller, scope: str) -> None:
+        """Conflict when ``caller`` holds as many webhooks of this kind as it may."""
+        most = MOST_JOB_HOOKS if scope == "job" else MOST_HOOKS
+        held = sum(
+            1
+            for h in self.store.webhooks()
+            if h.created_by == caller.id and (h.scope == "job") == (scope == "job")
+        )
+        if held >= most:
+            kind = "one job's webhooks (--notify)" if scope == "job" else "webhooks"
+            raise Conflict(
+                f"this token holds {held} {kind}, the most it may: remove one first "
+                "(gpufleet webhooks list, gpufleet webhooks remove)",
+                detail={"most": most, "held": held},
+            )
 
     def _scope(self, caller: Caller, req: WebhookCreate) -> tuple[str, str]:
         if req.pool is not None and req.job is not None:

@@ -23,6 +23,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Set
 from datetime import datetime
 from pathlib import Path
 
@@ -39,7 +40,13 @@ from gpufleet.wire import OwnerStateModel
 from gpufleet.worker.jobs import JobRunner
 from gpufleet.worker.log import say
 from gpufleet.worker.nvml import GpuReading
-from gpufleet.worker.owner_sources import IdleSource, is_ours, on_battery, process_name
+from gpufleet.worker.owner_sources import (
+    IdleSource,
+    is_ours,
+    on_battery,
+    process_name,
+    process_uid,
+)
 from gpufleet.worker.owner_yield import Yielded, acknowledge, read_yield
 from gpufleet.worker.running import Running, StopReason
 from gpufleet.worker.slots import Slots
@@ -91,12 +98,14 @@ class OwnerWatch:
 
     async def look(self, readings: dict[int, GpuReading]) -> None:
         """Read the machine (in a thread: /proc, loginctl, the battery) and act on it."""
-        groups = [r.proc.pid for r in self.jobs.running.values() if r.proc is not None]
-        foreign, reasons = await asyncio.to_thread(self.sense, readings, groups)
+        runs = list(self.jobs.running.values())
+        groups = [r.proc.pid for r in runs if r.proc is not None]
+        users = {r.user.uid for r in runs if r.user is not None}
+        foreign, reasons = await asyncio.to_thread(self.sense, readings, groups, users)
         self.apply(foreign, reasons, time.monotonic())
 
     def sense(
-        self, readings: dict[int, GpuReading], groups: list[int]
+        self, readings: dict[int, GpuReading], groups: list[int], users: set[int] | None = None
     ) -> tuple[tuple[ForeignProcess, ...], list[str]]:
         """The foreign processes on the GPUs, and why no job may start now."""
         self.reload()
@@ -114,7 +123,7 @@ class OwnerWatch:
             reasons.append(f"outside hours {p.hours_text()}")
         if not p.on_battery and on_battery():
             reasons.append("on battery")
-        return foreign_processes(readings, groups), reasons
+        return foreign_processes(readings, groups, users or set()), reasons
 
     def reload(self) -> None:
         """Read the policy file again if it changed; a bad one is refused, once."""
@@ -242,15 +251,17 @@ class OwnerWatch:
 
 
 def foreign_processes(
-    readings: dict[int, GpuReading], groups: list[int]
+    readings: dict[int, GpuReading], groups: list[int], users: Set[int] = frozenset()
 ) -> tuple[ForeignProcess, ...]:
     """The processes on each GPU that are not in a job of this worker (``groups``: its
-    jobs' process groups), nor the worker itself."""
+    jobs' process groups), nor the worker itself, nor run by a slot user of a running
+    job (``users``, with --run-as): a job that leaves its process group (``setsid``) is
+    still the job's, and cannot pass for the owner to have the jobs beside it vacated."""
     found = []
     me = os.getpid()
     for gpu, reading in sorted(readings.items()):
         for pid, mib in reading.processes or ():
-            if pid != me and not is_ours(pid, groups):
+            if pid != me and not is_ours(pid, groups) and process_uid(pid) not in users:
                 found.append(ForeignProcess(gpu, pid, process_name(pid), mib))
     return tuple(found)
 

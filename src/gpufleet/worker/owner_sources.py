@@ -127,6 +127,17 @@ def process_name(pid: int) -> str | None:
         return None
 
 
+def process_uid(pid: int) -> int | None:
+    """The real user id a process runs as (``/proc/PID/status``), when it can be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text(errors="replace").splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _parent(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")

@@ -73,18 +73,62 @@ def acknowledge(work_dir: Path, nonce: str, vacated: int) -> None:
 
 
 def _worker_pid(work_dir: Path) -> int:
+    """The pid ``worker.pid`` names, once it is sure to be the worker's: the file is no
+    link, and the process runs as the user who owns the file. A job runs as the worker's
+    user (or as a slot user who cannot write the work dir): were it to name another
+    process there, --yield (perhaps run as root) would signal that process for it."""
     path = work_dir / PID_FILE
+    none_runs = (
+        f"no worker runs with the work dir {work_dir} ({path} names none that runs); "
+        "give the worker's --work-dir"
+    )
     try:
-        pid = int(path.read_text().strip())
-        os.kill(pid, 0)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            owner = os.fstat(fd).st_uid
+            pid = int(os.read(fd, 64).decode().strip())
+        finally:
+            os.close(fd)
     except (OSError, ValueError) as exc:
-        if isinstance(exc, PermissionError):
-            return pid
+        raise GpufleetError(none_runs) from exc
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # it runs as another user: its signal may be refused, the file is read
+    except OSError as exc:
+        raise GpufleetError(none_runs) from exc
+    runs_as = _process_uid(pid)
+    if runs_as != owner:
         raise GpufleetError(
-            f"no worker runs with the work dir {work_dir} ({path} names none that runs); "
-            "give the worker's --work-dir"
-        ) from exc
+            f"{path} names pid {pid}, a process of another user than the file's owner: "
+            "not signalled (was the file replaced?); restart the worker to write it again"
+        )
     return pid
+
+
+def _process_uid(pid: int) -> int | None:
+    """The real user id a process runs as (readable even for a worker that made itself
+    non-dumpable), or None."""
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).uids().real)
+    except (psutil.Error, OSError):
+        return None
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write ``path`` through a new file of a random name beside it (never a link or a
+    file someone left there, which a write would follow), then rename it in place."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _signal(pid: int) -> None:
@@ -99,10 +143,8 @@ def ask_yield(work_dir: Path, seconds: float | None) -> int:
     nonce = secrets.token_hex(8)
     until = None if seconds is None else time.time() + seconds
     (work_dir / ACK_FILE).unlink(missing_ok=True)
-    tmp = work_dir / f"{YIELD_FILE}.tmp"
     try:
-        tmp.write_text(json.dumps({"nonce": nonce, "until": until}))
-        tmp.replace(work_dir / YIELD_FILE)
+        _write_new(work_dir / YIELD_FILE, json.dumps({"nonce": nonce, "until": until}))
     except OSError as exc:
         raise GpufleetError(
             f"cannot write {work_dir / YIELD_FILE} ({exc.strerror or exc}): run --yield as "
