@@ -26,8 +26,11 @@ HOSTILE: list[dict[str, Any]] = [
     {"users": {"alice": {"weight": 1.7e308}, "bob": {"weight": 1.7e308}}},
     {"users": {"alice": {"max_gpus": 0, "max_cpu_slots": 0}}},
     {"pools": {"default": {"max_cpu_slots": 0, "weight": 1e-300}}},
-    {"preemption": {"min_priority": -(2**63), "min_wait": 1e300, "protection": 1e300}},
-    {"preemption": {"min_priority": 2**63 - 1, "min_wait": 0, "protection": 0}},
+    {
+        "preemption": {"min_priority": -1_000_000, "min_wait": 1e300, "protection": 1e300},
+        "users": {"alice": {"max_priority": 1_000_000}},  # else below -1e6: none allowed
+    },
+    {"preemption": {"min_priority": 1_000_000, "min_wait": 0, "protection": 0}},
 ]
 
 

@@ -62,6 +62,9 @@ class Share:
     # running jobs may be preempted even when they do not say so themselves.
     max_run: float | None = None
     preemptible: bool = False
+    # A user's only: the highest priority their submitter tokens may ask for (None: any,
+    # unless preemption is on; see :func:`priority_refusal`).
+    max_priority: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def _count(raw: Mapping[str, Any], key: str, where: str) -> int | None:
 def _share(raw: object, where: str, pool: bool) -> Share:
     table = _table(raw, where)
     known = {"weight", "max_gpus", "max_cpu_slots"} | (
-        {"max_run", "preemptible"} if pool else set()
+        {"max_run", "preemptible"} if pool else {"max_priority"}
     )
     _unknown(table, known, where)
     weight = table.get("weight", WEIGHT)
@@ -159,6 +162,32 @@ def _share(raw: object, where: str, pool: bool) -> Share:
         max_cpu_slots=_count(table, "max_cpu_slots", where),
         max_run=_max_run(table.get("max_run"), f"{where}.max_run"),
         preemptible=preemptible,
+        max_priority=_priority(table.get("max_priority"), f"{where}.max_priority"),
+    )
+
+
+def _priority(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > 1_000_000:
+        raise ConfigError(f"{where}: expected a whole number from -1000000 to 1000000")
+    return value
+
+
+def priority_refusal(rules: Sharing, user: str, priority: int) -> str | None:
+    """Why a submitter token of ``user`` may not ask for ``priority`` (None: it may). Its
+    ``max_priority`` bounds it; without one, while preemption is on, a submitter stays
+    below ``min_priority`` (priority is what preempts another user's job: the operator
+    grants it). Operators and admins are not bounded."""
+    limit = rules.user(user).max_priority
+    key = f"users.{user}.max_priority"
+    if limit is None and rules.preemption.enabled:
+        limit, key = rules.preemption.min_priority - 1, "preemption.min_priority, less one"
+    if limit is None or priority <= limit:
+        return None
+    return (
+        f"priority {priority} is above the most {user or 'this token'} may ask for: {limit} "
+        f"({key}, in the server's sharing rules)"
     )
 
 
@@ -186,12 +215,10 @@ def _preemption(raw: object, where: str) -> Preemption:
     enabled = table.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
-    least = table.get("min_priority", 1)
-    if isinstance(least, bool) or not isinstance(least, int):
-        raise ConfigError(f"{where}.min_priority: expected a whole number, got {least!r}")
+    least = _priority(table.get("min_priority", 1), f"{where}.min_priority")
     return Preemption(
         enabled=enabled,
-        min_priority=least,
+        min_priority=1 if least is None else least,
         min_wait=duration(table.get("min_wait", MIN_WAIT), f"{where}.min_wait"),
         protection=duration(table.get("protection", PROTECTION), f"{where}.protection"),
     )

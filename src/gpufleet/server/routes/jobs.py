@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gpufleet import __version__
 from gpufleet.domain.models import Role, WorkerStatus
+from gpufleet.domain.sharing import priority_refusal
 from gpufleet.errors import Forbidden, NotFound, ValidationFailed
 from gpufleet.scheduling.matching import effective_gpus
 from gpufleet.server import deps, views
@@ -93,6 +94,7 @@ def submit(
     offers none of its GPUs."""
     pool = spec.pool or caller.default_pool()
     caller.may_use(pool)
+    _priority_allowed(request, caller, spec.priority)
     job = state(request).services.submission.submit(
         spec.to_domain(),
         pool,
@@ -104,6 +106,15 @@ def submit(
     note(request, job.id)
     warning = job.unrunnable or state(request).services.fleet.narrowed_note(job.spec)
     return SubmitResult(job=views.job_out(job, _names(request)), warning=warning)
+
+
+def _priority_allowed(request: Request, caller: Caller, priority: int) -> None:
+    """A submitter asks for no priority above what the sharing rules let its user (403)."""
+    if caller.role != Role.SUBMITTER:
+        return
+    why = priority_refusal(state(request).services.sharing.current(), caller.name, priority)
+    if why is not None:
+        raise Forbidden(why, detail={"field": "priority", "priority": priority})
 
 
 @router.get("/jobs", response_model=list[JobOut], tags=["jobs"])
