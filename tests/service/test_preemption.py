@@ -225,3 +225,29 @@ def test_preemption_is_off_without_the_rules_and_is_audited_with_them(
     assert q.preemption.sweep() == [(low.job_id, urgent.id)]
     [(_, target, detail)] = [e for e in events if e[0] == "job.preempted"]
     assert target == low.job_id and f"preempted by job {urgent.id}" in detail
+
+
+def test_the_freed_slot_goes_to_the_job_that_preempted_not_one_fair_share_ranks_first(
+    store: Store, queue: Services, clock: FakeClock
+) -> None:
+    """Alice's urgent job preempts; bob's job of the same priority, queued later, ranks
+    first by fair share (bob has used nothing). The victim's worker, freed, still takes
+    alice's job: else she would wait, and preempt again, losing another job's work."""
+    queue.sharing.set(replace(RULES, fair_share=True, users={"alice": Share(weight=1)}))
+    low = running(queue, "box", preemptible=True)
+    mine = register(queue, "alice-box")  # alice has used a CPU slot for a while
+    queue.submission.submit(spec("alice-long"), by="alice")
+    old = claim(queue, mine)
+    queue.leases.start(old.job_id, old.attempt)
+    queue.submission.submit(spec("alice-urgent", priority=10), by="alice")
+    clock.advance(600)
+    urgent = next(j for j in store.list_jobs(name="alice-urgent"))
+    assert queue.preemption.sweep() == [(low.job_id, urgent.id)]
+    queue.submission.submit(spec("bob-urgent", priority=10), by="bob")
+    assert job(store, old.job_id).status is JobStatus.RUNNING
+    w = job(store, low.job_id).worker_id
+    assert w is not None
+    queue.leases.release(low.job_id, low.attempt, "worker box vacated it")
+    got = claim(queue, queue.fleet.worker(w))
+    assert got.job_id == urgent.id, "the preempting job takes the slot it freed"
+    assert queue.preemption.sweep() == [], "and preempts nobody else"

@@ -230,7 +230,7 @@ class Dispatch:
                         return rows[taken], next(c for c in choices if c.job_id == taken)
                 return None
 
-            got = offer(view.aimed)
+            got = offer(session.made_way(w.id, now) + view.aimed)
             if got is None and self.fair is not None and self.fair.on():
                 return self._offer_fairly(session, w.pool, now, offer)
             seen, page = 0, view.queue

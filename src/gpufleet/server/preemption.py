@@ -37,6 +37,9 @@ log = logging.getLogger("gpufleet.server")
 
 #: Waiting jobs a pool's sweep looks at, at most (the first in claim order).
 LOOK_AT = 20
+#: Seconds past the victim's grace period and a lease that its freed slot stays the
+#: waiting job's (its worker's claims offer it first).
+HOLD_MARGIN = 10.0
 #: The jobs a job's detail names as preempted by it, at most (the latest).
 SHOWN = 20
 
@@ -179,9 +182,11 @@ class Preemption:
             "back to the queue (not counted as a failure)"
         )
         said = f"preempted {said_of(victim)} on worker {d.worker.name} to free its slot"
-        if not self.store.request_preempt(
-            Preempt(victim.id, victim.lease, waiting.id, why, said), now
-        ):
+        # the freed slot is the waiting job's: its worker's claims offer it first until
+        # the victim has had its grace period and a lease to go
+        until = now + victim.spec.grace_period + self.fleet.lease_timeout + HOLD_MARGIN
+        ask = Preempt(victim.id, victim.lease, waiting.id, why, said, d.worker.id, until)
+        if not self.store.request_preempt(ask, now):
             return False
         detail = f"{said_of(victim)} preempted by {said_of(waiting)} on worker {d.worker.name}"
         log.warning("%s", detail)

@@ -182,6 +182,10 @@ class ClaimSession(Protocol):
         """What the jobs claimed or running now of ``owners`` or in ``pools`` hold."""
         ...
 
+    def made_way(self, worker_id: str, now: float) -> list[JobRow]:
+        """The pending jobs a preemption is freeing a slot of this worker for."""
+        ...
+
     def owners(self, pool: str) -> list[str]:
         """The owners with jobs pending in ``pool`` (some may wait on dependencies)."""
         ...
@@ -214,6 +218,9 @@ class Preempt:
     by: str
     why: str
     said: str
+    # The victim's worker, whose freed slot its claims offer ``by`` first until ``until``.
+    worker: str | None = None
+    until: float | None = None
 
 
 class PreemptionStore(Protocol):

@@ -72,6 +72,8 @@ class JobRow:
     preempt_requested_at: float | None = None  # asked to make way, while carried out
     preempted_at: float | None = None  # when it was last preempted (its protection)
     preempted_by: str | None = None  # the job it last made way for
+    made_way_on: str | None = None  # the worker whose slot is being freed for it
+    made_way_until: float | None = None  # ...until when (its claims offer it first)
 
     @cached_property
     def spec(self) -> JobSpec:

@@ -87,6 +87,10 @@ jobs = Table(
     Column("preempt_requested_at", Float),
     Column("preempted_at", Float),
     Column("preempted_by", String(64)),
+    # A waiting job a running one was preempted for: the worker whose slot is being freed
+    # for it, until when; that worker's claims offer it first (0019).
+    Column("made_way_on", String(64)),
+    Column("made_way_until", Float),
 )
 # Claims read jobs in (priority DESC, created_at, id) order: the index matches it exactly.
 Index(
@@ -121,6 +125,14 @@ Index(
     jobs.c.status,
     sqlite_where=jobs.c.target.is_not(None),
     postgresql_where=jobs.c.target.is_not(None),
+)
+# The pending jobs a worker's slot is being freed for (0019). Partial: a job leaves it
+# when it is claimed.
+Index(
+    "ix_jobs_made_way",
+    jobs.c.made_way_on,
+    sqlite_where=(jobs.c.status == "pending") & jobs.c.made_way_on.is_not(None),
+    postgresql_where=(jobs.c.status == "pending") & jobs.c.made_way_on.is_not(None),
 )
 # A job's detail names the jobs it preempted (0019). Partial: few jobs were ever preempted.
 Index(

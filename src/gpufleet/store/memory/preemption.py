@@ -40,6 +40,8 @@ class MemoryPreemption(MemoryEvents):
             if any(victim[k] is not None for k in _ASKED) or self._making_way(ask.by):
                 return False
             victim.update(preempt_requested_at=now, preempted_at=now, preempted_by=ask.by)
+            if ask.worker is not None:  # its slot, freed, goes to the waiting job first
+                waiting.update(made_way_on=ask.worker, made_way_until=ask.until)
             self._log(
                 preempt_events(
                     ask.victim, ask.lease, ask.by, waiting["lease"], ask.why, ask.said, now

@@ -149,6 +149,17 @@ class ClaimSession(ABC):
         keep = set(caps.allowed([c.job_id for c in changes], held))
         return [c for c in changes if c.job_id in keep]
 
+    def made_way(self, worker_id: str, now: float) -> list[JobRow]:
+        """The pending jobs a preemption is freeing a slot of this worker for, from the
+        small partial index (none, nearly always)."""
+        q = select(t.jobs).where(
+            (_J.made_way_on == worker_id)
+            & (_J.status == PENDING)
+            & (_J.made_way_until > now)
+            & (_J.waiting == 0)
+        )
+        return [JobRow.from_row(r) for r in self.conn.execute(q.limit(4)).all()]
+
     def owners(self, pool: str) -> list[str]:
         return [str(r[0]) for r in self.conn.execute(OWNERS_SQL, {"pool": pool}).all()]
 

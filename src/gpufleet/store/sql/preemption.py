@@ -70,6 +70,9 @@ class PreemptionOps(SqlParts):
             values = {"preempt_requested_at": now, "preempted_at": now, "preempted_by": ask.by}
             if conn.execute(marked.values(values)).rowcount != 1:
                 return False
+            if ask.worker is not None:  # its slot, freed, goes to the waiting job first
+                hold = {"made_way_on": ask.worker, "made_way_until": ask.until}
+                conn.execute(update(t.jobs).where(_J.id == ask.by).values(hold))
             rows = preempt_events(
                 ask.victim, ask.lease, ask.by, waiting.lease, ask.why, ask.said, now
             )

@@ -20,6 +20,16 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("preempt_requested_at", sa.Float))
     op.add_column("jobs", sa.Column("preempted_at", sa.Float))
     op.add_column("jobs", sa.Column("preempted_by", sa.String(64)))
+    op.add_column("jobs", sa.Column("made_way_on", sa.String(64)))
+    op.add_column("jobs", sa.Column("made_way_until", sa.Float))
+    # The pending jobs a worker's slot is being freed for: a claim of that worker reads them.
+    op.create_index(
+        "ix_jobs_made_way",
+        "jobs",
+        ["made_way_on"],
+        sqlite_where=sa.text("status = 'pending' AND made_way_on IS NOT NULL"),
+        postgresql_where=sa.text("status = 'pending' AND made_way_on IS NOT NULL"),
+    )
     # A job's detail names the jobs it preempted; few jobs ever preempt one.
     preempted = sa.text("preempted_by IS NOT NULL")
     op.create_index(
@@ -32,8 +42,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_jobs_made_way", "jobs")
     op.drop_index("ix_jobs_preempted_by", "jobs")
     # Plain DROP COLUMN: a batch copy of ``jobs`` would drop the triggers that count its
     # rows (0011).
-    for column in ("preempted_by", "preempted_at", "preempt_requested_at"):
+    for column in (
+        "made_way_until",
+        "made_way_on",
+        "preempted_by",
+        "preempted_at",
+        "preempt_requested_at",
+    ):
         op.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
