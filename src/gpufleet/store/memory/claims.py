@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.caps import POOLS, USERS, Recheck, tally
@@ -12,9 +12,6 @@ from gpufleet.domain.lifecycle import Change, Event
 from gpufleet.domain.models import ACTIVE
 from gpufleet.store.api import ClaimView, HeldRow, StaleClaim
 from gpufleet.store.rows_read import JobRow
-
-if TYPE_CHECKING:
-    from gpufleet.store.memory.store import MemoryStore
 
 _ACTIVE = {s.value for s in ACTIVE}
 _PENDING = lifecycle.INITIAL.value
@@ -30,7 +27,7 @@ class MemoryClaimSession:
 
     page_size, choices = 4, 1
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: Any) -> None:  # the MemoryStore (it imports this module)
         self.store = store
 
     def view(self, worker_id: str, name: str, pool: str, now: float, page: int) -> ClaimView:
