@@ -7,8 +7,10 @@ DEMO := $(VENV)/.demo-installed
 # The suites run on two processes (pytest-xdist): most of an end-to-end test is waiting on
 # real servers and workers. XDIST= runs them in one.
 XDIST ?= -n 2
+# The suites with targets of their own (pyproject's addopts leaves them out too).
+NOT_HEAVY := not chaos and not browser and not sleap and not registry
 
-.PHONY: demo test test-postgresql chaos browser test-sleap test-registry lint bench docs clean \
+.PHONY: demo test test-postgresql test-slow chaos browser test-sleap test-registry lint bench docs clean \
 	gpu-wheels gpu-check
 
 $(PY):
@@ -27,13 +29,21 @@ $(DEV): pyproject.toml | $(PY)
 demo: $(DEMO)
 	$(PY) examples/demo.py $(ARGS)
 
-## make test: lint, types, import layers, then every test suite
+## make test: lint, types, import layers, then every test suite but what needs PostgreSQL
+## (make test-postgresql) and the long end-to-end scenarios (make test-slow)
 test: lint
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m '$(NOT_HEAVY) and not pg and not slow' $(PYTEST_ARGS)
 
-## make test-postgresql: the integration (with fuzz) and e2e suites again, on PostgreSQL
+## make test-postgresql: the integration (with fuzz) and e2e suites again, on PostgreSQL, and
+## the store suite and backend tests on PostgreSQL
 test-postgresql: $(DEV)
 	GPUFLEET_TEST_BACKENDS=postgresql $(PY) -m pytest $(XDIST) tests/integration tests/e2e $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m '$(NOT_HEAVY) and pg' tests/contract tests/backends $(PYTEST_ARGS)
+
+## make test-slow: the long end-to-end scenarios (fair share among three users, slowloris,
+## a server restart under webhooks), on SQLite
+test-slow: $(DEV)
+	$(PY) -m pytest $(XDIST) -m '$(NOT_HEAVY) and slow and not pg' $(PYTEST_ARGS)
 
 ## make chaos: the chaos suite at CI size (real servers and workers, seeded faults)
 chaos: $(DEV)

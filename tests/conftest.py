@@ -23,6 +23,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = Path(str(item.fspath)).parent.name
         if folder in FOLDER_MARKS:
             item.add_marker(getattr(pytest.mark, folder))
+        if _needs_postgresql(item):
+            item.add_marker(pytest.mark.pg)
+
+
+def _needs_postgresql(item: pytest.Item) -> bool:
+    """A test that asks for PostgreSQL by name: ``pg_url``, or the store suite's
+    PostgreSQL store (``make test`` leaves them to ``make test-postgresql``)."""
+    spec = getattr(item, "callspec", None)
+    store = spec.params.get("store") if spec is not None else None
+    return "pg_url" in getattr(item, "fixturenames", ()) or store == "postgresql"
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.e2e.conftest import Fleet, free_port, wait_for
 
@@ -85,6 +86,7 @@ def cut_off_while_printing(fleet: Fleet, root: Path, lines: int, backlog: str) -
     return {"grew": rss.peak - baseline, "kept": kept, "markers": markers}
 
 
+@pytest.mark.slow
 def test_a_worker_cut_off_keeps_its_memory_bound_and_marks_what_it_dropped(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -10,6 +10,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from gpufleet.client import Client
 from gpufleet.wire import JobSpecModel, RequirementsModel, TokenCreate
 from tests.e2e.conftest import Fleet, wait_for
@@ -37,6 +39,7 @@ def _ts(value: str | None) -> float:
     return datetime.fromisoformat(value).timestamp()
 
 
+@pytest.mark.slow
 def test_three_users_share_four_gpus_by_their_weights(fleet: Fleet, tmp_path: Path) -> None:
     rules = tmp_path / "sharing.toml"
     rules.write_text(RULES)

@@ -137,6 +137,7 @@ def _send_body_without_token(target: tuple[str, int], source: str) -> bytes:
         sock.close()
 
 
+@pytest.mark.slow
 def test_thirty_16_mib_bodies_without_a_token_cost_the_server_nothing(
     busy: tuple[Fleet, str],
 ) -> None:
@@ -157,6 +158,7 @@ def test_thirty_16_mib_bodies_without_a_token_cost_the_server_nothing(
     assert any(a.startswith(b"HTTP/1.1 401") for a in answers)
 
 
+@pytest.mark.slow
 def test_700_slowloris_connections_are_cut_off_and_hold_nothing(
     busy: tuple[Fleet, str],
 ) -> None:

@@ -12,6 +12,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from gpufleet.client import verify_webhook
 from tests.e2e.conftest import Fleet, free_port, wait_for
 from tests.hook_receiver import receiver
@@ -90,6 +92,7 @@ def test_a_destination_the_server_refuses_is_named(fleet: Fleet) -> None:
         assert "url" in res.stderr and "refused" in res.stderr, res.stderr
 
 
+@pytest.mark.slow
 def test_a_delivery_due_when_the_server_stops_is_sent_after_it_starts(
     fleet: Fleet, tmp_path: Path
 ) -> None:
