@@ -120,11 +120,16 @@ class ClaimSession(ABC):
         """The next ``limit`` claimable jobs of ``pool`` after ``after`` (a keyset
         position), best first: priority, then age."""
         params: dict[str, Any] = {"pool": pool, "now": now, "n": limit}
+        return self._page(self.store.page_q, params, after)
+
+    def _page(
+        self, statements: tuple[Any, Any], params: dict[str, Any], after: JobRow | None
+    ) -> list[JobRow]:
         if after is None:
-            rows = self.conn.execute(self.store.page_q[0], params).all()
+            rows = self.conn.execute(statements[0], params).all()
         else:
             params |= {"p": after.priority, "c": after.created_at, "i": after.id}
-            rows = self.conn.execute(self.store.page_q[1], params).all()
+            rows = self.conn.execute(statements[1], params).all()
         return [JobRow.from_row(r) for r in rows]
 
     def held(self, owners: Sequence[str], pools: Sequence[str]) -> list[HeldRow]:
@@ -168,12 +173,7 @@ class ClaimSession(ABC):
     ) -> list[JobRow]:
         """The next ``limit`` claimable jobs of ``owner`` in ``pool`` after ``after``."""
         params: dict[str, Any] = {"pool": pool, "owner": owner, "now": now, "n": limit}
-        if after is None:
-            rows = self.conn.execute(self.store.owner_q[0], params).all()
-        else:
-            params |= {"p": after.priority, "c": after.created_at, "i": after.id}
-            rows = self.conn.execute(self.store.owner_q[1], params).all()
-        return [JobRow.from_row(r) for r in rows]
+        return self._page(self.store.owner_q, params, after)
 
 
 def claims_only(changes: Sequence[Change]) -> None:
