@@ -230,7 +230,7 @@ class Dispatch:
                         return rows[taken], next(c for c in choices if c.job_id == taken)
                 return None
 
-            got = offer(session.made_way(w.id, now) + view.aimed)
+            got = offer(self._made_way(session, w.id, now) + view.aimed)
             if got is None and self.fair is not None and self.fair.on():
                 return self._offer_fairly(session, w.pool, now, offer)
             seen, page = 0, view.queue
@@ -241,6 +241,13 @@ class Dispatch:
                 seen += len(page)
                 page = session.page(w.pool, now, page[-1], session.page_size)
             return got
+
+    def _made_way(self, session: ClaimSession, worker_id: str, now: float) -> list[JobRow]:
+        """The jobs a preemption is freeing a slot of this worker for (read only while
+        preemption is on: none can be, else)."""
+        if self.fair is None or not self.fair.rules.current().preemption.enabled:
+            return []
+        return session.made_way(worker_id, now)
 
     def _offer_fairly(
         self,

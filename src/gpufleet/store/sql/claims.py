@@ -157,13 +157,8 @@ class ClaimSession(ABC):
     def made_way(self, worker_id: str, now: float) -> list[JobRow]:
         """The pending jobs a preemption is freeing a slot of this worker for, from the
         small partial index (none, nearly always)."""
-        q = select(t.jobs).where(
-            (_J.made_way_on == worker_id)
-            & (_J.status == PENDING)
-            & (_J.made_way_until > now)
-            & (_J.waiting == 0)
-        )
-        return [JobRow.from_row(r) for r in self.conn.execute(q.limit(4)).all()]
+        rows = self.conn.execute(_MADE_WAY, {"wid": worker_id, "now": now}).all()
+        return [JobRow.from_row(r) for r in rows]
 
     def owners(self, pool: str) -> list[str]:
         return [str(r[0]) for r in self.conn.execute(OWNERS_SQL, {"pool": pool}).all()]
@@ -174,6 +169,20 @@ class ClaimSession(ABC):
         """The next ``limit`` claimable jobs of ``owner`` in ``pool`` after ``after``."""
         params: dict[str, Any] = {"pool": pool, "owner": owner, "now": now, "n": limit}
         return self._page(self.store.owner_q, params, after)
+
+
+# Built once (its compiled form is cached): a claim of a worker whose slot a preemption
+# frees reads it, while preemption is on.
+_MADE_WAY = (
+    select(t.jobs)
+    .where(
+        (_J.made_way_on == bindparam("wid"))
+        & (_J.status == PENDING)
+        & (_J.made_way_until > bindparam("now"))
+        & (_J.waiting == 0)
+    )
+    .limit(4)
+)
 
 
 def claims_only(changes: Sequence[Change]) -> None:
