@@ -209,8 +209,10 @@ class Dispatch:
         """One go: the jobs aimed at the worker first, then its pool's queue a page at a
         time (up to ``candidates`` jobs), each page ranked here (no lock is held) and
         offered to the store, a few jobs at a time, best first."""
+        fair = self.fair is not None and self.fair.on()
         with self.store.claiming() as session:
-            view = session.view(w.id, w.name, w.pool, now, session.page_size)
+            # in fair-share order the queue is read by user, not from its head
+            view = session.view(w.id, w.name, w.pool, now, 0 if fair else session.page_size)
             mine = unheld(free, view.held, w.cpu_slots)
             if not (mine.cpu_slots or mine.gpus):
                 return None
@@ -231,7 +233,7 @@ class Dispatch:
                 return None
 
             got = offer(self._made_way(session, w.id, now) + view.aimed)
-            if got is None and self.fair is not None and self.fair.on():
+            if got is None and fair:
                 return self._offer_fairly(session, w.pool, now, offer)
             seen, page = 0, view.queue
             while got is None and seen < self.settings.candidates:

@@ -48,7 +48,8 @@ class MemoryClaimSession:
             )[:8]
             claims = int(s.workers[worker_id]["claims"]) if worker_id in s.workers else 0
             rows = [s._row(j) for j in aimed]
-        return ClaimView(held, claims, rows, self.page(pool, now, None, page))
+        queue = self.page(pool, now, None, page) if page else []
+        return ClaimView(held, claims, rows, queue)
 
     def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]:
         s = self.store

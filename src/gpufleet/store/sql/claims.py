@@ -113,7 +113,7 @@ class ClaimSession(ABC):
             q = select(t.jobs).where(_J.id.in_(ids))
             q = q.order_by(_J.priority.desc(), _J.created_at, _J.id)
             aimed = [JobRow.from_row(r) for r in self.conn.execute(q).all()]
-        queue = self.page(pool, now, None, page)
+        queue = self.page(pool, now, None, page) if page else []
         return ClaimView(held, int(claims or 0), aimed, queue)
 
     def page(self, pool: str, now: float, after: JobRow | None, limit: int) -> list[JobRow]:
