@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, select, text, tuple_, union_all
+from sqlalchemy import (
+    Connection,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    text,
+    tuple_,
+    union_all,
+)
 
 from gpufleet.domain import lifecycle
 from gpufleet.domain.caps import POOLS, USERS, Recheck, tally
@@ -62,12 +71,15 @@ def _json_list(value: Any) -> list[Any]:
 
 # The owners with pending jobs in a pool: a loose index scan of ix_jobs_owner_queue (each
 # step one seek to the next owner), so it costs the number of owners, not of jobs.
+# Each step asks for the first owner in index order (ORDER BY ... LIMIT 1, not MIN): the
+# index is then the plan even before PostgreSQL has statistics of a table just filled.
 OWNERS_SQL = text(
     "WITH RECURSIVE o(owner) AS ("
-    " SELECT MIN(owner) FROM jobs WHERE status = 'pending' AND pool = :pool"
+    " SELECT (SELECT j.owner FROM jobs j WHERE j.status = 'pending' AND j.pool = :pool"
+    " ORDER BY j.owner LIMIT 1)"
     " UNION ALL"
-    " SELECT (SELECT MIN(j.owner) FROM jobs j WHERE j.status = 'pending' AND j.pool = :pool"
-    " AND j.owner > o.owner) FROM o WHERE o.owner IS NOT NULL"
+    " SELECT (SELECT j.owner FROM jobs j WHERE j.status = 'pending' AND j.pool = :pool"
+    " AND j.owner > o.owner ORDER BY j.owner LIMIT 1) FROM o WHERE o.owner IS NOT NULL"
     ") SELECT owner FROM o WHERE owner IS NOT NULL"
 )
 
@@ -216,7 +228,9 @@ def page_statements(by_owner: bool = False) -> tuple[Any, Any]:
     ``OR`` of the two would be is not one an index scan can start from: it would walk the
     queue from its head again, past every job of the pages before."""
     claimable = (
-        (_J.status == PENDING)
+        # a literal, not a parameter: a prepared statement's generic plan may then use the
+        # partial index of pending jobs by owner (PostgreSQL)
+        (_J.status == literal_column(f"'{PENDING}'"))
         & (_J.pool == bindparam("pool"))
         & (_J.waiting == 0)
         & ((_J.not_before.is_(None)) | (_J.not_before <= bindparam("now")))
