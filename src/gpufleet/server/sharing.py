@@ -167,24 +167,18 @@ class FairShare:
         keep = max(fairshare.HORIZON * self.rules.current().half_life, KEEP_USAGE)
         return self.store.prune_usage(self.clock() - keep)
 
-    def forget(self, pool: str) -> None:
-        """A claim or an attempt's end changed what ``pool``'s users hold: read again."""
-        with self._lock:
-            self._cache.pop(pool, None)
-
-    def _decayed(
-        self, pool: str | None, now: float, half_life: float
-    ) -> dict[str, dict[str, float]]:
+    def _decayed(self, pool: str, now: float, half_life: float) -> dict[str, dict[str, float]]:
+        """Each user's usage of ``pool`` by kind, decayed to ``now``."""
         since = now - fairshare.HORIZON * half_life
         out: dict[str, dict[str, float]] = {}
         for s in self.store.usage_slices(since, pool):
-            kinds = out.setdefault(_key(s.owner, s.pool, pool), {})
+            kinds = out.setdefault(s.owner, {})
             age = now - (s.start + s.width / 2)
             kinds[s.kind] = kinds.get(s.kind, 0.0) + s.seconds * fairshare.decay(age, half_life)
         for r in self.store.running_use(pool):
             if r.started_at is None:
                 continue
-            kinds = out.setdefault(_key(r.owner, r.pool, pool), {})
+            kinds = out.setdefault(r.owner, {})
             kind = fairshare.kind(r.gpus)
             units = fairshare.amount(r.gpus)
             kinds[kind] = kinds.get(kind, 0.0) + fairshare.running(
@@ -217,10 +211,6 @@ class FairShare:
                 decayed[(owner, p)] = kinds
                 raw.setdefault((owner, p), {})
         return _rows(raw, decayed, running, rules)
-
-
-def _key(owner: str, pool: str, asked: str | None) -> str:
-    return owner if asked is not None else f"{owner}\x00{pool}"
 
 
 def _rows(
@@ -258,4 +248,4 @@ def _rows(
     return out
 
 
-__all__ = ["FairShare", "SharingRules", "UserUse", "rules_file", "sharing"]
+__all__ = ["FairShare", "SharingRules", "UserUse", "rules_file"]

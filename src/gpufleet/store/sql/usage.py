@@ -10,7 +10,6 @@ two servers ending attempts of one user at once both count.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, delete, select
@@ -103,7 +102,3 @@ def _running(r: Any) -> RunningUse:
     return RunningUse(
         r.id, r.owner, r.pool, tuple(json.loads(r.gpus)), r.started_at, r.claimed_at, r.status
     )
-
-
-def running_rows(rows: Sequence[Any]) -> list[RunningUse]:
-    return [_running(r) for r in rows]
