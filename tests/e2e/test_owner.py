@@ -165,7 +165,13 @@ def test_yield_vacates_at_once_and_unyield_takes_jobs_again(fleet: Fleet) -> Non
         assert said.stdout.startswith("vacated 1 job;"), said.stdout
         wait_for(lambda: c.job(job_id).status == "pending", 10, "the job back in the queue")
         assert time.monotonic() - asked < 5, "at once (well inside its grace period)"
-        assert any(r.startswith("yielded") for r in owner_of(fleet, "desk")["reasons"])
+        # the server learns the worker's reason at its next heartbeat, which may come
+        # after the job is back in the queue: asked for a few times, not once
+        wait_for(
+            lambda: any(r.startswith("yielded") for r in owner_of(fleet, "desk")["reasons"]),
+            10,
+            "the worker to say it is yielded",
+        )
         stays_pending(fleet, job_id, 1.5)
         fleet.cli("worker", "--unyield", "--work-dir", work_dir)
         done = fleet.wait_status(job_id, "succeeded", "failed", timeout=60)
